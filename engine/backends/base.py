@@ -1,0 +1,150 @@
+"""The op interface the Qwen3.5 forward is written against, once, for every backend.
+
+A backend owns three things: the weights (uploaded once), the per-stream state (KV cache of
+the full-attention layers, conv and recurrent state of the DeltaNet layers, one *slot* per
+stream) and the ops. Arrays passed between ops are the backend's own (numpy or CuPy), 2-D
+`[R, N]` row-major, R = rows of the forward pass.
+
+A forward pass is described by a `Batch`: segments, one per stream, each a run of consecutive
+positions of that stream. A window (prefill) is one segment of many rows; a step (decode) is
+one row for each of several streams. The mixer ops (`attention`, `gated_delta`) read and
+update the state slots named by the segments, so step and window share every line of model
+code.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Segment:
+    """`rows` consecutive tokens of the stream in state slot `slot`, starting at position `start`."""
+
+    slot: int
+    start: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The row layout of one forward pass: segments laid end to end."""
+
+    segments: tuple[Segment, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.segments)
+
+    @property
+    def is_step(self) -> bool:
+        """Every segment is a single row (the decode path)."""
+        return all(s.rows == 1 for s in self.segments)
+
+    def positions(self) -> np.ndarray:
+        """Absolute position of every row, `[R]` int32."""
+        parts = [np.arange(s.start, s.start + s.rows, dtype=np.int32) for s in self.segments]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+    def last_rows(self) -> np.ndarray:
+        """Index of each segment's last row, `[S]` int32 (the rows that produce logits)."""
+        ends = np.cumsum([s.rows for s in self.segments]) - 1
+        return ends.astype(np.int32)
+
+    @staticmethod
+    def window(slot: int, start: int, rows: int) -> Batch:
+        return Batch((Segment(slot, start, rows),))
+
+    @staticmethod
+    def step(slots_and_positions: list[tuple[int, int]]) -> Batch:
+        return Batch(tuple(Segment(slot, pos, 1) for slot, pos in slots_and_positions))
+
+
+class Backend(ABC):
+    """Ops for the Qwen3.5 forward. `Any` below stands for the backend's array type."""
+
+    name: str = "abstract"
+
+    # ----- weights ------------------------------------------------------------------------
+    @abstractmethod
+    def load_weights(self, checkpoint: Any, config: ModelConfig) -> dict[str, Any]:
+        """Upload every tensor the forward needs; return internal name -> backend weight."""
+
+    # ----- state --------------------------------------------------------------------------
+    @abstractmethod
+    def alloc_state(self, config: ModelConfig, slots: int, context: int) -> None:
+        """Allocate state for `slots` streams of up to `context` tokens each (zeroed)."""
+
+    @abstractmethod
+    def reset_slot(self, slot: int) -> None:
+        """Zero one stream's state so it can start a new sequence."""
+
+    @abstractmethod
+    def save_slot(self, slot: int, length: int) -> Any:
+        """Snapshot one stream's state (first `length` tokens of KV) for the prompt cache."""
+
+    @abstractmethod
+    def restore_slot(self, slot: int, snapshot: Any) -> None:
+        """Put a snapshot taken by `save_slot` back into a slot."""
+
+    # ----- host transfer ------------------------------------------------------------------
+    @abstractmethod
+    def to_host(self, x: Any) -> np.ndarray:
+        """Copy to a float32 (or int) numpy array."""
+
+    @abstractmethod
+    def prepare(self, batch: Batch, ids: np.ndarray) -> Any:
+        """Upload the token ids and the batch layout; return the ids as a backend array."""
+
+    # ----- ops ----------------------------------------------------------------------------
+    @abstractmethod
+    def embedding(self, table: Any, ids: Any) -> Any:
+        """Rows of the embedding table: `[R, H]`."""
+
+    @abstractmethod
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        """`x / sqrt(mean(x^2) + eps) * weight` over the last axis (weight already 1 + w)."""
+
+    @abstractmethod
+    def add_rms_norm(self, x: Any, delta: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+        """`h = x + delta`; return `(rms_norm(h), h)`."""
+
+    @abstractmethod
+    def linear(self, x: Any, weight: Any) -> Any:
+        """`x @ W.T` for a dense or quantized `[out, in]` weight: `[R, out]`."""
+
+    @abstractmethod
+    def mlp(self, x: Any, gate: Any, up: Any, down: Any) -> Any:
+        """SwiGLU: `down(silu(gate(x)) * up(x))`."""
+
+    @abstractmethod
+    def attention(self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any,
+                  batch: Batch) -> Any:
+        """Gated full attention from the projections.
+
+        qg `[R, Hq*2*hd]` (per head: query then gate), k and v `[R, Hkv*hd]`. Applies q/k norm,
+        partial RoPE at each row's position, appends k and v to the slots' KV cache of
+        full-attention layer number `layer` (0-based among full layers), attends causally
+        with GQA, multiplies by sigmoid(gate). Returns `[R, Hq*hd]`.
+        """
+
+    @abstractmethod
+    def gated_delta(self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict,
+                    batch: Batch) -> Any:
+        """Gated DeltaNet mixer from the projections.
+
+        mixed `[R, C]`, z `[R, VD]`, b and a `[R, Hv]`; `weights` holds conv1d `[C, K]`,
+        A_log, dt_bias, norm. Runs the causal conv with the slot's conv state, SiLU, l2-norm
+        of q and k, the gated delta recurrence on the fp32 state of DeltaNet layer number
+        `layer` (0-based among linear layers) and the gated RMSNorm. Returns `[R, VD]`.
+        """
+
+    @abstractmethod
+    def take_rows(self, x: Any, rows: np.ndarray) -> Any:
+        """`x[rows]` (rows given on the host)."""

@@ -317,9 +317,7 @@ class EngineSettings:
             out = replace(out, cache_dir=env[ENV_CACHE].strip())
         return out
 
-    def with_gib(
-        self, reserve: float | None = None, limit: float | None = None
-    ) -> EngineSettings:
+    def with_gib(self, reserve: float | None = None, limit: float | None = None) -> EngineSettings:
         """Override reserve and/or limit in GiB (a limit of 0 means none)."""
         out = self
         if reserve is not None:

@@ -124,8 +124,9 @@ class Backend(ABC):
         """SwiGLU: `down(silu(gate(x)) * up(x))`."""
 
     @abstractmethod
-    def attention(self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any,
-                  batch: Batch) -> Any:
+    def attention(
+        self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, batch: Batch
+    ) -> Any:
         """Gated full attention from the projections.
 
         qg `[R, Hq*2*hd]` (per head: query then gate), k and v `[R, Hkv*hd]`. Applies q/k norm,
@@ -135,8 +136,9 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def gated_delta(self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict,
-                    batch: Batch) -> Any:
+    def gated_delta(
+        self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict, batch: Batch
+    ) -> Any:
         """Gated DeltaNet mixer from the projections.
 
         mixed `[R, C]`, z `[R, VD]`, b and a `[R, Hv]`; `weights` holds conv1d `[C, K]`,

@@ -1,0 +1,1 @@
+"""Compute backends: numpy (host reference) and cuda (CuPy)."""

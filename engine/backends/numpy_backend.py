@@ -1,0 +1,243 @@
+"""Host reference backend: every op in float32 numpy, written for clarity over speed.
+
+Quantized weights stay packed; `linear` dequantizes blocks of output rows as it goes, so the
+whole model is never dequantized at once. This backend is also the reference that the CUDA
+backend's tests compare against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from engine.backends.base import Backend, Batch
+from engine.config import ModelConfig
+from engine.errors import RequestRefused
+
+# Output rows of a quantized weight dequantized at once by `linear` (bounds host memory).
+DEQUANT_BLOCK_ROWS = 4096
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    # log(1 + e^x) without overflow; matches torch's softplus (threshold 20) to fp32 precision.
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+def rms(x: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def rope_half_split(x: np.ndarray, positions: np.ndarray, rotary_dim: int, theta: float):
+    """Rotate the first `rotary_dim` dims of `x [R, heads, hd]` in (j, j + rotary_dim/2) pairs."""
+    half = rotary_dim // 2
+    inv_freq = 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
+    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]  # [R, half]
+    cos = np.cos(angles).astype(np.float32)[:, None, :]
+    sin = np.sin(angles).astype(np.float32)[:, None, :]
+    out = x.copy()
+    lo, hi = x[..., :half], x[..., half:rotary_dim]
+    out[..., :half] = lo * cos - hi * sin
+    out[..., half:rotary_dim] = hi * cos + lo * sin
+    return out
+
+
+def _is_quantized(w: Any) -> bool:
+    return hasattr(w, "packed")
+
+
+class NumpyBackend(Backend):
+    """float32 host ops; state is plain numpy arrays indexed by slot."""
+
+    name = "numpy"
+
+    def __init__(self) -> None:
+        self.config: ModelConfig | None = None
+        self.kv_k: list[np.ndarray] = []
+        self.kv_v: list[np.ndarray] = []
+        self.conv: list[np.ndarray] = []
+        self.recurrent: list[np.ndarray] = []
+        self.context = 0
+
+    # ----- weights ------------------------------------------------------------------------
+    def load_weights(self, checkpoint: Any, config: ModelConfig) -> dict[str, Any]:
+        self.config = config
+        weights = {}
+        for name in checkpoint.tensors:
+            if name.startswith("mtp."):
+                continue
+            weights[name] = checkpoint.read(name)
+        return weights
+
+    def held_bytes(self) -> int:
+        return sum(a.nbytes for a in (*self.kv_k, *self.kv_v, *self.conv, *self.recurrent))
+
+    # ----- state --------------------------------------------------------------------------
+    def alloc_state(self, config: ModelConfig, slots: int, context: int) -> None:
+        c = config
+        self.config, self.context = c, context
+        kv_shape = (slots, c.num_key_value_heads, context, c.head_dim)
+        self.kv_k = [np.zeros(kv_shape, np.float32) for _ in c.full_layers]
+        self.kv_v = [np.zeros(kv_shape, np.float32) for _ in c.full_layers]
+        conv_shape = (slots, c.linear_conv_kernel_dim - 1, c.conv_dim)
+        self.conv = [np.zeros(conv_shape, np.float32) for _ in c.linear_layers]
+        rec_shape = (
+            slots,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        )
+        self.recurrent = [np.zeros(rec_shape, np.float32) for _ in c.linear_layers]
+
+    def reset_slot(self, slot: int) -> None:
+        for arr in (*self.kv_k, *self.kv_v, *self.conv, *self.recurrent):
+            arr[slot] = 0.0
+
+    def save_slot(self, slot: int, length: int) -> Any:
+        return {
+            "length": length,
+            "kv_k": [a[slot, :, :length].copy() for a in self.kv_k],
+            "kv_v": [a[slot, :, :length].copy() for a in self.kv_v],
+            "conv": [a[slot].copy() for a in self.conv],
+            "recurrent": [a[slot].copy() for a in self.recurrent],
+        }
+
+    def restore_slot(self, slot: int, snapshot: Any) -> None:
+        self.reset_slot(slot)
+        n = snapshot["length"]
+        for dst, src in zip(self.kv_k, snapshot["kv_k"], strict=True):
+            dst[slot, :, :n] = src
+        for dst, src in zip(self.kv_v, snapshot["kv_v"], strict=True):
+            dst[slot, :, :n] = src
+        for dst, src in zip(self.conv, snapshot["conv"], strict=True):
+            dst[slot] = src
+        for dst, src in zip(self.recurrent, snapshot["recurrent"], strict=True):
+            dst[slot] = src
+
+    # ----- host transfer ------------------------------------------------------------------
+    def to_host(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+    def prepare(self, batch: Batch, ids: np.ndarray) -> Any:
+        for seg in batch.segments:
+            if seg.start + seg.rows > self.context:
+                raise RequestRefused(
+                    f"stream {seg.slot} would reach {seg.start + seg.rows} tokens but the "
+                    f"admitted context is {self.context}; raise the context length setting "
+                    "or start a new chat"
+                )
+        return np.asarray(ids, dtype=np.int64)
+
+    # ----- ops ----------------------------------------------------------------------------
+    def embedding(self, table: Any, ids: Any) -> Any:
+        if _is_quantized(table):
+            return np.stack([table.dequantize(slice(int(i), int(i) + 1))[0] for i in ids])
+        return table[ids].astype(np.float32)
+
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        return rms(x, eps) * weight
+
+    def add_rms_norm(self, x: Any, delta: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+        h = x + delta
+        return rms(h, eps) * weight, h
+
+    def linear(self, x: Any, weight: Any) -> Any:
+        if not _is_quantized(weight):
+            return x @ weight.T
+        out_features = weight.shape[0]
+        out = np.empty((x.shape[0], out_features), np.float32)
+        for start in range(0, out_features, DEQUANT_BLOCK_ROWS):
+            block = slice(start, min(start + DEQUANT_BLOCK_ROWS, out_features))
+            out[:, block] = x @ weight.dequantize(block).T
+        return out
+
+    def mlp(self, x: Any, gate: Any, up: Any, down: Any) -> Any:
+        return self.linear(silu(self.linear(x, gate)) * self.linear(x, up), down)
+
+    def take_rows(self, x: Any, rows: np.ndarray) -> Any:
+        return x[rows]
+
+    def attention(
+        self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, batch: Batch
+    ) -> Any:
+        c = self.config
+        R, Hq, Hkv, hd = qg.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        qg = qg.reshape(R, Hq, 2 * hd)  # per head: query | gate
+        q, gate = qg[..., :hd], qg[..., hd:].reshape(R, Hq * hd)
+        q = rms(q, c.rms_norm_eps) * q_norm  # [R, Hq, hd]
+        k = rms(k.reshape(R, Hkv, hd), c.rms_norm_eps) * k_norm  # [R, Hkv, hd]
+        v = v.reshape(R, Hkv, hd)
+        pos = batch.positions()
+        q = rope_half_split(q, pos, c.rotary_dim, c.rope_theta)
+        k = rope_half_split(k, pos, c.rotary_dim, c.rope_theta)
+        group, scale = Hq // Hkv, hd**-0.5
+        out = np.empty((R, Hq, hd), np.float32)
+        row = 0
+        for seg in batch.segments:
+            rows = slice(row, row + seg.rows)
+            end = seg.start + seg.rows
+            cache_k, cache_v = self.kv_k[layer][seg.slot], self.kv_v[layer][seg.slot]
+            cache_k[:, seg.start : end] = k[rows].transpose(1, 0, 2)
+            cache_v[:, seg.start : end] = v[rows].transpose(1, 0, 2)
+            keys = np.repeat(cache_k[:, :end], group, axis=0)  # [Hq, T, hd]
+            values = np.repeat(cache_v[:, :end], group, axis=0)
+            qh = q[rows].transpose(1, 0, 2)  # [Hq, rows, hd]
+            scores = (qh @ keys.transpose(0, 2, 1)) * scale  # [Hq, rows, T]
+            visible = np.arange(end)[None, :] <= (seg.start + np.arange(seg.rows))[:, None]
+            scores = np.where(visible[None], scores, -np.inf)
+            scores -= scores.max(axis=-1, keepdims=True)
+            probs = np.exp(scores)
+            probs /= probs.sum(axis=-1, keepdims=True)
+            out[rows] = (probs @ values).transpose(1, 0, 2)
+            row += seg.rows
+        return out.reshape(R, Hq * hd) * sigmoid(gate)
+
+    def gated_delta(
+        self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict, batch: Batch
+    ) -> Any:
+        c = self.config
+        Hk, Hv = c.linear_num_key_heads, c.linear_num_value_heads
+        dk, dv, K, KD = (
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+            c.linear_conv_kernel_dim,
+            c.key_dim,
+        )
+        conv_w = weights["conv1d"]  # [C, K]; tap K-1 multiplies the current token
+        beta = sigmoid(b)  # [R, Hv]
+        g = -np.exp(weights["A_log"].astype(np.float32)) * softplus(a + weights["dt_bias"])
+        out = np.empty((mixed.shape[0], Hv, dv), np.float32)
+        row = 0
+        for seg in batch.segments:
+            rows = slice(row, row + seg.rows)
+            history = np.concatenate([self.conv[layer][seg.slot], mixed[rows]])  # [K-1+T, C]
+            self.conv[layer][seg.slot] = history[-(K - 1) :]
+            conv = sum(history[j : j + seg.rows] * conv_w[:, j] for j in range(K))  # [T, C]
+            conv = silu(conv)
+            q = conv[:, :KD].reshape(seg.rows, Hk, dk)
+            k = conv[:, KD : 2 * KD].reshape(seg.rows, Hk, dk)
+            v = conv[:, 2 * KD :].reshape(seg.rows, Hv, dv)
+            q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) * dk**-0.5
+            k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+            q = np.repeat(q, Hv // Hk, axis=1)  # value head h reads key head h // (Hv/Hk)
+            k = np.repeat(k, Hv // Hk, axis=1)
+            state = self.recurrent[layer][seg.slot]  # [Hv, dk, dv] fp32, updated in place
+            decay = np.exp(g[rows])  # [T, Hv]
+            for t in range(seg.rows):
+                state *= decay[t][:, None, None]
+                kv_mem = np.einsum("hkv,hk->hv", state, k[t])
+                delta = beta[row + t][:, None] * (v[t] - kv_mem)
+                state += k[t][:, :, None] * delta[:, None, :]
+                out[row + t] = np.einsum("hkv,hk->hv", state, q[t])
+            row += seg.rows
+        zz = z.reshape(-1, Hv, dv)
+        y = rms(out, c.rms_norm_eps) * weights["norm"] * silu(zz)
+        return y.reshape(-1, Hv * dv)

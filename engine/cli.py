@@ -1,0 +1,216 @@
+"""`snug` subcommands: generate, info, plan. (`snug` alone starts the app: see app/entry.py.)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from engine.config import EngineSettings
+from engine.errors import SnugError
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--prompt-ids {text!r}: expected comma-separated integers such as 1,2,3"
+        ) from None
+
+
+def _add_memory_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=None,
+        help="memory left for other programs (default 0.5, env SNUG_MEMORY_RESERVE_GIB)",
+    )
+    p.add_argument(
+        "--limit-gib",
+        type=float,
+        default=None,
+        help="cap on what Snug may hold on the GPU (env SNUG_MEMORY_LIMIT_GIB)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="snug", description="Run Qwen3.5 models locally.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    g.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors)")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="a user message (chat template applied unless --raw)")
+    src.add_argument("--prompt-ids", type=_parse_ids, help="token ids, e.g. 1,2,3")
+    g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, no template")
+    g.add_argument("--system", default=None, help="system prompt for the chat template")
+    g.add_argument("--thinking", choices=["on", "off", "default"], default="default")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--greedy", action="store_true")
+    g.add_argument("--temperature", type=float, default=0.7)
+    g.add_argument("--top-k", type=int, default=20)
+    g.add_argument("--top-p", type=float, default=0.8)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument(
+        "--backend",
+        choices=["auto", "cuda", "numpy"],
+        default=None,
+        help="default: auto (env SNUG_BACKEND)",
+    )
+    g.add_argument("--context", type=int, default=4096)
+    g.add_argument("--max-rows", type=int, default=512)
+    g.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    _add_memory_flags(g)
+
+    i = sub.add_parser("info", help="print a checkpoint's config, format and byte sizes")
+    i.add_argument("--model", required=True)
+    i.add_argument("--json", action="store_true")
+
+    try:
+        from engine.cli_plan import add_plan_parser
+
+        add_plan_parser(sub)
+    except ImportError:  # the planner module is optional only while it is being built
+        pass
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> EngineSettings:
+    settings = EngineSettings.from_env().with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
+    if getattr(args, "backend", None):
+        settings = EngineSettings(
+            settings.reserve_bytes, settings.limit_bytes, args.backend, settings.cache_dir
+        )
+    return settings
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from engine.session import Engine, GenerationParams
+
+    engine = Engine.load(args.model, _settings(args), context=args.context, max_rows=args.max_rows)
+    if args.prompt_ids is not None:
+        prompt_ids = args.prompt_ids
+    elif args.raw:
+        prompt_ids = engine.tokenizer.encode(args.prompt)
+    else:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": args.prompt})
+        thinking = {"on": True, "off": False}.get(args.thinking)
+        prompt_ids = engine.chat_ids(messages, enable_thinking=thinking)
+    params = GenerationParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        presence_penalty=args.presence_penalty,
+        seed=args.seed,
+        greedy=args.greedy,
+    )
+    output_ids, text, stats, finish = [], [], None, None
+    t0 = time.perf_counter()
+    for event in engine.generate(prompt_ids, params):
+        output_ids.append(event.token_id)
+        text.append(event.text)
+        if not args.json and event.text:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        if event.finished:
+            stats = event.stats
+            finish = event.finish_reason
+    if args.json:
+        timings = {"total_s": time.perf_counter() - t0, **(stats.__dict__ if stats else {})}
+        print(
+            json.dumps(
+                {
+                    "prompt_ids": list(prompt_ids),
+                    "output_ids": output_ids,
+                    "text": "".join(text),
+                    "finish_reason": finish,
+                    "backend": engine.backend_name,
+                    "timings": timings,
+                }
+            )
+        )
+    else:
+        sys.stdout.write("\n")
+        if stats:
+            sys.stderr.write(
+                f"[{engine.backend_name}] {stats.prompt_tokens} prompt tokens, "
+                f"{stats.new_tokens} new; first token {stats.ttft_s * 1000:.0f} ms; "
+                f"{stats.decode_tok_s:.1f} tokens/s\n"
+            )
+    engine.unload()
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from engine.checkpoint import Checkpoint
+
+    ckpt = Checkpoint.open(Path(args.model))
+    c = ckpt.config
+    tensors = {
+        name: {"shape": list(t.shape), "dtype": t.dtype, "nbytes": t.nbytes}
+        for name, t in sorted(ckpt.tensors.items())
+    }
+    summary = {
+        "model": str(ckpt.dir),
+        "format": ckpt.format,
+        "total_bytes": ckpt.total_bytes,
+        "quantization": (
+            None
+            if c.quantization is None
+            else {
+                "bits": c.quantization.default.bits,
+                "group_size": c.quantization.default.group_size,
+            }
+        ),
+        "config": {
+            "hidden_size": c.hidden_size,
+            "layers": c.num_hidden_layers,
+            "full_attention_layers": list(c.full_layers),
+            "attention_heads": f"{c.num_attention_heads}q/{c.num_key_value_heads}kv x {c.head_dim}",
+            "deltanet_heads": f"{c.linear_num_key_heads}k/{c.linear_num_value_heads}v x "
+            f"{c.linear_key_head_dim}",
+            "intermediate_size": c.intermediate_size,
+            "vocab_size": c.vocab_size,
+            "tie_word_embeddings": c.tie_word_embeddings,
+        },
+    }
+    if args.json:
+        print(json.dumps({**summary, "tensors": tensors}, indent=1))
+        return 0
+    print(f"{summary['model']}\n  format {ckpt.format}, {ckpt.total_bytes / 2**20:.1f} MiB")
+    for key, value in summary["config"].items():
+        print(f"  {key}: {value}")
+    for name, t in tensors.items():
+        print(f"  {name:48s} {t['dtype']:5s} {str(t['shape']):18s} {t['nbytes']:>12,d} B")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return run_generate(args)
+        if args.command == "info":
+            return run_info(args)
+        if args.command == "plan":
+            from engine.cli_plan import run_plan
+
+            return run_plan(args)
+    except SnugError as exc:
+        sys.stderr.write(f"snug: {type(exc).__name__}: {exc}\n")
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model definitions written against the backend op interface."""

@@ -1,0 +1,80 @@
+"""Token sampling on the host: greedy, temperature, top-k, top-p, min-p, presence penalty.
+
+Logits columns at or past `real_vocab` are vocabulary padding (Qwen3.5 pads 248077 real ids
+to 248320 columns); they are masked before anything else so they can never be sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.errors import SnugError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick the next token. `greedy` (or temperature 0) ignores the other knobs."""
+
+    temperature: float = 0.7
+    top_k: int = 20
+    top_p: float = 0.8
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.temperature >= 0, f"temperature {self.temperature} must be >= 0"),
+            (self.top_k >= 0, f"top_k {self.top_k} must be >= 0 (0 = off)"),
+            (0 < self.top_p <= 1, f"top_p {self.top_p} must be in (0, 1]"),
+            (0 <= self.min_p < 1, f"min_p {self.min_p} must be in [0, 1)"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise SnugError(f"sampling setting out of range: {message}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+
+class Sampler:
+    """One request's sampler: owns its random generator so a seed reproduces a reply."""
+
+    def __init__(self, params: SamplingParams, real_vocab: int):
+        self.params = params
+        self.real_vocab = real_vocab
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, generated: Iterable[int] = ()) -> int:
+        """Pick one token id from `logits [V]` given the ids generated so far."""
+        p = self.params
+        x = np.asarray(logits, dtype=np.float64)[: self.real_vocab].copy()
+        if p.presence_penalty:
+            seen = np.fromiter(set(generated), dtype=np.int64)
+            seen = seen[seen < self.real_vocab]
+            x[seen] -= p.presence_penalty
+        if p.is_greedy:
+            return int(np.argmax(x))
+        x /= p.temperature
+        if 0 < p.top_k < x.size:
+            kth = np.partition(x, -p.top_k)[-p.top_k]
+            x[x < kth] = -np.inf
+        probs = np.exp(x - x.max())
+        probs /= probs.sum()
+        if p.min_p > 0:
+            probs[probs < p.min_p * probs.max()] = 0.0
+        if p.top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            cumulative = np.cumsum(probs[order])
+            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+            keep = int(np.searchsorted(cumulative, p.top_p * cumulative[-1])) + 1
+            mask = np.zeros_like(probs, dtype=bool)
+            mask[order[:keep]] = True
+            probs[~mask] = 0.0
+        probs /= probs.sum()
+        return int(self.rng.choice(probs.size, p=probs))

@@ -1,0 +1,354 @@
+"""The engine's public API: load a model, generate on persistent streams, unload.
+
+    engine = Engine.load(model_dir, EngineSettings.from_env(), context=8192)
+    for event in engine.generate(engine.chat_ids(messages), GenerationParams()):
+        print(event.text, end="")
+
+Each stream owns a backend state slot. A prompt runs as windows of at most `max_rows` rows
+(prefill), then one row per step (decode); `generate_many` steps several streams together in
+one batch, and gives each the same tokens it would get alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.backends.base import Backend, Batch
+from engine.config import EngineSettings
+from engine.errors import BackendUnavailable, RequestRefused
+from engine.models.qwen35 import Qwen35Model
+from engine.sampling import Sampler, SamplingParams
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """One request: how many tokens at most, and how to sample them."""
+
+    max_new_tokens: int = 1024
+    temperature: float = 0.7
+    top_k: int = 20
+    top_p: float = 0.8
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    greedy: bool = False
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            seed=self.seed,
+            greedy=self.greedy,
+        )
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    prompt_tokens: int
+    new_tokens: int
+    ttft_s: float
+    prefill_tok_s: float
+    decode_tok_s: float
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token; `stats` is set on the final event (`finished=True`)."""
+
+    token_id: int
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    stats: GenerationStats | None = None
+
+
+@dataclass
+class _Stream:
+    slot: int
+    ids: list[int] = field(default_factory=list)  # every token now in the slot's state
+
+
+def select_backend(settings: EngineSettings) -> Backend:
+    """`numpy`, `cuda`, or `auto` (cuda when an NVIDIA GPU and CuPy are usable)."""
+    choice = settings.backend
+    if choice == "numpy":
+        from engine.backends.numpy_backend import NumpyBackend
+
+        return NumpyBackend()
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        from engine.backends.cuda.backend import CudaBackend
+
+        return CudaBackend(settings=settings)
+    if choice == "cuda":
+        raise BackendUnavailable(
+            f"backend 'cuda' cannot run here: {reason}. Choose the "
+            "numpy (CPU) backend in settings or with --backend numpy"
+        )
+    from engine.backends.numpy_backend import NumpyBackend
+
+    return NumpyBackend()
+
+
+def cuda_unavailable_reason() -> str | None:
+    """None when the CUDA backend can run; otherwise a sentence saying why not."""
+    from engine.device import no_gpu_reason, probe_gpu
+
+    if probe_gpu() is None:
+        return no_gpu_reason()
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CUDA reports no device"
+    except Exception as exc:  # ImportError, CUDARuntimeError: both mean no usable GPU
+        return f"CuPy cannot use the GPU ({type(exc).__name__}: {exc})"
+    try:
+        import engine.backends.cuda.backend  # noqa: F401
+    except ImportError as exc:
+        return f"the CUDA backend is not available ({exc})"
+    return None
+
+
+class Engine:
+    """A loaded model with its tokenizer, backend state slots and generate loop."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        checkpoint: Any,
+        tokenizer: Any,
+        backend: Backend,
+        model: Qwen35Model,
+        context: int,
+        streams: int,
+        max_rows: int,
+        decision: Any = None,
+    ):
+        self.model_dir = model_dir
+        self.checkpoint = checkpoint
+        self.config = checkpoint.config
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.model = model
+        self.context = context
+        self.streams = streams
+        self.max_rows = max_rows
+        self.decision = decision
+        self._free_slots = list(range(streams))
+        self._lock = threading.Lock()
+        eos = set(tokenizer.eos_ids) | set(self.config.eos_token_ids)
+        self.eos_ids = frozenset(eos)
+        self.real_vocab = min(tokenizer.vocab_size, self.config.vocab_size)
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @classmethod
+    def load(
+        cls,
+        model_dir: str | Path,
+        settings: EngineSettings | None = None,
+        context: int = 8192,
+        streams: int = 1,
+        max_rows: int = 512,
+        progress: Progress | None = None,
+    ) -> Engine:
+        """Read the checkpoint, plan memory, upload weights and allocate stream state."""
+        from engine.checkpoint import Checkpoint
+        from engine.tokenizer import Tokenizer
+
+        settings = settings or EngineSettings.from_env()
+        report = progress or (lambda _stage, _fraction: None)
+        report("reading checkpoint", 0.0)
+        model_dir = Path(model_dir)
+        checkpoint = Checkpoint.open(model_dir)
+        tokenizer = Tokenizer.load(model_dir, eos_ids=checkpoint.config.eos_token_ids)
+        backend = select_backend(settings)
+        context = min(context, checkpoint.config.max_position_embeddings)
+        decision = None
+        if hasattr(backend, "admit"):
+            decision = backend.admit(
+                checkpoint, context=context, streams=streams, max_rows=max_rows
+            )
+            context, streams = decision.context, decision.streams
+        report("loading weights", 0.1)
+        weights = backend.load_weights(checkpoint, checkpoint.config)
+        report("allocating stream state", 0.9)
+        backend.alloc_state(checkpoint.config, streams, context)
+        model = Qwen35Model(checkpoint.config, backend, weights)
+        if hasattr(backend, "warm_up"):
+            report("warming up", 0.95)
+            backend.warm_up(model)
+        report("ready", 1.0)
+        return cls(
+            model_dir, checkpoint, tokenizer, backend, model, context, streams, max_rows, decision
+        )
+
+    # ----- prompts ------------------------------------------------------------------------
+    def chat_ids(
+        self, messages: list[dict[str, str]], enable_thinking: bool | None = None
+    ) -> list[int]:
+        return self.tokenizer.chat_ids(messages, enable_thinking=enable_thinking)
+
+    def held_bytes(self) -> int:
+        held = getattr(self.backend, "held_bytes", None)
+        return int(held()) if held else 0
+
+    # ----- streams ------------------------------------------------------------------------
+    def _open_stream(self) -> _Stream:
+        with self._lock:
+            if not self._free_slots:
+                raise RequestRefused(
+                    f"all {self.streams} streams are busy; wait for a reply to finish or "
+                    "raise the streams setting and reload"
+                )
+            slot = self._free_slots.pop(0)
+        self.backend.reset_slot(slot)
+        return _Stream(slot)
+
+    def _close_stream(self, stream: _Stream) -> None:
+        with self._lock:
+            self._free_slots.append(stream.slot)
+            self._free_slots.sort()
+
+    def _check_room(self, stream: _Stream, new_rows: int) -> None:
+        if len(stream.ids) + new_rows > self.context:
+            raise RequestRefused(
+                f"the conversation needs {len(stream.ids) + new_rows} tokens but the context "
+                f"is {self.context}; raise the context length setting or start a new chat"
+            )
+
+    def prefill(self, stream: _Stream, ids: list[int], all_logits: bool = False) -> np.ndarray:
+        """Run `ids` through the stream in windows of max_rows; return the last logits
+        `[V]` (or `[len(ids), V]` with all_logits)."""
+        self._check_room(stream, len(ids))
+        outputs = []
+        for start in range(0, len(ids), self.max_rows):
+            chunk = ids[start : start + self.max_rows]
+            batch = Batch.window(stream.slot, len(stream.ids), len(chunk))
+            logits = self.model.forward(batch, np.asarray(chunk), all_logits=all_logits)
+            stream.ids.extend(chunk)
+            outputs.append(self.backend.to_host(logits))
+        out = np.concatenate(outputs) if all_logits else outputs[-1][-1]
+        return out.astype(np.float32)
+
+    def step(self, streams: list[_Stream], ids: list[int]) -> np.ndarray:
+        """One decode row for each stream; returns logits `[len(streams), V]`."""
+        for s in streams:
+            self._check_room(s, 1)
+        batch = Batch.step([(s.slot, len(s.ids)) for s in streams])
+        logits = self.model.forward(batch, np.asarray(ids))
+        for s, token in zip(streams, ids, strict=True):
+            s.ids.append(token)
+        return self.backend.to_host(logits).astype(np.float32)
+
+    # ----- generation ---------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[TokenEvent]:
+        """Stream tokens for one prompt. Ends on an end-of-sequence id, max_new_tokens or
+        `cancel`; the final event carries the stats."""
+        from engine.tokenizer import StreamDecoder
+
+        params = params or GenerationParams()
+        if not prompt_ids:
+            raise RequestRefused("the prompt is empty; type a message first")
+        sampler = Sampler(params.sampling(), self.real_vocab)
+        decoder = StreamDecoder(self.tokenizer)
+        stream = self._open_stream()
+        try:
+            t0 = time.perf_counter()
+            logits = self.prefill(stream, list(prompt_ids))
+            generated: list[int] = []
+            token = sampler(logits, generated)
+            t_first = time.perf_counter()
+            reason = None
+            while True:
+                generated.append(token)
+                if token in self.eos_ids:
+                    reason = "stop"
+                elif len(generated) >= params.max_new_tokens:
+                    reason = "length"
+                elif cancel is not None and cancel.is_set():
+                    reason = "cancelled"
+                elif len(stream.ids) + 1 > self.context:
+                    reason = "length"
+                text = "" if token in self.eos_ids else decoder.push(token)
+                if reason is not None:
+                    text += decoder.flush()
+                    stats = self._stats(len(prompt_ids), len(generated), t0, t_first)
+                    yield TokenEvent(token, text, True, reason, stats)
+                    return
+                yield TokenEvent(token, text)
+                logits = self.step([stream], [token])[0]
+                token = sampler(logits, generated)
+        finally:
+            self._close_stream(stream)
+
+    def generate_many(
+        self, prompts: list[list[int]], params: GenerationParams | None = None
+    ) -> list[list[int]]:
+        """Serve several prompts concurrently (one decode batch); return each one's tokens."""
+        params = params or GenerationParams()
+        streams = [self._open_stream() for _ in prompts]
+        try:
+            samplers = [Sampler(params.sampling(), self.real_vocab) for _ in prompts]
+            outputs: list[list[int]] = [[] for _ in prompts]
+            next_ids = []
+            for s, ids, sampler, out in zip(streams, prompts, samplers, outputs, strict=True):
+                next_ids.append(sampler(self.prefill(s, list(ids)), out))
+            active = list(range(len(prompts)))
+            while active:
+                still = []
+                for i in active:
+                    outputs[i].append(next_ids[i])
+                    done = next_ids[i] in self.eos_ids
+                    if not done and len(outputs[i]) < params.max_new_tokens:
+                        still.append(i)
+                active = still
+                if not active:
+                    break
+                logits = self.step([streams[i] for i in active], [next_ids[i] for i in active])
+                for row, i in enumerate(active):
+                    next_ids[i] = samplers[i](logits[row], outputs[i])
+            return outputs
+        finally:
+            for s in streams:
+                self._close_stream(s)
+
+    @staticmethod
+    def _stats(prompt_tokens: int, new_tokens: int, t0: float, t_first: float):
+        now = time.perf_counter()
+        prefill_s, decode_s = max(t_first - t0, 1e-9), max(now - t_first, 1e-9)
+        return GenerationStats(
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            ttft_s=t_first - t0,
+            prefill_tok_s=prompt_tokens / prefill_s,
+            decode_tok_s=(new_tokens - 1) / decode_s if new_tokens > 1 else 0.0,
+        )
+
+    def unload(self) -> None:
+        """Release weights and state; the engine cannot be used afterwards."""
+        release = getattr(self.backend, "release", None)
+        if release:
+            release()
+        self.model = None  # type: ignore[assignment]
+        self.backend = None  # type: ignore[assignment]

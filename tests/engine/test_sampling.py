@@ -1,0 +1,82 @@
+import numpy as np
+import pytest
+
+from engine.errors import SnugError
+from engine.sampling import Sampler, SamplingParams
+
+REAL = 90  # columns 90..99 are vocabulary padding
+
+
+def logits(seed=0, size=100):
+    x = np.random.default_rng(seed).normal(size=size).astype(np.float32)
+    x[REAL:] = 50.0  # padding rows are the largest: they must still never be picked
+    return x
+
+
+def test_greedy_ignores_padding_rows():
+    x = logits()
+    token = Sampler(SamplingParams(greedy=True), REAL)(x)
+    assert token == int(np.argmax(x[:REAL]))
+
+
+def test_temperature_zero_is_greedy():
+    x = logits(1)
+    assert Sampler(SamplingParams(temperature=0.0), REAL)(x) == int(np.argmax(x[:REAL]))
+
+
+def test_padding_never_sampled_at_high_temperature():
+    sampler = Sampler(SamplingParams(temperature=5.0, top_k=0, top_p=1.0, seed=3), REAL)
+    picks = {sampler(logits(s)) for s in range(300)}
+    assert max(picks) < REAL
+
+
+def test_seed_reproduces_and_differs():
+    p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=7)
+    a = [Sampler(p, REAL)(logits(s)) for s in range(20)]
+    b = [Sampler(p, REAL)(logits(s)) for s in range(20)]
+    assert a == b
+    runs = {
+        tuple(
+            Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=k), REAL)(logits(0))
+            for _ in range(1)
+        )
+        for k in range(30)
+    }
+    assert len(runs) > 1
+
+
+def test_top_k_restricts_choices():
+    x = logits(2)
+    allowed = set(np.argsort(-x[:REAL])[:3].tolist())
+    sampler = Sampler(SamplingParams(temperature=3.0, top_k=3, top_p=1.0, seed=0), REAL)
+    assert {sampler(x) for _ in range(200)} <= allowed
+
+
+def test_top_p_keeps_smallest_prefix():
+    x = np.full(100, -30.0, np.float32)
+    x[[5, 6, 7]] = [3.0, 2.0, 1.0]  # probabilities ~0.665, 0.245, 0.090
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=0.8, seed=0), REAL)
+    assert {sampler(x) for _ in range(300)} == {5, 6}
+
+
+def test_min_p_drops_unlikely_tokens():
+    x = np.full(100, -30.0, np.float32)
+    x[[1, 2]] = [2.0, 0.0]  # p(2)/p(1) = e^-2 ~ 0.135
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2, seed=0), REAL)
+    assert {sampler(x) for _ in range(200)} == {1}
+
+
+def test_presence_penalty_moves_greedy_choice():
+    x = np.zeros(100, np.float32)
+    x[4], x[9] = 1.0, 0.5
+    sampler = Sampler(SamplingParams(greedy=True, presence_penalty=1.0), REAL)
+    assert sampler(x, generated=[]) == 4
+    assert sampler(x, generated=[4, 4]) == 9
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"min_p": 1.5}]
+)
+def test_bad_settings_are_named(kwargs):
+    with pytest.raises(SnugError, match=list(kwargs)[0]):
+        SamplingParams(**kwargs)

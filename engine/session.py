@@ -24,9 +24,11 @@ from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
 from engine.errors import BackendUnavailable, RequestRefused
 from engine.models.qwen35 import Qwen35Model
+from engine.prompt_cache import PromptCache
 from engine.sampling import Sampler, SamplingParams
 
 Progress = Callable[[str, float], None]
+HOST_PROMPT_CACHE_BYTES = 1 << 30  # saved stream states kept in host memory (numpy backend)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,15 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
+def _nbytes(obj: Any) -> int:
+    """Bytes held by the arrays in a (nested) snapshot."""
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_nbytes(v) for v in obj)
+    return int(getattr(obj, "nbytes", 0))
+
+
 class Engine:
     """A loaded model with its tokenizer, backend state slots and generate loop."""
 
@@ -152,6 +163,10 @@ class Engine:
         eos = set(tokenizer.eos_ids) | set(self.config.eos_token_ids)
         self.eos_ids = frozenset(eos)
         self.real_vocab = min(tokenizer.vocab_size, self.config.vocab_size)
+        cache_bytes = getattr(getattr(decision, "breakdown", None), "prompt_cache", None)
+        self.prompt_cache = PromptCache(
+            HOST_PROMPT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        )
 
     @property
     def backend_name(self) -> str:
@@ -273,9 +288,10 @@ class Engine:
         sampler = Sampler(params.sampling(), self.real_vocab)
         decoder = StreamDecoder(self.tokenizer)
         stream = self._open_stream()
+        completed = False
         try:
             t0 = time.perf_counter()
-            logits = self.prefill(stream, list(prompt_ids))
+            logits = self.prefill(stream, self._resume(stream, list(prompt_ids)))
             generated: list[int] = []
             token = sampler(logits, generated)
             t_first = time.perf_counter()
@@ -294,13 +310,29 @@ class Engine:
                 if reason is not None:
                     text += decoder.flush()
                     stats = self._stats(len(prompt_ids), len(generated), t0, t_first)
+                    completed = True
                     yield TokenEvent(token, text, True, reason, stats)
                     return
                 yield TokenEvent(token, text)
                 logits = self.step([stream], [token])[0]
                 token = sampler(logits, generated)
         finally:
+            if completed:
+                self._save(stream)
             self._close_stream(stream)
+
+    def _resume(self, stream: _Stream, prompt_ids: list[int]) -> list[int]:
+        """Restore the longest saved state that the prompt extends; return the ids left."""
+        entry = self.prompt_cache.lookup(prompt_ids)
+        if entry is None:
+            return prompt_ids
+        self.backend.restore_slot(stream.slot, entry.snapshot)
+        stream.ids = list(entry.ids)
+        return prompt_ids[len(entry.ids) :]
+
+    def _save(self, stream: _Stream) -> None:
+        snapshot = self.backend.save_slot(stream.slot, len(stream.ids))
+        self.prompt_cache.store(stream.ids, snapshot, _nbytes(snapshot))
 
     def generate_many(
         self, prompts: list[list[int]], params: GenerationParams | None = None
@@ -347,6 +379,7 @@ class Engine:
 
     def unload(self) -> None:
         """Release weights and state; the engine cannot be used afterwards."""
+        self.prompt_cache.clear()
         release = getattr(self.backend, "release", None)
         if release:
             release()

@@ -121,3 +121,19 @@ def test_concurrent_equals_solo(tiny_checkpoint):
     together = engine.generate_many(prompts, params)
     alone = [[e.token_id for e in engine.generate(p, params)] for p in prompts]
     assert together == alone
+
+
+def test_resumed_equals_fresh(tiny_checkpoint):
+    from engine.session import GenerationParams
+
+    model_dir = tiny_checkpoint("tied-l8-r4-hd64", "hf-fp32")
+    engine = Engine.load(model_dir, NUMPY, context=512, streams=1, max_rows=64)
+    params = GenerationParams(max_new_tokens=10, greedy=True)
+    first_prompt = prompt(40, 400, seed=5)
+    reply = [e.token_id for e in engine.generate(first_prompt, params)]
+    follow_up = first_prompt + reply + prompt(9, 400, seed=6)
+    assert engine.prompt_cache.lookup(follow_up) is not None  # the history is not prefilled again
+    resumed = [e.token_id for e in engine.generate(follow_up, params)]
+    engine.prompt_cache.clear()
+    fresh = [e.token_id for e in engine.generate(follow_up, params)]
+    assert resumed == fresh

@@ -191,7 +191,7 @@ class Engine:
         report("reading checkpoint", 0.0)
         model_dir = Path(model_dir)
         checkpoint = Checkpoint.open(model_dir)
-        tokenizer = Tokenizer.load(model_dir, eos_ids=checkpoint.config.eos_token_ids)
+        tokenizer = Tokenizer.load(model_dir, eos_token_ids=checkpoint.config.eos_token_ids)
         backend = select_backend(settings)
         context = min(context, checkpoint.config.max_position_embeddings)
         decision = None

@@ -1,0 +1,182 @@
+"""`snug plan`: will this model fit on this card, how, and what to change if not.
+
+Reads only config.json and the safetensors headers (or nothing at all with `--shape`), and
+the card through NVML; it never starts CUDA.
+
+    snug plan --model DIR [--context N] [--streams N] [--max-rows N] [--json]
+    snug plan --shape 4B --format mlx4 --card-gib 4
+    snug plan --shape all --card-gib 4          one row per shape and format
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from engine.config import GIB, EngineSettings, ModelConfig, load_config
+from engine.device import no_gpu_reason, probe_gpu
+from engine.errors import SnugError
+from engine.memory import Decision, admit, largest_context, make_plan
+from engine.memory.shapes import FORMATS, SHAPES, shape_config, shape_tensor_nbytes
+
+__all__ = ["add_plan_parser", "card_table", "run_plan", "shape_tensor_nbytes"]
+
+_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
+_SUFFIXES = (".weight", ".scales", ".biases")
+
+
+def _header_nbytes(model_dir: Path) -> dict[str, int]:
+    """Internal name -> stored bytes from the safetensors headers (packed + scales + biases)."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise SnugError(f"{model_dir}: no *.safetensors files")
+    out: dict[str, int] = {}
+    for path in files:
+        with path.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for key, entry in header.items():
+            if key == "__metadata__" or key.startswith(("model.visual.", "vision_tower.")):
+                continue
+            name = next((key[len(p) :] for p in _PREFIXES if key.startswith(p)), key)
+            name = next((name[: -len(s)] for s in _SUFFIXES if name.endswith(s)), name)
+            begin, end = entry["data_offsets"]
+            out[name] = out.get(name, 0) + end - begin
+    return out
+
+
+def checkpoint_nbytes(model_dir: str | Path) -> tuple[ModelConfig, dict[str, int]]:
+    """The model's config and its stored bytes per internal tensor name."""
+    try:
+        from engine.checkpoint import Checkpoint
+    except ImportError:
+        Checkpoint = None  # noqa: N806
+    if Checkpoint is not None:
+        ckpt = Checkpoint.open(model_dir)
+        return ckpt.config, {name: info.nbytes for name, info in ckpt.tensors.items()}
+    return load_config(model_dir), _header_nbytes(Path(model_dir))
+
+
+def add_plan_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `plan` on an argparse subparsers object."""
+    p = subparsers.add_parser("plan", help="show whether a model fits on the card, and how")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="checkpoint folder (config.json + *.safetensors)")
+    src.add_argument("--shape", choices=(*SHAPES, "all"), help="a Qwen3.5 size, no files needed")
+    p.add_argument("--format", choices=FORMATS, default="mlx4", help="storage format for --shape")
+    p.add_argument("--context", type=int, default=4096, help="tokens per stream (default 4096)")
+    p.add_argument("--streams", type=int, default=1, help="concurrent conversations")
+    p.add_argument("--max-rows", type=int, default=512, help="rows per forward (prefill chunk)")
+    p.add_argument("--prompt-cache", type=int, default=None, help="saved states (default: streams)")
+    p.add_argument("--limit-gib", type=float, default=None, help="cap on engine memory (0: none)")
+    p.add_argument("--reserve-gib", type=float, default=None, help="bytes left for the desktop")
+    p.add_argument("--card-gib", type=float, default=None, help="plan for an empty card this size")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run_plan)
+    return p
+
+
+def _card(args) -> tuple[int, int] | None:
+    if args.card_gib is not None:
+        total = int(round(args.card_gib * GIB))
+        return total, total
+    gpu = probe_gpu()
+    return None if gpu is None else (gpu.total_bytes, gpu.free_bytes)
+
+
+def card_table(
+    card_total: int,
+    card_free: int,
+    settings: EngineSettings,
+    context: int = 4096,
+    streams: int = 1,
+    max_rows: int = 512,
+) -> list[dict]:
+    """One row per shape and format: weights, verdict at `context`, the largest context."""
+    rows = []
+    for name in SHAPES:
+        for fmt in FORMATS:
+            config = shape_config(name, fmt)
+            plan = make_plan(shape_tensor_nbytes(config, fmt), config, context, streams, max_rows)
+            d = admit(plan, card_free, card_total, 0, settings)
+            w = plan.weights
+            rows.append(
+                {
+                    "shape": name,
+                    "format": fmt,
+                    "weights_gb": round((w.required_on_card + w.movable_to_host) / 1e9, 2),
+                    "verdict": d.verdict.value,
+                    "largest_context": largest_context(plan, card_free, card_total, 0, settings),
+                }
+            )
+    return rows
+
+
+def _format_card_table(rows: list[dict], card_total: int, context: int) -> str:
+    at = f"at {context:,} tokens"
+    head = f"{'shape':<6} {'format':<6} {'weights':>9}  {at:<28} largest context"
+    lines = [f"card: {card_total / GIB:.2f} GiB", head]
+    for r in rows:
+        ctx = f"{r['largest_context']:,}" if r["largest_context"] else "-"
+        lines.append(
+            f"{r['shape']:<6} {r['format']:<6} {r['weights_gb']:>6.2f} GB  {r['verdict']:<28} {ctx}"
+        )
+    return "\n".join(lines)
+
+
+def run_plan(args) -> int:
+    """0: fits; 1: does not fit; 2: could not plan (no model, no card)."""
+    settings = EngineSettings.from_env().with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
+    card = _card(args)
+    if card is None:
+        print(f"{no_gpu_reason()}; pass --card-gib to plan for a card", file=sys.stderr)
+        return 2
+    total, free = card
+    if args.shape == "all":
+        rows = card_table(total, free, settings, args.context, args.streams, args.max_rows)
+        text = (
+            json.dumps(rows, indent=2)
+            if args.json
+            else _format_card_table(rows, total, args.context)
+        )
+        print(text)
+        return 0
+    try:
+        if args.shape:
+            config = shape_config(args.shape, args.format)
+            tensors: Mapping[str, int] = shape_tensor_nbytes(config, args.format)
+        else:
+            config, tensors = checkpoint_nbytes(args.model)
+        plan = make_plan(
+            tensors,
+            config,
+            args.context,
+            args.streams,
+            args.max_rows,
+            prompt_cache_states=args.prompt_cache,
+        )
+    except (SnugError, ValueError, OSError) as exc:
+        print(f"snug plan: {exc}", file=sys.stderr)
+        return 2
+    decision: Decision = admit(plan, free, total, 0, settings)
+    if args.json:
+        print(json.dumps({"model": config.source, **decision.to_dict()}, indent=2))
+    else:
+        print(f"model: {config.source}")
+        print(decision.format_table())
+    return 0 if decision.fits else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="snug")
+    add_plan_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""What NVIDIA GPU is here, read through NVML only.
+
+NVML is the driver's management library: asking it never creates a CUDA context, so the app
+can show the card and its free memory before anything is loaded, and importing this module
+starts nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One card as NVML reports it; byte counts are the whole card, every process included."""
+
+    name: str
+    total_bytes: int
+    free_bytes: int
+    used_bytes: int
+    driver: str
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def probe_gpu(index: int = 0) -> GpuInfo | None:
+    """Describe GPU `index`, or return None when there is none (or NVML cannot tell)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # every NVML failure means "no usable GPU" to the caller
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        return GpuInfo(
+            name=_text(pynvml.nvmlDeviceGetName(handle)),
+            total_bytes=int(mem.total),
+            free_bytes=int(mem.free),
+            used_bytes=int(mem.used),
+            driver=_text(pynvml.nvmlSystemGetDriverVersion()),
+        )
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def no_gpu_reason() -> str:
+    """Why there is no usable NVIDIA GPU, in words for a person; "" when there is one."""
+    try:
+        import pynvml
+    except ImportError:
+        return "No NVIDIA GPU found: the nvidia-ml-py package (pynvml) is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        return "No NVIDIA GPU found: the NVIDIA driver library (NVML) is not installed"
+    except pynvml.NVMLError_DriverNotLoaded:
+        return "No NVIDIA GPU found: the NVIDIA driver is installed but not loaded"
+    except pynvml.NVMLError_NoPermission:
+        return "No NVIDIA GPU found: no permission to open the NVIDIA driver"
+    except Exception as exc:
+        return f"No NVIDIA GPU found: NVML failed to start ({exc})"
+    try:
+        if pynvml.nvmlDeviceGetCount() == 0:
+            return "No NVIDIA GPU found: the driver is loaded but reports no device"
+        return ""
+    except Exception as exc:
+        return f"No NVIDIA GPU found: NVML could not list devices ({exc})"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass

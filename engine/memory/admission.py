@@ -1,0 +1,254 @@
+"""Admission: does a plan fit on this card, how, and what to change when it does not.
+
+One rule for room, with or without a limit (invariant 1):
+
+    available = min(card_free, limit - held)        (just card_free with no limit)
+    room      = available - reserve - scratch - workspace   (counted as they will be held)
+
+The weights, the stream states and the prompt cache are then taken from room, so they can
+never be given bytes the scratch or workspace will need later. An eager scratch/workspace
+(allocated whole at warm-up) counts at its size at max_rows; a lazy one (empty, grown on
+demand) counts at its growth peak, old and new block together.
+
+Verdicts, tried in this order:
+
+    fits                       eager scratch at the asked max rows; graphs captured at warm-up
+    fits with host embeddings  the same, with an untied embedding table in pinned host memory
+    fits with lazy scratch     the asked max rows do not fit whole: prefill chunks are cut to
+                               the largest rung whose growth peak fits; the blocks grow on demand
+    does not fit               with suggestions whose numbers were each checked to fit
+
+`admit` returns a Decision; it never raises for "does not fit".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from engine.config import GIB, EngineSettings, QuantConfig, QuantSpec
+from engine.memory.decision import Breakdown, Decision, Verdict
+from engine.memory.growth import ladder_below
+from engine.memory.plan import Plan, WeightBytes
+from engine.memory.shapes import shape_tensor_nbytes
+
+CONTEXT_STEP = 256
+_RESERVE_STEP = GIB // 20  # suggestions round the reserve down to 0.05 GiB
+_MLX4 = QuantConfig(QuantSpec(bits=4, group_size=64))
+
+
+@dataclass(frozen=True)
+class _Try:
+    plan: Plan
+    eager: bool
+    host_embeddings: bool
+    breakdown: Breakdown
+
+    @property
+    def fits(self) -> bool:
+        return self.breakdown.free_after >= 0
+
+
+def available_bytes(card_free: int, held: int, settings: EngineSettings) -> int:
+    """What the engine may still take before the reserve: the card's free bytes, or the limit
+    minus what the engine already holds, whichever is smaller."""
+    if settings.limit_bytes is None:
+        return card_free
+    return min(card_free, settings.limit_bytes - held)
+
+
+def _evaluate(
+    plan: Plan,
+    card_free: int,
+    card_total: int,
+    held: int,
+    settings: EngineSettings,
+    eager: bool,
+    host_embeddings: bool,
+) -> _Try:
+    w = plan.weights
+    on_card = w.required_on_card + (0 if host_embeddings else w.movable_to_host)
+    scratch = plan.scratch_bytes if eager else plan.scratch_peak_bytes
+    work = plan.workspace_bytes if eager else plan.workspace_peak_bytes
+    room = available_bytes(card_free, held, settings) - settings.reserve_bytes - scratch - work
+    free_after = room - on_card - plan.stream_state_total - plan.prompt_cache_bytes
+    b = Breakdown(
+        weights=on_card,
+        embeddings_on_host=w.movable_to_host if host_embeddings else 0,
+        stream_state_each=plan.state.total,
+        streams=plan.streams,
+        stream_state_total=plan.stream_state_total,
+        prompt_cache=plan.prompt_cache_bytes,
+        scratch_peak=scratch,
+        workspace_peak=work,
+        reserve=settings.reserve_bytes,
+        free_after=free_after,
+        card_total=card_total,
+        card_free=card_free,
+        limit=settings.limit_bytes,
+        held=held,
+    )
+    return _Try(plan, eager, host_embeddings, b)
+
+
+def _best(plan: Plan, card_free: int, card_total: int, held: int, settings: EngineSettings) -> _Try:
+    """The first arrangement that fits, in verdict order; else the eager on-card one."""
+    args = (card_free, card_total, held, settings)
+    hosts = (False, True) if plan.weights.movable_to_host else (False,)
+    for host in hosts:
+        attempt = _evaluate(plan, *args, eager=True, host_embeddings=host)
+        if attempt.fits:
+            return attempt
+    floor = max(plan.streams, 1)
+    for host in hosts:
+        for rows in reversed([r for r in ladder_below(plan.max_rows) if r >= floor]):
+            attempt = _evaluate(
+                plan.resized(max_rows=rows), *args, eager=False, host_embeddings=host
+            )
+            if attempt.fits:
+                return attempt
+    return _evaluate(plan, *args, eager=True, host_embeddings=False)
+
+
+def _fits(plan: Plan, card_free: int, card_total: int, held: int, s: EngineSettings) -> bool:
+    return _best(plan, card_free, card_total, held, s).fits
+
+
+def largest_context(
+    plan: Plan,
+    card_free: int,
+    card_total: int,
+    held: int = 0,
+    settings: EngineSettings | None = None,
+) -> int:
+    """Largest context (a multiple of 256, at most max_position_embeddings) admitted for the
+    plan's streams; 0 when not even 256 tokens fit."""
+    s = settings or EngineSettings()
+    lo, hi = 0, plan.config.max_position_embeddings // CONTEXT_STEP
+    while lo < hi:  # largest k with context k*256 fitting; fitting shrinks as context grows
+        mid = (lo + hi + 1) // 2
+        if _fits(plan.resized(context=mid * CONTEXT_STEP), card_free, card_total, held, s):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CONTEXT_STEP
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f}".rstrip("0").rstrip(".") + " GiB"
+
+
+def _suggest(
+    plan: Plan, card_free: int, card_total: int, held: int, s: EngineSettings
+) -> tuple[tuple[str, ...], tuple[tuple[str, int | float | str], ...]]:
+    """Concrete changes that each make the plan fit on their own (each one was checked)."""
+    args = (card_free, card_total, held, s)
+    texts: list[str] = []
+    fixes: list[tuple[str, int | float | str]] = []
+    ctx = largest_context(plan, *args)
+    if ctx >= CONTEXT_STEP:
+        texts.append(f"shorten the context to {ctx:,} tokens")
+        fixes.append(("context", ctx))
+    if plan.streams > 1:
+        fewer = max(
+            (n for n in range(1, plan.streams) if _fits(plan.resized(streams=n), *args)), default=0
+        )
+        if fewer:
+            texts.append(f"use {fewer} stream{'s' if fewer > 1 else ''} instead of {plan.streams}")
+            fixes.append(("streams", fewer))
+    if plan.prompt_cache_states > 0 and _fits(plan.resized(prompt_cache_states=0), *args):
+        kept = max(
+            n
+            for n in range(plan.prompt_cache_states)
+            if _fits(plan.resized(prompt_cache_states=n), *args)
+        )
+        texts.append(
+            f"keep {kept} saved prompt state{'s' if kept != 1 else ''} instead of "
+            f"{plan.prompt_cache_states}"
+        )
+        fixes.append(("prompt_cache", kept))
+    if not plan.config.quantized:
+        q_config = replace(plan.config, quantization=_MLX4, source=plan.config.source)
+        q_weights = WeightBytes.from_tensors(shape_tensor_nbytes(q_config, "mlx4"), q_config)
+        if _fits(plan.with_weights(q_weights, q_config), *args):
+            total = q_weights.required_on_card + q_weights.movable_to_host
+            texts.append(f"use the MLX 4-bit build (about {total / 1e9:.1f} GB of weights)")
+            fixes.append(("format", "mlx4"))
+    zero = replace(s, reserve_bytes=0)
+    if s.reserve_bytes > 0 and _fits(plan, card_free, card_total, held, zero):
+        attempt = _best(plan, card_free, card_total, held, zero)
+        new = attempt.breakdown.free_after // _RESERVE_STEP * _RESERVE_STEP
+        if new < s.reserve_bytes and _fits(plan, *args[:3], replace(s, reserve_bytes=new)):
+            texts.append(f"lower the memory reserve from {_gib(s.reserve_bytes)} to {_gib(new)}")
+            fixes.append(("reserve_gib", new / GIB))
+    if s.limit_bytes is not None and s.limit_bytes - held < card_free:
+        unlimited = replace(s, limit_bytes=None)
+        if _fits(plan, card_free, card_total, held, unlimited):
+            short = -_best(plan, *args).breakdown.free_after
+            need = math.ceil((s.limit_bytes + short) / _RESERVE_STEP) * _RESERVE_STEP
+            if _fits(plan, card_free, card_total, held, replace(s, limit_bytes=need)):
+                texts.append(f"raise the memory limit from {_gib(s.limit_bytes)} to {_gib(need)}")
+                fixes.append(("limit_gib", need / GIB))
+    return tuple(texts), tuple(fixes)
+
+
+def admit(
+    plan: Plan,
+    card_free: int,
+    card_total: int,
+    held: int = 0,
+    settings: EngineSettings | None = None,
+) -> Decision:
+    """Decide how (and whether) `plan` fits.
+
+    card_free / card_total: the card now (NVML or cudaMemGetInfo). held: bytes this engine
+    already holds outside the plan (they count against the limit; card_free already excludes
+    them). Nothing in the plan is assumed allocated yet.
+    """
+    s = settings or EngineSettings()
+    best = _best(plan, card_free, card_total, held, s)
+    b = best.breakdown
+    if not best.fits:
+        texts, fixes = _suggest(plan, card_free, card_total, held, s)
+        short = -b.free_after
+        return Decision(
+            verdict=Verdict.DOES_NOT_FIT,
+            breakdown=b,
+            streams=0,
+            context=0,
+            max_rows=plan.max_rows,
+            eager=best.eager,
+            host_embeddings=False,
+            suggestions=texts,
+            fixes=fixes,
+            reason=f"{plan.config.source} needs {_gib(short)} more than this card can give "
+            f"({plan.streams} stream(s) at {plan.context:,} tokens)",
+        )
+    if best.eager and not best.host_embeddings:
+        verdict, reason = Verdict.FITS, "everything fits; scratch allocated at warm-up"
+    elif best.eager:
+        verdict = Verdict.FITS_HOST_EMBEDDINGS
+        reason = (
+            f"the {_gib(b.embeddings_on_host)} embedding table lives in host memory; "
+            "the rest fits on the card"
+        )
+    else:
+        verdict = Verdict.FITS_LAZY
+        reason = (
+            f"the {plan.max_rows}-row scratch does not fit whole; prompts run in chunks of "
+            f"{best.plan.max_rows} rows and the scratch grows on demand"
+        )
+        if best.host_embeddings:
+            reason += "; the embedding table lives in host memory"
+    return Decision(
+        verdict=verdict,
+        breakdown=b,
+        streams=plan.streams,
+        context=plan.context,
+        max_rows=best.plan.max_rows,
+        eager=best.eager,
+        host_embeddings=best.host_embeddings,
+        suggestions=(),
+        fixes=(),
+        reason=reason,
+    )

@@ -1,0 +1,112 @@
+"""The admission decision: a value the engine, the CLI (`snug plan`) and the GUI all show."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+from engine.config import GIB
+
+
+class Verdict(StrEnum):
+    FITS = "fits"
+    FITS_LAZY = "fits with lazy scratch"
+    FITS_HOST_EMBEDDINGS = "fits with host embeddings"
+    DOES_NOT_FIT = "does not fit"
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Bytes, as admission counted them.
+
+    weights: on the card (arena, plus the embedding table unless it is on the host).
+    scratch_peak / workspace_peak: whole size when eager, growth peak when lazy.
+    free_after: what is left of the available bytes after everything and the reserve;
+    negative means that much is missing.
+    """
+
+    weights: int
+    embeddings_on_host: int
+    stream_state_each: int
+    streams: int
+    stream_state_total: int
+    prompt_cache: int
+    scratch_peak: int
+    workspace_peak: int
+    reserve: int
+    free_after: int
+    card_total: int
+    card_free: int
+    limit: int | None
+    held: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What admission decided. `fixes` pairs each suggestion with (setting, value)."""
+
+    verdict: Verdict
+    breakdown: Breakdown
+    streams: int
+    context: int
+    max_rows: int
+    eager: bool
+    host_embeddings: bool
+    suggestions: tuple[str, ...]
+    reason: str
+    fixes: tuple[tuple[str, int | float | str], ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict is not Verdict.DOES_NOT_FIT
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return {
+            "verdict": self.verdict.value,
+            "fits": self.fits,
+            "reason": self.reason,
+            "streams": self.streams,
+            "context": self.context,
+            "max_rows": self.max_rows,
+            "eager": self.eager,
+            "host_embeddings": self.host_embeddings,
+            "breakdown": asdict(self.breakdown),
+            "suggestions": list(self.suggestions),
+            "fixes": [list(f) for f in self.fixes],
+        }
+
+    def format_table(self) -> str:
+        """A plain-text table for the terminal."""
+        b = self.breakdown
+        rows = [
+            ("weights on the card", b.weights),
+            ("embeddings in host memory", b.embeddings_on_host),
+            (
+                f"stream state ({b.stream_state_each / 2**20:,.1f} MiB x {b.streams})",
+                b.stream_state_total,
+            ),
+            ("prompt cache", b.prompt_cache),
+            ("scratch" + (" (whole)" if self.eager else " (growth peak)"), b.scratch_peak),
+            ("workspace" + (" (whole)" if self.eager else " (growth peak)"), b.workspace_peak),
+            ("reserve", b.reserve),
+            ("free after" if b.free_after >= 0 else "missing", abs(b.free_after)),
+        ]
+        width = max(len(name) for name, _ in rows)
+        lines = [f"verdict: {self.verdict.value} - {self.reason}"]
+        card = f"card: {_gib(b.card_free)} free of {_gib(b.card_total)}"
+        if b.limit is not None:
+            card += f", limit {_gib(b.limit)} ({_gib(b.held)} held)"
+        lines.append(card)
+        if self.fits:
+            lines.append(
+                f"admitted: {self.streams} stream(s) at {self.context:,} tokens, "
+                f"max rows {self.max_rows}, scratch {'eager' if self.eager else 'lazy'}"
+            )
+        lines += [f"  {name:<{width}}  {_gib(n):>12}" for name, n in rows]
+        lines += [f"  - {text}" for text in self.suggestions]
+        return "\n".join(lines)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.2f} GiB"

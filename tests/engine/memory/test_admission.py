@@ -1,0 +1,187 @@
+"""Admission on a simulated card: room, eager/lazy/host embeddings, suggestions, failures."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from conftest import commit, shape_plan
+
+from engine.config import GIB, EngineSettings
+from engine.errors import DeviceOutOfMemory, ScratchGrowFailed
+from engine.memory import SimulatedPool, Verdict, admit, available_bytes, largest_context
+from engine.memory.growth import ladder_below
+from engine.memory.shapes import shape_config, shape_tensor_nbytes
+
+
+def _need(plan, eager=True, host=False) -> int:
+    """Bytes the plan takes (reserve excluded), counted the way admission counts."""
+    w = plan.weights
+    scratch = plan.scratch_bytes if eager else plan.scratch_peak_bytes
+    work = plan.workspace_bytes if eager else plan.workspace_peak_bytes
+    weights = w.required_on_card + (0 if host else w.movable_to_host)
+    return weights + scratch + work + plan.stream_state_total + plan.prompt_cache_bytes
+
+
+def test_room_is_the_same_with_and_without_a_non_binding_limit(small_plan):
+    free = 3 * GIB
+    plain = admit(small_plan, free, 4 * GIB, held=0, settings=EngineSettings())
+    loose = admit(small_plan, free, 4 * GIB, held=GIB, settings=EngineSettings(limit_bytes=8 * GIB))
+    assert plain.breakdown.free_after == loose.breakdown.free_after
+    assert plain.verdict == loose.verdict
+    assert available_bytes(free, GIB, EngineSettings(limit_bytes=2 * GIB)) == GIB
+
+
+def test_eager_exactly_when_the_full_scratch_fits(small_plan):
+    s = EngineSettings()
+    card = _need(small_plan) + s.reserve_bytes
+    eager = admit(small_plan, card, card, settings=s)
+    assert eager.verdict is Verdict.FITS and eager.eager and eager.max_rows == 512
+    assert eager.breakdown.free_after == 0
+    lazy = admit(small_plan, card - 1, card, settings=s)
+    assert lazy.verdict is Verdict.FITS_LAZY and not lazy.eager
+    assert lazy.max_rows in ladder_below(512) and lazy.context == small_plan.context
+
+
+@pytest.mark.parametrize("limit", [False, True])
+def test_streams_and_cache_never_take_what_the_lazy_scratch_needs(small_plan, limit):
+    s = EngineSettings()
+    card = _need(small_plan) + s.reserve_bytes - 1
+    if limit:  # the same card simulated by a limit on a large one
+        s = replace(s, limit_bytes=card)
+        pool = SimulatedPool(64 * GIB, limit=card - s.reserve_bytes)
+        decision = admit(small_plan, pool.card_free(), pool.card_total(), settings=s)
+    else:
+        # the reserve is the desktop's: the pool never lends it
+        pool = SimulatedPool(card, other_used=s.reserve_bytes)
+        decision = admit(small_plan, card, card, settings=s)
+    assert decision.verdict is Verdict.FITS_LAZY
+    held = commit(small_plan, decision, pool)
+    assert held.scratch.nbytes == 0 and len(held.streams) == 2 and len(held.cache) == 2
+    # the worst order of requests: climb every rung, then the full chunk size
+    for rows in [*ladder_below(decision.max_rows), decision.max_rows]:
+        held.scratch.ensure(rows)
+        held.workspace.ensure(rows)
+    assert held.scratch.capacity_rows == decision.max_rows
+
+
+def test_no_limit_set_lazy_path_on_a_small_card():
+    plan = shape_plan("4B", "mlx4", context=8192, streams=1, max_rows=1024)
+    s = EngineSettings()
+    assert s.limit_bytes is None
+    card = _need(plan) + s.reserve_bytes - 1
+    decision = admit(plan, card, card, settings=s)
+    assert decision.verdict is Verdict.FITS_LAZY
+    held = commit(plan, decision, SimulatedPool(card, other_used=s.reserve_bytes))
+    for rows in (1, 300, decision.max_rows // 2 + 1, decision.max_rows):
+        held.scratch.ensure(rows)
+
+
+def test_host_embeddings_when_an_untied_table_has_no_room():
+    plan = shape_plan("9B", "mlx4", context=2048, streams=1, max_rows=256)
+    assert not plan.weights.tied and plan.weights.movable_to_host > 0
+    s = EngineSettings()
+    card = _need(plan, host=True) + s.reserve_bytes + plan.weights.embedding // 2
+    decision = admit(plan, card, card, settings=s)
+    assert decision.verdict is Verdict.FITS_HOST_EMBEDDINGS and decision.host_embeddings
+    assert decision.eager
+    assert decision.breakdown.embeddings_on_host == plan.weights.embedding
+    held = commit(plan, decision, SimulatedPool(card, other_used=s.reserve_bytes))
+    assert held.embeddings is None
+
+
+def test_tied_table_never_goes_to_host(small_plan):
+    assert small_plan.weights.tied and small_plan.weights.movable_to_host == 0
+    d = admit(small_plan, small_plan.weights.required_on_card, 4 * GIB)
+    assert d.verdict is Verdict.DOES_NOT_FIT and not d.host_embeddings
+
+
+def _apply(plan, settings, setting, value):
+    if setting == "context":
+        return plan.resized(context=value), settings
+    if setting == "streams":
+        return plan.resized(streams=value), settings
+    if setting == "prompt_cache":
+        return plan.resized(prompt_cache_states=value), settings
+    if setting == "reserve_gib":
+        return plan, settings.with_gib(reserve=value)
+    if setting == "limit_gib":
+        return plan, settings.with_gib(limit=value)
+    if setting == "format":
+        config = shape_config("2B", value)
+        return plan.with_weights(
+            plan.weights.from_tensors(shape_tensor_nbytes(config, value), config), config
+        ), settings
+    raise AssertionError(setting)
+
+
+@pytest.mark.parametrize(
+    ("shape", "fmt", "context", "streams", "card", "limit"),
+    [
+        ("4B", "mlx4", 32768, 2, 4 * GIB, None),
+        ("2B", "bf16", 4096, 1, 4 * GIB, None),
+        ("0.8B", "mlx4", 65536, 4, 8 * GIB, 3 * GIB),
+        ("4B", "mlx4", 24576, 1, 4 * GIB, None),
+    ],
+)
+def test_does_not_fit_suggestions_fit_when_applied(shape, fmt, context, streams, card, limit):
+    plan = shape_plan(shape, fmt, context=context, streams=streams, max_rows=512)
+    s = EngineSettings(limit_bytes=limit)
+    d = admit(plan, card, card, settings=s)
+    assert d.verdict is Verdict.DOES_NOT_FIT and not d.fits
+    assert d.streams == 0 and d.suggestions and len(d.suggestions) == len(d.fixes)
+    assert d.breakdown.free_after < 0 and "more than this card" in d.reason
+    for (setting, value), text in zip(d.fixes, d.suggestions, strict=True):
+        assert (
+            str(value).split(".")[0].replace(",", "") in text.replace(",", "")
+            or setting == "format"
+        )
+        p2, s2 = _apply(plan, s, setting, value)
+        assert admit(p2, card, card, settings=s2).fits, text
+
+
+def test_suggestion_texts_carry_numbers():
+    plan = shape_plan("4B", "mlx4", context=32768, streams=2, max_rows=512)
+    d = admit(plan, 4 * GIB, 4 * GIB)
+    assert any(
+        t.startswith("shorten the context to ") and t.endswith(" tokens") for t in d.suggestions
+    )
+    bf16 = admit(shape_plan("2B", "bf16", context=4096, max_rows=512), 4 * GIB, 4 * GIB)
+    assert any("MLX 4-bit build (about 1.1 GB" in t for t in bf16.suggestions)
+
+
+def test_largest_context_is_admitted_and_the_next_step_is_not(small_plan):
+    card = 2 * GIB
+    ctx = largest_context(small_plan, card, card)
+    assert ctx % 256 == 0 and ctx > 0
+    assert admit(small_plan.resized(context=ctx), card, card).fits
+    assert not admit(small_plan.resized(context=ctx + 256), card, card).fits
+
+
+def test_failure_at_every_commit_site_is_named_and_leaves_the_rest(small_plan):
+    card = 4 * GIB
+    decision = admit(small_plan, card, card)
+    assert decision.verdict is Verdict.FITS
+    sites = ["arena", "scratch", "workspace", "stream:1", "prompt_cache:0"]
+    for site in sites:
+        pool = SimulatedPool(card, fail_at={site})
+        error = ScratchGrowFailed if site == "scratch" else DeviceOutOfMemory
+        if site == "workspace":
+            from engine.errors import WorkspaceGrowFailed as error  # noqa: N813
+        with pytest.raises(error) as info:
+            commit(small_plan, decision, pool)
+        if error is DeviceOutOfMemory:
+            assert info.value.category == site.split(":")[0]
+        before = pool.held_by_tag()
+        assert site not in before  # nothing half-allocated under the failing tag
+        assert all(n > 0 for n in before.values())
+
+
+def test_to_dict_and_table_render(small_plan):
+    import json
+
+    d = admit(small_plan, 4 * GIB, 4 * GIB)
+    data = json.loads(json.dumps(d.to_dict()))
+    assert data["verdict"] == "fits" and data["breakdown"]["streams"] == 2
+    table = d.format_table()
+    assert "verdict: fits" in table and "scratch (whole)" in table

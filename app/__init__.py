@@ -1,0 +1,1 @@
+"""Snug desktop app: PySide6 front end over the engine package."""

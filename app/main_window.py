@@ -1,0 +1,107 @@
+"""The main window: chats on the left, the chat in the middle, model and VRAM on the right."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import QLabel, QMainWindow, QSplitter, QTabWidget, QVBoxLayout, QWidget
+
+from app.context import AppContext
+from app.models.catalog import Entry
+from app.panels.chat import ChatPanel, ChatSidebar
+from app.panels.gauge import GaugePanel
+from app.panels.library import LibraryPanel
+from app.panels.load import LoadPanel
+from app.panels.settings import SettingsPanel
+from app.planning import fmt_bytes
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, ctx: AppContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.setWindowTitle("Snug")
+        self.setMinimumSize(960, 600)
+        self.sidebar = ChatSidebar(ctx.chats)
+        self.chat = ChatPanel(ctx.chats)
+        self.gauge = GaugePanel(ctx.machine)
+        self.library = LibraryPanel(ctx.library, ctx.downloads, ctx.advisor)
+        self.load = LoadPanel(ctx.advisor, ctx.engine)
+        self.settings = SettingsPanel(ctx.settings, ctx.engine)
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("sideTabs")
+        self.tabs.addTab(self.library, "Models")
+        self.tabs.addTab(self.load, "Load")
+        self.tabs.addTab(self.settings, "Settings")
+
+        right = QWidget()
+        right.setObjectName("rightColumn")
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.setSpacing(0)
+        rl.addWidget(self.gauge)
+        rl.addWidget(self.tabs, 1)
+
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(self.chat)
+        self.splitter.addWidget(right)
+        self.splitter.setStretchFactor(1, 1)
+        self.sidebar.setMinimumWidth(180)
+        right.setMinimumWidth(380)
+        self.splitter.setSizes([220, 640, 420])
+        self.setCentralWidget(self.splitter)
+
+        self.model_status = QLabel("No model loaded")
+        self.model_status.setObjectName("statusModel")
+        self.statusBar().addPermanentWidget(self.model_status)
+        QShortcut(QKeySequence.StandardKey.New, self, activated=ctx.chats.new_chat)
+        QShortcut(QKeySequence("Ctrl+N"), self, activated=ctx.chats.new_chat)
+        QShortcut(QKeySequence.StandardKey.Quit, self, activated=self.close)
+
+        self.library.chosen.connect(self.choose)
+        ctx.engine.state_changed.connect(self._engine_state)
+        ctx.engine.loaded.connect(self._engine_state)
+        ctx.engine.held.connect(self._engine_state)
+        ctx.engine.load_failed.connect(
+            lambda cls, msg: self.statusBar().showMessage(f"Load failed: {cls}", 8000)
+        )
+        ctx.machine.gpu_missing.connect(lambda _r: self._engine_state())
+        self._restore()
+        self._engine_state()
+
+    def choose(self, entry: Entry) -> None:
+        self.load.set_entry(entry)
+        self.tabs.setCurrentWidget(self.load)
+
+    def _restore(self) -> None:
+        store = self.ctx.settings.store
+        geometry = store.value("window/geometry")
+        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
+            self.restoreGeometry(geometry)
+        last = str(self.ctx.settings.get("model/last_dir"))
+        for entry in self.ctx.library.entries():
+            if last and entry.local_dir == last:
+                self.library.select(entry.key)
+                self.load.set_entry(entry)
+
+    def _engine_state(self, *_args: object) -> None:
+        engine = self.ctx.engine
+        info = engine.info
+        if engine.state == "loading":
+            text = "Loading model…"
+        elif info:
+            name = str(info.get("model_dir", "")).rstrip("/").split("/")[-1]
+            mode = "GPU" if info.get("backend") == "cuda" else "CPU mode"
+            text = f"{name} · {mode} · {fmt_bytes(self.ctx.machine.engine_held)}"
+        else:
+            text = "No model loaded"
+        if self.ctx.machine.no_gpu and not info:
+            text += " · CPU mode (no NVIDIA GPU)"
+        self.model_status.setText(text)
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
+        self.ctx.settings.store.setValue("window/geometry", self.saveGeometry())
+        self.ctx.shutdown()
+        super().closeEvent(event)

@@ -1,0 +1,1 @@
+"""Qt-side models: settings, chat history, model catalog."""

@@ -1,0 +1,184 @@
+"""The model library: catalog entries, models in the Hugging Face cache, local folders."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+from app.paths import resource
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the library. `local_dir` is set once the weights are on disk."""
+
+    key: str
+    name: str
+    quant: str  # "4-bit", "bf16", or "" when unknown
+    size_bytes: int
+    source: str  # "catalog" | "cache" | "folder"
+    repo: str | None = None
+    shape: str | None = None
+    fmt: str | None = None  # "mlx4" | "bf16"
+    group_size: int = 64
+    local_dir: str | None = None
+    revisions: tuple[str, ...] = ()
+
+    @property
+    def downloaded(self) -> bool:
+        return self.local_dir is not None
+
+    @property
+    def title(self) -> str:
+        return f"{self.name} · {self.quant}" if self.quant else self.name
+
+
+def load_catalog(path: Path | None = None) -> tuple[list[Entry], dict[str, dict]]:
+    raw = json.loads((path or resource("catalog.json")).read_text(encoding="utf-8"))
+    entries = [
+        Entry(
+            key=m["id"],
+            name=m["name"],
+            quant=m["quant"],
+            size_bytes=int(m["size_bytes"]),
+            source="catalog",
+            repo=m["repo"],
+            shape=m["shape"],
+            fmt=m["format"],
+            group_size=int(m.get("group_size") or 64),
+        )
+        for m in raw["models"]
+    ]
+    return entries, dict(raw.get("shapes", {}))
+
+
+def _complete_snapshot(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def scan_cache(cache_dir: str | None = None) -> tuple[dict[str, tuple[str, int, tuple]], str]:
+    """{repo: (snapshot dir, bytes on disk, revision hashes)} of complete model snapshots.
+
+    Returns an error sentence instead of raising when the cache cannot be read.
+    """
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        info = scan_cache_dir(cache_dir)
+    except Exception as exc:  # missing or damaged cache: the library still shows the catalog
+        return {}, f"{type(exc).__name__}: {exc}"
+    found: dict[str, tuple[str, int, tuple]] = {}
+    for repo in info.repos:
+        if repo.repo_type != "model":
+            continue
+        revs = sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True)
+        for rev in revs:
+            if _complete_snapshot(Path(rev.snapshot_path)):
+                hashes = tuple(r.commit_hash for r in repo.revisions)
+                found[repo.repo_id] = (str(rev.snapshot_path), repo.size_on_disk, hashes)
+                break
+    return found, ""
+
+
+def _is_qwen35(folder: str) -> bool:
+    try:
+        raw = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return str(raw.get("model_type", "")).startswith("qwen3_5") and "moe" not in str(
+        raw.get("model_type")
+    )
+
+
+def folder_size(folder: str) -> int:
+    return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors") if p.exists())
+
+
+class Library(QObject):
+    """Catalog + cache + folders. Emits `changed` after every rescan."""
+
+    changed = Signal()
+
+    def __init__(
+        self,
+        cache_dir: str | None = None,
+        catalog_path: Path | None = None,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.cache_dir = cache_dir
+        self._catalog, self.shapes = load_catalog(catalog_path)
+        self._folders: list[str] = []
+        self._entries: list[Entry] = []
+        self.scan_error = ""
+        self.rescan()
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries)
+
+    def find(self, key: str) -> Entry | None:
+        return next((e for e in self._entries if e.key == key), None)
+
+    def add_folder(self, folder: str) -> Entry:
+        folder = str(Path(folder).resolve())
+        if folder not in self._folders:
+            self._folders.append(folder)
+        self.rescan()
+        return next(e for e in self._entries if e.local_dir == folder)
+
+    def rescan(self) -> None:
+        cached, self.scan_error = scan_cache(self.cache_dir)
+        entries: list[Entry] = []
+        for entry in self._catalog:
+            hit = cached.pop(entry.repo or "", None)
+            if hit is not None:
+                entry = replace(entry, local_dir=hit[0], revisions=hit[2])
+            entries.append(entry)
+        for repo, (snap, size, hashes) in sorted(cached.items()):
+            if _is_qwen35(snap):
+                entries.append(
+                    Entry(
+                        key=f"cache:{repo}",
+                        name=repo.split("/")[-1],
+                        quant="",
+                        size_bytes=size,
+                        source="cache",
+                        repo=repo,
+                        local_dir=snap,
+                        revisions=hashes,
+                    )
+                )
+        for folder in self._folders:
+            entries.append(
+                Entry(
+                    key=f"folder:{folder}",
+                    name=Path(folder).name,
+                    quant="",
+                    size_bytes=folder_size(folder),
+                    source="folder",
+                    local_dir=folder,
+                )
+            )
+        self._entries = entries
+        self.changed.emit()
+
+    def delete(self, entry: Entry) -> str:
+        """Remove a downloaded model from the HF cache; returns an error sentence or ''."""
+        if entry.source == "folder":
+            self._folders = [f for f in self._folders if f != entry.local_dir]
+            self.rescan()
+            return ""
+        if not entry.revisions:
+            return f"{entry.title} is not in the Hugging Face cache."
+        try:
+            from huggingface_hub import scan_cache_dir
+
+            strategy = scan_cache_dir(self.cache_dir).delete_revisions(*entry.revisions)
+            strategy.execute()
+        except Exception as exc:
+            return f"Could not delete {entry.title}: {type(exc).__name__}: {exc}"
+        self.rescan()
+        return ""

@@ -1,0 +1,1 @@
+"""The window's panels: each takes a model or controller and subscribes to its signals."""

@@ -1,0 +1,233 @@
+"""Chat sidebar and chat area. Both take a ChatController and follow its signals."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.models.conversation import ChatController
+from app.widgets.message import MessageWidget
+
+
+class ChatSidebar(QWidget):
+    """The list of chats, newest first, with a New chat button."""
+
+    def __init__(self, chats: ChatController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("sidebar")
+        self.chats = chats
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 12, 10, 12)
+        layout.setSpacing(8)
+        self.new_button = QPushButton("＋  New chat")
+        self.new_button.setObjectName("newChat")
+        self.new_button.setToolTip("New chat (Ctrl+N)")
+        self.new_button.clicked.connect(chats.new_chat)
+        layout.addWidget(self.new_button)
+        self.list = QListWidget()
+        self.list.setObjectName("chatList")
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._menu)
+        self.list.currentItemChanged.connect(self._picked)
+        layout.addWidget(self.list, 1)
+        chats.store.chats_changed.connect(self.refresh)
+        chats.store.chat_updated.connect(lambda _id: self.refresh())
+        chats.current_changed.connect(lambda _id: self.refresh())
+        self.refresh()
+
+    def refresh(self) -> None:
+        current = self.chats.current.id
+        self.list.blockSignals(True)
+        self.list.clear()
+        for chat in self.chats.store.chats():
+            item = QListWidgetItem(chat.title)
+            item.setData(Qt.ItemDataRole.UserRole, chat.id)
+            item.setToolTip(chat.title)
+            self.list.addItem(item)
+            if chat.id == current:
+                self.list.setCurrentItem(item)
+        self.list.blockSignals(False)
+
+    def _picked(self, item: QListWidgetItem | None, _prev: object = None) -> None:
+        if item is not None:
+            self.chats.select(item.data(Qt.ItemDataRole.UserRole))
+
+    def _menu(self, pos) -> None:
+        item = self.list.itemAt(pos)
+        if item is None:
+            return
+        menu = QMenu(self)
+        delete = menu.addAction("Delete chat")
+        if menu.exec(self.list.mapToGlobal(pos)) is delete:
+            self.chats.delete_chat(item.data(Qt.ItemDataRole.UserRole))
+
+
+class Composer(QPlainTextEdit):
+    """Message box: Enter sends, Shift+Enter adds a line, Ctrl+Enter regenerates."""
+
+    submit = Signal()
+    regenerate = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt override)
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            mods = event.modifiers()
+            if mods & Qt.KeyboardModifier.ControlModifier:
+                self.regenerate.emit()
+                return
+            if not mods & Qt.KeyboardModifier.ShiftModifier:
+                self.submit.emit()
+                return
+        super().keyPressEvent(event)
+
+
+class ChatPanel(QWidget):
+    """Messages of the current chat, the composer, Stop / Regenerate, and a stats line."""
+
+    def __init__(self, chats: ChatController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("chatPanel")
+        self.chats = chats
+        self._messages: list[MessageWidget] = []
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(0)
+
+        self.title = QLabel()
+        self.title.setObjectName("chatTitle")
+        outer.addWidget(self.title)
+
+        self.scroll = QScrollArea()
+        self.scroll.setObjectName("chatScroll")
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        body = QWidget()
+        body.setObjectName("chatBody")
+        self.body_layout = QVBoxLayout(body)
+        self.body_layout.setContentsMargins(24, 16, 24, 16)
+        self.body_layout.setSpacing(12)
+        self.empty_hint = QLabel()
+        self.empty_hint.setObjectName("emptyHint")
+        self.empty_hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty_hint.setWordWrap(True)
+        self.body_layout.addWidget(self.empty_hint)
+        self.body_layout.addStretch(1)
+        self.scroll.setWidget(body)
+        outer.addWidget(self.scroll, 1)
+
+        bottom = QWidget()
+        bottom.setObjectName("composerBar")
+        bl = QVBoxLayout(bottom)
+        bl.setContentsMargins(24, 8, 24, 12)
+        bl.setSpacing(6)
+        self.status = QLabel()
+        self.status.setObjectName("chatStatus")
+        bl.addWidget(self.status)
+        row = QHBoxLayout()
+        row.setSpacing(8)
+        self.input = Composer()
+        self.input.setObjectName("composer")
+        self.input.setPlaceholderText("Message Snug…  (Enter to send, Shift+Enter for a new line)")
+        self.input.setFixedHeight(72)
+        self.input.submit.connect(self.send)
+        self.input.regenerate.connect(chats.regenerate)
+        row.addWidget(self.input, 1)
+        buttons = QVBoxLayout()
+        buttons.setSpacing(6)
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("primary")
+        self.send_button.clicked.connect(self.send)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop generating (Esc)")
+        self.stop_button.clicked.connect(chats.stop)
+        self.regen_button = QPushButton("Regenerate")
+        self.regen_button.setToolTip("Answer the last message again (Ctrl+Enter)")
+        self.regen_button.clicked.connect(chats.regenerate)
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.regen_button)
+        row.addLayout(buttons)
+        bl.addLayout(row)
+        outer.addWidget(bottom)
+
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=chats.stop)
+        chats.current_changed.connect(lambda _id: self.rebuild())
+        chats.turns_changed.connect(self._turns_changed)
+        chats.reply_grew.connect(self._reply_grew)
+        chats.busy_changed.connect(self._busy)
+        chats.notice.connect(self.status.setText)
+        chats.engine.state_changed.connect(lambda _s: self._busy(chats.busy))
+        self.rebuild()
+        self._busy(False)
+
+    # -- actions
+    def send(self) -> None:
+        if self.chats.send(self.input.toPlainText()):
+            self.input.clear()
+
+    # -- view
+    def rebuild(self) -> None:
+        chat = self.chats.current
+        self.title.setText(chat.title)
+        for widget in self._messages:
+            widget.setParent(None)
+            widget.deleteLater()
+        self._messages = []
+        for turn in chat.turns:
+            self._add(MessageWidget(turn))
+        self._update_hint()
+        self._scroll_to_end()
+
+    def _add(self, widget: MessageWidget) -> None:
+        self.body_layout.insertWidget(self.body_layout.count() - 1, widget)
+        self._messages.append(widget)
+
+    def _update_hint(self) -> None:
+        if self._messages:
+            self.empty_hint.hide()
+            return
+        loaded = self.chats.engine.state in ("ready", "generating")
+        self.empty_hint.setText(
+            "Ask anything. Replies stream in as they are generated."
+            if loaded
+            else "No model loaded yet.\nPick one under Models, check that it fits, then Load."
+        )
+        self.empty_hint.show()
+
+    def _turns_changed(self, chat_id: str) -> None:
+        if chat_id == self.chats.current.id:
+            self.rebuild()
+
+    def _reply_grew(self, chat_id: str, text: str) -> None:
+        if chat_id != self.chats.current.id or not self._messages:
+            return
+        bar = self.scroll.verticalScrollBar()
+        at_end = bar.value() >= bar.maximum() - 40
+        self._messages[-1].update_text(text)
+        if at_end:
+            self._scroll_to_end()
+
+    def _scroll_to_end(self) -> None:
+        bar = self.scroll.verticalScrollBar()
+        QTimer.singleShot(0, lambda: bar.setValue(bar.maximum()))
+
+    def _busy(self, busy: bool) -> None:
+        loaded = self.chats.can_send()
+        self.stop_button.setEnabled(busy)
+        self.send_button.setEnabled(loaded and not busy)
+        self.regen_button.setEnabled(loaded and not busy)
+        self._update_hint()
+
+    def message_widgets(self) -> list[MessageWidget]:
+        return list(self._messages)

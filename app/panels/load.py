@@ -1,0 +1,250 @@
+"""Load panel: the admission decision for the chosen model, live as the sizes change."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import planning
+from app.models.catalog import Entry
+from app.models.fit import FitAdvisor
+from app.panels.library import verdict_kind
+from app.widgets.stacked_bar import Legend, StackedBar
+from app.workers.engine_worker import EngineController
+
+CONTEXT_STEPS = [512 << i for i in range(10)]  # 512 ... 262144
+
+
+class LoadPanel(QWidget):
+    """Takes the FitAdvisor (planning) and the EngineController (load / unload)."""
+
+    def __init__(
+        self, advisor: FitAdvisor, engine: EngineController, parent: QWidget | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.advisor, self.engine = advisor, engine
+        self.settings = advisor.settings
+        self.entry: Entry | None = None
+        self.decision: object = None
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 12, 12, 12)
+        layout.setSpacing(8)
+        self.model_label = QLabel("No model chosen. Pick one under Models.")
+        self.model_label.setObjectName("panelTitle")
+        self.model_label.setWordWrap(True)
+        layout.addWidget(self.model_label)
+
+        form = QFormLayout()
+        form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft)
+        form.setHorizontalSpacing(12)
+        ctx_row = QHBoxLayout()
+        self.context_slider = QSlider(Qt.Orientation.Horizontal)
+        self.context_slider.setRange(0, len(CONTEXT_STEPS) - 1)
+        self.context_spin = QSpinBox()
+        self.context_spin.setRange(256, 262144)
+        self.context_spin.setSingleStep(1024)
+        self.context_spin.setSuffix(" tokens")
+        self.context_spin.setMinimumWidth(112)
+        ctx_row.addWidget(self.context_slider, 1)
+        ctx_row.addWidget(self.context_spin)
+        form.addRow("Context", ctx_row)
+        self.streams_spin = QSpinBox()
+        self.streams_spin.setRange(1, 16)
+        form.addRow("Streams", self.streams_spin)
+        self.rows_spin = QSpinBox()
+        self.rows_spin.setRange(16, 8192)
+        self.rows_spin.setSingleStep(64)
+        form.addRow("Max rows", self.rows_spin)
+        layout.addLayout(form)
+
+        verdict_row = QHBoxLayout()
+        self.badge = QLabel("—")
+        self.badge.setObjectName("badge")
+        verdict_row.addWidget(self.badge)
+        verdict_row.addStretch(1)
+        layout.addLayout(verdict_row)
+        self.reason = QLabel()
+        self.reason.setObjectName("reason")
+        self.reason.setWordWrap(True)
+        layout.addWidget(self.reason)
+        self.bar = StackedBar(22)
+        layout.addWidget(self.bar)
+        self.legend = Legend(columns=2)
+        layout.addWidget(self.legend)
+        self.suggestions = QLabel()
+        self.suggestions.setObjectName("suggestions")
+        self.suggestions.setWordWrap(True)
+        layout.addWidget(self.suggestions)
+        layout.addStretch(1)
+
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.progress.setFixedHeight(8)
+        self.progress.setTextVisible(False)
+        self.progress.hide()
+        self.stage = QLabel()
+        self.stage.setObjectName("subtle")
+        self.error = QLabel()
+        self.error.setObjectName("errorText")
+        self.error.setWordWrap(True)
+        self.error.hide()
+        for w in (self.progress, self.stage, self.error):
+            layout.addWidget(w)
+        buttons = QHBoxLayout()
+        self.load_button = QPushButton("Load")
+        self.load_button.setObjectName("primary")
+        self.load_button.clicked.connect(self.load)
+        self.unload_button = QPushButton("Unload")
+        self.unload_button.clicked.connect(engine.unload)
+        buttons.addWidget(self.load_button, 1)
+        buttons.addWidget(self.unload_button)
+        layout.addLayout(buttons)
+
+        self._sync_from_settings()
+        self.context_slider.valueChanged.connect(
+            lambda i: self.context_spin.setValue(CONTEXT_STEPS[i])
+        )
+        self.context_spin.valueChanged.connect(lambda v: self.settings.set("engine/context", v))
+        self.streams_spin.valueChanged.connect(lambda v: self.settings.set("engine/streams", v))
+        self.rows_spin.valueChanged.connect(lambda v: self.settings.set("engine/max_rows", v))
+        self.settings.changed.connect(lambda *_: self._sync_from_settings())
+        advisor.changed.connect(self.replan)
+        engine.state_changed.connect(self._state)
+        engine.load_progress.connect(self._progress)
+        engine.loaded.connect(self._loaded)
+        engine.load_failed.connect(self._failed)
+        self._state(engine.state)
+        self.replan()
+
+    def _sync_from_settings(self) -> None:
+        s = self.settings
+        for spin, value in (
+            (self.context_spin, s.context),
+            (self.streams_spin, s.streams),
+            (self.rows_spin, s.max_rows),
+        ):
+            if spin.value() != value:
+                spin.blockSignals(True)
+                spin.setValue(value)
+                spin.blockSignals(False)
+        nearest = min(range(len(CONTEXT_STEPS)), key=lambda i: abs(CONTEXT_STEPS[i] - s.context))
+        self.context_slider.blockSignals(True)
+        self.context_slider.setValue(nearest)
+        self.context_slider.blockSignals(False)
+
+    def set_entry(self, entry: Entry | None) -> None:
+        self.entry = entry
+        self.error.hide()
+        self.replan()
+
+    # -- planning
+    def replan(self) -> None:
+        entry = self.entry
+        if entry is None:
+            self.model_label.setText("No model chosen. Pick one under Models.")
+            self._show(None)
+            self._state(self.engine.state)
+            return
+        self.model_label.setText(entry.title)
+        self.decision = self.advisor.decide(
+            entry, self.context_spin.value(), self.streams_spin.value(), self.rows_spin.value()
+        )
+        self._show(self.decision)
+        self._state(self.engine.state)
+
+    def _show(self, decision: object) -> None:
+        if decision is None:
+            self.badge.setText("—")
+            self.badge.setProperty("kind", "unknown")
+            for w in (self.reason, self.bar, self.legend, self.suggestions):
+                w.hide()
+            self._restyle(self.badge)
+            return
+        self.badge.setText(planning.verdict_label(decision))
+        self.badge.setProperty("kind", verdict_kind(decision))
+        self._restyle(self.badge)
+        self.reason.setText(str(getattr(decision, "reason", "") or ""))
+        self.reason.setVisible(bool(self.reason.text()))
+        has_bytes = not isinstance(decision, planning.PlanProblem)
+        self.bar.setVisible(has_bytes)
+        self.legend.setVisible(has_bytes)
+        if has_bytes:
+            parts = [
+                (label, planning.breakdown_value(decision, key), colour)
+                for key, label, colour in planning.BAR_PARTS
+            ]
+            total = planning.breakdown_value(decision, "card_total") or None
+            limit = planning.breakdown_value(decision, "limit")
+            marker = (limit, "#d64545") if limit and total and limit < total else None
+            self.bar.set_segments(parts, total=total, marker=marker)
+            streams = int(getattr(decision, "streams", 0) or 0)
+            each = planning.breakdown_value(decision, "stream_state_each")
+            items = [
+                (f"{label} ({streams} × {planning.fmt_bytes(each)})", b, c)
+                if label == "Streams' state" and streams
+                else (label, b, c)
+                for label, b, c in parts
+            ]
+            self.legend.set_items(items)
+        tips = tuple(getattr(decision, "suggestions", ()) or ())
+        self.suggestions.setText("To make it fit:\n" + "\n".join(f"• {t}" for t in tips))
+        self.suggestions.setVisible(bool(tips))
+
+    @staticmethod
+    def _restyle(widget: QWidget) -> None:
+        widget.style().unpolish(widget)
+        widget.style().polish(widget)
+
+    # -- loading
+    def load(self) -> None:
+        if self.entry is None or self.entry.local_dir is None:
+            return
+        self.error.hide()
+        s = self.settings
+        self.engine.load(
+            {
+                "model_dir": self.entry.local_dir,
+                "settings": s.engine_settings(),
+                "context": self.context_spin.value(),
+                "streams": self.streams_spin.value(),
+                "max_rows": self.rows_spin.value(),
+                "refuse_cpu": s.refuse_cpu,
+                "gpu_present": self.advisor.machine.gpu is not None,
+            }
+        )
+        s.set("model/last_dir", self.entry.local_dir)
+
+    def _state(self, state: str) -> None:
+        ready = self.entry is not None and self.entry.downloaded
+        refused = planning.verdict_value(self.decision) == "does not fit"
+        self.load_button.setEnabled(ready and state != "loading" and not refused)
+        self.load_button.setText("Reload" if state in ("ready", "generating") else "Load")
+        self.unload_button.setEnabled(state in ("ready", "generating"))
+        self.progress.setVisible(state == "loading")
+        if state == "loading":
+            self.stage.setText("Loading…")
+        elif state == "empty" and not self.error.isVisible():
+            self.stage.setText("")
+
+    def _progress(self, stage: str, fraction: float) -> None:
+        self.progress.setValue(int(fraction * 100))
+        self.stage.setText(f"{stage.capitalize()}… {fraction:.0%}")
+
+    def _loaded(self, info: dict) -> None:
+        backend = "GPU (CUDA)" if info.get("backend") == "cuda" else "CPU mode (numpy backend)"
+        self.stage.setText(f"Loaded on {backend} · holds {planning.fmt_bytes(info.get('held', 0))}")
+
+    def _failed(self, cls: str, message: str) -> None:
+        self.error.setText(f"Could not load the model ({cls}): {message}")
+        self.error.show()
+        self.stage.setText("")

@@ -1,0 +1,172 @@
+"""Settings panel: every field of AppSettings, saved as it changes."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.models.settings import BACKENDS, BY_KEY, AppSettings
+from app.workers.engine_worker import EngineController
+
+RANGES = {
+    "memory/reserve_gib": (0.0, 64.0, 0.25, 2),
+    "memory/limit_gib": (0.0, 1024.0, 0.5, 2),
+    "engine/context": (256, 262144, 1024, 0),
+    "engine/max_rows": (16, 8192, 64, 0),
+    "engine/streams": (1, 16, 1, 0),
+    "sampling/temperature": (0.0, 2.0, 0.05, 2),
+    "sampling/top_p": (0.0, 1.0, 0.05, 2),
+    "sampling/top_k": (0, 1000, 1, 0),
+    "sampling/presence_penalty": (0.0, 2.0, 0.1, 2),
+    "sampling/min_p": (0.0, 1.0, 0.01, 2),
+    "sampling/max_new_tokens": (16, 32768, 256, 0),
+}
+GROUPS = (
+    ("Memory", ("memory/reserve_gib", "memory/limit_gib")),
+    (
+        "Engine",
+        (
+            "engine/backend",
+            "engine/refuse_cpu",
+            "engine/context",
+            "engine/max_rows",
+            "engine/streams",
+        ),
+    ),
+    (
+        "Sampling",
+        (
+            "sampling/temperature",
+            "sampling/top_p",
+            "sampling/top_k",
+            "sampling/presence_penalty",
+            "sampling/min_p",
+            "sampling/max_new_tokens",
+        ),
+    ),
+    ("Chat", ("chat/thinking", "chat/system_prompt")),
+)
+
+
+class SettingsPanel(QScrollArea):
+    """Edits AppSettings; a banner says when a change applies only after a reload."""
+
+    def __init__(
+        self,
+        settings: AppSettings,
+        engine: EngineController | None = None,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.settings, self.engine = settings, engine
+        self.setWidgetResizable(True)
+        self.setObjectName("settingsPanel")
+        body = QWidget()
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(12, 12, 12, 12)
+        layout.setSpacing(10)
+        self.reload_note = QLabel()
+        self.reload_note.setObjectName("reloadNote")
+        self.reload_note.setWordWrap(True)
+        self.reload_note.hide()
+        layout.addWidget(self.reload_note)
+        self.editors: dict[str, QWidget] = {}
+        for title, keys in GROUPS:
+            box = QGroupBox(title)
+            form = QFormLayout(box)
+            form.setHorizontalSpacing(12)
+            for key in keys:
+                editor = self._editor(key)
+                self.editors[key] = editor
+                label = BY_KEY[key].label + (" ⟳" if settings.needs_reload(key) else "")
+                form.addRow(label, editor)
+            layout.addWidget(box)
+        hint = QLabel("⟳ applies when the model is loaded again.")
+        hint.setObjectName("subtle")
+        layout.addWidget(hint)
+        reset = QPushButton("Restore defaults")
+        reset.clicked.connect(settings.reset)
+        layout.addWidget(reset)
+        layout.addStretch(1)
+        self.setWidget(body)
+        self._pending: list[str] = []
+        settings.changed.connect(self._changed)
+        if engine is not None:
+            engine.loaded.connect(self._clear_pending)
+            engine.unloaded.connect(self._clear_pending)
+
+    def _editor(self, key: str) -> QWidget:
+        field, s = BY_KEY[key], self.settings
+        value = s.get(key)
+        if key == "engine/backend":
+            combo = QComboBox()
+            combo.addItems(["auto", "cuda", "cpu"])
+            combo.setItemText(2, "cpu")
+            combo.setCurrentIndex(BACKENDS.index(s.backend))
+            combo.currentTextChanged.connect(lambda v: s.set(key, v))
+            return combo
+        if field.kind is bool:
+            box = QCheckBox()
+            box.setChecked(bool(value))
+            box.toggled.connect(lambda v: s.set(key, v))
+            return box
+        if key == "chat/system_prompt":
+            edit = QPlainTextEdit(str(value))
+            edit.setFixedHeight(70)
+            edit.textChanged.connect(lambda: s.set(key, edit.toPlainText()))
+            return edit
+        lo, hi, step, decimals = RANGES[key]
+        if field.kind is float:
+            spin = QDoubleSpinBox()
+            spin.setDecimals(decimals)
+            spin.valueChanged.connect(lambda v: s.set(key, round(v, decimals)))
+        else:
+            spin = QSpinBox()
+            spin.valueChanged.connect(lambda v: s.set(key, v))
+        spin.setRange(lo, hi)
+        spin.setSingleStep(step)
+        spin.setValue(value)
+        return spin
+
+    def _changed(self, key: str, value: object) -> None:
+        editor = self.editors.get(key)
+        if editor is not None:
+            editor.blockSignals(True)
+            if isinstance(editor, QCheckBox):
+                editor.setChecked(bool(value))
+            elif isinstance(editor, QComboBox):
+                editor.setCurrentText(str(value))
+            elif isinstance(editor, QPlainTextEdit):
+                if editor.toPlainText() != value:
+                    editor.setPlainText(str(value))
+            else:
+                editor.setValue(value)
+            editor.blockSignals(False)
+        loaded = self.engine is not None and self.engine.state in ("ready", "generating")
+        if self.settings.needs_reload(key) and loaded and key not in self._pending:
+            self._pending.append(key)
+        self._show_pending()
+
+    def _clear_pending(self, *_args: object) -> None:
+        self._pending = []
+        self._show_pending()
+
+    def _show_pending(self) -> None:
+        names = ", ".join(BY_KEY[k].label.split(" (")[0].lower() for k in self._pending)
+        self.reload_note.setText(f"Reload the model to apply: {names}." if names else "")
+        self.reload_note.setVisible(bool(names))
+
+    def pending_reload(self) -> list[str]:
+        return list(self._pending)

@@ -1,0 +1,203 @@
+"""Fit verdicts before loading: the app's adapter over `engine.memory` and `engine.device`.
+
+Planning only reads sizes (checkpoint headers, or a catalog entry's shape), so it is cheap
+enough to run on the GUI thread as the user moves the context and streams controls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from engine.config import EngineSettings, ModelConfig, parse_config
+
+VERDICT_LABELS = {
+    "fits": "Fits",
+    "fits with lazy scratch": "Fits with lazy scratch",
+    "fits with host embeddings": "Host embeddings",
+    "does not fit": "Does not fit",
+}
+BAR_PARTS = (  # (breakdown key, label, colour) in the order the stacked bar draws them
+    ("weights", "Weights", "#4f6bed"),
+    ("stream_state_total", "Streams' state", "#2aa198"),
+    ("prompt_cache", "Prompt cache", "#8e6fd8"),
+    ("scratch_peak", "Scratch peak", "#e08a2e"),
+    ("workspace_peak", "Workspace", "#d9b43c"),
+    ("reserve", "Reserve", "#9aa3ad"),
+    ("free_after", "Free", "#dfe5ea"),
+)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What planning needs to know of the card (a subset of engine.device.GpuInfo)."""
+
+    name: str
+    total_bytes: int
+    free_bytes: int
+    used_bytes: int = 0
+    driver: str = ""
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    """Planning could not run (planner missing, unreadable folder...): `reason` says why."""
+
+    reason: str
+    verdict_label: str = "Unknown"
+
+
+def probe_gpu() -> Gpu | None:
+    """The first NVIDIA GPU, or None (no driver, no card, or the probe is unavailable)."""
+    try:
+        from engine.device import probe_gpu as probe
+    except ImportError:
+        return _nvml_probe()
+    try:
+        info = probe()
+    except Exception:
+        return None
+    if info is None:
+        return None
+    return Gpu(
+        name=str(info.name),
+        total_bytes=int(info.total_bytes),
+        free_bytes=int(info.free_bytes),
+        used_bytes=int(getattr(info, "used_bytes", 0)),
+        driver=str(getattr(info, "driver", "")),
+    )
+
+
+def no_gpu_reason() -> str:
+    try:
+        from engine.device import no_gpu_reason as reason
+
+        return str(reason())
+    except Exception:
+        return "no NVIDIA driver or GPU was found"
+
+
+def _nvml_probe() -> Gpu | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            return Gpu(str(name), int(mem.total), int(mem.free), int(mem.used))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
+def verdict_value(decision: Any) -> str:
+    verdict = getattr(decision, "verdict", None)
+    return str(getattr(verdict, "value", verdict) or "")
+
+
+def verdict_label(decision: Any) -> str:
+    if isinstance(decision, PlanProblem):
+        return decision.verdict_label
+    return VERDICT_LABELS.get(verdict_value(decision), verdict_value(decision).capitalize())
+
+
+def breakdown_value(decision: Any, key: str) -> int:
+    """One byte count from a decision's breakdown (a mapping or an object with attributes)."""
+    breakdown = getattr(decision, "breakdown", None)
+    if isinstance(breakdown, Mapping):
+        value = breakdown.get(key, 0)
+    else:
+        value = getattr(breakdown, key, 0)
+    return int(value or 0)
+
+
+def shape_config(
+    name: str, fmt: str, group_size: int, raw: Mapping[str, Any] | None
+) -> ModelConfig:
+    """The config of a catalog shape: the engine's own table, else the catalog's copy."""
+    try:
+        from engine.memory.shapes import shape_config as engine_shape
+
+        return engine_shape(name, fmt, group_size)
+    except ImportError:
+        if raw is None:
+            raise
+        return parse_config(dict(raw), source=f"catalog shape {name}")
+
+
+@lru_cache(maxsize=32)
+def _checkpoint_sizes(model_dir: str) -> tuple[ModelConfig, tuple[tuple[str, int], ...]]:
+    from engine.checkpoint import Checkpoint
+
+    ckpt = Checkpoint.open(model_dir)
+    return ckpt.config, tuple((name, t.nbytes) for name, t in ckpt.tensors.items())
+
+
+def _shape_sizes(config: ModelConfig, fmt: str, group_size: int) -> dict[str, int]:
+    try:
+        from engine.memory.shapes import shape_tensor_nbytes
+    except ImportError:
+        from engine.memory.cli_plan import shape_tensor_nbytes
+
+    return dict(shape_tensor_nbytes(config, fmt, group_size))
+
+
+def plan(
+    *,
+    gpu: Gpu | None,
+    settings: EngineSettings,
+    context: int,
+    streams: int,
+    max_rows: int,
+    model_dir: str | None = None,
+    shape: tuple[ModelConfig, str, int] | None = None,
+    held: int = 0,
+) -> Any:
+    """A Decision from engine.memory, or a PlanProblem saying why there is none.
+
+    Give either `model_dir` (a checkpoint on disk) or `shape` (config, format, group size)
+    for a catalog entry that is not downloaded. `held` is what the loaded model holds now;
+    it is counted as free, since loading another model unloads it first.
+    """
+    if gpu is None:
+        return PlanProblem(f"CPU mode: {no_gpu_reason()}; the model runs on the CPU.", "CPU mode")
+    try:
+        from engine.memory import plan_for_checkpoint
+    except ImportError as exc:
+        return PlanProblem(f"The memory planner (engine.memory) is not available: {exc}")
+    try:
+        if model_dir is not None:
+            config, pairs = _checkpoint_sizes(str(model_dir))
+            sizes = dict(pairs)
+        elif shape is not None:
+            config = shape[0]
+            sizes = _shape_sizes(*shape)
+        else:
+            raise ValueError("plan() needs model_dir or shape")
+        return plan_for_checkpoint(
+            sizes,
+            config,
+            context=context,
+            streams=streams,
+            max_rows=max_rows,
+            card_total=gpu.total_bytes,
+            card_free=min(gpu.total_bytes, gpu.free_bytes + held),
+            held=0,
+            settings=settings,
+        )
+    except Exception as exc:  # unreadable folder, bad config, planner errors
+        return PlanProblem(f"{type(exc).__name__}: {exc}", "Cannot plan")
+
+
+def fmt_bytes(n: float) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KiB") else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"

@@ -1,0 +1,35 @@
+"""Split a reply into its thinking part (between <think> and </think>) and its answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class Split:
+    thinking: str
+    answer: str
+    thinking_done: bool
+
+
+def split_reply(text: str, thinking_enabled: bool = False) -> Split:
+    """Separate thinking from answer; works on partial text while a reply streams.
+
+    With thinking enabled the chat template already opened `<think>` in the prompt, so the
+    reply may start inside the thinking block without an opening tag.
+    """
+    start = text.find(OPEN)
+    if start >= 0:
+        before, rest = text[:start], text[start + len(OPEN) :]
+    elif CLOSE in text or thinking_enabled:
+        before, rest = "", text
+    else:
+        return Split("", text.strip(), True)
+    end = rest.find(CLOSE)
+    if end < 0:
+        return Split(rest.strip(), before.strip(), False)
+    thinking = rest[:end].strip()
+    answer = (before + rest[end + len(CLOSE) :]).strip()
+    return Split(thinking, answer, True)

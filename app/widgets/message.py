@@ -1,0 +1,116 @@
+"""One chat turn: role, collapsed thinking, markdown answer, stats line."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QFrame,
+    QLabel,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.models.chat_history import Turn
+from app.models.conversation import format_stats
+from app.thinking import split_reply
+
+
+class AutoHeightBrowser(QTextBrowser):
+    """A read-only markdown view that is exactly as tall as its text (no inner scrollbar)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setOpenExternalLinks(True)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.document().setDocumentMargin(2)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self._markdown = None
+
+    def set_markdown(self, text: str) -> None:
+        if text != self._markdown:
+            self._markdown = text
+            self.setMarkdown(text)
+            self._fit()
+
+    def _fit(self, *_args: object) -> None:
+        height = int(self.document().size().height()) + 4
+        if height != self.height():
+            self.setFixedHeight(max(height, 20))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._fit()
+
+
+class MessageWidget(QFrame):
+    """Renders a Turn; `update_text` is called as a reply streams in."""
+
+    def __init__(self, turn: Turn, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName(f"message-{turn.role}")
+        self.setProperty("role", turn.role)
+        self._thinking_enabled = turn.thinking_enabled
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(14, 10, 14, 10)
+        layout.setSpacing(4)
+        who = {"user": "You", "assistant": "Snug", "error": "Engine error"}.get(
+            turn.role, turn.role
+        )
+        self.role_label = QLabel(who)
+        self.role_label.setObjectName("roleLabel")
+        layout.addWidget(self.role_label)
+
+        self.think_toggle = QToolButton()
+        self.think_toggle.setObjectName("thinkToggle")
+        self.think_toggle.setCheckable(True)
+        self.think_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.think_toggle.setArrowType(Qt.ArrowType.RightArrow)
+        self.think_toggle.toggled.connect(self._toggle_thinking)
+        self.thinking_view = AutoHeightBrowser()
+        self.thinking_view.setObjectName("thinkingView")
+        self.thinking_view.hide()
+        layout.addWidget(self.think_toggle)
+        layout.addWidget(self.thinking_view)
+        self.think_toggle.hide()
+
+        self.answer_view = AutoHeightBrowser()
+        self.answer_view.setObjectName("answerView")
+        layout.addWidget(self.answer_view)
+        self.stats_label = QLabel()
+        self.stats_label.setObjectName("statsLabel")
+        self.stats_label.hide()
+        layout.addWidget(self.stats_label)
+        self._role = turn.role
+        self.update_text(turn.content, done=bool(turn.stats) or turn.role != "assistant")
+        self.set_stats(turn.stats)
+
+    def update_text(self, text: str, done: bool = False) -> None:
+        if self._role != "assistant":
+            self.answer_view.set_markdown(text)
+            return
+        split = split_reply(text, self._thinking_enabled)
+        if split.thinking or not split.thinking_done:
+            self.think_toggle.show()
+            words = len(split.thinking.split())
+            label = "Thinking…" if not split.thinking_done else f"Thought ({words} words)"
+            self.think_toggle.setText(label)
+            self.thinking_view.set_markdown(split.thinking)
+        self.answer_view.set_markdown(split.answer if split.answer or done else "…")
+
+    def set_stats(self, stats: dict) -> None:
+        line = format_stats(stats) if stats else ""
+        self.stats_label.setText(line)
+        self.stats_label.setVisible(bool(line))
+
+    def answer_text(self) -> str:
+        return self.answer_view.toPlainText()
+
+    def _toggle_thinking(self, shown: bool) -> None:
+        self.think_toggle.setArrowType(Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow)
+        self.thinking_view.setVisible(shown)

@@ -1,0 +1,1 @@
+"""Long-lived worker objects that run on their own QThreads."""

@@ -1,0 +1,116 @@
+"""A stand-in for engine.session.Engine that replays recorded token streams."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+REPLY = [
+    "Hello",
+    "!",
+    " Snug",
+    " runs",
+    " Qwen3.5",
+    " on",
+    " your",
+    " GPU",
+    ".",
+    "\n\n",
+    "- **fast**",
+    "\n",
+    "- *small*",
+]
+THINKING_REPLY = ["Let me", " think", ".", "</think>", "\n\n", "The answer", " is", " 42", "."]
+
+
+@dataclass(frozen=True)
+class Stats:
+    prompt_tokens: int
+    new_tokens: int
+    ttft_s: float
+    prefill_tok_s: float
+    decode_tok_s: float
+
+
+@dataclass(frozen=True)
+class Event:
+    token_id: int
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    stats: Stats | None = None
+
+
+class FakeEngine:
+    """Implements the slice of the Engine API the app uses; `delay` is seconds per token."""
+
+    backend_name = "numpy"
+    decision = None
+
+    def __init__(
+        self,
+        script: list[str] | None = None,
+        delay: float = 0.005,
+        fail_with: Exception | None = None,
+        backend: str = "numpy",
+    ) -> None:
+        self.script = list(script if script is not None else REPLY)
+        self.delay = delay
+        self.fail_with = fail_with
+        self.backend_name = backend
+        self.loaded = True
+        self.calls: list[list[dict[str, str]]] = []
+        self.threads: set[str] = set()
+
+    @classmethod
+    def loader(cls, **kwargs):
+        """A loader for EngineController that records what it was asked to load."""
+        made: list[FakeEngine] = []
+
+        def load(model_dir, settings, context, streams, max_rows, progress=None):
+            if progress is not None:
+                progress("weights", 0.5)
+                progress("weights", 1.0)
+            engine = cls(**kwargs)
+            engine.threads.add(threading.get_ident())
+            made.append(engine)
+            return engine
+
+        load.made = made
+        return load
+
+    def held_bytes(self) -> int:
+        return 512 << 20 if self.loaded else 0
+
+    def chat_ids(self, messages, enable_thinking=None) -> list[int]:
+        self.threads.add(threading.get_ident())
+        self.calls.append(list(messages))
+        return list(range(sum(len(m["content"]) for m in messages) // 4 + 1))
+
+    def generate(self, prompt_ids, params, cancel=None) -> Iterator[Event]:
+        self.threads.add(threading.get_ident())
+        start = time.monotonic()
+        first = None
+        n = 0
+        for i, text in enumerate(self.script):
+            if cancel is not None and cancel.is_set():
+                yield self._final(i, "cancelled", prompt_ids, n, start, first)
+                return
+            time.sleep(self.delay)
+            if self.fail_with is not None and i == len(self.script) // 2:
+                raise self.fail_with
+            first = first if first is not None else time.monotonic() - start
+            n += 1
+            yield Event(token_id=i, text=text, finished=False)
+        yield self._final(len(self.script), "stop", prompt_ids, n, start, first)
+
+    @staticmethod
+    def _final(i, reason, prompt_ids, n, start, first) -> Event:
+        elapsed = max(time.monotonic() - start, 1e-6)
+        stats = Stats(len(prompt_ids), n, first or 0.0, 1000.0, n / elapsed)
+        return Event(token_id=i, text="", finished=True, finish_reason=reason, stats=stats)
+
+    def unload(self) -> None:
+        self.loaded = False

@@ -1,0 +1,122 @@
+"""Chat streaming against the FakeEngine: responsiveness, Stop, errors, thinking, history."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from fake_engine import THINKING_REPLY, FakeEngine
+from PySide6.QtCore import QTimer
+
+from engine.errors import ScratchGrowFailed
+
+
+def _load(qtbot, window):
+    entry_dir = "/models/fake"
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(
+            {
+                "model_dir": entry_dir,
+                "settings": window.ctx.settings.engine_settings(),
+                "context": 4096,
+                "streams": 1,
+                "max_rows": 512,
+            }
+        )
+
+
+def test_message_streams_in_while_gui_stays_responsive(qtbot, make_window):
+    loader = FakeEngine.loader(delay=0.01)
+    window = make_window(loader=loader)
+    _load(qtbot, window)
+    ticks = []
+    timer = QTimer()
+    timer.timeout.connect(lambda: ticks.append(time.monotonic()))
+    timer.start(10)
+    batches = []
+    window.ctx.engine.tokens.connect(lambda _id, text: batches.append(text))
+    window.chat.input.setPlainText("Say hello")
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        window.chat.send_button.click()
+    timer.stop()
+    messages = window.chat.message_widgets()
+    assert [m.property("role") for m in messages] == ["user", "assistant"]
+    answer = messages[-1].answer_text()
+    assert "Snug runs Qwen3.5" in answer and "fast" in answer  # markdown list rendered
+    assert "**" not in answer
+    assert len(ticks) >= 5, "the GUI thread must keep running timers during generation"
+    assert max(b - a for a, b in zip(ticks, ticks[1:], strict=False)) < 0.1
+    assert 1 < len(batches) < 13, "tokens arrive batched, not one signal per token"
+    engine = loader.made[0]
+    assert len(engine.threads) == 1 and threading.main_thread().ident not in engine.threads
+    assert "tok/s" in messages[-1].stats_label.text()
+
+
+def test_stop_ends_generation_within_200_ms(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader(script=["tok "] * 500, delay=0.02))
+    _load(qtbot, window)
+    chats = window.ctx.chats
+    window.chat.input.setPlainText("Count forever")
+    got_tokens = []
+    window.ctx.engine.tokens.connect(lambda *_a: got_tokens.append(1))
+    window.chat.send()
+    qtbot.waitUntil(lambda: len(got_tokens) >= 2, timeout=2000)
+    start = time.monotonic()
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=1000) as done:
+        qtbot.keyClick(window.chat.input, "\x1b")  # Esc stops
+        if chats.busy:
+            window.chat.stop_button.click()
+    assert time.monotonic() - start < 0.2
+    assert done.args[1]["finish_reason"] == "cancelled"
+    assert not chats.busy and window.chat.send_button.isEnabled()
+
+
+def test_engine_error_reaches_the_chat_and_app_keeps_working(qtbot, make_window):
+    loader = FakeEngine.loader(fail_with=ScratchGrowFailed("scratch could not grow to 2048 rows"))
+    window = make_window(loader=loader)
+    _load(qtbot, window)
+    window.chat.input.setPlainText("A long prompt")
+    with qtbot.waitSignal(window.ctx.engine.failed, timeout=3000):
+        window.chat.send()
+    qtbot.waitUntil(lambda: window.chat.message_widgets()[-1].property("role") == "error")
+    error = window.chat.message_widgets()[-1]
+    assert "ScratchGrowFailed" in error.answer_text()
+    assert "2048 rows" in error.answer_text()
+    assert window.ctx.engine.state == "ready"
+    loader.made[0].fail_with = None  # the next request is served
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        assert window.ctx.chats.regenerate()
+    roles = [m.property("role") for m in window.chat.message_widgets()]
+    assert roles == ["user", "assistant"]
+
+
+def test_thinking_is_collapsed_and_separate(qtbot, make_window, app_settings):
+    window = make_window(loader=FakeEngine.loader(script=THINKING_REPLY))
+    window.ctx.settings.set("chat/thinking", True)
+    _load(qtbot, window)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        window.ctx.chats.send("What is six times seven?")
+    reply = window.chat.message_widgets()[-1]
+    assert reply.answer_text() == "The answer is 42."
+    assert not reply.think_toggle.isHidden() and reply.thinking_view.isHidden()
+    assert "Let me think" in reply.thinking_view.toPlainText()
+    reply.think_toggle.click()
+    assert not reply.thinking_view.isHidden()
+
+
+def test_history_is_saved_and_restored(qtbot, make_window, settings_store):
+    window = make_window(loader=FakeEngine.loader())
+    _load(qtbot, window)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        window.ctx.chats.send("First question")
+    first_id = window.ctx.chats.current.id
+    window.ctx.chats.new_chat()
+    assert window.ctx.chats.current.id != first_id
+    assert window.sidebar.list.count() == 2
+    window.close()
+    again = make_window(loader=FakeEngine.loader())
+    titles = [again.sidebar.list.item(i).text() for i in range(again.sidebar.list.count())]
+    assert "First question" in titles
+    again.ctx.chats.select(first_id)
+    roles = [m.property("role") for m in again.chat.message_widgets()]
+    assert roles == ["user", "assistant"]

@@ -1,0 +1,140 @@
+"""Window-level behaviour: settings, the VRAM gauge, CPU mode, shutdown, the library."""
+
+from __future__ import annotations
+
+from conftest import FakeGpu
+from fake_engine import FakeEngine
+from PySide6.QtCore import QSettings
+
+from app.models.settings import AppSettings
+
+
+def test_settings_persist_across_a_restart(qtbot, make_window, tmp_path):
+    path = str(tmp_path / "persist.ini")
+    window = make_window(store=QSettings(path, QSettings.Format.IniFormat))
+    editors = window.settings.editors
+    editors["memory/reserve_gib"].setValue(1.25)
+    editors["engine/context"].setValue(16384)
+    editors["sampling/temperature"].setValue(0.3)
+    editors["chat/thinking"].setChecked(True)
+    editors["engine/backend"].setCurrentText("cpu")
+    editors["chat/system_prompt"].setPlainText("Be brief.")
+    window.close()
+
+    again = make_window(store=QSettings(path, QSettings.Format.IniFormat))
+    s = again.ctx.settings
+    assert s.get("memory/reserve_gib") == 1.25
+    assert s.context == 16384 and again.load.context_spin.value() == 16384
+    assert s.get("sampling/temperature") == 0.3
+    assert s.thinking is True and s.backend == "cpu"
+    assert s.system_prompt == "Be brief."
+    assert again.settings.editors["memory/reserve_gib"].value() == 1.25
+    assert s.engine_settings().backend == "numpy"
+
+
+def test_defaults(settings_store):
+    s = AppSettings(settings_store)
+    assert s.context == 8192 and s.max_rows == 512 and s.streams == 1
+    assert s.get("memory/reserve_gib") == 0.5 and s.engine_settings().limit_bytes is None
+    sampling = s.sampling()
+    assert (sampling["temperature"], sampling["top_p"], sampling["top_k"]) == (0.7, 0.8, 20)
+    assert (sampling["presence_penalty"], sampling["min_p"]) == (1.5, 0.0)
+
+
+def test_reload_notice_when_a_setting_needs_it(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader())
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(
+            {
+                "model_dir": "/m",
+                "settings": window.ctx.settings.engine_settings(),
+                "context": 4096,
+                "streams": 1,
+                "max_rows": 512,
+            }
+        )
+    window.settings.editors["sampling/top_k"].setValue(40)
+    assert window.settings.reload_note.isHidden()
+    window.settings.editors["memory/reserve_gib"].setValue(1.0)
+    assert "memory reserve" in window.settings.reload_note.text()
+
+
+def test_gauge_without_nvml_says_cpu_mode(qtbot, make_window):
+    window = make_window()
+    qtbot.waitUntil(lambda: bool(window.ctx.machine.no_gpu), timeout=3000)
+    text = window.gauge.state_text()
+    assert "No NVIDIA GPU found — running on the CPU (numpy backend)" in text
+    assert window.gauge.plot.isHidden()
+    assert "CPU mode" in window.model_status.text()
+
+
+def test_gauge_with_a_gpu_shows_usage_and_history(qtbot, make_window):
+    window = make_window(gpu_source=FakeGpu)
+    qtbot.waitUntil(lambda: len(window.ctx.machine.history) >= 2, timeout=3000)
+    assert "Test GPU" in window.gauge.state_text()
+    names = [name for name, _b, _c in window.gauge.bar.segments()]
+    assert names == ["Snug", "Other programs", "Free"]
+    assert window.gauge.used_curve.getData()[0] is not None
+
+
+def test_refuse_cpu_mode_explains_the_setting(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader())
+    qtbot.waitUntil(lambda: bool(window.ctx.machine.no_gpu), timeout=3000)
+    window.ctx.settings.set("engine/refuse_cpu", True)
+    entry = window.ctx.library.add_folder(str(window.ctx.library.cache_dir))
+    window.choose(entry)
+    with qtbot.waitSignal(window.ctx.engine.load_failed, timeout=3000) as failed:
+        window.load.load_button.click()
+    assert failed.args[0] == "CpuModeRefused"
+    assert "Refuse CPU mode" in window.load.error.text()
+    assert window.ctx.engine.state == "empty"
+
+
+def test_cpu_mode_load_is_labelled(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader())
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(
+            {
+                "model_dir": "/models/tiny",
+                "settings": window.ctx.settings.engine_settings(),
+                "context": 4096,
+                "streams": 1,
+                "max_rows": 512,
+            }
+        )
+    assert "CPU mode" in window.model_status.text()
+
+
+def test_closing_the_window_stops_the_worker_thread(qtbot, make_window):
+    loader = FakeEngine.loader(script=["x"] * 1000, delay=0.01)
+    window = make_window(loader=loader)
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(
+            {
+                "model_dir": "/m",
+                "settings": window.ctx.settings.engine_settings(),
+                "context": 4096,
+                "streams": 1,
+                "max_rows": 512,
+            }
+        )
+    window.ctx.chats.send("long")
+    qtbot.waitUntil(lambda: window.ctx.chats.busy, timeout=1000)
+    thread = window.ctx.engine.thread
+    window.close()
+    assert not thread.isRunning()
+    assert loader.made[0].loaded is False, "closing unloads the model"
+
+
+def test_library_shows_fit_verdicts_for_this_gpu(qtbot, make_window):
+    window = make_window(gpu_source=FakeGpu)
+    qtbot.waitUntil(lambda: window.ctx.machine.gpu is not None, timeout=3000)
+    panel = window.library
+    labels = {
+        key: card.badge.text()
+        for key in ("qwen3.5-0.8b-4bit", "qwen3.5-9b-bf16")
+        if (card := panel.card(key)) is not None
+    }
+    assert labels["qwen3.5-0.8b-4bit"].startswith("Fits"), panel.card("qwen3.5-0.8b-4bit").toolTip()
+    assert labels["qwen3.5-9b-bf16"] == "Does not fit"
+    assert panel.card("qwen3.5-9b-bf16").reason.text()

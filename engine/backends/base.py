@@ -25,7 +25,7 @@ from engine.config import ModelConfig
 
 @dataclass(frozen=True)
 class Segment:
-    """`rows` consecutive tokens of the stream in state slot `slot`, starting at position `start`."""
+    """`rows` consecutive tokens of the stream in state slot `slot`, from position `start`."""
 
     slot: int
     start: int

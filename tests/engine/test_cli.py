@@ -1,0 +1,76 @@
+import json
+
+import pytest
+
+from engine.cli import main
+from engine.device import probe_gpu
+
+
+def test_generate_json_is_deterministic_and_greedy(tiny_checkpoint, capsys):
+    model = str(tiny_checkpoint("untied-l8-r2", "mlx4-g64"))
+    args = [
+        "generate",
+        "--model",
+        model,
+        "--prompt-ids",
+        "5,6,7,8",
+        "--max-new-tokens",
+        "6",
+        "--greedy",
+        "--backend",
+        "numpy",
+        "--json",
+    ]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert first["prompt_ids"] == [5, 6, 7, 8]
+    assert len(first["output_ids"]) == 6 and first["output_ids"] == second["output_ids"]
+    assert first["backend"] == "numpy" and first["timings"]["new_tokens"] == 6
+
+
+def test_generate_streams_text_with_chat_template(tiny_checkpoint, capsys):
+    model = str(tiny_checkpoint("untied-l8-r2", "hf-fp32"))
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                model,
+                "--prompt",
+                "Hello there",
+                "--max-new-tokens",
+                "5",
+                "--seed",
+                "3",
+                "--backend",
+                "numpy",
+            ]
+        )
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "[numpy]" in err and "5 new" in err
+
+
+def test_info_lists_tensors(tiny_checkpoint, capsys):
+    model = str(tiny_checkpoint("tied-l4-r1", "mlx4-g32"))
+    assert main(["info", "--model", model, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "mlx" and info["quantization"] == {"bits": 4, "group_size": 32}
+    assert info["tensors"]["embed_tokens"]["dtype"] == "q4"
+
+
+def test_missing_model_is_a_clear_error(tmp_path, capsys):
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "ConfigError" in err and "config.json not found" in err
+
+
+@pytest.mark.skipif(probe_gpu() is not None, reason="an NVIDIA GPU is present")
+def test_cuda_backend_without_gpu_says_so(tiny_checkpoint, capsys):
+    model = str(tiny_checkpoint("tied-l4-r1", "hf-fp32"))
+    assert main(["generate", "--model", model, "--prompt-ids", "1", "--backend", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "BackendUnavailable" in err and "No NVIDIA GPU" in err

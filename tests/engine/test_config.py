@@ -1,0 +1,75 @@
+import pytest
+
+from engine.config import FULL, GIB, LINEAR, EngineSettings, parse_config
+from engine.errors import ConfigError
+
+TEXT = {
+    "hidden_size": 64,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "eos_token_id": 7,
+}
+
+
+def test_nested_and_flat_forms_agree():
+    nested = parse_config({"model_type": "qwen3_5", "text_config": TEXT, "eos_token_id": 9})
+    flat = parse_config({"model_type": "qwen3_5_text", **TEXT})
+    assert nested.hidden_size == flat.hidden_size == 64
+    assert nested.layer_types == flat.layer_types
+    assert nested.eos_token_ids == (7, 9) and flat.eos_token_ids == (7,)
+
+
+def test_layer_schedule_from_interval_is_every_fourth():
+    cfg = parse_config({"model_type": "qwen3_5_text", **TEXT})
+    assert cfg.full_layers == (3, 7)
+    assert cfg.layer_types[:4] == (LINEAR, LINEAR, LINEAR, FULL)
+    assert cfg.conv_dim == 2 * 2 * 16 + 4 * 16 and cfg.rotary_dim == 8
+
+
+def test_explicit_layer_types_win():
+    types = [FULL] + [LINEAR] * 7
+    cfg = parse_config({"model_type": "qwen3_5_text", **TEXT, "layer_types": types})
+    assert cfg.full_layers == (0,)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_key_value_heads": 3}, "num_attention_heads = 4 is not a multiple"),
+        ({"linear_num_value_heads": 3}, "linear_num_value_heads = 3"),
+        ({"hidden_size": 0}, "hidden_size = 0 must be a positive integer"),
+        ({"layer_types": ["full_attention"]}, "layer_types has 1 entries"),
+        ({"layer_types": ["mamba"] * 8}, "unknown kinds"),
+    ],
+)
+def test_impossible_shapes_are_named(change, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"model_type": "qwen3_5_text", **TEXT, **change}, source="x/config.json")
+
+
+def test_missing_fields_are_listed():
+    text = {k: v for k, v in TEXT.items() if k not in ("hidden_size", "vocab_size")}
+    with pytest.raises(ConfigError, match="missing hidden_size, vocab_size"):
+        parse_config({"model_type": "qwen3_5", "text_config": text})
+
+
+def test_settings_from_env_and_overrides():
+    s = EngineSettings.from_env({"SNUG_MEMORY_RESERVE_GIB": "0.25", "SNUG_MEMORY_LIMIT_GIB": "4"})
+    assert s.reserve_bytes == GIB // 4 and s.limit_bytes == 4 * GIB
+    assert s.with_gib(limit=0).limit_bytes is None
+    assert EngineSettings.from_env({}).limit_bytes is None
+
+
+def test_bad_env_value_names_the_variable():
+    with pytest.raises(ConfigError, match="SNUG_MEMORY_LIMIT_GIB='four'"):
+        EngineSettings.from_env({"SNUG_MEMORY_LIMIT_GIB": "four"})
+    with pytest.raises(ConfigError, match="SNUG_BACKEND"):
+        EngineSettings.from_env({"SNUG_BACKEND": "opencl"})

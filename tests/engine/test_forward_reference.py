@@ -6,7 +6,7 @@ import pytest
 
 from engine.config import EngineSettings
 from engine.session import Engine
-from engine.testing.tiny import hf_logits, mlx_logits
+from engine.testing.references import hf_logits, mlx_logits
 
 DECODE_STEPS = 16
 NUMPY = EngineSettings(backend="numpy")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.testing import tiny
+from engine.testing import references, tiny
 
 PRESETS = list(tiny.TINY_PRESETS)
 ZERO_CENTRED = (
@@ -153,8 +153,8 @@ def test_hf_runner_is_deterministic_and_not_degenerate(tiny_checkpoint, preset: 
 
     path = tiny_checkpoint(preset, "hf-fp32")
     ids = prompt_ids()
-    a = tiny.hf_logits(path, ids, decode_steps=6)
-    b = tiny.hf_logits(path, ids, decode_steps=6)
+    a = references.hf_logits(path, ids, decode_steps=6)
+    b = references.hf_logits(path, ids, decode_steps=6)
     assert a["greedy"] == b["greedy"]
     np.testing.assert_array_equal(a["prefill"], b["prefill"])
     prefill, steps = a["prefill"], a["step_logits"]
@@ -183,8 +183,8 @@ def test_conditional_generation_and_shards_load_the_same(tiny_checkpoint) -> Non
     assert len(set(index["weight_map"].values())) == 3
     assert header(sharded) == header(path)
     ids = prompt_ids(16)
-    ref = tiny.hf_logits(path, ids)["prefill"]
-    np.testing.assert_array_equal(tiny.hf_logits(sharded, ids)["prefill"], ref)
+    ref = references.hf_logits(path, ids)["prefill"]
+    np.testing.assert_array_equal(references.hf_logits(sharded, ids)["prefill"], ref)
     model = Qwen3_5ForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
     with torch.no_grad():
         logits = model.eval()(input_ids=torch.tensor([ids])).logits[0].numpy()
@@ -193,8 +193,8 @@ def test_conditional_generation_and_shards_load_the_same(tiny_checkpoint) -> Non
 
 def test_hf_bf16_checkpoint_tracks_fp32(tiny_checkpoint) -> None:
     ids = prompt_ids()
-    ref = tiny.hf_logits(tiny_checkpoint("untied-l8-r2", "hf-fp32"), ids)["prefill"]
-    bf16 = tiny.hf_logits(tiny_checkpoint("untied-l8-r2", "hf-bf16"), ids)["prefill"]
+    ref = references.hf_logits(tiny_checkpoint("untied-l8-r2", "hf-fp32"), ids)["prefill"]
+    bf16 = references.hf_logits(tiny_checkpoint("untied-l8-r2", "hf-bf16"), ids)["prefill"]
     assert np.corrcoef(ref.ravel(), bf16.ravel())[0, 1] > 0.99
 
 
@@ -317,8 +317,8 @@ def test_mlx_lm_matches_its_file_dequantized_into_transformers(
     mlx_dir = tiny_checkpoint(preset, fmt)
     hf_dir = dequantized_hf(mlx_dir, tiny_checkpoint(preset, "hf-fp32"), tmp_path / "deq")
     ids = prompt_ids()
-    ref = tiny.hf_logits(hf_dir, ids, decode_steps=4)
-    got = tiny.mlx_logits(mlx_dir, ids, decode_steps=4, compute_dtype="float32")
+    ref = references.hf_logits(hf_dir, ids, decode_steps=4)
+    got = references.mlx_logits(mlx_dir, ids, decode_steps=4, compute_dtype="float32")
     scale = np.abs(ref["prefill"]).max()
     assert np.abs(got["prefill"] - ref["prefill"]).max() < 2e-3 * scale
     assert got["greedy"] == ref["greedy"]
@@ -333,9 +333,9 @@ def test_mlx_lm_matches_its_file_dequantized_into_transformers(
 )
 def test_mlx_lm_tracks_the_fp32_source(tiny_checkpoint, preset: str, fmt: str, min_corr: float):
     ids = prompt_ids()
-    ref = tiny.hf_logits(tiny_checkpoint(preset, "hf-fp32"), ids)["prefill"]
-    got = tiny.mlx_logits(tiny_checkpoint(preset, fmt), ids, decode_steps=3)
-    again = tiny.mlx_logits(tiny_checkpoint(preset, fmt), ids, decode_steps=3)
+    ref = references.hf_logits(tiny_checkpoint(preset, "hf-fp32"), ids)["prefill"]
+    got = references.mlx_logits(tiny_checkpoint(preset, fmt), ids, decode_steps=3)
+    again = references.mlx_logits(tiny_checkpoint(preset, fmt), ids, decode_steps=3)
     assert got["greedy"] == again["greedy"]
     assert got["prefill"].dtype == np.float32 and np.isfinite(got["prefill"]).all()
     assert np.corrcoef(ref.ravel(), got["prefill"].ravel())[0, 1] > min_corr

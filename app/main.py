@@ -23,7 +23,8 @@ def make_app(argv: list[str] | None = None) -> QApplication:
         app.setWindowIcon(QIcon(str(icon)))
     style = resource("style.qss")
     if style.exists():
-        app.setStyleSheet(style.read_text(encoding="utf-8"))
+        qss = style.read_text(encoding="utf-8")
+        app.setStyleSheet(qss.replace("@RES@", resource("").as_posix().rstrip("/")))
     return app
 
 

@@ -21,7 +21,7 @@ VERDICT_LABELS = {
 }
 BAR_PARTS = (  # (breakdown key, label, colour) in the order the stacked bar draws them
     ("weights", "Weights", "#4f6bed"),
-    ("stream_state_total", "Streams' state", "#2aa198"),
+    ("stream_state_total", "Stream state", "#2aa198"),
     ("prompt_cache", "Prompt cache", "#8e6fd8"),
     ("scratch_peak", "Scratch peak", "#e08a2e"),
     ("workspace_peak", "Workspace", "#d9b43c"),
@@ -198,6 +198,6 @@ def fmt_bytes(n: float) -> str:
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit in ("B", "KiB") else f"{n:.2f} {unit}"
+            return f"{n:.0f} {unit}" if unit in ("B", "KiB", "MiB") else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n:.2f} TiB"

@@ -69,6 +69,8 @@ def scan_cache(cache_dir: str | None = None) -> tuple[dict[str, tuple[str, int, 
 
         info = scan_cache_dir(cache_dir)
     except Exception as exc:  # missing or damaged cache: the library still shows the catalog
+        if type(exc).__name__ == "CacheNotFound":
+            return {}, ""  # nothing downloaded yet
         return {}, f"{type(exc).__name__}: {exc}"
     found: dict[str, tuple[str, int, tuple]] = {}
     for repo in info.repos:

@@ -99,7 +99,7 @@ class LibraryPanel(QWidget):
         self.list = QListWidget()
         self.list.setObjectName("libraryList")
         self.list.setSpacing(3)
-        self.list.currentItemChanged.connect(lambda *_: self._update_buttons())
+        self.list.currentItemChanged.connect(self._current_changed)
         self.list.itemDoubleClicked.connect(lambda *_: self._use())
         layout.addWidget(self.list, 1)
 
@@ -176,6 +176,15 @@ class LibraryPanel(QWidget):
             if item.data(Qt.ItemDataRole.UserRole) == key:
                 return self.list.itemWidget(item)
         return None
+
+    def _current_changed(self, item, previous) -> None:
+        for it, on in ((previous, False), (item, True)):
+            card = self.list.itemWidget(it) if it is not None else None
+            if card is not None:
+                card.setProperty("selected", on)
+                card.style().unpolish(card)
+                card.style().polish(card)
+        self._update_buttons()
 
     def _update_buttons(self) -> None:
         entry = self.selected()

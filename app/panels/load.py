@@ -60,10 +60,12 @@ class LoadPanel(QWidget):
         form.addRow("Context", ctx_row)
         self.streams_spin = QSpinBox()
         self.streams_spin.setRange(1, 16)
+        self.streams_spin.setMaximumWidth(112)
         form.addRow("Streams", self.streams_spin)
         self.rows_spin = QSpinBox()
         self.rows_spin.setRange(16, 8192)
         self.rows_spin.setSingleStep(64)
+        self.rows_spin.setMaximumWidth(112)
         form.addRow("Max rows", self.rows_spin)
         layout.addLayout(form)
 
@@ -81,6 +83,10 @@ class LoadPanel(QWidget):
         layout.addWidget(self.bar)
         self.legend = Legend(columns=2)
         layout.addWidget(self.legend)
+        self.detail = QLabel()
+        self.detail.setObjectName("subtle")
+        self.detail.setWordWrap(True)
+        layout.addWidget(self.detail)
         self.suggestions = QLabel()
         self.suggestions.setObjectName("suggestions")
         self.suggestions.setWordWrap(True)
@@ -166,7 +172,7 @@ class LoadPanel(QWidget):
         if decision is None:
             self.badge.setText("—")
             self.badge.setProperty("kind", "unknown")
-            for w in (self.reason, self.bar, self.legend, self.suggestions):
+            for w in (self.reason, self.bar, self.legend, self.suggestions, self.detail):
                 w.hide()
             self._restyle(self.badge)
             return
@@ -178,24 +184,39 @@ class LoadPanel(QWidget):
         has_bytes = not isinstance(decision, planning.PlanProblem)
         self.bar.setVisible(has_bytes)
         self.legend.setVisible(has_bytes)
+        self.detail.setVisible(False)
         if has_bytes:
             parts = [
                 (label, planning.breakdown_value(decision, key), colour)
                 for key, label, colour in planning.BAR_PARTS
             ]
-            total = planning.breakdown_value(decision, "card_total") or None
+            card = planning.breakdown_value(decision, "card_total")
             limit = planning.breakdown_value(decision, "limit")
-            marker = (limit, "#d64545") if limit and total and limit < total else None
-            self.bar.set_segments(parts, total=total, marker=marker)
-            streams = int(getattr(decision, "streams", 0) or 0)
-            each = planning.breakdown_value(decision, "stream_state_each")
+            edge = min(card, limit) if limit else card
+            total = max(card, sum(max(b, 0) for _, b, _ in parts))
+            # The red line is what the engine may use (the card, or the limit when lower);
+            # when the model does not fit, the parts run past it.
+            marker = (edge, "#d64545") if edge and (edge < total) else None
+            self.bar.set_segments(parts, total=total or None, marker=marker)
             items = [
-                (f"{label} ({streams} × {planning.fmt_bytes(each)})", b, c)
-                if label == "Streams' state" and streams
-                else (label, b, c)
+                ("Missing", -b, "#d64545") if label == "Free" and b < 0 else (label, b, c)
                 for label, b, c in parts
             ]
             self.legend.set_items(items)
+            streams = int(getattr(decision, "streams", 0) or 0)
+            each = planning.breakdown_value(decision, "stream_state_each")
+            context = int(getattr(decision, "context", 0) or 0)
+            lines = []
+            if streams and each:
+                lines.append(
+                    f"{streams} stream(s) × {planning.fmt_bytes(each)} of state at "
+                    f"{context:,} tokens · scratch "
+                    + ("allocated at warm-up" if getattr(decision, "eager", False) else "lazy")
+                )
+            if marker is not None:
+                lines.append("The red line is what this card can give; the rest is missing.")
+            self.detail.setText("\n".join(lines))
+            self.detail.setVisible(bool(lines))
         tips = tuple(getattr(decision, "suggestions", ()) or ())
         self.suggestions.setText("To make it fit:\n" + "\n".join(f"• {t}" for t in tips))
         self.suggestions.setVisible(bool(tips))
@@ -228,11 +249,14 @@ class LoadPanel(QWidget):
         ready = self.entry is not None and self.entry.downloaded
         refused = planning.verdict_value(self.decision) == "does not fit"
         self.load_button.setEnabled(ready and state != "loading" and not refused)
-        self.load_button.setText("Reload" if state in ("ready", "generating") else "Load")
+        same = ready and self.engine.info.get("model_dir") == self.entry.local_dir
+        self.load_button.setText("Reload" if same and state in ("ready", "generating") else "Load")
         self.unload_button.setEnabled(state in ("ready", "generating"))
         self.progress.setVisible(state == "loading")
         if state == "loading":
             self.stage.setText("Loading…")
+        elif self.entry is not None and not self.entry.downloaded:
+            self.stage.setText("Download this model first (Models tab) to load it.")
         elif state == "empty" and not self.error.isVisible():
             self.stage.setText("")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QTextCursor, QTextDocument
 from PySide6.QtWidgets import (
     QFrame,
     QLabel,
@@ -36,6 +37,7 @@ class AutoHeightBrowser(QTextBrowser):
         if text != self._markdown:
             self._markdown = text
             self.setMarkdown(text)
+            _wrap_code_blocks(self.document())
             self._fit()
 
     def _fit(self, *_args: object) -> None:
@@ -46,6 +48,18 @@ class AutoHeightBrowser(QTextBrowser):
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
         self._fit()
+
+
+def _wrap_code_blocks(doc: QTextDocument) -> None:
+    """Markdown code blocks come in as non-breakable lines; let them wrap instead of clip."""
+    block = doc.begin()
+    while block.isValid():
+        fmt = block.blockFormat()
+        if fmt.nonBreakableLines():
+            fmt.setNonBreakableLines(False)
+            fmt.setBackground(QColor("#f3f5f8"))
+            QTextCursor(block).setBlockFormat(fmt)
+        block = block.next()
 
 
 class MessageWidget(QFrame):

@@ -76,6 +76,7 @@ class Legend(QWidget):
         while self._grid.count():
             widget = self._grid.takeAt(0).widget()
             if widget is not None:
+                widget.hide()  # deleteLater is deferred: hide now so nothing overlaps
                 widget.deleteLater()
         for i, (name, nbytes, colour) in enumerate(items):
             row, col = divmod(i, self._columns)

@@ -65,8 +65,8 @@ def explain(exc: BaseException, repo: str) -> str:
 class DownloadWorker(QObject):
     """Lives on the download thread; one download at a time."""
 
-    started = Signal(str, int)  # repo, total bytes
-    progress = Signal(str, int, int, float)  # repo, done bytes, total bytes, bytes/s
+    started = Signal(str, object)  # repo, total bytes (object: may exceed 32 bits)
+    progress = Signal(str, object, object, float)  # repo, done bytes, total bytes, bytes/s
     finished = Signal(str, str)  # repo, snapshot folder
     failed = Signal(str, str)  # repo, message
     cancelled = Signal(str)
@@ -209,8 +209,8 @@ class DownloadWorker(QObject):
 class DownloadManager(QObject):
     """GUI-side handle: owns the download thread; the library panel talks to this."""
 
-    started = Signal(str, int)
-    progress = Signal(str, int, int, float)
+    started = Signal(str, object)
+    progress = Signal(str, object, object, float)
     finished = Signal(str, str)
     failed = Signal(str, str)
     cancelled = Signal(str)

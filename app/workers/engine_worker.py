@@ -43,7 +43,7 @@ class EngineWorker(QObject):
     tokens = Signal(int, str)
     finished = Signal(int, dict)
     failed = Signal(int, str, str)
-    held = Signal(int)
+    held = Signal(object)  # bytes: can exceed a 32-bit int
     stopped = Signal()
 
     def __init__(self, loader: Loader) -> None:
@@ -177,7 +177,7 @@ class EngineController(QObject):
     tokens = Signal(int, str)
     finished = Signal(int, dict)
     failed = Signal(int, str, str)
-    held = Signal(int)
+    held = Signal(object)  # bytes: can exceed a 32-bit int
 
     _do_load = Signal(dict)
     _do_generate = Signal(int, list, object, object, object)

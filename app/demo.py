@@ -1,0 +1,146 @@
+"""Demo mode (`snug --demo`, tools/screenshots.py): a replayed engine and a simulated card.
+
+Nothing here runs a model: DemoEngine replays a written reply token by token, and
+DemoGpu reports an 8 GiB laptop card. Planning still uses the real engine.memory.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
+
+from app.context import AppContext, build_context
+
+GIB = 1 << 30
+REPLY = """<think>
+The user wants to know why a 4-bit model fits a small card. Compare the weight bytes and
+mention the stream state and the scratch.
+</think>
+
+A **4-bit** build stores each weight in half a byte plus a small scale and bias per group
+of 64, so Qwen3.5-4B needs about **2.4 GB** instead of 8.4 GB in bf16.
+
+What else lives on the card:
+
+| part | grows with |
+| --- | --- |
+| stream state | context length × streams |
+| scratch | rows per forward pass |
+| workspace | prompt length (lazily) |
+
+```python
+decision = plan_for_checkpoint(sizes, config, context=8192, streams=1, ...)
+print(decision.verdict)  # fits
+```
+
+Keep the **reserve** for your desktop, and the model loads without surprises.
+"""
+
+
+@dataclass(frozen=True)
+class _Stats:
+    prompt_tokens: int
+    new_tokens: int
+    ttft_s: float
+    prefill_tok_s: float
+    decode_tok_s: float
+
+
+@dataclass(frozen=True)
+class _Event:
+    token_id: int
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    stats: _Stats | None = None
+
+
+class DemoEngine:
+    """Replays REPLY; `delay` is seconds per token."""
+
+    backend_name = "cuda"
+    decision = None
+
+    def __init__(self, delay: float = 0.02, held: int = int(2.9 * GIB)) -> None:
+        self.delay = delay
+        self._held = held
+
+    def held_bytes(self) -> int:
+        return self._held
+
+    def chat_ids(self, messages, enable_thinking=None) -> list[int]:
+        return list(range(sum(len(m["content"]) for m in messages) // 4 + 8))
+
+    def generate(self, prompt_ids, params, cancel: threading.Event | None = None):
+        pieces = re.findall(r"\s*\S+|\s+", REPLY)
+        start = time.monotonic()
+        time.sleep(0.12)  # prefill
+        ttft = time.monotonic() - start
+        for i, piece in enumerate(pieces):
+            if cancel is not None and cancel.is_set():
+                break
+            time.sleep(self.delay)
+            yield _Event(i, piece)
+        n = len(pieces)
+        reason = "cancelled" if cancel is not None and cancel.is_set() else "stop"
+        elapsed = max(time.monotonic() - start - ttft, 1e-3)
+        stats = _Stats(len(prompt_ids), n, ttft, len(prompt_ids) / ttft, n / elapsed)
+        yield _Event(n, "", True, reason, stats)
+
+    def unload(self) -> None:
+        self._held = 0
+
+
+class DemoGpu:
+    """An 8 GiB laptop card with a desktop using 0.7 GiB; Snug's share follows the engine."""
+
+    ours = 0
+
+    def open(self) -> None:
+        self._t0 = time.monotonic()
+
+    def read(self) -> dict:
+        total = 8 * GIB
+        wobble = int(0.05 * GIB * ((time.monotonic() - self._t0) % 3))
+        used = int(0.7 * GIB) + wobble + DemoGpu.ours
+        return {
+            "name": "NVIDIA GeForce RTX 4060 Laptop GPU",
+            "total": total,
+            "used": used,
+            "free": total - used,
+            "ours": DemoGpu.ours,
+        }
+
+    def close(self) -> None:
+        pass
+
+
+def demo_loader(delay: float = 0.02):
+    def load(model_dir, settings, context, streams, max_rows, progress=None):
+        for stage, f in (("reading checkpoint", 0.0), ("loading weights", 0.5), ("ready", 1.0)):
+            if progress is not None:
+                progress(stage, f)
+            time.sleep(0.05)
+        engine = DemoEngine(delay)
+        DemoGpu.ours = engine.held_bytes()
+        return engine
+
+    return load
+
+
+def demo_context(folder: Path | None = None, delay: float = 0.02, loader=None) -> AppContext:
+    """A context with its settings and chats in a throwaway folder (or `folder`)."""
+    base = Path(folder or tempfile.mkdtemp(prefix="snug-demo-"))
+    store = QSettings(str(base / "snug.ini"), QSettings.Format.IniFormat)
+    return build_context(
+        store=store,
+        chats_dir=base / "chats",
+        loader=loader or demo_loader(delay),
+        gpu_source=DemoGpu,
+    )

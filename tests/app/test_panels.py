@@ -1,0 +1,128 @@
+"""Library and load panels: live verdicts, downloads through the UI, delete, `snug` entry."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from conftest import FakeGpu
+from hf_server import FakeHub
+
+from app.models.catalog import Entry
+
+REPO = "mlx-community/Qwen3.5-0.8B-MLX-4bit"
+
+
+@dataclass(frozen=True)
+class FakeVerdict:
+    value: str
+
+
+@dataclass(frozen=True)
+class FakeDecision:
+    """Decision-like value with the attributes the panels read."""
+
+    verdict: FakeVerdict
+    breakdown: dict = field(default_factory=dict)
+    streams: int = 1
+    context: int = 8192
+    eager: bool = True
+    suggestions: tuple[str, ...] = ()
+    reason: str = ""
+
+
+def fake_planner(calls: list):
+    """Fits up to 16k tokens x streams, does not fit beyond; records each call."""
+
+    def plan(**kw):
+        calls.append(kw)
+        need = kw["context"] * kw["streams"]
+        bd = {
+            "weights": 2 << 30,
+            "stream_state_each": kw["context"] * 40_000,
+            "stream_state_total": kw["context"] * 40_000 * kw["streams"],
+            "reserve": 512 << 20,
+            "free_after": (1 << 30) if need <= 16384 else -(1 << 30),
+            "card_total": 8 << 30,
+        }
+        if need <= 16384:
+            return FakeDecision(FakeVerdict("fits"), bd, kw["streams"], kw["context"], True, (), "")
+        return FakeDecision(
+            FakeVerdict("does not fit"),
+            bd,
+            kw["streams"],
+            kw["context"],
+            False,
+            ("use a context of 16,384 tokens or less",),
+            "needs 1.00 GiB more than this card can give",
+        )
+
+    return plan
+
+
+def test_load_panel_recomputes_the_verdict_live(qtbot, make_window):
+    calls: list = []
+    window = make_window(gpu_source=FakeGpu, planner=fake_planner(calls))
+    qtbot.waitUntil(lambda: window.ctx.machine.gpu is not None, timeout=3000)
+    folder = Entry("folder:/m", "my-model", "", 1 << 30, "folder", local_dir="/m")
+    window.choose(folder)
+    panel = window.load
+    assert panel.badge.text() == "Fits" and panel.load_button.isEnabled()
+    names = [n for n, _b, _c in panel.bar.segments()]
+    assert names[:2] == ["Weights", "Stream state"] and "Free" in names
+    panel.streams_spin.setValue(4)  # 4 x 8192 > 16384
+    assert panel.badge.text() == "Does not fit"
+    assert "16,384" in panel.suggestions.text() and not panel.suggestions.isHidden()
+    assert not panel.load_button.isEnabled()
+    assert calls[-1]["streams"] == 4 and calls[-1]["model_dir"] == "/m"
+    assert window.ctx.settings.streams == 4  # the panel edits the same setting
+    panel.context_slider.setValue(0)  # 512 tokens
+    assert panel.context_spin.value() == 512 and panel.badge.text() == "Fits"
+
+
+def test_download_from_the_library_panel(qtbot, make_window, hf_home):
+    files = {
+        "config.json": b'{"model_type": "qwen3_5"}',
+        "model.safetensors": os.urandom(2 << 20),
+    }
+    with FakeHub({REPO: files}, cut_once={"model.safetensors"}) as hub:
+        window = make_window(gpu_source=FakeGpu)
+        downloads = window.ctx.downloads
+        downloads._worker.endpoint = hub.url
+        panel = window.library
+        panel.select("qwen3.5-0.8b-4bit")
+        assert panel.download_button.isEnabled() and not panel.use_button.isEnabled()
+        texts = []
+        downloads.progress.connect(lambda *_a: texts.append(panel.progress_label.text()))
+        with qtbot.waitSignal(downloads.finished, timeout=8000):
+            panel.download_button.click()
+        assert any(" of " in t and "/s" in t for t in texts), texts
+        assert any(r for r in hub.ranges_for("model.safetensors")), "resumed with Range"
+    entry = window.ctx.library.find("qwen3.5-0.8b-4bit")
+    assert entry.downloaded
+    panel.select(entry.key)
+    assert panel.use_button.isEnabled() and panel.delete_button.isEnabled()
+    assert "Downloaded" in panel.card(entry.key).meta.text()
+    assert window.ctx.library.delete(entry) == ""
+    assert not window.ctx.library.find("qwen3.5-0.8b-4bit").downloaded
+
+
+def test_download_error_is_shown_in_the_panel(qtbot, make_window):
+    window = make_window()
+    window.ctx.downloads._worker.endpoint = "http://127.0.0.1:9"
+    panel = window.library
+    panel.select("qwen3.5-2b-4bit")
+    with qtbot.waitSignal(window.ctx.downloads.failed, timeout=5000):
+        panel.download_button.click()
+    assert "Cannot reach the Hugging Face Hub" in panel.message.text()
+    assert not panel.message.isHidden()
+
+
+def test_entry_dispatches_subcommands_to_the_engine_cli(monkeypatch):
+    import engine.cli
+    from app import entry
+
+    seen = []
+    monkeypatch.setattr(engine.cli, "main", lambda argv: seen.append(argv) or 0)
+    assert entry.main(["plan", "--shape", "4B"]) == 0
+    assert seen == [["plan", "--shape", "4B"]]

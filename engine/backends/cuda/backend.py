@@ -1,0 +1,431 @@
+"""`CudaBackend`: the Qwen3.5 ops on an NVIDIA GPU through CuPy and `kernels/*.cu`.
+
+Activations are bf16 (default), fp16 or fp32 (`dtype`; fp32 is the exactness mode) with
+fp32 accumulation everywhere; the DeltaNet recurrent state is fp32; KV cache and conv state
+are in the activation type. All work runs on one non-default stream, so a decode step can
+be captured into a CUDA graph (graphs.py). Importing this module starts nothing.
+
+State layout (one block per kind, `slots + 1` slots: the last is a scratch slot that graph
+warm-up and capture write into, so live streams are never touched):
+
+    kv_k, kv_v  [full layers, slots+1, Hkv, context, hd]   activation type
+    conv        [linear layers, slots+1, K-1, C]           activation type
+    recurrent   [linear layers, slots+1, Hv, dv, dk]       fp32 (value column contiguous)
+    meta        int32 [8, max_rows]: ids, pos, row_slot, row_tl, row_n, seg_slot, seg_row0,
+                seg_rows -- written before each forward (or graph launch)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from engine.backends.base import Backend, Batch
+from engine.backends.cuda.modules import use_cache_dir
+from engine.backends.cuda.scratch import Scratch
+from engine.backends.cuda.weights import DWeight, QWeight, upload
+from engine.config import ModelConfig
+from engine.errors import DeviceOutOfMemory, RequestRefused
+
+META_ROWS = 8
+ATTN_SCORE_BUDGET = 512 << 20  # bytes of prefill attention scores + probabilities per chunk
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(
+        self,
+        settings: Any = None,
+        dtype: str = "bfloat16",
+        max_rows: int = 2048,
+        scratch_bytes: int = 64 << 20,
+    ):
+        import cupy
+
+        from engine.backends.cuda.ops import Ops
+
+        use_cache_dir(getattr(settings, "cache_dir", None))
+        self.ops = Ops(dtype)
+        self.dtype = dtype
+        self.cp = cupy
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.stream.use()
+        self.graphs: Any = None  # set by graphs.DecodeGraphs; torn down before buffers move
+        self.scratch = Scratch(scratch_bytes, on_grow=self._teardown_graphs)
+        self.workspace = Scratch(0)
+        self.capturing = False
+        self.config: ModelConfig | None = None
+        self.arena: Any = None
+        self.max_rows = max_rows
+        self.slots = 0
+        self.context = 0
+        self.meta: Any = None
+        self.meta_host: Any = None
+        self.batch: Batch | None = None
+        self.nvalid = 0
+        self.counter: Any = None
+
+    # ----- memory reports -----------------------------------------------------------------
+    def held_bytes(self) -> int:
+        parts = [self.arena, self.kv_k if self.slots else None, self.kv_v if self.slots else None]
+        total = sum(p.nbytes for p in parts if p is not None)
+        if self.slots:
+            total += self.conv.nbytes + self.recurrent.nbytes + self.meta.nbytes
+        return total + self.scratch.nbytes + self.workspace.nbytes
+
+    def _teardown_graphs(self) -> None:
+        if self.graphs is not None:
+            self.graphs.teardown()
+
+    # ----- weights ------------------------------------------------------------------------
+    def load_weights(self, checkpoint: Any, config: ModelConfig) -> dict[str, Any]:
+        self.stream.use()
+        self.config = config
+        self.nvalid = config.vocab_size
+        try:
+            weights, self.arena = upload(checkpoint, self.ops)
+        except self.cp.cuda.memory.OutOfMemoryError as exc:
+            raise DeviceOutOfMemory(
+                f"{checkpoint.dir}: the weights do not fit on the GPU ({exc}); choose a smaller "
+                "model or a 4-bit checkpoint"
+            ) from exc
+        return weights
+
+    # ----- state --------------------------------------------------------------------------
+    def alloc_state(self, config: ModelConfig, slots: int, context: int) -> None:
+        cp, c = self.cp, config
+        self.stream.use()
+        self._teardown_graphs()
+        self.config, self.slots, self.context = c, slots, context
+        self.nvalid = self.nvalid or c.vocab_size
+        n = slots + 1
+        kv = (len(c.full_layers), n, c.num_key_value_heads, context, c.head_dim)
+        self.kv_k = cp.zeros(kv, self.ops.act_dtype)
+        self.kv_v = cp.zeros(kv, self.ops.act_dtype)
+        conv = (len(c.linear_layers), n, c.linear_conv_kernel_dim - 1, c.conv_dim)
+        self.conv = cp.zeros(conv, self.ops.act_dtype)
+        rec = (
+            len(c.linear_layers),
+            n,
+            c.linear_num_value_heads,
+            c.linear_value_head_dim,
+            c.linear_key_head_dim,
+        )
+        self.recurrent = cp.zeros(rec, cp.float32)
+        self._alloc_meta(max(self.max_rows, 64))
+        self.counter = cp.zeros(max(self.max_rows, 64), cp.uint32)
+
+    @property
+    def dummy_slot(self) -> int:
+        return self.slots
+
+    def _alloc_meta(self, cap: int) -> None:
+        self._teardown_graphs()
+        self.meta = self.cp.zeros((META_ROWS, cap), self.cp.int32)
+        mem = self.cp.cuda.alloc_pinned_memory(META_ROWS * cap * 4)
+        self.meta_host = np.frombuffer(mem, np.int32, META_ROWS * cap).reshape(META_ROWS, cap)
+
+    def reset_slot(self, slot: int) -> None:
+        for arr in (self.kv_k, self.kv_v, self.conv, self.recurrent):
+            arr[:, slot] = 0
+
+    def save_slot(self, slot: int, length: int) -> Any:
+        return {
+            "length": length,
+            "kv_k": self.kv_k[:, slot, :, :length].copy(),
+            "kv_v": self.kv_v[:, slot, :, :length].copy(),
+            "conv": self.conv[:, slot].copy(),
+            "recurrent": self.recurrent[:, slot].copy(),
+        }
+
+    def restore_slot(self, slot: int, snapshot: Any) -> None:
+        self.reset_slot(slot)
+        n = snapshot["length"]
+        self.kv_k[:, slot, :, :n] = snapshot["kv_k"]
+        self.kv_v[:, slot, :, :n] = snapshot["kv_v"]
+        self.conv[:, slot] = snapshot["conv"]
+        self.recurrent[:, slot] = snapshot["recurrent"]
+
+    # ----- host transfer ------------------------------------------------------------------
+    def to_host(self, x: Any) -> np.ndarray:
+        if x.dtype == self.ops.act_dtype and self.dtype != "float32":
+            out = self.cp.empty(x.shape, self.cp.float32)
+            self.ops.to_f32(x, out)
+            x = out
+        return self.cp.asnumpy(x, stream=self.stream, blocking=True)
+
+    def write_batch(self, batch: Batch, ids: np.ndarray) -> None:
+        """Copy token ids and the row/segment layout into `meta` (asynchronously)."""
+        R, S = batch.rows, len(batch.segments)
+        if R > self.meta.shape[1]:
+            self._alloc_meta(R)
+        for seg in batch.segments:
+            if seg.start + seg.rows > self.context:
+                raise RequestRefused(
+                    f"stream {seg.slot} would reach {seg.start + seg.rows} tokens but the "
+                    f"admitted context is {self.context}; raise the context length setting "
+                    "or start a new chat"
+                )
+        self.stream.synchronize()  # the pinned buffer may still feed the last copy
+        h = self.meta_host
+        h[0, :R] = ids
+        h[1, :R] = batch.positions()
+        rows = np.array([s.rows for s in batch.segments], np.int32)
+        row0 = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int32)
+        h[2, :R] = np.repeat([s.slot for s in batch.segments], rows)
+        h[3, :R] = np.arange(R, dtype=np.int32) - np.repeat(row0, rows)
+        h[4, :R] = np.repeat(rows, rows)
+        h[5, :S] = [s.slot for s in batch.segments]
+        h[6, :S] = row0
+        h[7, :S] = rows
+        self.meta.data.copy_from_host_async(h.ctypes.data, h.nbytes, self.stream)
+
+    def prepare(self, batch: Batch, ids: np.ndarray) -> Any:
+        self.stream.use()
+        if not self.capturing:
+            self.write_batch(batch, np.asarray(ids, np.int32))
+            self.workspace.reset()
+        self.scratch.reset()
+        self.batch = batch
+        return self.meta[0, : batch.rows]
+
+    def _meta_rows(self, R: int) -> tuple[Any, Any, Any, Any]:
+        m = self.meta
+        return m[1, :R], m[2, :R], m[3, :R], m[4, :R]
+
+    def _segs(self, S: int) -> tuple[Any, Any, Any]:
+        m = self.meta
+        return m[5, :S], m[6, :S], m[7, :S]
+
+    def take(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
+        return self.scratch.take(shape, self.ops.act_dtype if dtype is None else dtype)
+
+    # ----- ops ----------------------------------------------------------------------------
+    def embedding(self, table: Any, ids: Any) -> Any:
+        out = self.take((ids.shape[0], table.shape[1]))
+        self.ops.embedding(table, ids, out)
+        return out
+
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
+        out = self.take(x.shape)
+        self.ops.rms_norm(x, weight, out, eps)
+        return out
+
+    def add_rms_norm(self, x: Any, delta: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+        out, h = self.take(x.shape), self.take(x.shape)
+        self.ops.add_rms_norm(x, delta, weight, out, h, eps)
+        return out, h
+
+    def linear(self, x: Any, weight: Any) -> Any:
+        out = self.take((x.shape[0], weight.shape[0]))
+        self._linear_into(x, weight, out)
+        return out
+
+    def _linear_into(self, x: Any, weight: Any, out: Any) -> None:
+        if self.ops.gemv_ok(weight, x.shape[0]):
+            self.ops.gemv(x, weight, out)
+            return
+        if isinstance(weight, QWeight):
+            self.workspace.ensure(weight.shape[0] * weight.shape[1] * self.ops.act_itemsize)
+            dense = self.workspace.take(weight.shape, self.ops.act_dtype)
+            self.ops.dequant(weight, dense)
+        else:
+            dense = weight.data if isinstance(weight, DWeight) else weight
+        self.ops.gemm(x, dense, out)
+
+    def mlp(self, x: Any, gate: Any, up: Any, down: Any) -> Any:
+        R = x.shape[0]
+        h = self.take((R, gate.shape[0]))
+        if type(gate) is type(up) and self.ops.gemv_ok(gate, R):
+            self.ops.gemv(x, gate, h, up=up)
+        else:
+            g, u = self.linear(x, gate), self.linear(x, up)
+            self.ops.swiglu(g, u, h)
+        return self.linear(h, down)
+
+    def take_rows(self, x: Any, rows: np.ndarray) -> Any:
+        rows = np.asarray(rows, np.int32)
+        if len(rows) == x.shape[0] and np.array_equal(rows, np.arange(len(rows))):
+            return x
+        out = self.take((len(rows), x.shape[1]))
+        self.ops.gather_rows(x, self.cp.asarray(rows), out)
+        return out
+
+    def attention(
+        self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, batch: Batch
+    ) -> Any:
+        c = self.config
+        R = qg.shape[0]
+        Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        heads = (Hq, Hkv, hd)
+        kc, vc = self.kv_k[layer], self.kv_v[layer]
+        q = self.take((R, Hq * hd))
+        meta = self._meta_rows(R)
+        self.ops.attn_prep(
+            qg,
+            k,
+            v,
+            q_norm,
+            k_norm,
+            meta,
+            q,
+            kc,
+            vc,
+            heads,
+            c.rotary_dim,
+            self.context,
+            c.rope_theta,
+            c.rms_norm_eps,
+        )
+        out = self.take((R, Hq * hd))
+        if batch.is_step:
+            split = max(32, 32 * -(-self.context // (256 * 32)))
+            nsmax = -(-self.context // split)
+            po = self.take((R, Hq, nsmax, hd), self.cp.float32)
+            pml = self.take((R, Hq, nsmax, 2), self.cp.float32)
+            self.ops.attn_decode(
+                q, kc, vc, meta[0], meta[1], po, pml, heads, self.context, split, nsmax
+            )
+            self.ops.attn_combine(po, pml, qg, meta[0], out, heads, split, nsmax)
+            return out
+        row0 = 0
+        for seg in batch.segments:
+            self._prefill_attention(q, qg, kc, vc, seg, row0, out)
+            row0 += seg.rows
+        return out
+
+    def _prefill_attention(self, q, qg, kc, vc, seg, row0, out) -> None:
+        c, cp, ops = self.config, self.cp, self.ops
+        Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        gq, rows, L = Hq // Hkv, seg.rows, seg.start + seg.rows
+        t_act, t32 = ops.cuda_type, 0
+        isz = ops.act_itemsize
+        tq = max(1, min(rows, ATTN_SCORE_BUDGET // (Hq * L * (4 + isz))))
+        o = self.take((Hq, rows, hd))
+        from engine.backends.cuda.blas import matmul
+
+        qseg = q[row0:]  # [Hq, rows, hd] laid out from row0 * Hq * hd
+        for t0 in range(0, rows, tq):
+            n = min(tq, rows - t0)
+            self.workspace.ensure(Hq * n * L * (4 + isz) + 1024)
+            scores = self.workspace.take((Hq, n, L), cp.float32)
+            probs = self.workspace.take((Hq, n, L), ops.act_dtype)
+            for h in range(Hkv):
+                kbase = kc[seg.slot, h]  # [context, hd]
+                vbase = vc[seg.slot, h]
+                a_ptr = qseg.data.ptr + ((h * gq * rows + t0) * hd) * isz
+                matmul(
+                    a_ptr,
+                    t_act,
+                    hd,
+                    kbase.data.ptr,
+                    t_act,
+                    hd,
+                    True,
+                    scores[h * gq].data.ptr,
+                    t32,
+                    L,
+                    n,
+                    L,
+                    hd,
+                    alpha=hd**-0.5,
+                    batch=gq,
+                    stride_a=rows * hd,
+                    stride_b=0,
+                    stride_c=n * L,
+                )
+            ops.softmax_causal(scores, probs, n, t0, seg.start, L)
+            for h in range(Hkv):
+                vbase = vc[seg.slot, h]
+                o_ptr = o.data.ptr + ((h * gq * rows + t0) * hd) * isz
+                matmul(
+                    probs[h * gq].data.ptr,
+                    t_act,
+                    L,
+                    vbase.data.ptr,
+                    t_act,
+                    hd,
+                    False,
+                    o_ptr,
+                    t_act,
+                    hd,
+                    n,
+                    hd,
+                    L,
+                    batch=gq,
+                    stride_a=n * L,
+                    stride_b=0,
+                    stride_c=rows * hd,
+                )
+        ops.attn_gate(o, qg, out, rows, row0, Hq, hd)
+
+    def gated_delta(
+        self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict, batch: Batch
+    ) -> Any:
+        c, cp, ops = self.config, self.cp, self.ops
+        R, S = mixed.shape[0], len(batch.segments)
+        Hk, Hv = c.linear_num_key_heads, c.linear_num_value_heads
+        dk, dv, K = c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim
+        assert dk == 128 and dv % 4 == 0, "the DeltaNet kernels assume key head dim 128"
+        f = cp.float32
+        outs = (
+            self.take((R, Hk * dk), f),
+            self.take((R, Hk * dk), f),
+            self.take((R, Hv * dv), f),
+            self.take((R, Hv), f),
+            self.take((R, Hv), f),
+        )
+        _, row_slot, row_tl, _ = self._meta_rows(R)
+        cstate = self.conv[layer]
+        ops.gdn_prep(
+            mixed,
+            weights["conv1d"],
+            cstate,
+            a,
+            b,
+            weights["A_log"],
+            weights["dt_bias"],
+            row_slot,
+            row_tl,
+            outs,
+            (Hk, Hv, dk, dv, K),
+        )
+        segs = self._segs(S)
+        ops.gdn_conv_state(mixed, cstate, segs, S, c.conv_dim, K)
+        o = self.take((R, Hv * dv), f)
+        q, k, v, g, beta = outs
+        ops.gdn_scan(q, k, v, g, beta, self.recurrent[layer], segs, S, o, Hk, Hv, dv)
+        y = self.take((R, Hv * dv))
+        ops.gdn_out(o, z, weights["norm"], y, Hv, dv, c.rms_norm_eps)
+        return y
+
+    # ----- sampling on the device ---------------------------------------------------------
+    def sample_greedy(self, logits: Any, out: Any = None) -> Any:
+        """argmax over the real vocabulary of each row, int32 on the device."""
+        if out is None:
+            out = self.take((logits.shape[0],), self.cp.int32)
+        self.ops.argmax(logits, min(self.nvalid, logits.shape[1]), out)
+        return out
+
+    def sample(
+        self, logits: Any, temperature: float, top_k: int, top_p: float, seed: int, out: Any = None
+    ) -> Any:
+        """top-k (at most 1024; 0 means 1024) then top-p sampling at `temperature`."""
+        if temperature <= 0:
+            return self.sample_greedy(logits, out)
+        if out is None:
+            out = self.take((logits.shape[0],), self.cp.int32)
+        k = 1024 if top_k <= 0 else min(top_k, 1024)
+        self.ops.sample(
+            logits,
+            min(self.nvalid, logits.shape[1]),
+            k,
+            top_p,
+            temperature,
+            seed,
+            self.counter,
+            out,
+        )
+        return out

@@ -1,0 +1,174 @@
+// Gated full attention: q/k RMSNorm + partial RoPE + KV-cache append (attn_prep), split-KV
+// decode (attn_decode + attn_combine, the output gate fused into the combine), and the prefill
+// pieces around cuBLAS (softmax_causal between the two products, attn_gate after them).
+//
+// Per-row metadata (int32, device memory, written before launch so a captured graph replays
+// with new values): pos[r] absolute position, row_slot[r] state slot, row_tl[r] index of the
+// row inside its segment, row_n[r] rows of that segment.
+// KV cache of one layer: [slots, Hkv, ctx, hd]. Query buffer: per segment starting at row0,
+// [Hq, rows, hd] at offset row0*Hq*hd (for one-row segments that is the plain [Hq, hd]).
+#include "common.cuh"
+
+extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* __restrict__ k,
+                                     const act_t* __restrict__ v, const float* __restrict__ qn,
+                                     const float* __restrict__ kn, const int* __restrict__ pos,
+                                     const int* __restrict__ row_slot, const int* __restrict__ row_tl,
+                                     const int* __restrict__ row_n, act_t* __restrict__ qout,
+                                     act_t* __restrict__ kc, act_t* __restrict__ vc, int Hq, int Hkv,
+                                     int hd, int rot, int ctx, double theta, float eps) {
+  extern __shared__ float buf[];
+  __shared__ float red[32];
+  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const bool isq = h < Hq;
+  const int kvh = isq ? h / (Hq / Hkv) : h - Hq;
+  const act_t* src = isq ? qg + (long)r * Hq * 2 * hd + (long)h * 2 * hd : k + (long)r * Hkv * hd + kvh * hd;
+  float x = ld(src + d);
+  float inv = rsqrtf(block_sum(x * x, red) / hd + eps);
+  x = x * inv * (isq ? qn[d] : kn[d]);
+  buf[d] = x;
+  __syncthreads();
+  const int p = pos[r], half = rot / 2;
+  if (d < rot) {
+    int j = d < half ? d : d - half;
+    double inv_freq = 1.0 / pow(theta, (double)(2 * j) / rot);
+    double a = (double)p * inv_freq;
+    float c = (float)cos(a), s = (float)sin(a);
+    x = d < half ? buf[d] * c - buf[d + half] * s : buf[d] * c + buf[d - half] * s;
+  }
+  if (isq) {
+    long row0 = r - row_tl[r];
+    qout[row0 * Hq * hd + ((long)h * row_n[r] + row_tl[r]) * hd + d] = mk(x);
+  } else {
+    long off = (((long)row_slot[r] * Hkv + kvh) * ctx + p) * hd + d;
+    kc[off] = mk(x);
+    vc[off] = v[(long)r * Hkv * hd + kvh * hd + d];
+  }
+}
+
+template <int DPL>
+__device__ __forceinline__ void load_dpl(const act_t* __restrict__ p, float* out) {
+  if constexpr ((DPL * sizeof(act_t)) % 16 == 0) {
+    load_vec<DPL>(p, out);
+  } else {
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) out[i] = ld(p + i);
+  }
+}
+
+// grid (nsplit_max, Hkv, R), 128 threads. Split s covers keys [s*split, (s+1)*split) of the
+// row's len = pos + 1 keys; splits past the end exit. Writes partial o and (max, sum).
+template <int DPL>
+__global__ void __launch_bounds__(128)
+attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act_t* __restrict__ vc,
+            const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
+            float* __restrict__ pml, int Hq, int Hkv, int ctx, int split, int nsmax, float scale) {
+  constexpr int HD = DPL * 32, GM = 8, NW = 4;
+  __shared__ float sm_o[NW][GM][HD];
+  __shared__ float sm_m[NW][GM], sm_l[NW][GM];
+  const int s = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
+  const int len = pos[r] + 1, k0 = s * split;
+  if (k0 >= len) return;
+  const int k1 = min(len, k0 + split);
+  const int gq = Hq / Hkv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float qv[GM][DPL], o[GM][DPL], m[GM], l[GM];
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    m[g] = -INFINITY; l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) { o[g][i] = 0.f; qv[g][i] = 0.f; }
+    if (g < gq) {
+      load_dpl<DPL>(q + ((long)r * Hq + kvh * gq + g) * HD + lane * DPL, qv[g]);
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) qv[g][i] *= scale;
+    }
+  }
+  const long base = ((long)row_slot[r] * Hkv + kvh) * ctx * HD;
+  for (int j = k0 + warp; j < k1; j += NW) {
+    float kv[DPL], vv[DPL];
+    load_dpl<DPL>(kc + base + (long)j * HD + lane * DPL, kv);
+    load_dpl<DPL>(vc + base + (long)j * HD + lane * DPL, vv);
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      if (g < gq) {
+        float sc = 0.f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) sc = fmaf(qv[g][i], kv[i], sc);
+        sc = warp_sum(sc);
+        float mn = fmaxf(m[g], sc), corr = expf(m[g] - mn), p = expf(sc - mn);
+        l[g] = l[g] * corr + p;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) o[g][i] = fmaf(p, vv[i], o[g][i] * corr);
+        m[g] = mn;
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    if (g < gq) {
+      if (lane == 0) { sm_m[warp][g] = m[g]; sm_l[warp][g] = l[g]; }
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) sm_o[warp][g][lane * DPL + i] = o[g][i];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < gq * HD; idx += blockDim.x) {
+    int g = idx / HD, d = idx % HD;
+    float M = -INFINITY;
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w][g]);
+    float L = 0.f, acc = 0.f;
+    for (int w = 0; w < NW; ++w) {
+      float e = sm_m[w][g] == -INFINITY ? 0.f : expf(sm_m[w][g] - M);
+      L += sm_l[w][g] * e;
+      acc += sm_o[w][g][d] * e;
+    }
+    long hrow = ((long)r * Hq + kvh * gq + g) * nsmax + s;
+    po[hrow * HD + d] = acc;
+    if (d == 0) { pml[hrow * 2] = M; pml[hrow * 2 + 1] = L; }
+  }
+}
+
+// grid (R, Hq), hd threads: merge the splits, normalise, multiply by sigmoid(gate).
+extern "C" __global__ void attn_combine(const float* __restrict__ po, const float* __restrict__ pml,
+                                        const act_t* __restrict__ qg, const int* __restrict__ pos,
+                                        act_t* __restrict__ out, int Hq, int hd, int split, int nsmax) {
+  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const int ns = (pos[r] + split) / split;  // ceil((pos + 1) / split)
+  const long hrow = ((long)r * Hq + h) * nsmax;
+  float M = -INFINITY;
+  for (int s = 0; s < ns; ++s) M = fmaxf(M, pml[(hrow + s) * 2]);
+  float L = 0.f, acc = 0.f;
+  for (int s = 0; s < ns; ++s) {
+    float e = expf(pml[(hrow + s) * 2] - M);
+    L += pml[(hrow + s) * 2 + 1] * e;
+    acc += po[(hrow + s) * hd + d] * e;
+  }
+  float gate = ld(qg + (long)r * Hq * 2 * hd + (long)h * 2 * hd + hd + d);
+  st(out + (long)r * Hq * hd + (long)h * hd + d, acc / L * sigmoid_f(gate));
+}
+
+// Row i of the scores is query (head h, local row t) = (i / tq, t0 + i % tq); it sees keys
+// j <= start + t. P = softmax over the visible keys, zero elsewhere. One block per row.
+extern "C" __global__ void softmax_causal(const float* __restrict__ S, act_t* __restrict__ P, int tq,
+                                          int t0, int start, int L) {
+  __shared__ float red[32];
+  const long i = blockIdx.x;
+  const int lim = min(L, start + t0 + (int)(i % tq) + 1);
+  const float* sr = S + i * L;
+  act_t* pr = P + i * L;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < lim; j += blockDim.x) mx = fmaxf(mx, sr[j]);
+  mx = block_max(mx, red);
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < lim; j += blockDim.x) sum += expf(sr[j] - mx);
+  float inv = 1.f / block_sum(sum, red);
+  for (int j = threadIdx.x; j < L; j += blockDim.x) st(pr + j, j < lim ? expf(sr[j] - mx) * inv : 0.f);
+}
+
+// grid (rows, Hq), hd threads: out[row0 + t, h, :] = O[h, t, :] * sigmoid(gate).
+extern "C" __global__ void attn_gate(const act_t* __restrict__ O, const act_t* __restrict__ qg,
+                                     act_t* __restrict__ out, int rows, int row0, int Hq, int hd) {
+  const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const long r = row0 + t;
+  float gate = ld(qg + r * Hq * 2 * hd + (long)h * 2 * hd + hd + d);
+  st(out + r * Hq * hd + (long)h * hd + d, ld(O + ((long)h * rows + t) * hd + d) * sigmoid_f(gate));
+}

@@ -1,0 +1,88 @@
+// Shared helpers. ACT_KIND picks the activation storage type at compile time:
+// 0 = float, 1 = fp16, 2 = bf16. Half types are stored as raw 16-bit words and converted
+// with PTX cvt, so no CUDA headers are needed under NVRTC. All math is fp32.
+#pragma once
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef ACT_KIND
+#define ACT_KIND 2
+#endif
+
+__device__ __forceinline__ float h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ unsigned short f2h(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ float b2f(unsigned short h) {
+  return __uint_as_float(((unsigned)h) << 16);
+}
+__device__ __forceinline__ unsigned short f2b(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+
+#if ACT_KIND == 0
+typedef float act_t;
+__device__ __forceinline__ float ld(const act_t* p) { return *p; }
+__device__ __forceinline__ float cv(act_t v) { return v; }
+__device__ __forceinline__ act_t mk(float v) { return v; }
+#elif ACT_KIND == 1
+typedef unsigned short act_t;
+__device__ __forceinline__ float cv(act_t v) { return h2f(v); }
+__device__ __forceinline__ float ld(const act_t* p) { return h2f(*p); }
+__device__ __forceinline__ act_t mk(float v) { return f2h(v); }
+#else
+typedef unsigned short act_t;
+__device__ __forceinline__ float cv(act_t v) { return b2f(v); }
+__device__ __forceinline__ float ld(const act_t* p) { return b2f(*p); }
+__device__ __forceinline__ act_t mk(float v) { return f2b(v); }
+#endif
+__device__ __forceinline__ void st(act_t* p, float v) { *p = mk(v); }
+
+// Load N consecutive activations (16-byte aligned, N * sizeof(act_t) a multiple of 16).
+template <int N>
+__device__ __forceinline__ void load_vec(const act_t* __restrict__ p, float* out) {
+  constexpr int PER = 16 / sizeof(act_t);
+#pragma unroll
+  for (int i = 0; i < N / PER; ++i) {
+    uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + i);
+    const act_t* e = reinterpret_cast<const act_t*>(&u);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) out[i * PER + j] = cv(e[j]);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum; every thread gets the result. `red` needs 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? red[lane] : 0.f;
+  return warp_sum(t);
+}
+__device__ __forceinline__ float block_max(float v, float* red) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? red[lane] : -INFINITY;
+  return warp_max(t);
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }

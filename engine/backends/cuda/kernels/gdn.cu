@@ -1,0 +1,148 @@
+// Gated DeltaNet: conv + SiLU + l2-norm + gates (gdn_prep), conv-state update
+// (gdn_conv_state), the fp32 delta-rule scan (gdn_scan, one warp per NC state columns) and the
+// gated RMSNorm epilogue (gdn_out).
+//
+// Layouts: conv state of one layer [slots, K-1, C] (activation type, oldest tap first);
+// recurrent state of one layer [slots, Hv, dv, dk] fp32 (each value column contiguous over dk).
+// Segment metadata: seg_slot[s], seg_row0[s], seg_rows[s]; per row: row_slot[r], row_tl[r].
+#include "common.cuh"
+
+// grid (R, 2*Hk + Hv + 1), 128 threads. Blocks [0, Hk) write normalised, scaled q heads,
+// [Hk, 2Hk) normalised k heads, then v heads; the last block computes g and beta.
+extern "C" __global__ void gdn_prep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
+                                    const act_t* __restrict__ cstate, const act_t* __restrict__ a,
+                                    const act_t* __restrict__ b, const float* __restrict__ A_log,
+                                    const float* __restrict__ dt_bias, const int* __restrict__ row_slot,
+                                    const int* __restrict__ row_tl, float* __restrict__ qo,
+                                    float* __restrict__ ko, float* __restrict__ vo,
+                                    float* __restrict__ go, float* __restrict__ bo, int Hk, int Hv,
+                                    int dk, int dv, int K) {
+  __shared__ float red[32];
+  const int r = blockIdx.x, y = blockIdx.y, tid = threadIdx.x;
+  const int KD = Hk * dk, VD = Hv * dv, C = 2 * KD + VD;
+  if (y == 2 * Hk + Hv) {
+    for (int h = tid; h < Hv; h += blockDim.x) {
+      bo[(long)r * Hv + h] = sigmoid_f(ld(b + (long)r * Hv + h));
+      float x = ld(a + (long)r * Hv + h) + dt_bias[h];
+      float sp = x > 20.f ? x : log1pf(expf(x));
+      go[(long)r * Hv + h] = -expf(A_log[h]) * sp;
+    }
+    return;
+  }
+  int c0, n;
+  float* dst;
+  float post = 1.f;
+  bool norm = true;
+  if (y < Hk) { c0 = y * dk; n = dk; dst = qo + (long)r * KD + y * dk; post = rsqrtf((float)dk); }
+  else if (y < 2 * Hk) { c0 = KD + (y - Hk) * dk; n = dk; dst = ko + (long)r * KD + (y - Hk) * dk; }
+  else { c0 = 2 * KD + (y - 2 * Hk) * dv; n = dv; dst = vo + (long)r * VD + (y - 2 * Hk) * dv; norm = false; }
+  const int tl = row_tl[r];
+  const act_t* cs = cstate + (long)row_slot[r] * (K - 1) * C;
+  float vals[4];
+  float ss = 0.f;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    int i = tid + u * blockDim.x;
+    vals[u] = 0.f;
+    if (i < n) {
+      int c = c0 + i;
+      float acc = 0.f;
+      for (int j = 0; j < K; ++j) {
+        int tau = tl - (K - 1) + j;
+        float val = tau >= 0 ? ld(mixed + (long)(r - tl + tau) * C + c) : ld(cs + (long)(K - 1 + tau) * C + c);
+        acc = fmaf(conv_w[(long)c * K + j], val, acc);
+      }
+      vals[u] = silu_f(acc);
+      ss += vals[u] * vals[u];
+    }
+  }
+  float scale = 1.f;
+  if (norm) scale = rsqrtf(block_sum(ss, red) + 1e-6f) * post;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    int i = tid + u * blockDim.x;
+    if (i < n) dst[i] = vals[u] * scale;
+  }
+}
+
+// grid (ceil(C/256), S), 256 threads: keep the last K-1 pre-conv inputs of each segment.
+extern "C" __global__ void gdn_conv_state(const act_t* __restrict__ mixed, act_t* __restrict__ cstate,
+                                          const int* __restrict__ seg_slot, const int* __restrict__ seg_row0,
+                                          const int* __restrict__ seg_rows, int C, int K) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
+  if (c >= C) return;
+  const int rows = seg_rows[s];
+  const long row0 = seg_row0[s];
+  act_t* cs = cstate + (long)seg_slot[s] * (K - 1) * C;
+  for (int i = 0; i < K - 1; ++i) {  // ascending: reads index rows + i >= i before it is written
+    int tau = rows - (K - 1) + i;
+    act_t val = tau >= 0 ? mixed[(row0 + tau) * C + c] : cs[(long)(K - 1 + tau) * C + c];
+    cs[(long)i * C + c] = val;
+  }
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) {
+  return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+// grid (Hv*dv / (NC*4), S), 128 threads (4 warps). dk = 128: each lane holds 4 entries of each
+// of the warp's NC columns. Per token: S <- e^g S; d = beta (v - S^T k); S += k d^T; o = S^T q.
+template <int NC>
+__global__ void __launch_bounds__(128)
+gdn_scan(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+         const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
+         const int* __restrict__ seg_slot, const int* __restrict__ seg_row0,
+         const int* __restrict__ seg_rows, float* __restrict__ o, int Hk, int Hv, int dv) {
+  constexpr int DK = 128;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int col = (blockIdx.x * 4 + warp) * NC;
+  const int h = col / dv, j0 = col % dv, s = blockIdx.y;
+  const int kh = h / (Hv / Hk), rows = seg_rows[s];
+  const long row0 = seg_row0[s];
+  float* sp = state + (((long)seg_slot[s] * Hv + h) * dv + j0) * DK;
+  float4 S[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) S[c] = reinterpret_cast<float4*>(sp + c * DK)[lane];
+  const int KD = Hk * DK, VD = Hv * dv;
+  for (int t = 0; t < rows; ++t) {
+    const long r = row0 + t;
+    float4 kk = reinterpret_cast<const float4*>(k + r * KD + kh * DK)[lane];
+    float4 qq = reinterpret_cast<const float4*>(q + r * KD + kh * DK)[lane];
+    float decay = expf(g[r * Hv + h]), bt = beta[r * Hv + h];
+    float vj[NC], sk[NC], sq[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      vj[c] = v[r * VD + h * dv + j0 + c];
+      sk[c] = warp_sum(dot4(S[c], kk));
+      sq[c] = warp_sum(dot4(S[c], qq));
+    }
+    float kq = warp_sum(dot4(kk, qq));
+    float out = 0.f;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float delta = bt * (vj[c] - decay * sk[c]);
+      S[c].x = fmaf(kk.x, delta, decay * S[c].x);
+      S[c].y = fmaf(kk.y, delta, decay * S[c].y);
+      S[c].z = fmaf(kk.z, delta, decay * S[c].z);
+      S[c].w = fmaf(kk.w, delta, decay * S[c].w);
+      float oc = decay * sq[c] + delta * kq;
+      if (lane == c) out = oc;
+    }
+    if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
+  }
+#pragma unroll
+  for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * DK)[lane] = S[c];
+}
+
+// grid (R, Hv), 128 threads: y = rms(o) * w * silu(z) per value head.
+extern "C" __global__ void gdn_out(const float* __restrict__ o, const act_t* __restrict__ z,
+                                   const float* __restrict__ w, act_t* __restrict__ y, int Hv, int dv,
+                                   float eps) {
+  __shared__ float red[32];
+  const long base = (long)blockIdx.x * Hv * dv + (long)blockIdx.y * dv;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dv; i += blockDim.x) { float x = o[base + i]; ss += x * x; }
+  float inv = rsqrtf(block_sum(ss, red) / dv + eps);
+  for (int i = threadIdx.x; i < dv; i += blockDim.x)
+    st(y + base + i, o[base + i] * inv * w[i] * silu_f(ld(z + base + i)));
+}

@@ -1,0 +1,145 @@
+// Token selection on the device: greedy argmax and top-k / top-p sampling, one block per row.
+// Results go to an int32 buffer that the next decode step reads as its input ids, so a
+// graph-replayed decode loop needs no host round trip.
+#include "common.cuh"
+
+// grid (S), 1024 threads. out[s] = argmax_j<nvalid logits[s, j] (lowest index on ties).
+extern "C" __global__ void argmax_rows(const act_t* __restrict__ logits, int ldl, int nvalid,
+                                       int* __restrict__ out) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const act_t* row = logits + (long)blockIdx.x * ldl;
+  float best = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int j = threadIdx.x; j < nvalid; j += blockDim.x) {
+    float x = ld(row + j);
+    if (x > best) { best = x; bi = j; }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) { sv[warp] = best; si[warp] = bi; }
+  __syncthreads();
+  if (warp == 0) {
+    best = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+    bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+  }
+}
+
+// Every position advances by one (decode chaining inside a graph).
+extern "C" __global__ void advance_positions(int* __restrict__ pos, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) pos[i] += 1;
+}
+
+__device__ __forceinline__ unsigned okey(float f) {
+  unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ unsigned long long mix64(unsigned long long x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+#define CAP 1024
+// grid (S), 1024 threads. Keeps the top_k (1..1024) logits, scales by 1/temperature, keeps the
+// smallest prefix whose probability reaches top_p, draws one. counter[s] advances per call.
+extern "C" __global__ void __launch_bounds__(1024)
+sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_k, float top_p,
+                 float temperature, unsigned long long seed, unsigned* __restrict__ counter,
+                 int* __restrict__ out) {
+  __shared__ unsigned hist[256];
+  __shared__ unsigned sh_prefix, sh_krem, sh_n;
+  __shared__ float cv_[CAP];
+  __shared__ int ci[CAP];
+  const act_t* row = logits + (long)blockIdx.x * ldl;
+  const int tid = threadIdx.x;
+  const int k = max(1, min(top_k, min(CAP, nvalid)));
+  unsigned prefix = 0, mask = 0, krem = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    for (int j = tid; j < nvalid; j += blockDim.x) {
+      unsigned key = okey(ld(row + j));
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      unsigned cum = 0;
+      for (int b = 255; b >= 0; --b) {
+        if (cum + hist[b] >= krem) { sh_prefix = prefix | ((unsigned)b << shift); sh_krem = krem - cum; break; }
+        cum += hist[b];
+      }
+      sh_n = 0;
+    }
+    __syncthreads();
+    prefix = sh_prefix; krem = sh_krem; mask |= 255u << shift;
+    __syncthreads();
+  }
+  // prefix is the k-th largest key: take every key above it and krem keys equal to it.
+  __shared__ unsigned sh_eq;
+  if (tid == 0) sh_eq = 0;
+  cv_[tid] = -INFINITY; ci[tid] = 0x7fffffff;
+  __syncthreads();
+  for (int j = tid; j < nvalid; j += blockDim.x) {
+    float x = ld(row + j);
+    unsigned key = okey(x);
+    bool take = key > prefix;
+    if (key == prefix) take = atomicAdd(&sh_eq, 1u) < krem;
+    if (take) { unsigned p = atomicAdd(&sh_n, 1u); if (p < CAP) { cv_[p] = x; ci[p] = j; } }
+  }
+  __syncthreads();
+  // Bitonic sort, descending by value (ties: lower index first).
+  for (int size = 2; size <= CAP; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      int p = tid ^ stride;
+      if (p > tid) {
+        bool desc = (tid & size) == 0;
+        float a = cv_[tid], b = cv_[p];
+        int ia = ci[tid], ib = ci[p];
+        bool a_first = a > b || (a == b && ia < ib);
+        if (desc != a_first) { cv_[tid] = b; cv_[p] = a; ci[tid] = ib; ci[p] = ia; }
+      }
+      __syncthreads();
+    }
+  }
+  // Probabilities (unnormalised) and their inclusive prefix sum, in place.
+  float top = cv_[0];
+  float pr = tid < k ? expf((cv_[tid] - top) / temperature) : 0.f;
+  __syncthreads();
+  cv_[tid] = pr;
+  __syncthreads();
+  for (int off = 1; off < CAP; off <<= 1) {
+    float add = tid >= off ? cv_[tid - off] : 0.f;
+    __syncthreads();
+    cv_[tid] += add;
+    __syncthreads();
+  }
+  const float total = cv_[k - 1];
+  // Smallest n with cum[n-1] >= top_p * total.
+  if (tid == 0) sh_n = k;
+  __syncthreads();
+  if (tid < k && cv_[tid] >= top_p * total && (tid == 0 || cv_[tid - 1] < top_p * total)) sh_n = tid + 1;
+  __syncthreads();
+  const int n = sh_n;
+  unsigned c = counter[blockIdx.x];
+  unsigned long long h = mix64(seed ^ mix64(((unsigned long long)blockIdx.x << 32) | c));
+  float u = (float)((h >> 40) * (1.0 / 16777216.0)) * cv_[n - 1];
+  float lo = tid == 0 ? 0.f : cv_[tid - 1];
+  if (tid < n && u >= lo && (u < cv_[tid] || tid == n - 1)) out[blockIdx.x] = ci[tid];
+  __syncthreads();
+  if (tid == 0) counter[blockIdx.x] = c + 1;
+}

@@ -1,0 +1,308 @@
+"""Thin wrappers over the kernels: argument marshalling, grid shapes, nothing else.
+
+`Ops(dtype)` binds one activation dtype ('bfloat16', 'float16' or 'float32'). Output
+buffers are passed in by the caller (carved from scratch), so every wrapper is safe inside a
+CUDA-graph capture. Half-precision arrays are CuPy float16, bf16 arrays are stored as uint16.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from engine.backends.cuda import blas
+from engine.backends.cuda.modules import function
+from engine.backends.cuda.weights import DWeight, QWeight
+
+i32, f32 = np.int32, np.float32
+GEMV_MAX_ROWS = 8
+GRID_CAP = 132 * 16  # blocks for grid-stride kernels
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Ops:
+    def __init__(self, dtype: str):
+        import cupy
+
+        if dtype not in blas.TYPES:
+            raise ValueError(f"dtype {dtype!r}: choose bfloat16, float16 or float32")
+        self.dtype = dtype
+        self.act_dtype = {
+            "float32": cupy.float32,
+            "float16": cupy.float16,
+            "bfloat16": cupy.uint16,
+        }[dtype]
+        self.act_itemsize = 4 if dtype == "float32" else 2
+        self.cuda_type = blas.TYPES[dtype]
+
+    def k(self, file: str, symbol: str) -> Any:
+        return function(file, symbol, self.dtype)
+
+    # ----- conversions ----------------------------------------------------------------------
+    def convert(self, kind: str, src: Any, dst: Any) -> None:
+        n = src.size
+        self.k("quant.cu", kind)((min(_cdiv(n, 256), GRID_CAP),), (256,), (src, dst, np.int64(n)))
+
+    def to_f32(self, x: Any, out: Any) -> None:
+        self.convert("to_f32", x, out)
+
+    # ----- projections ------------------------------------------------------------------------
+    def gemv_ok(self, w: Any, rows: int) -> bool:
+        if rows > GEMV_MAX_ROWS:
+            return False
+        cols = w.shape[1]
+        if isinstance(w, QWeight):
+            return (cols * w.bits) % 128 == 0
+        return (cols * self.act_itemsize) % 16 == 0
+
+    def gemv(self, x: Any, w: Any, out: Any, up: Any = None) -> None:
+        """out[m] = x[m] @ w.T for m < rows <= 8; with `up`, out = silu(x@w.T) * (x@up.T)."""
+        R, cols = x.shape
+        n_out = w.shape[0]
+        swiglu = up is not None
+        rpw = 2 if (swiglu or n_out >= 8192) else 1
+        bits = w.bits if isinstance(w, QWeight) else 0
+        sym = f"gemv<{bits},{R},{rpw},{'true' if swiglu else 'false'}>"
+        groups = n_out if swiglu else _cdiv(n_out, rpw)
+        grid = (max(1, min(_cdiv(groups, 8), GRID_CAP)),)
+        a = self._wargs(w)
+        b = self._wargs(up) if swiglu else a
+        g = w.group_size if bits else 64
+        self.k("gemv.cu", sym)(
+            grid,
+            (256,),
+            (*a, *b, x, i32(cols), out, i32(out.shape[1]), i32(n_out), i32(cols), i32(g)),
+        )
+
+    @staticmethod
+    def _wargs(w: Any) -> tuple[Any, Any, Any]:
+        if isinstance(w, QWeight):
+            return w.packed, w.scales, w.biases
+        return w.data, w.data, w.data  # scales/biases unused for dense weights
+
+    def dequant(self, w: QWeight, out: Any) -> None:
+        nwords = w.packed.size
+        self.k("quant.cu", f"dequant<{w.bits}>")(
+            (min(_cdiv(nwords, 256), GRID_CAP * 4),),
+            (256,),
+            (
+                w.packed,
+                w.scales,
+                w.biases,
+                out,
+                np.int64(nwords),
+                i32(w.shape[1]),
+                i32(w.group_size),
+            ),
+        )
+
+    def gemm(self, x: Any, wt: Any, out: Any) -> None:
+        """out[R, n] = x[R, k] @ wt[n, k].T with cuBLAS (wt dense, activation type)."""
+        R, kdim = x.shape
+        n = wt.shape[0]
+        t = self.cuda_type
+        blas.matmul(
+            x.data.ptr,
+            t,
+            kdim,
+            wt.data.ptr,
+            t,
+            kdim,
+            True,
+            out.data.ptr,
+            t,
+            out.shape[1],
+            R,
+            n,
+            kdim,
+        )
+
+    def embedding(self, table: Any, ids: Any, out: Any) -> None:
+        R, cols = out.shape
+        if isinstance(table, QWeight):
+            self.k("quant.cu", f"embed_q<{table.bits}>")(
+                (R,),
+                (256,),
+                (
+                    table.packed,
+                    table.scales,
+                    table.biases,
+                    ids,
+                    out,
+                    i32(cols),
+                    i32(table.group_size),
+                ),
+            )
+        else:
+            data = table.data if isinstance(table, DWeight) else table
+            self.k("quant.cu", "embed_dense")((R,), (256,), (data, ids, out, i32(cols)))
+
+    def gather_rows(self, x: Any, rows: Any, out: Any) -> None:
+        self.k("quant.cu", "gather_rows")((out.shape[0],), (256,), (x, rows, out, i32(x.shape[1])))
+
+    # ----- norms and elementwise -----------------------------------------------------------
+    def rms_norm(self, x: Any, w: Any, out: Any, eps: float) -> None:
+        R, n = x.shape
+        self.k("norm.cu", "rms_norm")(
+            (R,), (min(1024, _cdiv(n, 32) * 32),), (x, w, out, i32(n), f32(eps))
+        )
+
+    def add_rms_norm(self, x: Any, d: Any, w: Any, out: Any, h: Any, eps: float) -> None:
+        R, n = x.shape
+        self.k("norm.cu", "add_rms_norm")(
+            (R,), (min(1024, _cdiv(n, 32) * 32),), (x, d, w, out, h, i32(n), f32(eps))
+        )
+
+    def swiglu(self, g: Any, u: Any, out: Any) -> None:
+        n = g.size
+        self.k("norm.cu", "swiglu")(
+            (min(_cdiv(n, 256), GRID_CAP),), (256,), (g, u, out, np.int64(n))
+        )
+
+    # ----- attention --------------------------------------------------------------------------
+    def attn_prep(self, qg, k, v, qn, kn, meta, qout, kc, vc, heads, rot, ctx, theta, eps):
+        Hq, Hkv, hd = heads
+        R = qg.shape[0]
+        pos, row_slot, row_tl, row_n = meta
+        self.k("attention.cu", "attn_prep")(
+            (R, Hq + Hkv),
+            (hd,),
+            (
+                qg,
+                k,
+                v,
+                qn,
+                kn,
+                pos,
+                row_slot,
+                row_tl,
+                row_n,
+                qout,
+                kc,
+                vc,
+                i32(Hq),
+                i32(Hkv),
+                i32(hd),
+                i32(rot),
+                i32(ctx),
+                np.float64(theta),
+                f32(eps),
+            ),
+            shared_mem=hd * 4,
+        )
+
+    def attn_decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, split, nsmax):
+        Hq, Hkv, hd = heads
+        R = q.shape[0]
+        self.k("attention.cu", f"attn_decode<{hd // 32}>")(
+            (nsmax, Hkv, R),
+            (128,),
+            (
+                q,
+                kc,
+                vc,
+                pos,
+                row_slot,
+                po,
+                pml,
+                i32(Hq),
+                i32(Hkv),
+                i32(ctx),
+                i32(split),
+                i32(nsmax),
+                f32(hd**-0.5),
+            ),
+        )
+
+    def attn_combine(self, po, pml, qg, pos, out, heads, split, nsmax):
+        Hq, _, hd = heads
+        self.k("attention.cu", "attn_combine")(
+            (out.shape[0], Hq),
+            (hd,),
+            (po, pml, qg, pos, out, i32(Hq), i32(hd), i32(split), i32(nsmax)),
+        )
+
+    def softmax_causal(self, scores, probs, tq, t0, start, L):
+        rows = scores.size // L
+        self.k("attention.cu", "softmax_causal")(
+            (rows,), (256,), (scores, probs, i32(tq), i32(t0), i32(start), i32(L))
+        )
+
+    def attn_gate(self, o, qg, out, rows, row0, Hq, hd):
+        self.k("attention.cu", "attn_gate")(
+            (rows, Hq), (hd,), (o, qg, out, i32(rows), i32(row0), i32(Hq), i32(hd))
+        )
+
+    # ----- gated deltanet ---------------------------------------------------------------------
+    def gdn_prep(self, mixed, conv_w, cstate, a, b, A_log, dt_bias, row_slot, row_tl, outs, dims):
+        Hk, Hv, dk, dv, K = dims
+        R = mixed.shape[0]
+        self.k("gdn.cu", "gdn_prep")(
+            (R, 2 * Hk + Hv + 1),
+            (128,),
+            (
+                mixed,
+                conv_w,
+                cstate,
+                a,
+                b,
+                A_log,
+                dt_bias,
+                row_slot,
+                row_tl,
+                *outs,
+                i32(Hk),
+                i32(Hv),
+                i32(dk),
+                i32(dv),
+                i32(K),
+            ),
+        )
+
+    def gdn_conv_state(self, mixed, cstate, segs, n_segs, C, K):
+        self.k("gdn.cu", "gdn_conv_state")(
+            (_cdiv(C, 256), n_segs), (256,), (mixed, cstate, *segs, i32(C), i32(K))
+        )
+
+    def gdn_scan(self, q, k, v, g, beta, state, segs, n_segs, o, Hk, Hv, dv):
+        nc = 4
+        self.k("gdn.cu", f"gdn_scan<{nc}>")(
+            (Hv * dv // (nc * 4), n_segs),
+            (128,),
+            (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv)),
+        )
+
+    def gdn_out(self, o, z, w, y, Hv, dv, eps):
+        self.k("gdn.cu", "gdn_out")(
+            (o.shape[0], Hv), (128,), (o, z, w, y, i32(Hv), i32(dv), f32(eps))
+        )
+
+    # ----- sampling ---------------------------------------------------------------------------
+    def argmax(self, logits, nvalid, out):
+        self.k("sample.cu", "argmax_rows")(
+            (logits.shape[0],), (1024,), (logits, i32(logits.shape[1]), i32(nvalid), out)
+        )
+
+    def advance(self, pos, n):
+        self.k("sample.cu", "advance_positions")((_cdiv(n, 256),), (256,), (pos, i32(n)))
+
+    def sample(self, logits, nvalid, top_k, top_p, temperature, seed, counter, out):
+        self.k("sample.cu", "sample_topk_topp")(
+            (logits.shape[0],),
+            (1024,),
+            (
+                logits,
+                i32(logits.shape[1]),
+                i32(nvalid),
+                i32(top_k),
+                f32(top_p),
+                f32(temperature),
+                np.uint64(seed),
+                counter,
+                out,
+            ),
+        )

@@ -1,0 +1,147 @@
+"""Weights on the device: one arena allocated at load, carved into every tensor.
+
+Quantized matrices stay packed (uint32 codes) with scales and biases in the activation type;
+dense matrices are stored in the activation type (bf16 stays bf16); norms, conv1d, A_log and
+dt_bias are small and kept in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.backends.cuda.scratch import ALIGN
+
+SMALL_SUFFIXES = ("norm", "layernorm", "conv1d", "A_log", "dt_bias")
+
+
+@dataclass
+class QWeight:
+    """An MLX affine-quantized `[out, in]` matrix on the device."""
+
+    packed: Any  # uint32 [out, in*bits/32]
+    scales: Any  # act [out, in/group]
+    biases: Any  # act [out, in/group]
+    bits: int
+    group_size: int
+    shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes + self.biases.nbytes
+
+
+@dataclass
+class DWeight:
+    """A dense `[out, in]` matrix in the activation type."""
+
+    data: Any
+    shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+def _is_small(name: str, shape: tuple[int, ...]) -> bool:
+    return len(shape) == 1 or name.endswith(SMALL_SUFFIXES)
+
+
+def _padded(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def plan_bytes(checkpoint: Any, act_itemsize: int) -> dict[str, int]:
+    """Arena bytes per tensor name (what `upload` will carve), without touching the device."""
+    sizes: dict[str, int] = {}
+    for name, info in checkpoint.tensors.items():
+        if name.startswith("mtp."):
+            continue
+        shape = tuple(info.shape)
+        if info.quant is not None:
+            out, cols = shape
+            groups = cols // info.quant.group_size
+            sizes[name] = _padded(out * cols * info.quant.bits // 8) + 2 * _padded(
+                out * groups * act_itemsize
+            )
+        elif _is_small(name, shape):
+            sizes[name] = _padded(int(np.prod(shape)) * 4)
+        else:
+            sizes[name] = _padded(int(np.prod(shape)) * act_itemsize)
+    return sizes
+
+
+class Arena:
+    """One device block; `carve` hands out aligned views in order."""
+
+    def __init__(self, nbytes: int):
+        import cupy
+
+        self.block = cupy.empty(max(nbytes, ALIGN), dtype=cupy.uint8)
+        self.offset = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.block.nbytes
+
+    def carve(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        import cupy
+
+        dt = cupy.dtype(dtype)
+        n = int(np.prod(shape)) * dt.itemsize
+        start = self.offset
+        self.offset += _padded(n)
+        assert self.offset <= self.block.nbytes, (self.offset, self.block.nbytes)
+        return self.block[start : start + n].view(dt).reshape(shape)
+
+
+def _convert_into(ops: Any, raw: np.ndarray, dst: Any) -> None:
+    """Upload a host array (bf16 as uint16, f16 or f32) and convert it into `dst`."""
+    import cupy
+
+    if raw.dtype == np.uint16:
+        kind = "from_bf16"
+    elif raw.dtype == np.float16:
+        kind = "from_f16"
+    else:
+        raw = raw.astype(np.float32, copy=False)
+        kind = "from_f32"
+    tmp = cupy.asarray(np.ascontiguousarray(raw))
+    ops.convert(kind, tmp.reshape(-1), dst.reshape(-1))
+
+
+def upload(checkpoint: Any, ops: Any) -> tuple[dict[str, Any], Arena]:
+    """Upload every tensor the forward reads into one arena; return name -> device weight."""
+    import cupy
+
+    sizes = plan_bytes(checkpoint, ops.act_itemsize)
+    arena = Arena(sum(sizes.values()))
+    weights: dict[str, Any] = {}
+    for name in sizes:
+        info = checkpoint.tensors[name]
+        shape = tuple(info.shape)
+        if info.quant is not None:
+            packed, scales, biases = checkpoint.read_raw(name)
+            out, cols = shape
+            groups = cols // info.quant.group_size
+            dp = arena.carve((out, cols * info.quant.bits // 32), cupy.uint32)
+            dp.set(np.ascontiguousarray(packed).view(np.uint32).reshape(dp.shape))
+            ds = arena.carve((out, groups), ops.act_dtype)
+            db = arena.carve((out, groups), ops.act_dtype)
+            _convert_into(ops, np.asarray(scales).reshape(out, groups), ds)
+            _convert_into(ops, np.asarray(biases).reshape(out, groups), db)
+            weights[name] = QWeight(dp, ds, db, info.quant.bits, info.quant.group_size, shape)
+        elif _is_small(name, shape):
+            arr = np.ascontiguousarray(checkpoint.read(name), dtype=np.float32)
+            dst = arena.carve(arr.shape, cupy.float32)
+            dst.set(arr)
+            weights[name] = dst
+        else:
+            raw = np.asarray(checkpoint.read_raw(name))
+            dst = arena.carve(shape, ops.act_dtype)
+            _convert_into(ops, raw.reshape(shape), dst)
+            weights[name] = DWeight(dst, shape) if len(shape) == 2 else dst
+    cupy.cuda.get_current_stream().synchronize()
+    return weights, arena

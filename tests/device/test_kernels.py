@@ -1,0 +1,247 @@
+"""Every kernel against its numpy reference, on odd and boundary sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.backends.base import Batch
+from engine.backends.numpy_backend import NumpyBackend, silu
+from engine.checkpoint.quantized import QuantizedTensor
+from engine.config import parse_config
+
+SIZES = [1, 2, 17, 31, 33, 256, 2048]
+TOL = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 4e-3}
+
+
+def _backend(dtype="float32", **kw):
+    from engine.backends.cuda.backend import CudaBackend
+
+    return CudaBackend(dtype=dtype, **kw)
+
+
+def _up(be, x):
+    """Host float32 -> device array of the backend's activation type."""
+    import cupy
+
+    from engine.backends.cuda.synth import to_bf16
+
+    if be.dtype == "bfloat16":
+        return cupy.asarray(to_bf16(x))
+    return cupy.asarray(x.astype(be.ops.act_dtype))
+
+
+def _quant_weight(be, out, cols, bits, rng):
+    import cupy
+
+    from engine.backends.cuda.synth import from_bf16, quantize_affine
+    from engine.backends.cuda.weights import QWeight
+
+    w = rng.standard_normal((out, cols)).astype(np.float32) * 0.1
+    p, s, b = quantize_affine(w, bits, 64)
+    ref = QuantizedTensor(p, from_bf16(s), from_bf16(b), bits, 64, (out, cols))
+    scales = cupy.empty(s.shape, be.ops.act_dtype)
+    biases = cupy.empty(s.shape, be.ops.act_dtype)
+    be.ops.convert("from_bf16", cupy.asarray(s).reshape(-1), scales.reshape(-1))
+    be.ops.convert("from_bf16", cupy.asarray(b).reshape(-1), biases.reshape(-1))
+    return QWeight(cupy.asarray(p), scales, biases, bits, 64, (out, cols)), ref.dequantize()
+
+
+def _rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-6))
+
+
+def _round(be, x):
+    """What the activation type can hold of x (so references start from the same inputs)."""
+    from engine.backends.cuda.synth import from_bf16, to_bf16
+
+    if be.dtype == "bfloat16":
+        return from_bf16(to_bf16(x))
+    return x.astype(be.ops.act_dtype).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("bits", [4, 8, 0])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 17, 33])
+def test_linear(dtype, bits, rows):
+    import cupy
+
+    from engine.backends.cuda.weights import DWeight
+
+    be = _backend(dtype)
+    rng = np.random.default_rng(rows + bits)
+    for out, cols in [(1, 256), (17, 512), (31, 128), (33, 2048), (2048, 256), (256, 64)]:
+        if bits:
+            w, ref_w = _quant_weight(be, out, cols, bits, rng)
+        else:
+            ref_w = _round(be, rng.standard_normal((out, cols)).astype(np.float32) * 0.1)
+            w = DWeight(_up(be, ref_w), (out, cols))
+        x = _round(be, rng.standard_normal((rows, cols)).astype(np.float32))
+        be.scratch.reset()
+        y = be.to_host(be.linear(_up(be, x), w))
+        assert _rel(y, x @ ref_w.T) < TOL[dtype], (out, cols)
+    cupy.cuda.get_current_stream().synchronize()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows", [1, 2, 17])
+def test_mlp_swiglu(dtype, rows):
+    be = _backend(dtype)
+    rng = np.random.default_rng(7)
+    H, inter = 256, 512
+    g, gr = _quant_weight(be, inter, H, 4, rng)
+    u, ur = _quant_weight(be, inter, H, 4, rng)
+    d, dr = _quant_weight(be, H, inter, 4, rng)
+    x = _round(be, rng.standard_normal((rows, H)).astype(np.float32))
+    be.scratch.reset()
+    y = be.to_host(be.mlp(_up(be, x), g, u, d))
+    ref = (silu(x @ gr.T) * (x @ ur.T)) @ dr.T
+    assert _rel(y, ref) < TOL[dtype] * 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("n", SIZES)
+def test_norms(dtype, n):
+    import cupy
+
+    be = _backend(dtype)
+    rng = np.random.default_rng(n)
+    x = _round(be, rng.standard_normal((5, n)).astype(np.float32))
+    d = _round(be, rng.standard_normal((5, n)).astype(np.float32))
+    w = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    ref = NumpyBackend()
+    be.scratch.reset()
+    y = be.to_host(be.rms_norm(_up(be, x), cupy.asarray(w), 1e-6))
+    assert _rel(y, ref.rms_norm(x, w, 1e-6)) < TOL[dtype]
+    yn, h = be.add_rms_norm(_up(be, x), _up(be, d), cupy.asarray(w), 1e-6)
+    ry, rh = ref.add_rms_norm(x, d, w, 1e-6)
+    assert _rel(be.to_host(h), rh) < TOL[dtype]
+    assert _rel(be.to_host(yn), ry) < TOL[dtype] * 2
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_embedding(bits, dtype):
+    import cupy
+
+    be = _backend(dtype)
+    rng = np.random.default_rng(1)
+    w, ref_w = _quant_weight(be, 300, 256, bits, rng)
+    ids = np.array([0, 299, 17, 31, 33, 256, 2], np.int32)
+    be.scratch.reset()
+    y = be.to_host(be.embedding(w, cupy.asarray(ids)))
+    assert _rel(y, ref_w[ids]) < TOL[dtype]
+
+
+def _config(hq=4, hkv=2, hk=2, hv=4):
+    from engine.backends.cuda.synth import SHAPES, text_config
+
+    shape = dict(
+        SHAPES["tiny"],
+        num_attention_heads=hq,
+        num_key_value_heads=hkv,
+        linear_num_key_heads=hk,
+        linear_num_value_heads=hv,
+    )
+    return parse_config(text_config(shape))
+
+
+def _pair(dtype, slots=3, context=600):
+    c = _config()
+    be, ref = _backend(dtype), NumpyBackend()
+    be.alloc_state(c, slots, context)
+    ref.alloc_state(c, slots, context)
+    be.nvalid = c.vocab_size
+    return c, be, ref
+
+
+def _runs():
+    """(description, list of batches) covering windows of odd sizes then steps."""
+    return [
+        [Batch.window(0, 0, 17), Batch.step([(0, 17), (1, 0)]), Batch.window(1, 1, 33)],
+        [Batch.window(2, 0, 1), Batch.window(2, 1, 2), Batch.window(2, 3, 256)],
+        [
+            Batch((Batch.window(0, 0, 31).segments[0], Batch.window(1, 0, 64).segments[0])),
+            Batch.window(0, 31, 300),
+        ],
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("run", range(3))
+def test_attention(dtype, run):
+    import cupy
+
+    c, be, ref = _pair(dtype)
+    rng = np.random.default_rng(run)
+    Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    qn = (1 + 0.1 * rng.standard_normal(hd)).astype(np.float32)
+    kn = (1 + 0.1 * rng.standard_normal(hd)).astype(np.float32)
+    for batch in _runs()[run]:
+        R = batch.rows
+        qg = _round(be, rng.standard_normal((R, Hq * 2 * hd)).astype(np.float32))
+        k = _round(be, rng.standard_normal((R, Hkv * hd)).astype(np.float32))
+        v = _round(be, rng.standard_normal((R, Hkv * hd)).astype(np.float32))
+        be.prepare(batch, np.zeros(R, np.int32))
+        y = be.to_host(
+            be.attention(
+                0, _up(be, qg), _up(be, k), _up(be, v), cupy.asarray(qn), cupy.asarray(kn), batch
+            )
+        )
+        r = ref.attention(0, qg, k, v, qn, kn, batch)
+        assert _rel(y, r) < TOL[dtype] * 3, [s for s in batch.segments]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("run", range(3))
+def test_gated_delta(dtype, run):
+    import cupy
+
+    c, be, ref = _pair(dtype)
+    rng = np.random.default_rng(10 + run)
+    C, VD, Hv = c.conv_dim, c.value_dim, c.linear_num_value_heads
+    params = {
+        "conv1d": rng.standard_normal((C, 4)).astype(np.float32) * 0.3,
+        "A_log": np.log(rng.uniform(1, 16, Hv)).astype(np.float32),
+        "dt_bias": rng.standard_normal(Hv).astype(np.float32) * 0.5,
+        "norm": (1 + 0.1 * rng.standard_normal(128)).astype(np.float32),
+    }
+    dev = {k: cupy.asarray(v) for k, v in params.items()}
+    for batch in _runs()[run]:
+        R = batch.rows
+        mixed = _round(be, rng.standard_normal((R, C)).astype(np.float32))
+        z = _round(be, rng.standard_normal((R, VD)).astype(np.float32))
+        b = _round(be, rng.standard_normal((R, Hv)).astype(np.float32))
+        a = _round(be, rng.standard_normal((R, Hv)).astype(np.float32))
+        be.prepare(batch, np.zeros(R, np.int32))
+        y = be.gated_delta(1, _up(be, mixed), _up(be, z), _up(be, b), _up(be, a), dev, batch)
+        r = ref.gated_delta(1, mixed, z, b, a, params, batch)
+        assert _rel(be.to_host(y), r) < TOL[dtype] * 3, [s for s in batch.segments]
+    state = cupy.asnumpy(be.recurrent[1, :3]).transpose(0, 1, 3, 2)  # [slots, Hv, dk, dv]
+    assert _rel(state, ref.recurrent[1]) < (1e-4 if dtype == "float32" else 5e-2)
+
+
+@pytest.mark.parametrize("V", [1, 2, 17, 33, 2048, 248320])
+def test_sampling(V):
+    import cupy
+
+    be = _backend("float32")
+    rng = np.random.default_rng(V)
+    logits = rng.standard_normal((3, V)).astype(np.float32) * 3
+    be.nvalid = V
+    be.counter = cupy.zeros(8, cupy.uint32)
+    dl = cupy.asarray(logits)
+    be.scratch.reset()
+    got = cupy.asnumpy(be.sample_greedy(dl))
+    assert (got == logits.argmax(1)).all()
+    for k, p in [(1, 1.0), (5, 1.0), (50, 0.9), (0, 0.5)]:
+        seen = set()
+        for _ in range(20):
+            ids = cupy.asnumpy(be.sample(dl, 1.0, k, p, seed=11))
+            for row, i in enumerate(ids):
+                order = np.argsort(-logits[row], kind="stable")
+                kk = min(1024 if k == 0 else k, V)
+                assert 0 <= i < V and i in order[:kk], (k, p, i)
+                seen.add(int(i))
+        if k == 1:
+            assert seen <= set(logits.argmax(1).tolist())

@@ -1,0 +1,283 @@
+"""Decode and prefill benchmark of the CUDA backend on random Qwen3.5 checkpoints.
+
+Runs on a GPU machine: writes random checkpoints at the real 0.8B / 4B / 9B shapes (MLX
+affine 4-bit g64 and bf16, see engine/backends/cuda/synth.py), loads them through the normal
+loader, and measures in one run: device copy bandwidth, load time, cold time to first token,
+prefill tokens/s, graph-replayed batch-1 decode tokens/s after a 512-token prompt, peak
+device memory and percent of the bandwidth roofline; then transformers (torch bf16) on the
+same bf16 weights and prompt for the ratio. Prints a markdown table, writes bench.json.
+
+    python3 tools/bench_decode.py --shapes 4B --formats mlx4,bf16 --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine.backends.base import Batch
+from engine.backends.cuda.backend import CudaBackend
+from engine.backends.cuda.graphs import DecodeGraphs
+from engine.backends.cuda.synth import write_checkpoint
+from engine.backends.cuda.weights import DWeight, QWeight
+from engine.checkpoint.checkpoint import Checkpoint
+from engine.models.qwen35 import Qwen35Model
+
+PROMPT = 512
+CHUNK = 2048
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy GB/s (bytes read + written), 2 GiB buffers, best of 10."""
+    import cupy
+
+    n = 1 << 31
+    a, b = cupy.empty(n, cupy.uint8), cupy.empty(n, cupy.uint8)
+    a.fill(1)
+    best = 1e9
+    for _ in range(10):
+        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+        e0.record()
+        b[...] = a
+        e1.record()
+        e1.synchronize()
+        best = min(best, cupy.cuda.get_elapsed_time(e0, e1) / 1e3)
+    del a, b
+    return 2 * n / best / 1e9
+
+
+class Peak:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def sample(self) -> None:
+        import cupy
+
+        free, total = cupy.cuda.runtime.memGetInfo()
+        self.value = max(self.value, total - free)
+
+
+def decode_bytes(weights: dict, cfg, context: int) -> int:
+    """Bytes one decode token reads: every matrix (the tied table once, as the LM head; an
+    untied table only one row), fp32 DeltaNet state read and written, KV at `context`."""
+    total = 0
+    for name, w in weights.items():
+        if isinstance(w, QWeight | DWeight):
+            if name == "embed_tokens" and not cfg.tie_word_embeddings:
+                total += w.nbytes // w.shape[0]
+            else:
+                total += w.nbytes
+    state = len(cfg.linear_layers) * cfg.linear_num_value_heads * 128 * 128 * 4 * 2
+    kv = len(cfg.full_layers) * cfg.num_key_value_heads * cfg.head_dim * 2 * 2 * context
+    return total + state + kv
+
+
+def sync() -> None:
+    import cupy
+
+    cupy.cuda.get_current_stream().synchronize()
+
+
+def prefill(model, be, n: int, slot: int = 0) -> float:
+    """Seconds to prefill n random tokens into a fresh slot (first token on the host)."""
+    rng = np.random.default_rng(n)
+    ids = rng.integers(0, 200000, n)
+    be.reset_slot(slot)
+    sync()
+    t0 = time.perf_counter()
+    for start in range(0, n, CHUNK):
+        rows = ids[start : start + CHUNK]
+        logits = model.forward(Batch.window(slot, start, len(rows)), rows)
+    be.to_host(be.sample_greedy(logits))
+    return time.perf_counter() - t0
+
+
+def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
+    peak = Peak()
+    peak.sample()
+    base = peak.value
+    t0 = time.perf_counter()
+    ck = Checkpoint.open(path)
+    be = CudaBackend(dtype="bfloat16", max_rows=CHUNK)
+    weights = be.load_weights(ck, ck.config)
+    sync()
+    t_load = time.perf_counter() - t0
+    context = max(args.prefill + [PROMPT + args.decode_tokens + 8]) + 8
+    be.alloc_state(ck.config, 1, context)
+    model = Qwen35Model(ck.config, be, weights)
+    t_first = prefill(model, be, PROMPT)
+    ttft_cold = time.perf_counter() - t0
+    peak.sample()
+    res = {
+        "shape": shape,
+        "format": fmt,
+        "load_s": t_load,
+        "ttft_cold_s": ttft_cold,
+        "first_prefill_512_s": t_first,
+        "weights_gb": be.arena.nbytes / 1e9,
+    }
+    # Decode: prompt, then graph capture, then chained replays (no host round trip).
+    prefill(model, be, PROMPT)
+    graphs = DecodeGraphs(be, model)
+    t = time.perf_counter()
+    graphs.capture(1)
+    res["capture_s"] = time.perf_counter() - t
+    graphs.replay(Batch.step([(0, PROMPT)]), np.array([1]))
+    sync()
+    n = args.decode_tokens
+    t = time.perf_counter()
+    for _ in range(n - 1):
+        graphs.replay_next(1)
+    sync()
+    dt = (time.perf_counter() - t) / (n - 1)
+    res["decode_tok_s"] = 1.0 / dt
+    nbytes = decode_bytes(weights, ck.config, PROMPT + n // 2)
+    res["bytes_per_token_gb"] = nbytes / 1e9
+    res["roofline_pct"] = 100.0 * nbytes / dt / (bw * 1e9)
+    # Eager decode (no graph) for the launch-overhead comparison.
+    be.reset_slot(0)
+    prefill(model, be, 64)
+    sync()
+    t = time.perf_counter()
+    tok = 1
+    for i in range(16):
+        lg = model.forward(Batch.step([(0, 64 + i)]), np.array([tok]))
+        tok = int(be.to_host(be.sample_greedy(lg))[0])
+    res["eager_decode_tok_s"] = 16 / (time.perf_counter() - t)
+    graphs.teardown()
+    for n in args.prefill:
+        s = prefill(model, be, n)
+        res[f"prefill_{n}_s"] = s
+        res[f"prefill_{n}_tok_s"] = n / s
+        peak.sample()
+    res["peak_gb"] = (peak.value - base) / 1e9
+    del model, weights, be, graphs
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    return res
+
+
+def bench_hf(path: Path, decode_tokens: int) -> dict:
+    """transformers bf16 on the same weights: 512-token prompt, greedy decode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).cuda().eval()
+    torch.cuda.synchronize()
+    res = {"load_s": time.perf_counter() - t0}
+    ids = torch.tensor(np.random.default_rng(PROMPT).integers(0, 200000, PROMPT))[None].cuda()
+
+    def gen(n: int) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    gen(1)
+    t1 = gen(1)
+    tn = gen(decode_tokens + 1)
+    res["prefill_512_s"] = t1
+    res["decode_tok_s"] = decode_tokens / (tn - t1)
+    return res
+
+
+def table(results: list[dict], bw: float, meta: dict) -> str:
+    lines = [
+        f"GPU: {meta['gpu']}; commit {meta['commit']}; {meta['date']}; copy bandwidth "
+        f"{bw:.0f} GB/s (read + write).",
+        "",
+        "| model | format | load s | cold TTFT s | decode tok/s (graph) | eager tok/s | "
+        "% roofline | prefill 512 / 2K / 8K / 32K tok/s | 8K s | peak GB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if r.get("engine") == "transformers":
+            lines.append(
+                f"| {r['shape']} | transformers bf16 | {r['load_s']:.1f} | - | "
+                f"{r['decode_tok_s']:.1f} | - | - | 512: {512 / r['prefill_512_s']:.0f} | - | - |"
+            )
+            continue
+        pf = " / ".join(
+            f"{r[f'prefill_{n}_tok_s']:.0f}" if f"prefill_{n}_tok_s" in r else "-"
+            for n in (512, 2048, 8192, 32768)
+        )
+        s8 = f"{r['prefill_8192_s']:.3f}" if "prefill_8192_s" in r else "-"
+        lines.append(
+            f"| {r['shape']} | {r['format']} | {r['load_s']:.1f} | {r['ttft_cold_s']:.2f} | "
+            f"{r['decode_tok_s']:.0f} | {r['eager_decode_tok_s']:.0f} | "
+            f"{r['roofline_pct']:.1f}% | {pf} | {s8} | {r['peak_gb']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="4B")
+    ap.add_argument("--formats", default="mlx4,bf16")
+    ap.add_argument("--prefill", default="512,2048,8192,32768")
+    ap.add_argument("--decode-tokens", type=int, default=256)
+    ap.add_argument("--hf", default="4B", help="shapes to run transformers on ('' for none)")
+    ap.add_argument("--workdir", default="/tmp/snug-bench")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--commit", default="unknown")
+    args = ap.parse_args()
+    args.prefill = [int(x) for x in args.prefill.split(",") if x]
+    import subprocess
+
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    meta = {"gpu": props["name"].decode(), "date": time.strftime("%Y-%m-%d"), "commit": args.commit}
+    if meta["commit"] == "unknown":
+        got = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        meta["commit"] = got.stdout.strip() or "unknown"
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
+    results = []
+    work = Path(args.workdir)
+    for shape in args.shapes.split(","):
+        for fmt in args.formats.split(","):
+            t = time.perf_counter()
+            path = write_checkpoint(work / f"{shape}-{fmt}", shape, fmt, seed=1)
+            print(f"wrote {shape} {fmt} in {time.perf_counter() - t:.1f} s", flush=True)
+            r = bench_snug(path, shape, fmt, args, bw)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+            if fmt == "bf16" and shape in args.hf.split(","):
+                try:
+                    h = bench_hf(path, 32)
+                    import torch
+
+                    torch.cuda.empty_cache()
+                    h.update(engine="transformers", shape=shape, format="bf16")
+                    results.append(h)
+                    print(json.dumps(h), flush=True)
+                    r["vs_transformers_decode"] = r["decode_tok_s"] / h["decode_tok_s"]
+                except Exception as exc:  # report and go on: the peer is optional
+                    print(f"transformers run failed: {type(exc).__name__}: {exc}", flush=True)
+            if fmt != "mlx4" or shape != "4B":
+                import shutil
+
+                shutil.rmtree(path, ignore_errors=True)
+    md = table(results, bw, meta)
+    print(md)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(
+        json.dumps({"meta": meta, "bandwidth_gb_s": bw, "results": results}, indent=1)
+    )
+    (out / "bench.md").write_text(md + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,11 +13,11 @@ export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/snug-cupy-cache}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 status=0
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
-  timeout 300 python3 -m pytest tests/device -q -s -p no:cacheprovider 2>&1 | tee "$OUT/device_tests.log"
+  timeout ${TEST_TIMEOUT:-200} python3 -m pytest tests/device -q -s -p no:cacheprovider 2>&1 | tee "$OUT/device_tests.log"
   status=$?
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
-  timeout 420 python3 tools/bench_decode.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+  timeout ${BENCH_TIMEOUT:-330} python3 tools/bench_decode.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
   [ $status -eq 0 ] && status=$?
 fi
 exit $status

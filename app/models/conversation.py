@@ -115,7 +115,7 @@ class ChatController(QObject):
         params = engine_bridge.make_params(self.settings.sampling())
         self._reply_chat = chat.id
         self._request = self.engine.send(messages, params, thinking)
-        self.notice.emit("")
+        self.notice.emit("Generating… (Esc stops)")
         self.busy_changed.emit(True)
 
     def _reply_turn(self, request_id: int) -> tuple[Chat, Turn] | None:

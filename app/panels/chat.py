@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QCheckBox,
     QHBoxLayout,
     QLabel,
     QListWidget,
@@ -133,9 +134,17 @@ class ChatPanel(QWidget):
         bl = QVBoxLayout(bottom)
         bl.setContentsMargins(24, 8, 24, 12)
         bl.setSpacing(6)
+        status_row = QHBoxLayout()
         self.status = QLabel()
         self.status.setObjectName("chatStatus")
-        bl.addWidget(self.status)
+        status_row.addWidget(self.status, 1)
+        self.thinking = QCheckBox("Thinking")
+        self.thinking.setToolTip("Let the model reason before it answers (shown collapsed)")
+        self.thinking.setChecked(chats.settings.thinking)
+        self.thinking.toggled.connect(lambda on: chats.settings.set("chat/thinking", on))
+        chats.settings.changed.connect(self._setting_changed)
+        status_row.addWidget(self.thinking)
+        bl.addLayout(status_row)
         row = QHBoxLayout()
         row.setSpacing(8)
         self.input = Composer()
@@ -177,6 +186,10 @@ class ChatPanel(QWidget):
     def send(self) -> None:
         if self.chats.send(self.input.toPlainText()):
             self.input.clear()
+
+    def _setting_changed(self, key: str, value: object) -> None:
+        if key == "chat/thinking" and self.thinking.isChecked() != bool(value):
+            self.thinking.setChecked(bool(value))
 
     # -- view
     def rebuild(self) -> None:

@@ -69,7 +69,8 @@ class EntryCard(QFrame):
         self.reason = QLabel(reason)
         self.reason.setObjectName("reason")
         self.reason.setWordWrap(True)
-        self.reason.setVisible(bool(reason) and verdict_kind(decision) != "good")
+        # CPU mode is said once by the gauge; the cards keep only the badge.
+        self.reason.setVisible(bool(reason) and verdict_kind(decision) not in ("good", "cpu"))
         layout.addWidget(self.reason)
         self.setToolTip(f"{entry.repo or entry.local_dir}\n{reason}".strip())
 

@@ -56,7 +56,6 @@ class MainWindow(QMainWindow):
         self.model_status = QLabel("No model loaded")
         self.model_status.setObjectName("statusModel")
         self.statusBar().addPermanentWidget(self.model_status)
-        QShortcut(QKeySequence.StandardKey.New, self, activated=ctx.chats.new_chat)
         QShortcut(QKeySequence("Ctrl+N"), self, activated=ctx.chats.new_chat)
         QShortcut(QKeySequence.StandardKey.Quit, self, activated=self.close)
 

@@ -196,7 +196,8 @@ class ChatPanel(QWidget):
         chat = self.chats.current
         self.title.setText(chat.title)
         for widget in self._messages:
-            widget.setParent(None)
+            self.body_layout.removeWidget(widget)
+            widget.hide()
             widget.deleteLater()
         self._messages = []
         for turn in chat.turns:

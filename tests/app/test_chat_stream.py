@@ -120,3 +120,26 @@ def test_history_is_saved_and_restored(qtbot, make_window, settings_store):
     again.ctx.chats.select(first_id)
     roles = [m.property("role") for m in again.chat.message_widgets()]
     assert roles == ["user", "assistant"]
+
+
+def test_keyboard_shortcuts(qtbot, make_window):
+    from PySide6.QtCore import Qt
+
+    window = make_window(loader=FakeEngine.loader(script=["tok "] * 400, delay=0.01))
+    _load(qtbot, window)
+    window.activateWindow()
+    window.chat.input.setFocus()
+    qtbot.waitUntil(lambda: window.chat.input.hasFocus(), timeout=1000)
+    window.chat.input.setPlainText("Go")
+    qtbot.keyClick(window.chat.input, Qt.Key.Key_Return)  # Enter sends
+    qtbot.waitUntil(lambda: window.ctx.chats.busy, timeout=1000)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=1000):
+        qtbot.keyClick(window.chat.input, Qt.Key.Key_Escape)  # Esc stops
+    with qtbot.waitSignal(window.ctx.engine.tokens, timeout=1000):  # Ctrl+Enter regenerates
+        qtbot.keyClick(window.chat.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    window.ctx.chats.stop()
+    qtbot.waitUntil(lambda: not window.ctx.chats.busy, timeout=1000)
+    first = window.ctx.chats.current.id
+    # Rebuilding the chat after a reply must keep the window active, or shortcuts stop.
+    qtbot.keyClick(window.chat.input, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert window.ctx.chats.current.id != first

@@ -76,6 +76,35 @@ def decode_bytes(weights: dict, cfg, context: int) -> int:
     return total + state + kv
 
 
+def gemv_time(be, weights: dict) -> tuple[float, int]:
+    """Seconds and bytes of one decode step's projections alone (graph of GEMVs only)."""
+    import cupy
+
+    mats = [
+        w
+        for n, w in weights.items()
+        if isinstance(w, QWeight | DWeight)
+        and (n != "embed_tokens" or be.config.tie_word_embeddings)
+    ]
+    xs = {w.shape[1]: cupy.zeros((1, w.shape[1]), be.ops.act_dtype) for w in mats}
+    outs = [cupy.empty((1, w.shape[0]), be.ops.act_dtype) for w in mats]
+    for w, o in zip(mats, outs, strict=True):
+        be.ops.gemv(xs[w.shape[1]], w, o)
+    be.stream.synchronize()
+    with be.stream:
+        be.stream.begin_capture()
+        for w, o in zip(mats, outs, strict=True):
+            be.ops.gemv(xs[w.shape[1]], w, o)
+        graph = be.stream.end_capture()
+    graph.launch(be.stream)
+    be.stream.synchronize()
+    t = time.perf_counter()
+    for _ in range(20):
+        graph.launch(be.stream)
+    be.stream.synchronize()
+    return (time.perf_counter() - t) / 20, sum(w.nbytes for w in mats)
+
+
 def sync() -> None:
     import cupy
 
@@ -138,6 +167,10 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     nbytes = decode_bytes(weights, ck.config, PROMPT + n // 2)
     res["bytes_per_token_gb"] = nbytes / 1e9
     res["roofline_pct"] = 100.0 * nbytes / dt / (bw * 1e9)
+    t_gemv, gemv_bytes = gemv_time(be, weights)
+    res["gemv_ms"] = t_gemv * 1e3
+    res["gemv_gb_s"] = gemv_bytes / t_gemv / 1e9
+    res["step_ms"] = dt * 1e3
     # Eager decode (no graph) for the launch-overhead comparison.
     be.reset_slot(0)
     prefill(model, be, 64)
@@ -215,6 +248,19 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
             f"{r['decode_tok_s']:.0f} | {r['eager_decode_tok_s']:.0f} | "
             f"{r['roofline_pct']:.1f}% | {pf} | {s8} | {r['peak_gb']:.2f} |"
         )
+    lines.append("")
+    for r in results:
+        if "gemv_ms" in r:
+            lines.append(
+                f"- {r['shape']} {r['format']}: decode step {r['step_ms']:.3f} ms, of which the "
+                f"projections alone (GEMV-only graph) {r['gemv_ms']:.3f} ms at "
+                f"{r['gemv_gb_s']:.0f} GB/s; graph capture {r['capture_s'] * 1e3:.0f} ms"
+                + (
+                    f"; {r['vs_transformers_decode']:.1f}x transformers decode"
+                    if "vs_transformers_decode" in r
+                    else ""
+                )
+            )
     return "\n".join(lines)
 
 

@@ -10,6 +10,10 @@ from engine.backends.numpy_backend import NumpyBackend
 from engine.checkpoint.checkpoint import Checkpoint
 from engine.models.qwen35 import Qwen35Model
 
+# Relative logit error against the fp32 numpy reference. fp16 (10-bit mantissa) meets 2e-2;
+# bf16 (7-bit mantissa, residual stream stored in bf16 as transformers does) drifts about 8x
+# more on these random models, in line with the bf16-vs-fp32 drift the spec records.
+BOUND = {"float16": 2e-2, "bfloat16": 2e-1}
 PROMPT = [(i * 37 + 11) % 1000 for i in range(20)]
 
 
@@ -61,12 +65,12 @@ def test_half_logits_close(tiny_dirs, fmt, dtype):
     want = ref.backend.to_host(ref.forward(batch, ids, all_logits=True))
     rel = float(np.abs(got - want).max() / np.abs(want).max())
     print(f"\n[{fmt} {dtype}] prefill relative logit error {rel:.3e}")
-    assert rel <= 2e-2
+    assert rel <= BOUND[dtype]
     steps_got, gl = _greedy(cuda, PROMPT, 8, slot=1)
     steps_want, wl = _greedy(ref, PROMPT, 8, slot=1)
     rel = float(np.abs(gl - wl).max() / np.abs(wl).max())
     print(f"[{fmt} {dtype}] decode relative logit error {rel:.3e}")
-    assert rel <= 2e-2
+    assert rel <= BOUND[dtype]
 
 
 def test_step_vs_window(tiny_dirs):

@@ -5,82 +5,94 @@
 // dequantizes them in registers (w = s*q + b, fp32), then dots them with every input row.
 #include "common.cuh"
 
-template <int BITS> struct Chunk { static constexpr int CPC = BITS ? 128 / BITS : 16 / sizeof(act_t); };
+// Values per 32-bit word: 32/BITS codes, or 4/sizeof(act_t) dense values.
+template <int BITS> struct Word { static constexpr int N = BITS ? 32 / BITS : 4 / (int)sizeof(act_t); };
 
-template <int BITS>
-__device__ __forceinline__ void decode_chunk(const void* __restrict__ W, const act_t* __restrict__ S,
-                                             const act_t* __restrict__ B, long row, int c, int in,
-                                             int G, float* w) {
-  constexpr int CPC = Chunk<BITS>::CPC;
-  if constexpr (BITS == 0) {
-    const uint4* p = reinterpret_cast<const uint4*>(reinterpret_cast<const act_t*>(W) + row * in) + c * (CPC * sizeof(act_t) / 16);
-    constexpr int PER = 16 / sizeof(act_t);
-#pragma unroll
-    for (int i = 0; i < CPC / PER; ++i) {
-      uint4 u = __ldcs(p + i);
-      const act_t* e = reinterpret_cast<const act_t*>(&u);
-#pragma unroll
-      for (int j = 0; j < PER; ++j) w[i * PER + j] = cv(e[j]);
-    }
+template <int N>
+__device__ __forceinline__ void load_x(const act_t* __restrict__ p, float* out) {
+  if constexpr ((N * sizeof(act_t)) % 16 == 0) {
+    load_vec<N>(p, out);
   } else {
-    constexpr unsigned MASK = (1u << BITS) - 1u;
-    constexpr int PW = 32 / BITS;
-    uint4 u = __ldcs(reinterpret_cast<const uint4*>(W) + row * (long)(in / CPC) + c);
-    int ng = in / G, g = (c * CPC) / G;
-    float s = ld(S + row * ng + g), b = ld(B + row * ng + g);
-    unsigned words[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int k = 0; k < PW; ++k) {
-        unsigned q = (words[i] >> (k * BITS)) & MASK;
-        float fq = __uint_as_float(0x4B000000u | q) - 8388608.f;  // exact small integer
-        w[i * PW + k] = fmaf(fq, s, b);
-      }
-    }
+    for (int i = 0; i < N; ++i) out[i] = ld(p + i);
   }
 }
 
+template <int BITS>
+__device__ __forceinline__ float wval(unsigned word, int k, float s, float b) {
+  if constexpr (BITS == 0) {
+    const act_t* e = reinterpret_cast<const act_t*>(&word);
+    return cv(e[k]);
+  } else {
+    unsigned q = (word >> (k * BITS)) & ((1u << BITS) - 1u);
+    return fmaf(__uint_as_float(0x4B000000u | q) - 8388608.f, s, b);  // exact small integer
+  }
+}
+
+// Each lane keeps U 16-byte chunks per row in flight before it computes, so enough bytes are
+// outstanding per SM to cover memory latency; words are dequantized as they are used.
 // SWIGLU: two matrices (gate W0, up W1), one output row each; y = silu(gate) * up.
 template <int BITS, int M, int RPW, bool SWIGLU>
 __global__ void __launch_bounds__(256)
 gemv(const void* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
      const void* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in, int G) {
-  constexpr int CPC = Chunk<BITS>::CPC;
+  constexpr int U = 4, VPW = Word<BITS>::N, CPC = 4 * VPW;
   const int lane = threadIdx.x & 31;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int nwarps = (gridDim.x * blockDim.x) >> 5;
-  const int nc = in / CPC;
+  const int nc = in / CPC, ng = in / G;
   const int ngr = SWIGLU ? out : (out + RPW - 1) / RPW;
   for (int rg = gw; rg < ngr; rg += nwarps) {
     float acc[RPW][M];
+    long rows[RPW];
+    const uint4* wp[RPW];
+    const act_t* sp[RPW];
+    const act_t* bp[RPW];
 #pragma unroll
-    for (int r = 0; r < RPW; ++r)
+    for (int r = 0; r < RPW; ++r) {
 #pragma unroll
       for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
-    for (int c = lane; c < nc; c += 32) {
-      float w[RPW][CPC];
+      rows[r] = SWIGLU ? rg : min(rg * RPW + r, out - 1);
+      const bool second = SWIGLU && r == 1;
+      wp[r] = reinterpret_cast<const uint4*>(second ? W1 : W0) + rows[r] * nc;
+      sp[r] = (second ? S1 : S0) + rows[r] * ng;
+      bp[r] = (second ? B1 : B0) + rows[r] * ng;
+    }
+    for (int c0 = lane; c0 < nc; c0 += 32 * U) {
+      uint4 raw[U][RPW];
+      float sc[U][RPW], bi[U][RPW];
 #pragma unroll
-      for (int r = 0; r < RPW; ++r) {
-        if (SWIGLU) {
-          if (r == 0) decode_chunk<BITS>(W0, S0, B0, rg, c, in, G, w[r]);
-          else decode_chunk<BITS>(W1, S1, B1, rg, c, in, G, w[r]);
-        } else {
-          int row = min(rg * RPW + r, out - 1);
-          decode_chunk<BITS>(W0, S0, B0, row, c, in, G, w[r]);
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + 32 * u;
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+          if (c < nc) {
+            raw[u][r] = __ldcs(wp[r] + c);
+            if (BITS) { sc[u][r] = ld(sp[r] + c * CPC / G); bi[u][r] = ld(bp[r] + c * CPC / G); }
+          }
         }
       }
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float x[CPC];
-        load_vec<CPC>(X + (long)m * ldx + c * CPC, x);
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + 32 * u;
+        if (c < nc) {
 #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-          float a = 0.f;
+          for (int i = 0; i < 4; ++i) {
 #pragma unroll
-          for (int i = 0; i < CPC; ++i) a = fmaf(w[r][i], x[i], a);
-          acc[r][m] += a;
+            for (int m = 0; m < M; ++m) {
+              float x[VPW];
+              load_x<VPW>(X + (long)m * ldx + c * CPC + i * VPW, x);
+#pragma unroll
+              for (int r = 0; r < RPW; ++r) {
+                const unsigned word = i == 0 ? raw[u][r].x : i == 1 ? raw[u][r].y : i == 2 ? raw[u][r].z : raw[u][r].w;
+                float a = acc[r][m];
+#pragma unroll
+                for (int k = 0; k < VPW; ++k) a = fmaf(wval<BITS>(word, k, BITS ? sc[u][r] : 0.f, BITS ? bi[u][r] : 0.f), x[k], a);
+                acc[r][m] = a;
+              }
+            }
+          }
         }
       }
     }

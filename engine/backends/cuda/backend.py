@@ -281,7 +281,7 @@ class CudaBackend(Backend):
         )
         out = self.take((R, Hq * hd))
         if batch.is_step:
-            split = max(32, 32 * -(-self.context // (256 * 32)))
+            split = max(32, 32 * -(-self.context // (1024 * 32)))
             nsmax = -(-self.context // split)
             po = self.take((R, Hq, nsmax, hd), self.cp.float32)
             pml = self.take((R, Hq, nsmax, 2), self.cp.float32)

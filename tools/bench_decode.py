@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -204,13 +205,15 @@ def bench_hf(path: Path, decode_tokens: int) -> dict:
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).cuda().eval()
     torch.cuda.synchronize()
     res = {"load_s": time.perf_counter() - t0}
+    box = [model]
+    del model
     ids = torch.tensor(np.random.default_rng(PROMPT).integers(0, 200000, PROMPT))[None].cuda()
 
     def gen(n: int) -> float:
         torch.cuda.synchronize()
         t = time.perf_counter()
         with torch.no_grad():
-            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            box[0].generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
         torch.cuda.synchronize()
         return time.perf_counter() - t
 
@@ -219,6 +222,8 @@ def bench_hf(path: Path, decode_tokens: int) -> dict:
     tn = gen(decode_tokens + 1)
     res["prefill_512_s"] = t1
     res["decode_tok_s"] = decode_tokens / (tn - t1)
+    box.clear()
+    torch.cuda.empty_cache()
     return res
 
 
@@ -266,8 +271,11 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="4B")
-    ap.add_argument("--formats", default="mlx4,bf16")
+    ap.add_argument(
+        "--runs",
+        default="4B:mlx4,4B:bf16,0.8B:mlx4,9B:mlx4",
+        help="shape:format pairs, in order (4B MLX 4-bit is the headline)",
+    )
     ap.add_argument("--prefill", default="512,2048,8192,32768")
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--hf", default="4B", help="shapes to run transformers on ('' for none)")
@@ -291,38 +299,35 @@ def main() -> None:
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     results = []
     work = Path(args.workdir)
-    for shape in args.shapes.split(","):
-        for fmt in args.formats.split(","):
-            t = time.perf_counter()
-            path = write_checkpoint(work / f"{shape}-{fmt}", shape, fmt, seed=1)
-            print(f"wrote {shape} {fmt} in {time.perf_counter() - t:.1f} s", flush=True)
-            r = bench_snug(path, shape, fmt, args, bw)
-            print(json.dumps(r), flush=True)
-            results.append(r)
-            if fmt == "bf16" and shape in args.hf.split(","):
-                try:
-                    h = bench_hf(path, 32)
-                    import torch
+    for run in args.runs.split(","):
+        shape, fmt = run.split(":")
+        t = time.perf_counter()
+        path = write_checkpoint(work / f"{shape}-{fmt}", shape, fmt, seed=1)
+        print(f"wrote {shape} {fmt} in {time.perf_counter() - t:.1f} s", flush=True)
+        r = bench_snug(path, shape, fmt, args, bw)
+        print(json.dumps(r), flush=True)
+        results.append(r)
+        if fmt == "bf16" and shape in args.hf.split(","):
+            try:
+                h = bench_hf(path, 32)
+                h.update(engine="transformers", shape=shape, format="bf16")
+                results.append(h)
+                print(json.dumps(h), flush=True)
+                r["vs_transformers_decode"] = r["decode_tok_s"] / h["decode_tok_s"]
+            except Exception as exc:  # report and go on: the peer is optional
+                print(f"transformers run failed: {type(exc).__name__}: {exc}", flush=True)
+        shutil.rmtree(path, ignore_errors=True)
+        write_report(results, bw, meta, Path(args.out))
+    print(table(results, bw, meta))
 
-                    torch.cuda.empty_cache()
-                    h.update(engine="transformers", shape=shape, format="bf16")
-                    results.append(h)
-                    print(json.dumps(h), flush=True)
-                    r["vs_transformers_decode"] = r["decode_tok_s"] / h["decode_tok_s"]
-                except Exception as exc:  # report and go on: the peer is optional
-                    print(f"transformers run failed: {type(exc).__name__}: {exc}", flush=True)
-            if fmt != "mlx4" or shape != "4B":
-                import shutil
 
-                shutil.rmtree(path, ignore_errors=True)
-    md = table(results, bw, meta)
-    print(md)
-    out = Path(args.out)
+def write_report(results: list[dict], bw: float, meta: dict, out: Path) -> None:
+    """Rewritten after every model, so a run cut short still leaves its numbers."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(
         json.dumps({"meta": meta, "bandwidth_gb_s": bw, "results": results}, indent=1)
     )
-    (out / "bench.md").write_text(md + "\n")
+    (out / "bench.md").write_text(table(results, bw, meta) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,1 @@
-"""Snug desktop app: PySide6 front end over the engine package."""
-
-from app.qt_compat import patch as _patch_pyside_refcount
-
-_patch_pyside_refcount()
+"""Snug's PySide6 desktop app. The engine runs on one worker thread; see app/workers."""

@@ -17,6 +17,9 @@ from engine.backends.cuda.weights import DWeight, QWeight
 
 i32, f32 = np.int32, np.float32
 GEMV_MAX_ROWS = 8
+# (rows per warp, 16-byte chunks in flight per lane and row)
+GEMV_VARIANTS = ((1, 4), (2, 4), (4, 2), (4, 4))
+GEMV_SWIGLU_VARIANTS = ((2, 4), (2, 2), (2, 8))
 GRID_CAP = 132 * 16  # blocks for grid-stride kernels
 
 
@@ -38,6 +41,7 @@ class Ops:
         }[dtype]
         self.act_itemsize = 4 if dtype == "float32" else 2
         self.cuda_type = blas.TYPES[dtype]
+        self.gemv_choice: dict[tuple, tuple[int, int]] = {}
 
     def k(self, file: str, symbol: str) -> Any:
         return function(file, symbol, self.dtype)
@@ -60,13 +64,26 @@ class Ops:
         return (cols * self.act_itemsize) % 16 == 0
 
     def gemv(self, x: Any, w: Any, out: Any, up: Any = None) -> None:
-        """out[m] = x[m] @ w.T for m < rows <= 8; with `up`, out = silu(x@w.T) * (x@up.T)."""
+        """out[m] = x[m] @ w.T for m < rows <= 8; with `up`, out = silu(x@w.T) * (x@up.T).
+
+        The rows-per-warp / chunks-in-flight variant is picked per shape by timing each
+        candidate once (outside graph capture); the choice is cached for the process.
+        """
+        R, cols = x.shape
+        bits = w.bits if isinstance(w, QWeight) else 0
+        swiglu = up is not None
+        key = (bits, R, w.shape[0], cols, swiglu)
+        choice = self.gemv_choice.get(key)
+        if choice is None:
+            choice = self._tune_gemv(key, x, w, out, up)
+        self._gemv_launch(x, w, out, up, *choice)
+
+    def _gemv_launch(self, x, w, out, up, rpw: int, u: int) -> None:
         R, cols = x.shape
         n_out = w.shape[0]
         swiglu = up is not None
-        rpw = 2 if (swiglu or n_out >= 8192) else 1
         bits = w.bits if isinstance(w, QWeight) else 0
-        sym = f"gemv<{bits},{R},{rpw},{'true' if swiglu else 'false'}>"
+        sym = f"gemv<{bits},{R},{rpw},{'true' if swiglu else 'false'},{u}>"
         groups = n_out if swiglu else _cdiv(n_out, rpw)
         grid = (max(1, min(_cdiv(groups, 8), GRID_CAP)),)
         a = self._wargs(w)
@@ -77,6 +94,27 @@ class Ops:
             (256,),
             (*a, *b, x, i32(cols), out, i32(out.shape[1]), i32(n_out), i32(cols), i32(g)),
         )
+
+    def _tune_gemv(self, key, x, w, out, up) -> tuple[int, int]:
+        import cupy
+
+        variants = GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS
+        if cupy.cuda.get_current_stream().is_capturing() or len(variants) == 1:
+            return variants[0]
+        best, best_t = variants[0], float("inf")
+        for v in variants:
+            self._gemv_launch(x, w, out, up, *v)  # compile and warm
+            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+            e0.record()
+            for _ in range(3):
+                self._gemv_launch(x, w, out, up, *v)
+            e1.record()
+            e1.synchronize()
+            t = cupy.cuda.get_elapsed_time(e0, e1)
+            if t < best_t:
+                best, best_t = v, t
+        self.gemv_choice[key] = best
+        return best
 
     @staticmethod
     def _wargs(w: Any) -> tuple[Any, Any, Any]:

@@ -29,15 +29,15 @@ __device__ __forceinline__ float wval(unsigned word, int k, float s, float b) {
   }
 }
 
-// Each lane keeps U 16-byte chunks per row in flight before it computes, so enough bytes are
+// Each lane keeps U 16-byte chunks of each of its RPW rows per row in flight before it computes, so enough bytes are
 // outstanding per SM to cover memory latency; words are dequantized as they are used.
 // SWIGLU: two matrices (gate W0, up W1), one output row each; y = silu(gate) * up.
-template <int BITS, int M, int RPW, bool SWIGLU>
+template <int BITS, int M, int RPW, bool SWIGLU, int U>
 __global__ void __launch_bounds__(256)
 gemv(const void* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
      const void* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in, int G) {
-  constexpr int U = 4, VPW = Word<BITS>::N, CPC = 4 * VPW;
+  constexpr int VPW = Word<BITS>::N, CPC = 4 * VPW;
   const int lane = threadIdx.x & 31;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int nwarps = (gridDim.x * blockDim.x) >> 5;

@@ -172,6 +172,7 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     res["gemv_ms"] = t_gemv * 1e3
     res["gemv_gb_s"] = gemv_bytes / t_gemv / 1e9
     res["step_ms"] = dt * 1e3
+    res["gemv_choice"] = {str(k): v for k, v in be.ops.gemv_choice.items() if k[1] == 1}
     # Eager decode (no graph) for the launch-overhead comparison.
     be.reset_slot(0)
     prefill(model, be, 64)

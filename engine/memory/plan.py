@@ -180,10 +180,10 @@ def make_plan(
         raise ValueError(f"prompt_cache_states = {cache} must not be negative")
 
     def scratch(rows: int) -> int:
-        return scratch_bytes(config, rows, dtype_bytes, step_rows=streams)
+        return scratch_bytes(config, rows, dtype_bytes, step_rows=streams, context=context)
 
     def work(rows: int) -> int:
-        return workspace_bytes(config, rows, dtype_bytes)
+        return workspace_bytes(config, rows, dtype_bytes, context)
 
     return Plan(
         config=config,

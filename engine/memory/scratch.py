@@ -1,26 +1,32 @@
 """The forward scratch: every intermediate buffer of one forward pass, in one device block.
 
-`scratch_layout(config, rows, dtype_bytes)` is the measure path: it returns names, shapes,
-offsets and bytes and touches nothing (invariant 3). `Scratch` owns the live block, grows it
-(replacement first, see `engine.memory.growth`) and carves the layout into views.
+`scratch_layout(config, rows, dtype_bytes, step_rows, context)` is the measure path: it
+returns names, shapes, offsets and bytes and touches nothing (invariant 3). `Scratch` owns
+the live block, grows it (replacement first, see `engine.memory.growth`) and carves views.
 
-Layout of one block for R rows (offsets 256-byte aligned, in this order; dt = compute dtype,
-S = step rows (<= R), N = ceil(R / 64) DeltaNet chunks, P = KV splits of a decode step):
+A layer only needs the previous layer's output (normed input u and residual x), so layers
+alternate between two regions: layer i carves its temporaries from region i % 2, which is
+reset when the layer starts, while it reads u and x from the other region. The embedding
+goes to region 1 (as layer -1), the head to its own region. The CUDA backend carves in
+exactly this order (a bump allocator per region, 256-byte aligned), so capture and replay
+of a decode graph see the same addresses, and this layout is what it uses (dt = compute
+dtype, R = rows, S = rows that produce logits (<= step rows), P = decode KV splits):
 
     offset 0
-    +-- ids, positions  [R] i32 each ---------------------------------------+ token layout
-    +-- x [R,H] dt   residual | u [R,H] dt  normed | delta [R,H] dt  out    | residual path
-    +-- qg [R,2*Hq*hd] dt | k, v [R,Hkv*hd] dt | attn [R,Hq*hd] dt          | full attention
-    |   attn_acc [R,Hq*hd] f32 | attn_ml [R,Hq,2] f32  (flash partials)     |
-    |   split_acc [S,P,Hq*hd] f32 | split_ml [S,P,Hq,2] f32 (split-KV step)  |
-    +-- mixed, conv [R,C] dt | z [R,VD] dt | a, b [R,Hv] dt | gates [R,2Hv] f32 | DeltaNet
-    |   chunk_attn [N,Hv,64,64] f32 | chunk_k [N,Hv,64,dk] | chunk_v [N,Hv,64,dv] |
-    |   gdn [R,VD] dt                                                       |
-    +-- gate, up, act [R,I] dt                                              | SwiGLU MLP
-    +-- logits [S,V] f32                                                    | head
+    +-- region 0: one layer's buffers, the larger of ------------------------------+
+    |     attention: qg [R,2*Hq*hd] | k, v [R,Hkv*hd] | q, attn [R,Hq*hd]           |
+    |                step: split_acc [R,Hq,P,hd] f32, split_ml [R,Hq,P,2] f32       |
+    |                window: heads [Hq,R,hd]                                         |
+    |     DeltaNet:  mixed [R,C] | z [R,VD] | b, a [R,Hv] | gdn_q, gdn_k [R,KD] f32  |
+    |                gdn_v, gdn_o [R,VD] f32 | gdn_g, gdn_beta [R,Hv] f32 | gdn [R,VD] |
+    |     then: mixer_out, u1, x1 [R,H] | act, gate, up [R,I] | mlp_out, u, x [R,H]  |
+    +-- region 1: the same size (also holds the embedding output x, u) -------------+
+    +-- head: rows [S,H] dt | logits [S,V] dt --------------------------------------+
     total (rounded up to 256)
 
-Every layer reuses the same buffers; only the state (KV, conv, recurrent) is per layer.
+Both the window (R rows of one stream) and the step (one row for each of up to `step_rows`
+streams) shapes are measured; a region is sized for the larger. Every layer reuses the same
+two regions; only the state (KV, conv, recurrent) is per layer.
 """
 
 from __future__ import annotations
@@ -35,9 +41,8 @@ from engine.memory.growth import GrowableBuffer
 from engine.memory.pool import Allocation, DevicePool
 
 ALIGN = 256
-GDN_CHUNK = 64
-KV_SPLITS = 16
 DTYPE_NAMES = {2: "float16", 4: "float32"}
+REGIONS = ("r0", "r1", "head")
 
 
 @dataclass(frozen=True)
@@ -53,12 +58,16 @@ class BufferSpec:
 
 @dataclass(frozen=True)
 class ScratchLayout:
-    """Where every buffer of a forward over `rows` rows sits; `total_bytes` is the block size."""
+    """Where every buffer of a forward over `rows` rows sits; `total_bytes` is the block size.
+
+    `regions` maps r0 / r1 / head to (offset, bytes) for the bump allocator that carves them.
+    """
 
     rows: int
     step_rows: int
     dtype_bytes: int
     buffers: tuple[BufferSpec, ...]
+    regions: dict[str, tuple[int, int]]
     total_bytes: int
 
     def get(self, name: str) -> BufferSpec:
@@ -76,71 +85,115 @@ def _itemsize(dtype: str) -> int:
     return {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}[dtype]
 
 
-def scratch_layout(
-    config: ModelConfig, rows: int, dtype_bytes: int = 2, step_rows: int | None = None
-) -> ScratchLayout:
-    """Measure the scratch for a forward over `rows` rows (pure: nothing is allocated).
+def decode_splits(context: int) -> tuple[int, int]:
+    """(keys per split, number of splits) of the split-KV decode attention at `context`."""
+    split = max(32, 32 * -(-context // (1024 * 32)))
+    return split, -(-context // split)
 
-    step_rows bounds the rows that need logits and split-KV decode partials (the streams of a
-    step batch); None means `rows`.
+
+def _layer_buffers(c: ModelConfig, R: int, step: bool, context: int, dt: str):
+    """One layer's buffers in carving order: the attention or the DeltaNet mixer (the larger),
+    then the MLP half that both kinds share."""
+    f32 = "float32"
+    Hq, Hkv, hd, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
+    Hv, KD, VD = c.linear_num_value_heads, c.key_dim, c.value_dim
+    attention = [
+        ("qg", (R, 2 * Hq * hd), dt),
+        ("k", (R, Hkv * hd), dt),
+        ("v", (R, Hkv * hd), dt),
+        ("q", (R, Hq * hd), dt),
+        ("attn", (R, Hq * hd), dt),
+    ]
+    if step:
+        _, P = decode_splits(context)
+        attention += [("split_acc", (R, Hq, P, hd), f32), ("split_ml", (R, Hq, P, 2), f32)]
+    else:
+        attention += [("heads", (Hq, R, hd), dt)]
+    deltanet = [
+        ("mixed", (R, c.conv_dim), dt),
+        ("z", (R, VD), dt),
+        ("b", (R, Hv), dt),
+        ("a", (R, Hv), dt),
+        ("gdn_q", (R, KD), f32),
+        ("gdn_k", (R, KD), f32),
+        ("gdn_v", (R, VD), f32),
+        ("gdn_g", (R, Hv), f32),
+        ("gdn_beta", (R, Hv), f32),
+        ("gdn_o", (R, VD), f32),
+        ("gdn", (R, VD), dt),
+    ]
+
+    def size(bufs):
+        return sum(align_up(math.prod(shape) * _itemsize(d)) for _, shape, d in bufs)
+
+    has_attn, has_gdn = bool(c.full_layers), bool(c.linear_layers)
+    if has_attn and (not has_gdn or size(attention) >= size(deltanet)):
+        mixer = attention
+    else:
+        mixer = deltanet
+    I = c.intermediate_size
+    tail = [
+        ("mixer_out", (R, H), dt),
+        ("u1", (R, H), dt),
+        ("x1", (R, H), dt),
+        ("act", (R, I), dt),
+        ("gate", (R, I), dt),
+        ("up", (R, I), dt),
+        ("mlp_out", (R, H), dt),
+        ("u", (R, H), dt),
+        ("x", (R, H), dt),
+    ]
+    return mixer + tail
+
+
+def scratch_layout(
+    config: ModelConfig,
+    rows: int,
+    dtype_bytes: int = 2,
+    step_rows: int | None = None,
+    context: int = 4096,
+) -> ScratchLayout:
+    """Measure the scratch for forwards of up to `rows` rows (pure: nothing is allocated).
+
+    step_rows bounds the rows of a decode step (the streams) and so the rows that need logits;
+    None means `rows`. context sizes the split-KV decode partials.
     """
     if dtype_bytes not in DTYPE_NAMES:
         raise ValueError(f"compute dtype size {dtype_bytes} must be 2 (fp16/bf16) or 4 (fp32)")
     c, R = config, rows
     S = min(R, step_rows if step_rows is not None else R)
-    N = math.ceil(R / GDN_CHUNK)
-    dt, f32 = DTYPE_NAMES[dtype_bytes], "float32"
-    Hq, Hkv, hd, Hv = (
-        c.num_attention_heads,
-        c.num_key_value_heads,
-        c.head_dim,
-        c.linear_num_value_heads,
-    )
-    dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
-    wanted: list[tuple[str, tuple[int, ...], str]] = [
-        ("ids", (R,), "int32"),
-        ("positions", (R,), "int32"),
-        ("x", (R, c.hidden_size), dt),
-        ("u", (R, c.hidden_size), dt),
-        ("delta", (R, c.hidden_size), dt),
-        ("qg", (R, 2 * Hq * hd), dt),
-        ("k", (R, Hkv * hd), dt),
-        ("v", (R, Hkv * hd), dt),
-        ("attn", (R, Hq * hd), dt),
-        ("attn_acc", (R, Hq * hd), f32),
-        ("attn_ml", (R, Hq, 2), f32),
-        ("split_acc", (S, KV_SPLITS, Hq * hd), f32),
-        ("split_ml", (S, KV_SPLITS, Hq, 2), f32),
-        ("mixed", (R, c.conv_dim), dt),
-        ("conv", (R, c.conv_dim), dt),
-        ("z", (R, c.value_dim), dt),
-        ("a", (R, Hv), dt),
-        ("b", (R, Hv), dt),
-        ("gates", (R, 2 * Hv), f32),
-        ("chunk_attn", (N, Hv, GDN_CHUNK, GDN_CHUNK), f32),
-        ("chunk_k", (N, Hv, GDN_CHUNK, dk), f32),
-        ("chunk_v", (N, Hv, GDN_CHUNK, dv), f32),
-        ("gdn", (R, c.value_dim), dt),
-        ("gate", (R, c.intermediate_size), dt),
-        ("up", (R, c.intermediate_size), dt),
-        ("act", (R, c.intermediate_size), dt),
-        ("logits", (S, c.vocab_size), f32),
-    ]
-    offset, specs = 0, []
-    for name, shape, dtype in wanted:
-        nbytes = math.prod(shape) * _itemsize(dtype)
-        specs.append(BufferSpec(name, shape, dtype, offset, nbytes))
-        offset = align_up(offset + nbytes)
-    return ScratchLayout(R, S, dtype_bytes, tuple(specs), offset if R > 0 else 0)
+    dt = DTYPE_NAMES[dtype_bytes]
+    window = _layer_buffers(c, R, False, context, dt)
+    step = _layer_buffers(c, S, True, context, dt)
+
+    def size(bufs):
+        return sum(align_up(math.prod(shape) * _itemsize(d)) for _, shape, d in bufs)
+
+    layer = window if size(window) >= size(step) else step
+    head = [("rows", (S, c.hidden_size), dt), ("logits", (S, c.vocab_size), dt)]
+    offset, specs, regions = 0, [], {}
+    for region, bufs in (("r0", layer), ("r1", layer), ("head", head)):
+        base = offset
+        for name, shape, dtype in bufs:
+            nbytes = math.prod(shape) * _itemsize(dtype)
+            specs.append(BufferSpec(f"{region}.{name}", shape, dtype, offset, nbytes))
+            offset = align_up(offset + nbytes)
+        regions[region] = (base, offset - base)
+    total = offset if R > 0 else 0
+    return ScratchLayout(R, S, dtype_bytes, tuple(specs), regions, total)
 
 
 def scratch_bytes(
-    config: ModelConfig, rows: int, dtype_bytes: int = 2, step_rows: int | None = None
+    config: ModelConfig,
+    rows: int,
+    dtype_bytes: int = 2,
+    step_rows: int | None = None,
+    context: int = 4096,
 ) -> int:
     """Block size for `rows` rows (0 rows -> 0 bytes)."""
     if rows <= 0:
         return 0
-    return scratch_layout(config, rows, dtype_bytes, step_rows).total_bytes
+    return scratch_layout(config, rows, dtype_bytes, step_rows, context).total_bytes
 
 
 class Scratch(GrowableBuffer):
@@ -161,19 +214,21 @@ class Scratch(GrowableBuffer):
         dtype_bytes: int,
         max_rows: int,
         step_rows: int | None = None,
+        context: int = 4096,
     ) -> None:
         super().__init__(pool, max_rows)
         self.config = config
         self.dtype_bytes = dtype_bytes
         self.step_rows = step_rows
+        self.context = context
         self._layout: ScratchLayout | None = None
 
     def size_for(self, rows: int) -> int:
-        return scratch_bytes(self.config, rows, self.dtype_bytes, self.step_rows)
+        return scratch_bytes(self.config, rows, self.dtype_bytes, self.step_rows, self.context)
 
     def measure(self, rows: int) -> ScratchLayout:
         """The layout for `rows` rows; the live block and its views are not touched."""
-        return scratch_layout(self.config, rows, self.dtype_bytes, self.step_rows)
+        return scratch_layout(self.config, rows, self.dtype_bytes, self.step_rows, self.context)
 
     @property
     def layout(self) -> ScratchLayout | None:

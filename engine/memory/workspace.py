@@ -1,16 +1,18 @@
-"""The prompt-projection workspace: room to run prompt-sized matmuls on quantized weights.
+"""The prompt workspace: room for the two prompt-sized jobs that do not fit the scratch.
 
-A prefill chunk of R rows multiplies by every projection of a layer. With 4- or 8-bit
-weights the fast path dequantizes one projection at a time into a tile and runs a dense
-GEMM, so the workspace holds the largest layer projection dequantized plus one compute-dtype
-copy of a chunk's activations at the widest input:
+1. Projections on quantized weights: a prefill chunk dequantizes one layer projection at a
+   time into a tile and runs a dense GEMM, so the tile holds the largest layer projection
+   (out x in, compute dtype). The embedding and the head never go through it.
+2. Prefill attention: scores (fp32) and probabilities (compute dtype) of a group of query
+   rows against every key of the stream so far, `Hq x q_rows x context`, with q_rows at most
+   ATTN_QUERY_ROWS; the attention kernel takes as many query rows per pass as fit.
 
-    +-- tile  [max out, max in] dt (largest out*in of the quantized layer linears) --+
-    +-- acts  [R, max in] dt ---------------------------------------------------------+
+The two never run at once, so the block is the larger of the two:
 
-The embedding and the head never go through it (the head sees only step rows). A model with
-unquantized weights needs no workspace. It grows on demand like the scratch
-(`engine.memory.growth`), and a failed grow raises WorkspaceGrowFailed and keeps the old one.
+    +-- tile [max out * max in] dt  |or|  scores [Hq,q,T] f32 + probs [Hq,q,T] dt --+
+
+It grows on demand like the scratch (`engine.memory.growth`); a failed grow raises
+WorkspaceGrowFailed and keeps the old block.
 """
 
 from __future__ import annotations
@@ -24,46 +26,55 @@ from engine.memory.pool import Allocation, DevicePool
 from engine.memory.scratch import DTYPE_NAMES, align_up
 from engine.memory.shapes import layer_linear_shapes
 
-
-def _widest(config: ModelConfig) -> tuple[int, int]:
-    """(largest out*in, largest in) over the layer projections."""
-    shapes = [(out, inp) for _, out, inp in layer_linear_shapes(config)]
-    return max(o * i for o, i in shapes), max(i for _, i in shapes)
+ATTN_QUERY_ROWS = 16
 
 
-def workspace_bytes(config: ModelConfig, rows: int, dtype_bytes: int = 2) -> int:
-    """Workspace size for prefill chunks of `rows` rows (0 when the weights are not quantized)."""
-    if rows <= 0 or not config.quantized:
+def _tile_bytes(config: ModelConfig, dtype_bytes: int) -> int:
+    """The largest layer projection dequantized (0 when the weights are not quantized)."""
+    if not config.quantized:
         return 0
-    tile, widest_in = _widest(config)
-    return align_up(tile * dtype_bytes) + align_up(rows * widest_in * dtype_bytes)
+    return max(out * inp for _, out, inp in layer_linear_shapes(config)) * dtype_bytes
+
+
+def attention_scores_bytes(
+    config: ModelConfig, query_rows: int, context: int, dtype_bytes: int = 2
+) -> int:
+    """Scores and probabilities of `query_rows` query rows against `context` keys."""
+    return config.num_attention_heads * query_rows * context * (4 + dtype_bytes)
+
+
+def workspace_bytes(
+    config: ModelConfig, rows: int, dtype_bytes: int = 2, context: int = 4096
+) -> int:
+    """Workspace size for prefill chunks of `rows` rows at `context` tokens."""
+    if rows <= 0:
+        return 0
+    scores = attention_scores_bytes(config, min(rows, ATTN_QUERY_ROWS), context, dtype_bytes)
+    return align_up(max(_tile_bytes(config, dtype_bytes), scores))
 
 
 class Workspace(GrowableBuffer):
-    """The live workspace block; `ensure(rows)` before a quantized prefill chunk of `rows` rows."""
+    """The live workspace block; `ensure(rows)` before a prefill chunk of `rows` rows."""
 
     tag = "workspace"
     error = WorkspaceGrowFailed
 
     def __init__(
-        self, pool: DevicePool, config: ModelConfig, dtype_bytes: int, max_rows: int
+        self,
+        pool: DevicePool,
+        config: ModelConfig,
+        dtype_bytes: int,
+        max_rows: int,
+        context: int = 4096,
     ) -> None:
         super().__init__(pool, max_rows)
         self.config = config
         self.dtype_bytes = dtype_bytes
+        self.context = context
 
     def size_for(self, rows: int) -> int:
-        return workspace_bytes(self.config, rows, self.dtype_bytes)
-
-    def ensure(self, rows: int) -> bool:
-        if not self.config.quantized:
-            return False
-        return super().ensure(rows)
+        return workspace_bytes(self.config, rows, self.dtype_bytes, self.context)
 
     def _carve(self, block: Allocation, rows: int) -> dict[str, Any]:
-        tile, widest_in = _widest(self.config)
         dt = DTYPE_NAMES[self.dtype_bytes]
-        return {
-            "tile": block.view(0, (tile,), dt),
-            "acts": block.view(align_up(tile * self.dtype_bytes), (rows, widest_in), dt),
-        }
+        return {"tile": block.view(0, (block.nbytes // self.dtype_bytes,), dt)}

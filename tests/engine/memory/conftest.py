@@ -36,9 +36,14 @@ def commit(plan: Plan, decision: Decision, pool: SimulatedPool) -> Committed:
     emb = None if decision.host_embeddings or w.tied else pool.alloc(w.embedding, "embeddings")
     used = plan.resized(max_rows=decision.max_rows)
     scratch = Scratch(
-        pool, plan.config, plan.dtype_bytes, decision.max_rows, step_rows=plan.streams
+        pool,
+        plan.config,
+        plan.dtype_bytes,
+        decision.max_rows,
+        step_rows=plan.streams,
+        context=plan.context,
     )
-    work = Workspace(pool, plan.config, plan.dtype_bytes, decision.max_rows)
+    work = Workspace(pool, plan.config, plan.dtype_bytes, decision.max_rows, plan.context)
     if decision.eager:
         scratch.ensure(decision.max_rows)
         work.ensure(decision.max_rows)

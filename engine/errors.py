@@ -39,3 +39,12 @@ class WorkspaceGrowFailed(RequestRefused):
 
 class DeviceOutOfMemory(SnugError):
     """A device allocation failed outside the growth paths (load, stream state, prompt cache)."""
+
+
+class DoesNotFit(SnugError):
+    """Admission found no arrangement that fits; `decision` holds the breakdown and the
+    suggestions (shorter context, fewer streams, 4-bit format, lower reserve)."""
+
+    def __init__(self, message: str, decision: object = None) -> None:
+        super().__init__(message)
+        self.decision = decision

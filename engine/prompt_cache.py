@@ -9,6 +9,7 @@ only an exact prefix match is reused; anything else starts fresh, which gives th
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +24,9 @@ class CacheEntry:
 class PromptCache:
     """Least-recently-used snapshots, bounded by a byte budget (from the memory plan)."""
 
-    def __init__(self, budget_bytes: int):
+    def __init__(self, budget_bytes: int, on_evict: Callable[[Any], None] | None = None):
         self.budget_bytes = max(0, int(budget_bytes))
+        self.on_evict = on_evict  # frees a snapshot's memory (device snapshots)
         self._entries: OrderedDict[tuple[int, ...], CacheEntry] = OrderedDict()
 
     @property
@@ -46,16 +48,31 @@ class PromptCache:
             self._entries.move_to_end(best.ids)
         return best
 
-    def store(self, ids: list[int], snapshot: Any, nbytes: int) -> bool:
-        """Keep a snapshot, evicting the oldest ones to stay in budget; False if it cannot fit."""
-        key = tuple(ids)
-        if nbytes > self.budget_bytes or not key:
+    def make_room(self, nbytes: int) -> bool:
+        """Evict the oldest snapshots until `nbytes` more fit the budget; False if they never
+        can. Called before a snapshot is taken, so the cache never holds more than its budget."""
+        if nbytes > self.budget_bytes:
             return False
-        self._entries.pop(key, None)
         while self._entries and self.held_bytes + nbytes > self.budget_bytes:
-            self._entries.popitem(last=False)
+            self._evict(next(iter(self._entries)))
+        return True
+
+    def store(self, ids: list[int], snapshot: Any, nbytes: int) -> bool:
+        """Keep a snapshot, evicting the oldest ones to stay in budget; False if it cannot fit
+        (the caller still owns the snapshot then)."""
+        key = tuple(ids)
+        if not key or not self.make_room(nbytes):
+            return False
+        if key in self._entries:
+            self._evict(key)
         self._entries[key] = CacheEntry(key, snapshot, nbytes)
         return True
 
+    def _evict(self, key: tuple[int, ...]) -> None:
+        entry = self._entries.pop(key)
+        if self.on_evict is not None:
+            self.on_evict(entry.snapshot)
+
     def clear(self) -> None:
-        self._entries.clear()
+        while self._entries:
+            self._evict(next(iter(self._entries)))

@@ -22,7 +22,7 @@ import numpy as np
 
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
-from engine.errors import BackendUnavailable, RequestRefused
+from engine.errors import BackendUnavailable, DeviceOutOfMemory, RequestRefused
 from engine.models.qwen35 import Qwen35Model
 from engine.prompt_cache import PromptCache
 from engine.sampling import Sampler, SamplingParams
@@ -82,7 +82,7 @@ class _Stream:
     ids: list[int] = field(default_factory=list)  # every token now in the slot's state
 
 
-def select_backend(settings: EngineSettings) -> Backend:
+def select_backend(settings: EngineSettings, max_rows: int = 512) -> Backend:
     """`numpy`, `cuda`, or `auto` (cuda when an NVIDIA GPU and CuPy are usable)."""
     choice = settings.backend
     if choice == "numpy":
@@ -93,7 +93,7 @@ def select_backend(settings: EngineSettings) -> Backend:
     if reason is None:
         from engine.backends.cuda.backend import CudaBackend
 
-        return CudaBackend(settings=settings)
+        return CudaBackend(settings=settings, max_rows=max_rows)
     if choice == "cuda":
         raise BackendUnavailable(
             f"backend 'cuda' cannot run here: {reason}. Choose the "
@@ -127,6 +127,8 @@ def cuda_unavailable_reason() -> str | None:
 def _nbytes(obj: Any) -> int:
     """Bytes held by the arrays in a (nested) snapshot."""
     if isinstance(obj, dict):
+        if "block" in obj:  # a device snapshot: one pool block holds every array
+            return int(obj["block"].nbytes)
         return sum(_nbytes(v) for v in obj.values())
     if isinstance(obj, list | tuple):
         return sum(_nbytes(v) for v in obj)
@@ -165,7 +167,8 @@ class Engine:
         self.real_vocab = min(tokenizer.vocab_size, self.config.vocab_size)
         cache_bytes = getattr(getattr(decision, "breakdown", None), "prompt_cache", None)
         self.prompt_cache = PromptCache(
-            HOST_PROMPT_CACHE_BYTES if cache_bytes is None else cache_bytes
+            on_evict=getattr(backend, "free_snapshot", None),
+            budget_bytes=HOST_PROMPT_CACHE_BYTES if cache_bytes is None else cache_bytes,
         )
 
     @property
@@ -177,12 +180,16 @@ class Engine:
         cls,
         model_dir: str | Path,
         settings: EngineSettings | None = None,
-        context: int = 8192,
+        context: int | None = 8192,
         streams: int = 1,
         max_rows: int = 512,
         progress: Progress | None = None,
     ) -> Engine:
-        """Read the checkpoint, plan memory, upload weights and allocate stream state."""
+        """Read the checkpoint, plan memory, upload weights and allocate stream state.
+
+        On a GPU the plan is admitted before anything is allocated (DoesNotFit otherwise);
+        context None asks for the largest context the card admits. The numpy backend keeps
+        the context asked for (8192 when None)."""
         from engine.checkpoint import Checkpoint
         from engine.tokenizer import Tokenizer
 
@@ -192,22 +199,29 @@ class Engine:
         model_dir = Path(model_dir)
         checkpoint = Checkpoint.open(model_dir)
         tokenizer = Tokenizer.load(model_dir, eos_token_ids=checkpoint.config.eos_token_ids)
-        backend = select_backend(settings)
-        context = min(context, checkpoint.config.max_position_embeddings)
+        backend = select_backend(settings, max_rows)
+        config = checkpoint.config
+        if context is not None:
+            context = min(context, config.max_position_embeddings)
         decision = None
-        if hasattr(backend, "admit"):
-            decision = backend.admit(
-                checkpoint, context=context, streams=streams, max_rows=max_rows
-            )
-            context, streams = decision.context, decision.streams
+        if hasattr(backend, "pool"):
+            from engine.device_plan import admit_on_device
+
+            report("planning memory", 0.05)
+            decision = admit_on_device(backend, checkpoint, settings, context, streams, max_rows)
+            context, streams, max_rows = decision.context, decision.streams, decision.max_rows
+            backend.max_rows = max_rows
+        context = context or 8192
         report("loading weights", 0.1)
-        weights = backend.load_weights(checkpoint, checkpoint.config)
+        weights = backend.load_weights(checkpoint, config)
+        if hasattr(backend, "nvalid"):  # device-side greedy must skip the padding rows too
+            backend.nvalid = min(tokenizer.vocab_size, config.vocab_size)
         report("allocating stream state", 0.9)
-        backend.alloc_state(checkpoint.config, streams, context)
-        model = Qwen35Model(checkpoint.config, backend, weights)
+        backend.alloc_state(config, streams, context)
+        model = Qwen35Model(config, backend, weights)
         if hasattr(backend, "warm_up"):
             report("warming up", 0.95)
-            backend.warm_up(model)
+            backend.warm_up(model, eager=decision is None or decision.eager)
         report("ready", 1.0)
         return cls(
             model_dir, checkpoint, tokenizer, backend, model, context, streams, max_rows, decision
@@ -266,7 +280,11 @@ class Engine:
         for s in streams:
             self._check_room(s, 1)
         batch = Batch.step([(s.slot, len(s.ids)) for s in streams])
-        logits = self.model.forward(batch, np.asarray(ids))
+        decode_step = getattr(self.backend, "decode_step", None)
+        if decode_step is not None:  # the captured decode graph
+            logits, _ = decode_step(batch, np.asarray(ids))
+        else:
+            logits = self.model.forward(batch, np.asarray(ids))
         for s, token in zip(streams, ids, strict=True):
             s.ids.append(token)
         return self.backend.to_host(logits).astype(np.float32)
@@ -331,8 +349,18 @@ class Engine:
         return prompt_ids[len(entry.ids) :]
 
     def _save(self, stream: _Stream) -> None:
-        snapshot = self.backend.save_slot(stream.slot, len(stream.ids))
-        self.prompt_cache.store(stream.ids, snapshot, _nbytes(snapshot))
+        """Keep the stream's state for a follow-up turn, within the prompt cache's budget."""
+        expected = getattr(self.backend, "snapshot_bytes", None)
+        if expected is not None and not self.prompt_cache.make_room(expected(len(stream.ids))):
+            return
+        try:
+            snapshot = self.backend.save_slot(stream.slot, len(stream.ids))
+        except DeviceOutOfMemory:
+            return  # no room to keep it: the next turn prefills its history again
+        if not self.prompt_cache.store(stream.ids, snapshot, _nbytes(snapshot)):
+            free = getattr(self.backend, "free_snapshot", None)
+            if free is not None:
+                free(snapshot)
 
     def generate_many(
         self, prompts: list[list[int]], params: GenerationParams | None = None

@@ -150,3 +150,11 @@ class Backend(ABC):
     @abstractmethod
     def take_rows(self, x: Any, rows: np.ndarray) -> Any:
         """`x[rows]` (rows given on the host)."""
+
+    # ----- scratch regions (optional) -----------------------------------------------------
+    def begin_layer(self, index: int) -> None:  # noqa: B027 - optional hook
+        """Layer `index` starts; it reads only the previous layer's (u, x). A backend that
+        carves buffers from a fixed scratch reuses the region of layer index - 2 here."""
+
+    def begin_head(self) -> None:  # noqa: B027 - optional hook
+        """The layers are done; what follows is the final row gather and the LM head."""

@@ -72,6 +72,7 @@ class _Ledger:
         self.limit = limit
         self._held: dict[int, tuple[str, int]] = {}
         self._next_id = 0
+        self.peak_bytes = 0  # the most held at once (receipts compare it with the plan)
 
     @property
     def held_bytes(self) -> int:
@@ -102,6 +103,7 @@ class _Ledger:
         key = self._next_id
         self._next_id += 1
         self._held[key] = (tag, nbytes)
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         return key
 
     def _release(self, key: int) -> None:

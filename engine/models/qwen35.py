@@ -38,6 +38,7 @@ class Qwen35Model:
         x = be.embedding(w["embed_tokens"], ids_dev)  # [R, H]
         u = be.rms_norm(x, w["layers.0.input_layernorm"], eps)
         for i, kind in enumerate(c.layer_types):
+            be.begin_layer(i)
             p = f"layers.{i}."
             if kind == FULL:
                 delta = self._attention(p + "self_attn.", self.kind_index[i], u, batch)
@@ -48,6 +49,7 @@ class Qwen35Model:
             last = i + 1 == c.num_hidden_layers
             next_norm = w["norm"] if last else w[f"layers.{i + 1}.input_layernorm"]
             u, x = be.add_rms_norm(x, delta, next_norm, eps)
+        be.begin_head()
         if not all_logits:
             u = be.take_rows(u, batch.last_rows())  # [S, H]
         return be.linear(u, self.head)  # [S or R, V]

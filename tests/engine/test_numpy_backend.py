@@ -33,3 +33,16 @@ def test_rope_rotates_half_split_pairs_only_in_rotary_dims():
     c, s = np.cos(1.0), np.sin(1.0)
     np.testing.assert_allclose(out[1, :, 0], x[1, :, 0] * c - x[1, :, 4] * s, rtol=1e-6)
     np.testing.assert_allclose(out[1, :, 4], x[1, :, 4] * c + x[1, :, 0] * s, rtol=1e-6)
+
+
+def test_prompt_cache_evicts_oldest_and_frees_it():
+    from engine.prompt_cache import PromptCache
+
+    freed = []
+    cache = PromptCache(100, on_evict=freed.append)
+    assert cache.store([1, 2], "a", 60) and cache.store([1, 2, 3], "b", 30)
+    assert cache.lookup([1, 2, 3, 4]).snapshot == "b"  # longest proper prefix
+    assert cache.make_room(50) and freed == ["a"]  # oldest went first
+    assert not cache.make_room(101) and cache.lookup([1, 2, 3]) is None  # no proper prefix
+    cache.clear()
+    assert freed == ["a", "b"] and len(cache) == 0

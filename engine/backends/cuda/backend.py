@@ -23,10 +23,11 @@ import numpy as np
 
 from engine.backends.base import Backend, Batch
 from engine.backends.cuda.modules import use_cache_dir
-from engine.backends.cuda.scratch import Scratch
-from engine.backends.cuda.weights import DWeight, QWeight, upload
+from engine.backends.cuda.scratch import ALIGN, RegionCarver
+from engine.backends.cuda.weights import DWeight, QWeight, plan_bytes, upload
 from engine.config import ModelConfig
 from engine.errors import DeviceOutOfMemory, RequestRefused
+from engine.memory.scratch import decode_splits
 
 META_ROWS = 8
 ATTN_SCORE_BUDGET = 512 << 20  # bytes of prefill attention scores + probabilities per chunk
@@ -39,12 +40,13 @@ class CudaBackend(Backend):
         self,
         settings: Any = None,
         dtype: str = "bfloat16",
-        max_rows: int = 2048,
-        scratch_bytes: int = 64 << 20,
+        max_rows: int = 512,
+        pool: Any = None,
     ):
         import cupy
 
         from engine.backends.cuda.ops import Ops
+        from engine.memory import CupyPool
 
         use_cache_dir(getattr(settings, "cache_dir", None))
         self.ops = Ops(dtype)
@@ -52,9 +54,16 @@ class CudaBackend(Backend):
         self.cp = cupy
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream.use()
+        # Every long-lived block (weights, state, scratch, workspace, saved prompts) comes
+        # from this pool, which enforces the memory limit and reports what Snug holds.
+        self.pool = pool or CupyPool(limit=getattr(settings, "limit_bytes", None))
         self.graphs: Any = None  # set by graphs.DecodeGraphs; torn down before buffers move
-        self.scratch = Scratch(scratch_bytes, on_grow=self._teardown_graphs)
-        self.workspace = Scratch(0)
+        self.scratch = RegionCarver("scratch", spill=("head",))
+        self.workspace = RegionCarver("workspace", spill=("ws",))
+        self.mem_scratch: Any = None  # engine.memory.Scratch, made by alloc_state
+        self.mem_workspace: Any = None  # engine.memory.Workspace
+        self.model: Any = None  # the forward the decode graphs capture (set at warm-up)
+        self._state_block: Any = None
         self.capturing = False
         self.config: ModelConfig | None = None
         self.arena: Any = None
@@ -68,16 +77,30 @@ class CudaBackend(Backend):
         self.counter: Any = None
 
     # ----- memory reports -----------------------------------------------------------------
+    @property
+    def act_itemsize(self) -> int:
+        return self.ops.act_itemsize
+
     def held_bytes(self) -> int:
-        parts = [self.arena, self.kv_k if self.slots else None, self.kv_v if self.slots else None]
-        total = sum(p.nbytes for p in parts if p is not None)
-        if self.slots:
-            total += self.conv.nbytes + self.recurrent.nbytes + self.meta.nbytes
-        return total + self.scratch.nbytes + self.workspace.nbytes
+        """Bytes Snug holds on the card: the pool's blocks plus the small step buffers."""
+        small = self.meta.nbytes + self.counter.nbytes if self.meta is not None else 0
+        return self.pool.held_bytes + small
+
+    def weight_bytes(self, checkpoint: Any) -> dict[str, int]:
+        """What `load_weights` will put on the card, per tensor (the planner's input)."""
+        return plan_bytes(checkpoint, self.ops.act_itemsize)
 
     def _teardown_graphs(self) -> None:
         if self.graphs is not None:
             self.graphs.teardown()
+
+    def _attach_blocks(self, _rows: int = 0) -> None:
+        """Point the carvers at the live scratch / workspace blocks (after a grow)."""
+        ms, mw = self.mem_scratch, self.mem_workspace
+        if ms is not None and ms.block is not None:
+            self.scratch.attach(ms.block, ms.layout.regions)
+        if mw is not None and mw.block is not None:
+            self.workspace.attach(mw.block, {"ws": (0, mw.nbytes)})
 
     # ----- weights ------------------------------------------------------------------------
     def load_weights(self, checkpoint: Any, config: ModelConfig) -> dict[str, Any]:
@@ -85,7 +108,7 @@ class CudaBackend(Backend):
         self.config = config
         self.nvalid = config.vocab_size
         try:
-            weights, self.arena = upload(checkpoint, self.ops)
+            weights, self.arena = upload(checkpoint, self.ops, self.pool)
         except self.cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceOutOfMemory(
                 f"{checkpoint.dir}: the weights do not fit on the GPU ({exc}); choose a smaller "
@@ -95,27 +118,57 @@ class CudaBackend(Backend):
 
     # ----- state --------------------------------------------------------------------------
     def alloc_state(self, config: ModelConfig, slots: int, context: int) -> None:
+        from engine.memory import Scratch, Workspace
+
         cp, c = self.cp, config
         self.stream.use()
         self._teardown_graphs()
         self.config, self.slots, self.context = c, slots, context
         self.nvalid = self.nvalid or c.vocab_size
         n = slots + 1
-        kv = (len(c.full_layers), n, c.num_key_value_heads, context, c.head_dim)
-        self.kv_k = cp.zeros(kv, self.ops.act_dtype)
-        self.kv_v = cp.zeros(kv, self.ops.act_dtype)
-        conv = (len(c.linear_layers), n, c.linear_conv_kernel_dim - 1, c.conv_dim)
-        self.conv = cp.zeros(conv, self.ops.act_dtype)
-        rec = (
-            len(c.linear_layers),
-            n,
-            c.linear_num_value_heads,
-            c.linear_value_head_dim,
-            c.linear_key_head_dim,
+        act = self.ops.act_dtype
+        shapes = [
+            ((len(c.full_layers), n, c.num_key_value_heads, context, c.head_dim), act),
+            ((len(c.full_layers), n, c.num_key_value_heads, context, c.head_dim), act),
+            ((len(c.linear_layers), n, c.linear_conv_kernel_dim - 1, c.conv_dim), act),
+            (
+                (
+                    len(c.linear_layers),
+                    n,
+                    c.linear_num_value_heads,
+                    c.linear_value_head_dim,
+                    c.linear_key_head_dim,
+                ),
+                cp.float32,
+            ),
+        ]
+        if self._state_block is not None:
+            self._state_block.free()
+        self._state_block, (self.kv_k, self.kv_v, self.conv, self.recurrent) = self._carve_block(
+            shapes, "stream"
         )
-        self.recurrent = cp.zeros(rec, cp.float32)
+        for arr in (self.kv_k, self.kv_v, self.conv, self.recurrent):
+            arr.fill(0)
         self._alloc_meta(max(self.max_rows, 64))
         self.counter = cp.zeros(max(self.max_rows, 64), cp.uint32)
+        itemsize = self.ops.act_itemsize
+        self.mem_scratch = Scratch(self.pool, c, itemsize, self.max_rows, slots, context)
+        self.mem_workspace = Workspace(self.pool, c, itemsize, self.max_rows, context)
+        for mem in (self.mem_scratch, self.mem_workspace):
+            mem.on_before_free(self._teardown_graphs)  # invariant 5: graphs go first
+            mem.on_after_grow(self._attach_blocks)
+
+    def _carve_block(self, shapes: list, tag: str) -> tuple[Any, list[Any]]:
+        """One pool block holding arrays of `shapes` [(shape, dtype)], each 256-aligned."""
+        sizes = [
+            -(-int(np.prod(sh)) * self.cp.dtype(dt).itemsize // ALIGN) * ALIGN for sh, dt in shapes
+        ]
+        block = self.pool.alloc(max(sum(sizes), ALIGN), tag)
+        arrays, offset = [], 0
+        for (shape, dtype), size in zip(shapes, sizes, strict=True):
+            arrays.append(block.view(offset, shape, self.cp.dtype(dtype).name))
+            offset += size
+        return block, arrays
 
     @property
     def dummy_slot(self) -> int:
@@ -132,13 +185,32 @@ class CudaBackend(Backend):
             arr[:, slot] = 0
 
     def save_slot(self, slot: int, length: int) -> Any:
-        return {
-            "length": length,
-            "kv_k": self.kv_k[:, slot, :, :length].copy(),
-            "kv_v": self.kv_v[:, slot, :, :length].copy(),
-            "conv": self.conv[:, slot].copy(),
-            "recurrent": self.recurrent[:, slot].copy(),
+        """A copy of one stream's state in its own `prompt_cache` pool block (raises
+        DeviceOutOfMemory when the card or the limit has no room for it)."""
+        parts = {
+            "kv_k": self.kv_k[:, slot, :, :length],
+            "kv_v": self.kv_v[:, slot, :, :length],
+            "conv": self.conv[:, slot],
+            "recurrent": self.recurrent[:, slot],
         }
+        block, copies = self._carve_block(
+            [(a.shape, a.dtype) for a in parts.values()], "prompt_cache"
+        )
+        for dst, src in zip(copies, parts.values(), strict=True):
+            dst[...] = src
+        return {"length": length, "block": block, **dict(zip(parts, copies, strict=True))}
+
+    def snapshot_bytes(self, length: int) -> int:
+        """Bytes `save_slot` takes for a stream of `length` tokens."""
+        c, isz = self.config, self.ops.act_itemsize
+        kv = 2 * len(c.full_layers) * c.num_key_value_heads * length * c.head_dim * isz
+        conv = len(c.linear_layers) * (c.linear_conv_kernel_dim - 1) * c.conv_dim * isz
+        rec = len(c.linear_layers) * c.linear_num_value_heads * c.linear_key_head_dim
+        rec *= c.linear_value_head_dim * 4
+        return sum(-(-n // ALIGN) * ALIGN for n in (kv // 2, kv // 2, conv, rec))
+
+    def free_snapshot(self, snapshot: Any) -> None:
+        snapshot["block"].free()
 
     def restore_slot(self, slot: int, snapshot: Any) -> None:
         self.reset_slot(slot)
@@ -185,11 +257,23 @@ class CudaBackend(Backend):
     def prepare(self, batch: Batch, ids: np.ndarray) -> Any:
         self.stream.use()
         if not self.capturing:
+            if self.mem_scratch is not None:
+                # Lazy growth happens here, before any kernel of this forward runs: a failed
+                # grow refuses this request and leaves every stream's state as it was.
+                self.mem_scratch.ensure(min(batch.rows, self.mem_scratch.max_rows))
+                if not batch.is_step:
+                    self.mem_workspace.ensure(min(batch.rows, self.mem_workspace.max_rows))
             self.write_batch(batch, np.asarray(ids, np.int32))
-            self.workspace.reset()
-        self.scratch.reset()
+            self.workspace.reset("ws")
+        self.scratch.reset("r1")  # the embedding output is layer -1's
         self.batch = batch
         return self.meta[0, : batch.rows]
+
+    def begin_layer(self, index: int) -> None:
+        self.scratch.begin(f"r{index % 2}")
+
+    def begin_head(self) -> None:
+        self.scratch.begin("head")
 
     def _meta_rows(self, R: int) -> tuple[Any, Any, Any, Any]:
         m = self.meta
@@ -228,7 +312,7 @@ class CudaBackend(Backend):
             self.ops.gemv(x, weight, out)
             return
         if isinstance(weight, QWeight):
-            self.workspace.ensure(weight.shape[0] * weight.shape[1] * self.ops.act_itemsize)
+            self.workspace.begin("ws")
             dense = self.workspace.take(weight.shape, self.ops.act_dtype)
             self.ops.dequant(weight, dense)
         else:
@@ -281,8 +365,7 @@ class CudaBackend(Backend):
         )
         out = self.take((R, Hq * hd))
         if batch.is_step:
-            split = max(32, 32 * -(-self.context // (1024 * 32)))
-            nsmax = -(-self.context // split)
+            split, nsmax = decode_splits(self.context)
             po = self.take((R, Hq, nsmax, hd), self.cp.float32)
             pml = self.take((R, Hq, nsmax, 2), self.cp.float32)
             self.ops.attn_decode(
@@ -302,14 +385,20 @@ class CudaBackend(Backend):
         gq, rows, L = Hq // Hkv, seg.rows, seg.start + seg.rows
         t_act, t32 = ops.cuda_type, 0
         isz = ops.act_itemsize
-        tq = max(1, min(rows, ATTN_SCORE_BUDGET // (Hq * L * (4 + isz))))
+        ws = self.mem_workspace
+        budget = (
+            ws.nbytes - 2 * ALIGN
+            if ws is not None and ws.block is not None
+            else (ATTN_SCORE_BUDGET)
+        )
+        tq = max(1, min(rows, budget // (Hq * L * (4 + isz))))
         o = self.take((Hq, rows, hd))
         from engine.backends.cuda.blas import matmul
 
         qseg = q[row0:]  # [Hq, rows, hd] laid out from row0 * Hq * hd
         for t0 in range(0, rows, tq):
             n = min(tq, rows - t0)
-            self.workspace.ensure(Hq * n * L * (4 + isz) + 1024)
+            self.workspace.begin("ws")
             scores = self.workspace.take((Hq, n, L), cp.float32)
             probs = self.workspace.take((Hq, n, L), ops.act_dtype)
             for h in range(Hkv):
@@ -400,6 +489,50 @@ class CudaBackend(Backend):
         y = self.take((R, Hv * dv))
         ops.gdn_out(o, z, weights["norm"], y, Hv, dv, c.rms_norm_eps)
         return y
+
+    # ----- lifetime -----------------------------------------------------------------------
+    def warm_up(self, model: Any, eager: bool) -> None:
+        """Compile every kernel a request will use and, when the whole scratch fits
+        (`eager`), allocate scratch and workspace at max rows and capture the decode graph
+        of every batch size up to the stream count, so no request pays for an allocation or
+        a capture (invariant 4). Runs on the hidden spare slot; live streams are untouched."""
+        from engine.backends.cuda.graphs import DecodeGraphs
+
+        self.model = model
+        graphs = self.graphs or DecodeGraphs(self, model)
+        if eager:
+            self.mem_scratch.ensure(self.mem_scratch.max_rows)
+            self.mem_workspace.ensure(self.mem_workspace.max_rows)
+        rows = min(self.max_rows, self.context, 64 if not eager else self.max_rows)
+        model.forward(Batch.window(self.dummy_slot, 0, rows), np.zeros(rows, np.int32))
+        if eager:
+            for batch_size in range(1, self.slots + 1):
+                graphs.capture(batch_size)
+        self.reset_slot(self.dummy_slot)
+        self.stream.synchronize()
+
+    def decode_step(self, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
+        """One decode row per stream through the captured graph (captured on first use);
+        returns (logits [B, V], greedy tokens [B] int32) on the device."""
+        from engine.backends.cuda.graphs import DecodeGraphs
+
+        graphs = self.graphs or DecodeGraphs(self, self.model)
+        return graphs.replay(batch, ids)
+
+    def release(self) -> None:
+        """Free graphs, scratch, workspace, state and weights (unload)."""
+        self._teardown_graphs()
+        self.graphs = None
+        for mem in (self.mem_scratch, self.mem_workspace):
+            if mem is not None:
+                mem.release()
+        self.scratch.detach()
+        self.workspace.detach()
+        for block in (self._state_block, getattr(self.arena, "alloc", None)):
+            if block is not None:
+                block.free()
+        self._state_block = self.arena = None
+        self.stream.synchronize()
 
     # ----- sampling on the device ---------------------------------------------------------
     def sample_greedy(self, logits: Any, out: Any = None) -> Any:

@@ -1,84 +1,85 @@
-"""Per-forward device buffers carved from one preallocated block by a bump allocator.
+"""Per-forward device buffers carved by bump allocators from the scratch and workspace blocks.
 
-    scratch block (one cupy allocation, `capacity` bytes)
-    +--------+--------+--------+------ ... ------+-----------------+
-    | buf 0  | buf 1  | buf 2  |                 |   free          |
-    +--------+--------+--------+------ ... ------+-----------------+
-    ^ offset 0 (reset at the start of every forward)    ^ capacity
+The blocks themselves belong to `engine.memory` (`Scratch`, `Workspace`: sized by the plan,
+grown replacement-first, graphs torn down before an old block is freed). This module only
+hands out views, in the layout `engine.memory.scratch.scratch_layout` measures:
 
-Allocation order within a forward is deterministic, so a captured decode graph and its
-replays see the same addresses. When a forward needs more than the block holds (outside a
-capture), the overflow comes from the CuPy pool for that forward only and `wanted` records
-the peak; the next `reset` replaces the block with one of the peak size (the owner first
-tears down graphs that point into the old block, through `on_grow`).
+    scratch block
+    +---------------- r0 ----------------+---------------- r1 ----------------+-- head --+
+    | layer 0, 2, 4, ... (reset per layer)| embedding, layer 1, 3, 5, ...       | logits   |
+    +-------------------------------------+-------------------------------------+----------+
+
+Layer i carves from region i % 2 (reset when the layer starts) and reads the previous
+layer's output from the other region. Carving order within a forward is deterministic, so a
+captured decode graph and its replays see the same addresses. Without a block (kernel tests)
+or in a `spill` region (the head asked for every row's logits, a dequantized head tile) a
+take that does not fit comes from the CuPy pool instead; that is refused during capture.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 ALIGN = 256
 
 
-class Scratch:
-    def __init__(self, capacity: int = 0, on_grow: Callable[[], None] | None = None):
-        self.capacity = 0
-        self.block: Any = None
+def _nbytes(shape: tuple[int, ...], itemsize: int) -> int:
+    n = itemsize
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+class RegionCarver:
+    """Bump allocation inside named regions `(offset, size)` of one block."""
+
+    def __init__(self, name: str, spill: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.spill = spill  # regions that may take from the CuPy pool when full (not in capture)
+        self.block: Any = None  # an engine.memory Allocation
+        self.regions: dict[str, tuple[int, int]] = {}
+        self.region = ""
         self.offset = 0
-        self.wanted = 0
         self.capturing = False
-        self.on_grow = on_grow
+        self.used: dict[str, int] = {}  # most bytes each region has needed (for receipts)
         self._overflow: list[Any] = []
-        if capacity:
-            self._allocate(capacity)
 
-    @property
-    def nbytes(self) -> int:
-        return self.capacity
+    def attach(self, block: Any, regions: dict[str, tuple[int, int]]) -> None:
+        """Carve from `block` from now on (after the owner grew or replaced it)."""
+        self.block, self.regions = block, dict(regions)
 
-    def _allocate(self, capacity: int) -> None:
-        import cupy
+    def detach(self) -> None:
+        self.block, self.regions = None, {}
 
-        self.block = None  # free the old block before taking the new one
-        self.block = cupy.empty(capacity, dtype=cupy.uint8)
-        self.capacity = capacity
+    def begin(self, region: str) -> None:
+        """Start carving `region` from its beginning (its previous views are dead)."""
+        self.region, self.offset = region, 0
 
-    def reset(self) -> None:
-        """Start a forward: free last forward's overflow and grow the block if it was short."""
+    def reset(self, region: str = "r1") -> None:
+        """Start a forward: drop last forward's overflow and carve from `region`."""
         self._overflow.clear()
-        if self.wanted > self.capacity:
-            if self.on_grow is not None:
-                self.on_grow()
-            self._allocate(int(self.wanted * 1.25) // ALIGN * ALIGN + ALIGN)
-        self.offset = 0
-        self.wanted = 0
-
-    def ensure(self, nbytes: int) -> None:
-        """Grow now (outside a capture) so that `nbytes` fit from offset 0; content is lost."""
-        if nbytes > self.capacity:
-            if self.on_grow is not None:
-                self.on_grow()
-            self._allocate(int(nbytes * 1.25) // ALIGN * ALIGN + ALIGN)
-        self.offset = 0
+        self.begin(region)
 
     def take(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """An uninitialised array carved from the block (or from the pool on overflow)."""
         import cupy
 
         dt = cupy.dtype(dtype)
-        n = dt.itemsize
-        for s in shape:
-            n *= int(s)
-        start = self.offset
-        self.offset = start + (n + ALIGN - 1) // ALIGN * ALIGN
-        self.wanted = max(self.wanted, self.offset)
-        if self.offset <= self.capacity:
-            return self.block[start : start + n].view(dt).reshape(shape)
+        n = _nbytes(shape, dt.itemsize)
+        start, end = self.offset, self.offset + (n + ALIGN - 1) // ALIGN * ALIGN
+        base, size = self.regions.get(self.region, (0, -1))
+        if self.block is not None and end <= size:
+            self.offset = end
+            self.used[self.region] = max(self.used.get(self.region, 0), end)
+            return self.block.view(base + start, shape, dt.name)
         if self.capturing:
             raise RuntimeError(
-                f"scratch of {self.capacity} bytes is too small for the captured forward "
-                f"(needs {self.offset}); grow it before capture"
+                f"{self.name} region {self.region!r} holds {size} bytes but the captured "
+                f"forward needs {end}; the layout in engine.memory.scratch must cover it"
+            )
+        if self.block is not None and self.region not in self.spill:
+            raise AssertionError(
+                f"{self.name} region {self.region!r} ({size} bytes) is smaller than the "
+                f"forward needs ({end}); engine.memory.scratch's layout is out of date"
             )
         arr = cupy.empty(shape, dtype=dt)
         self._overflow.append(arr)

@@ -74,12 +74,17 @@ def plan_bytes(checkpoint: Any, act_itemsize: int) -> dict[str, int]:
 
 
 class Arena:
-    """One device block; `carve` hands out aligned views in order."""
+    """One device block (from the pool when given one); `carve` hands out aligned views."""
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, pool: Any = None):
         import cupy
 
-        self.block = cupy.empty(max(nbytes, ALIGN), dtype=cupy.uint8)
+        nbytes = max(nbytes, ALIGN)
+        self.alloc = pool.alloc(nbytes, "weights") if pool is not None else None
+        if self.alloc is not None:
+            self.block = self.alloc.view(0, (nbytes,), "uint8")
+        else:
+            self.block = cupy.empty(nbytes, dtype=cupy.uint8)
         self.offset = 0
 
     @property
@@ -112,12 +117,12 @@ def _convert_into(ops: Any, raw: np.ndarray, dst: Any) -> None:
     ops.convert(kind, tmp.reshape(-1), dst.reshape(-1))
 
 
-def upload(checkpoint: Any, ops: Any) -> tuple[dict[str, Any], Arena]:
+def upload(checkpoint: Any, ops: Any, pool: Any = None) -> tuple[dict[str, Any], Arena]:
     """Upload every tensor the forward reads into one arena; return name -> device weight."""
     import cupy
 
     sizes = plan_bytes(checkpoint, ops.act_itemsize)
-    arena = Arena(sum(sizes.values()))
+    arena = Arena(sum(sizes.values()), pool)
     weights: dict[str, Any] = {}
     for name in sizes:
         info = checkpoint.tensors[name]

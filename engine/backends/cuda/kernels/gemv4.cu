@@ -1,0 +1,180 @@
+// Decode-sized projections y[m, :] = x[m, :] @ W.T (1 <= m <= 8) for MLX affine 4-bit weights
+// with group size 64 and half-precision activations (bf16 or fp16), on tensor cores.
+//
+// Layout: codes uint32 [out, in/8], LSB-first nibbles; scales/biases [out, in/64]; w = s*q + b.
+//
+// Per warp a tile of 16 weight rows (SWIGLU: 8 gate rows over 8 up rows) times a slice of the
+// column groups. Each lane reads 8 bytes of a group of two rows (rows g and g+8, g = lane/4):
+// a quad of lanes covers one 32-byte group row, so every sector fetched is used. The nibbles are
+// turned into half-precision pairs with one LOP3 each (the nibble goes under the mantissa of
+// BASE = 128 (bf16) or 1024 (fp16), which is exact) and fed to mma.m16n8k16 as the A operand;
+// the activations (the B operand, one column per activation row) are staged once per block in
+// shared memory, pre-permuted so that a lane's fragment for one code word is one 16-byte load.
+// Per group the mma gives C = sum((BASE+q) * x) in fp32, so
+//     sum(w * x) = s * C + (b - BASE*s) * sum(x)
+// with sum(x) per group and activation row computed once per block. Warps that share a tile
+// (KS slices of the columns) are summed through shared memory at the end.
+#include "common.cuh"
+
+#if ACT_KIND == 1
+#define MMA_TYPE "f16"
+#define Q_MAGIC 0x64006400u
+#define Q_BASE 1024.f
+#else
+#define MMA_TYPE "bf16"
+#define Q_MAGIC 0x43004300u
+#define Q_BASE 128.f
+#endif
+
+__device__ __forceinline__ unsigned qpair(unsigned w) {
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(w), "r"(0x000F000Fu), "r"(Q_MAGIC));  // (a & b) | c
+  return r;
+}
+
+__device__ __forceinline__ void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+  unsigned r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// Shared memory bytes the kernel needs (the wrapper passes this as dynamic shared memory).
+// xs: M rows of in/8 + 1 16-byte entries; sx: 8 floats per group; red: 4 floats per thread.
+//
+// KS warps share a tile (each takes a contiguous slice of the groups), TPB tiles per block,
+// UG groups loaded per step (and the next UG prefetched while they are computed).
+template <int M, bool SWIGLU, int KS, int TPB, int UG>
+__global__ void __launch_bounds__(32 * KS * TPB)
+gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
+      const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
+      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in) {
+  constexpr int NT = 32 * KS * TPB;
+  constexpr int ROWS = SWIGLU ? 8 : 16;
+  extern __shared__ uint4 smem[];
+  const int ng = in >> 6, nw = in >> 3, xstride = nw + 1;
+  uint4* xs = smem;
+  float* sx = reinterpret_cast<float*>(xs + M * xstride);
+  float* red = sx + ng * 8;
+
+  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const int wid = tid >> 5, tl = wid / KS, ks = wid % KS;
+  const int tile = blockIdx.x * TPB + tl;
+  const int rlo = min(tile * ROWS + g, out - 1);
+  const int rhi = SWIGLU ? rlo : min(tile * ROWS + g + 8, out - 1);
+  const uint2* wlo = reinterpret_cast<const uint2*>(W0 + (long)rlo * nw) + tig;
+  const uint2* whi = reinterpret_cast<const uint2*>((SWIGLU ? W1 : W0) + (long)rhi * nw) + tig;
+  const act_t* slo = S0 + (long)rlo * ng;
+  const act_t* blo = B0 + (long)rlo * ng;
+  const act_t* shi = (SWIGLU ? S1 : S0) + (long)rhi * ng;
+  const act_t* bhi = (SWIGLU ? B1 : B0) + (long)rhi * ng;
+  const int slice = (ng + KS - 1) / KS;
+  const int ga = min(ng, ks * slice), gb = min(ng, ga + slice);
+
+  uint2 ca[UG], cb[UG];
+  act_t qs[UG][4];
+  auto fetch = [&](int g0) {
+#pragma unroll
+    for (int u = 0; u < UG; ++u) {
+      const int gr = g0 + u;
+      if (gr < gb) {
+        ca[u] = __ldcs(wlo + gr * 4);
+        cb[u] = __ldcs(whi + gr * 4);
+        qs[u][0] = slo[gr];
+        qs[u][1] = blo[gr];
+        qs[u][2] = shi[gr];
+        qs[u][3] = bhi[gr];
+      }
+    }
+  };
+  fetch(ga);  // weights in flight while the activations are staged
+
+  // Stage x: entry p of row m holds x[8p..8p+7] as pairs (0,4) (1,5) (2,6) (3,7); sx[grp*8+m] = group sums.
+  for (int base = tid - lane; base < M * nw; base += NT) {
+    const int it = base + lane;
+    float s = 0.f;
+    if (it < M * nw) {
+      const int m = it / nw, p = it - m * nw;
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+      xs[m * xstride + p] = make_uint4(prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632),
+                                       prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632));
+      const act_t* e = reinterpret_cast<const act_t*>(&v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s += cv(e[j]);
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s += __shfl_xor_sync(0xffffffffu, s, 4);
+    if (it < M * nw && (lane & 7) == 0) {
+      const int m = it / nw, p = it - m * nw;
+      sx[(p >> 3) * 8 + m] = s;
+    }
+  }
+  if (M < 8)
+    for (int i = tid; i < ng * 8; i += NT)
+      if ((i & 7) >= M) sx[i] = 0.f;
+  __syncthreads();
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
+  for (int g0 = ga; g0 < gb; g0 += UG) {
+    uint2 na[UG], nb[UG];
+    act_t ns[UG][4];
+#pragma unroll
+    for (int u = 0; u < UG; ++u) {
+      na[u] = ca[u];
+      nb[u] = cb[u];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) ns[u][k] = qs[u][k];
+    }
+    if (g0 + UG < gb) fetch(g0 + UG);
+#pragma unroll
+    for (int u = 0; u < UG; ++u) {
+      const int gr = g0 + u;
+      if (gr < gb) {
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const unsigned wa = j ? na[u].y : na[u].x, wb = j ? nb[u].y : nb[u].x;
+          uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+          if (g < M) xv = xrow[gr * 8 + j];
+          mma16816(c, qpair(wa), qpair(wb), qpair(wa >> 4), qpair(wb >> 4), xv.x, xv.y);
+          mma16816(c, qpair(wa >> 8), qpair(wb >> 8), qpair(wa >> 12), qpair(wb >> 12), xv.z, xv.w);
+        }
+        const float2 sxv = *reinterpret_cast<const float2*>(sx + gr * 8 + 2 * tig);
+        const float s0 = cv(ns[u][0]), s1 = cv(ns[u][2]);
+        const float b0 = fmaf(-Q_BASE, s0, cv(ns[u][1])), b1 = fmaf(-Q_BASE, s1, cv(ns[u][3]));
+        acc[0] = fmaf(s0, c[0], fmaf(b0, sxv.x, acc[0]));
+        acc[1] = fmaf(s0, c[1], fmaf(b0, sxv.y, acc[1]));
+        acc[2] = fmaf(s1, c[2], fmaf(b1, sxv.x, acc[2]));
+        acc[3] = fmaf(s1, c[3], fmaf(b1, sxv.y, acc[3]));
+      }
+    }
+  }
+
+  // c layout: acc[i] is row g + 8*(i>>1) of the tile, activation row 2*tig + (i&1).
+  *reinterpret_cast<float4*>(red + (wid * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  __syncthreads();
+  for (int idx = tid; idx < TPB * ROWS * M; idx += NT) {
+    const int t = idx / (ROWS * M), rem = idx - t * ROWS * M;
+    const int lr = rem / M, m = rem - lr * M;
+    const int row = (blockIdx.x * TPB + t) * ROWS + lr;
+    if (row >= out) continue;
+    const int src = ((lr & 7) * 4 + (m >> 1)) * 4 + (m & 1);
+    const float* r = red + t * KS * 128;
+    float v0 = 0.f, v1 = 0.f;
+#pragma unroll 4
+    for (int k = 0; k < KS; ++k) {
+      v0 += r[k * 128 + src + (lr >> 3) * 2];
+      if (SWIGLU) v1 += r[k * 128 + src + 2];
+    }
+    st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
+  }
+}

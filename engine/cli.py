@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -83,9 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _settings(args: argparse.Namespace) -> EngineSettings:
     settings = EngineSettings.from_env().with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
     if getattr(args, "backend", None):
-        settings = EngineSettings(
-            settings.reserve_bytes, settings.limit_bytes, args.backend, settings.cache_dir
-        )
+        settings = dataclasses.replace(settings, backend=args.backend)
     return settings
 
 

@@ -283,6 +283,8 @@ ENV_RESERVE = "SNUG_MEMORY_RESERVE_GIB"
 ENV_LIMIT = "SNUG_MEMORY_LIMIT_GIB"
 ENV_BACKEND = "SNUG_BACKEND"
 ENV_CACHE = "SNUG_CACHE_DIR"
+ENV_DTYPE = "SNUG_COMPUTE_DTYPE"
+COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
 DEFAULT_RESERVE_GIB = 0.5
 
 
@@ -294,6 +296,7 @@ class EngineSettings:
     limit_bytes: int | None = None
     backend: str = "auto"
     cache_dir: str | None = None
+    compute_dtype: str = "bfloat16"  # GPU activations; float16 for cards without bf16
 
     def __post_init__(self) -> None:
         if self.reserve_bytes < 0:
@@ -303,6 +306,11 @@ class EngineSettings:
         if self.backend not in ("auto", "cuda", "numpy"):
             raise ConfigError(
                 f"backend {self.backend!r} is unknown: choose auto, cuda or numpy ({ENV_BACKEND})"
+            )
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ConfigError(
+                f"compute dtype {self.compute_dtype!r} is unknown: choose "
+                f"{', '.join(COMPUTE_DTYPES)} ({ENV_DTYPE})"
             )
 
     @classmethod
@@ -317,6 +325,8 @@ class EngineSettings:
             out = replace(out, backend=env[ENV_BACKEND].strip())
         if env.get(ENV_CACHE, "").strip():
             out = replace(out, cache_dir=env[ENV_CACHE].strip())
+        if env.get(ENV_DTYPE, "").strip():
+            out = replace(out, compute_dtype=env[ENV_DTYPE].strip())
         return out
 
     def with_gib(self, reserve: float | None = None, limit: float | None = None) -> EngineSettings:

@@ -53,7 +53,7 @@ class Sampler:
     def __call__(self, logits: np.ndarray, generated: Iterable[int] = ()) -> int:
         """Pick one token id from `logits [V]` given the ids generated so far."""
         p = self.params
-        x = np.asarray(logits, dtype=np.float64)[: self.real_vocab].copy()
+        x = np.array(logits[: self.real_vocab], dtype=np.float64)  # a copy, padding dropped
         if p.presence_penalty:
             seen = np.fromiter(set(generated), dtype=np.int64)
             seen = seen[seen < self.real_vocab]

@@ -93,7 +93,7 @@ def select_backend(settings: EngineSettings, max_rows: int = 512) -> Backend:
     if reason is None:
         from engine.backends.cuda.backend import CudaBackend
 
-        return CudaBackend(settings=settings, max_rows=max_rows)
+        return CudaBackend(settings=settings, dtype=settings.compute_dtype, max_rows=max_rows)
     if choice == "cuda":
         raise BackendUnavailable(
             f"backend 'cuda' cannot run here: {reason}. Choose the "
@@ -184,12 +184,14 @@ class Engine:
         streams: int = 1,
         max_rows: int = 512,
         progress: Progress | None = None,
+        eager: bool | None = None,
     ) -> Engine:
         """Read the checkpoint, plan memory, upload weights and allocate stream state.
 
         On a GPU the plan is admitted before anything is allocated (DoesNotFit otherwise);
         context None asks for the largest context the card admits. The numpy backend keeps
-        the context asked for (8192 when None)."""
+        the context asked for (8192 when None). `eager` overrides the decision's choice of
+        allocating the scratch whole at warm-up (tests use it to force the lazy path)."""
         from engine.checkpoint import Checkpoint
         from engine.tokenizer import Tokenizer
 
@@ -221,7 +223,9 @@ class Engine:
         model = Qwen35Model(config, backend, weights)
         if hasattr(backend, "warm_up"):
             report("warming up", 0.95)
-            backend.warm_up(model, eager=decision is None or decision.eager)
+            if eager is None:
+                eager = decision is None or decision.eager
+            backend.warm_up(model, eager=eager)
         report("ready", 1.0)
         return cls(
             model_dir, checkpoint, tokenizer, backend, model, context, streams, max_rows, decision
@@ -277,17 +281,41 @@ class Engine:
 
     def step(self, streams: list[_Stream], ids: list[int]) -> np.ndarray:
         """One decode row for each stream; returns logits `[len(streams), V]`."""
+        logits, _ = self._step_device(streams, ids)
+        return self.backend.to_host(logits).astype(np.float32)
+
+    def _step_device(self, streams: list[_Stream], ids: list[int]) -> tuple[Any, Any]:
+        """One decode row per stream: (logits, device greedy tokens or None) as the backend
+        holds them. On the GPU this replays the captured decode graph."""
         for s in streams:
             self._check_room(s, 1)
         batch = Batch.step([(s.slot, len(s.ids)) for s in streams])
         decode_step = getattr(self.backend, "decode_step", None)
-        if decode_step is not None:  # the captured decode graph
-            logits, _ = decode_step(batch, np.asarray(ids))
+        if decode_step is not None:
+            logits, greedy = decode_step(batch, np.asarray(ids))
         else:
-            logits = self.model.forward(batch, np.asarray(ids))
+            logits, greedy = self.model.forward(batch, np.asarray(ids)), None
         for s, token in zip(streams, ids, strict=True):
             s.ids.append(token)
-        return self.backend.to_host(logits).astype(np.float32)
+        return logits, greedy
+
+    def _next_tokens(
+        self,
+        streams: list[_Stream],
+        ids: list[int],
+        samplers: list[Sampler],
+        outputs: list[list[int]],
+    ) -> list[int]:
+        """Decode one step and pick each stream's next token. Greedy requests without a
+        presence penalty take the device's argmax (4 bytes back, not the logits)."""
+        logits, greedy = self._step_device(streams, ids)
+        plain = all(s.params.is_greedy and not s.params.presence_penalty for s in samplers)
+        if greedy is not None and plain:
+            return [int(t) for t in greedy.get()]
+        host = self.backend.to_host(logits).astype(np.float32)
+        return [
+            sampler(row, out) for sampler, row, out in zip(samplers, host, outputs, strict=True)
+        ]
 
     # ----- generation ---------------------------------------------------------------------
     def generate(
@@ -332,8 +360,7 @@ class Engine:
                     yield TokenEvent(token, text, True, reason, stats)
                     return
                 yield TokenEvent(token, text)
-                logits = self.step([stream], [token])[0]
-                token = sampler(logits, generated)
+                token = self._next_tokens([stream], [token], [sampler], [generated])[0]
         finally:
             if completed:
                 self._save(stream)
@@ -385,9 +412,14 @@ class Engine:
                 active = still
                 if not active:
                     break
-                logits = self.step([streams[i] for i in active], [next_ids[i] for i in active])
-                for row, i in enumerate(active):
-                    next_ids[i] = samplers[i](logits[row], outputs[i])
+                picked = self._next_tokens(
+                    [streams[i] for i in active],
+                    [next_ids[i] for i in active],
+                    [samplers[i] for i in active],
+                    [outputs[i] for i in active],
+                )
+                for i, token in zip(active, picked, strict=True):
+                    next_ids[i] = token
             return outputs
         finally:
             for s in streams:

@@ -99,6 +99,24 @@ def test_mlp_swiglu(dtype, rows):
     assert _rel(y, ref) < TOL[dtype] * 2
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+def test_linear_q4_half(rows):
+    """fp16 activations take the tensor-core 4-bit kernel too (fused SwiGLU included)."""
+    be = _backend("float16")
+    rng = np.random.default_rng(rows)
+    for out, cols in [(33, 2560), (8, 64), (300, 1024)]:
+        w, ref_w = _quant_weight(be, out, cols, 4, rng)
+        u, ref_u = _quant_weight(be, out, cols, 4, rng)
+        x = _round(be, rng.standard_normal((rows, cols)).astype(np.float32))
+        be.scratch.reset()
+        y = be.to_host(be.linear(_up(be, x), w))
+        assert _rel(y, x @ ref_w.T) < TOL["float16"], (out, cols)
+        h = be.take((rows, out))
+        be.ops.gemv(_up(be, x), w, h, up=u)
+        ref = silu(x @ ref_w.T) * (x @ ref_u.T)
+        assert _rel(be.to_host(h), ref) < TOL["float16"] * 2, (out, cols)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("n", SIZES)
 def test_norms(dtype, n):

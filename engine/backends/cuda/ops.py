@@ -20,6 +20,9 @@ GEMV_MAX_ROWS = 8
 # (rows per warp, 16-byte chunks in flight per lane and row)
 GEMV_VARIANTS = ((1, 4), (2, 4), (4, 2), (4, 4))
 GEMV_SWIGLU_VARIANTS = ((2, 4), (2, 2), (2, 8))
+# Tensor-core kernel for 4-bit g64 weights and half activations (gemv4.cu):
+# (warps per 16-row tile, tiles per block, groups per load step)
+GEMV4_VARIANTS = ((8, 1, 4), (4, 2, 4), (8, 1, 2), (16, 1, 2), (2, 4, 4))
 GRID_CAP = 132 * 16  # blocks for grid-stride kernels
 
 
@@ -41,7 +44,10 @@ class Ops:
         }[dtype]
         self.act_itemsize = 4 if dtype == "float32" else 2
         self.cuda_type = blas.TYPES[dtype]
-        self.gemv_choice: dict[tuple, tuple[int, int]] = {}
+        self.gemv_choice: dict[tuple, tuple] = {}
+        self._smem_optin: int | None = None
+        self._smem_set: set[tuple[str, int]] = set()
+        self._gemv4_mods: dict[Any, Any] = {}  # (rows, swiglu) -> module, symbol -> kernel
 
     def k(self, file: str, symbol: str) -> Any:
         return function(file, symbol, self.dtype)
@@ -66,8 +72,8 @@ class Ops:
     def gemv(self, x: Any, w: Any, out: Any, up: Any = None) -> None:
         """out[m] = x[m] @ w.T for m < rows <= 8; with `up`, out = silu(x@w.T) * (x@up.T).
 
-        The rows-per-warp / chunks-in-flight variant is picked per shape by timing each
-        candidate once (outside graph capture); the choice is cached for the process.
+        The kernel and its variant are picked per shape by timing each candidate once
+        (outside graph capture); the choice is cached for the process.
         """
         R, cols = x.shape
         bits = w.bits if isinstance(w, QWeight) else 0
@@ -76,7 +82,83 @@ class Ops:
         choice = self.gemv_choice.get(key)
         if choice is None:
             choice = self._tune_gemv(key, x, w, out, up)
-        self._gemv_launch(x, w, out, up, *choice)
+        self.gemv_run(choice, x, w, out, up)
+
+    def gemv_candidates(self, x: Any, w: Any, up: Any = None) -> list[tuple]:
+        """Kernel variants that can run this product: ('mma', ks, tpb, ug) or ('old', rpw, u)."""
+        old = GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS
+        cands = [("old", *v) for v in old]
+        if self._gemv4_ok(x, w):
+            cands = [("mma", *v) for v in GEMV4_VARIANTS] + cands[:1]
+        return cands
+
+    def gemv_run(self, choice: tuple, x: Any, w: Any, out: Any, up: Any = None) -> None:
+        if choice[0] == "mma":
+            self._gemv4_launch(x, w, out, up, *choice[1:])
+        else:
+            self._gemv_launch(x, w, out, up, *choice[1:])
+
+    def _gemv4_smem(self, rows: int, cols: int, threads: int) -> int:
+        return rows * (cols // 8 + 1) * 16 + cols // 64 * 32 + threads * 16
+
+    def _gemv4_ok(self, x: Any, w: Any) -> bool:
+        if self.dtype == "float32" or not isinstance(w, QWeight):
+            return False
+        if w.bits != 4 or w.group_size != 64 or w.shape[1] % 64:
+            return False
+        if self._smem_optin is None:
+            import cupy
+
+            dev = cupy.cuda.Device().id
+            self._smem_optin = cupy.cuda.runtime.deviceGetAttribute(97, dev)  # opt-in max
+        return self._gemv4_smem(x.shape[0], w.shape[1], 1024) <= self._smem_optin
+
+    def _gemv4_launch(self, x, w, out, up, ks: int, tpb: int, ug: int) -> None:
+        import cupy
+
+        R, cols = x.shape
+        n_out = w.shape[0]
+        swiglu = up is not None
+        sym = self._gemv4_sym(R, swiglu, (ks, tpb, ug))
+        fn = self._gemv4_fn(R, swiglu, sym)
+        threads = 32 * ks * tpb
+        smem = self._gemv4_smem(R, cols, threads)
+        if smem > 48 * 1024 and (sym, smem) not in self._smem_set:
+            drv = cupy.cuda.driver
+            drv.funcSetAttribute(fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+            self._smem_set.add((sym, smem))
+        rows = 8 if swiglu else 16
+        grid = (_cdiv(_cdiv(n_out, rows), tpb),)
+        a = self._wargs(w)
+        b = self._wargs(up) if swiglu else a
+        fn(
+            grid,
+            (threads,),
+            (*a, *b, x, i32(cols), out, i32(out.shape[1]), i32(n_out), i32(cols)),
+            shared_mem=smem,
+        )
+
+    @staticmethod
+    def _gemv4_sym(R: int, swiglu: bool, v: tuple[int, int, int]) -> str:
+        return f"gemv4<{R},{'true' if swiglu else 'false'},{v[0]},{v[1]},{v[2]}>"
+
+    def _gemv4_fn(self, R: int, swiglu: bool, sym: str) -> Any:
+        """One module per (rows, swiglu) holding every variant: one compile, not five."""
+        import cupy
+
+        from engine.backends.cuda.modules import ACT_KINDS, _source
+
+        fn = self._gemv4_mods.get(sym)
+        if fn is not None:
+            return fn
+        mod = self._gemv4_mods.get((R, swiglu))
+        if mod is None:
+            names = [self._gemv4_sym(R, swiglu, v) for v in GEMV4_VARIANTS]
+            opts = ("-std=c++17", f"-DACT_KIND={ACT_KINDS[self.dtype]}")
+            mod = cupy.RawModule(code=_source("gemv4.cu"), options=opts, name_expressions=names)
+            self._gemv4_mods[(R, swiglu)] = mod
+        fn = self._gemv4_mods[sym] = mod.get_function(sym)
+        return fn
 
     def _gemv_launch(self, x, w, out, up, rpw: int, u: int) -> None:
         R, cols = x.shape
@@ -95,24 +177,24 @@ class Ops:
             (*a, *b, x, i32(cols), out, i32(out.shape[1]), i32(n_out), i32(cols), i32(g)),
         )
 
-    def _tune_gemv(self, key, x, w, out, up) -> tuple[int, int]:
+    def _tune_gemv(self, key, x, w, out, up) -> tuple:
         import cupy
 
-        variants = GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS
-        if cupy.cuda.get_current_stream().is_capturing() or len(variants) == 1:
-            return variants[0]
-        best, best_t = variants[0], float("inf")
-        for v in variants:
-            self._gemv_launch(x, w, out, up, *v)  # compile and warm
+        cands = self.gemv_candidates(x, w, up)
+        if cupy.cuda.get_current_stream().is_capturing() or len(cands) == 1:
+            return cands[0]
+        best, best_t = cands[0], float("inf")
+        for c in cands:
+            self.gemv_run(c, x, w, out, up)  # compile and warm
             e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
             e0.record()
-            for _ in range(3):
-                self._gemv_launch(x, w, out, up, *v)
+            for _ in range(10):
+                self.gemv_run(c, x, w, out, up)
             e1.record()
             e1.synchronize()
             t = cupy.cuda.get_elapsed_time(e0, e1)
             if t < best_t:
-                best, best_t = v, t
+                best, best_t = c, t
         self.gemv_choice[key] = best
         return best
 

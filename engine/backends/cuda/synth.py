@@ -312,3 +312,15 @@ def write_checkpoint(
         top = dict(tc, architectures=["Qwen3_5ForCausalLM"])
     (out / "config.json").write_text(json.dumps(top, indent=1))
     return out
+
+
+def model_dir(workdir: str | Path, shape: str, fmt: str = "mlx4", seed: int = 1) -> Path:
+    """A random checkpoint at `shape` with a small tokenizer, written once and reused: what
+    the receipts tools load through `Engine.load` like a downloaded model."""
+    from engine.testing.tiny import write_tokenizer
+
+    out = Path(workdir) / f"{shape}-{fmt}-s{seed}"
+    if not (out / "tokenizer.json").exists():
+        write_checkpoint(out, shape, fmt, seed=seed)
+        write_tokenizer(out)
+    return out

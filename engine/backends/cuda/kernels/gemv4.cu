@@ -46,6 +46,61 @@ __device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
   return r;
 }
 
+// One warp's weight rows (g and g+8 of its tile, this lane's 8-byte column in each group).
+struct Rows {
+  const uint2 *lo, *hi;
+  const act_t *slo, *blo, *shi, *bhi;
+};
+
+// UG groups of codes, scales and biases in registers.
+template <int UG> struct Batch {
+  uint2 a[UG], b[UG];
+  act_t q[UG][4];
+};
+
+template <int UG>
+__device__ __forceinline__ void fetch(Batch<UG>& t, const Rows& r, int g0, int gb) {
+#pragma unroll
+  for (int u = 0; u < UG; ++u) {
+    const int gr = g0 + u;
+    if (gr < gb) {
+      t.a[u] = __ldcs(r.lo + gr * 4);
+      t.b[u] = __ldcs(r.hi + gr * 4);
+      t.q[u][0] = r.slo[gr];
+      t.q[u][1] = r.blo[gr];
+      t.q[u][2] = r.shi[gr];
+      t.q[u][3] = r.bhi[gr];
+    }
+  }
+}
+
+template <int M, int UG>
+__device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, const uint4* xrow,
+                                        const float* sx, int g, int tig, float* acc) {
+#pragma unroll
+  for (int u = 0; u < UG; ++u) {
+    const int gr = g0 + u;
+    if (gr < gb) {
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const unsigned wa = j ? t.a[u].y : t.a[u].x, wb = j ? t.b[u].y : t.b[u].x;
+        uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+        if (g < M) xv = xrow[gr * 8 + j];
+        mma16816(c, qpair(wa), qpair(wb), qpair(wa >> 4), qpair(wb >> 4), xv.x, xv.y);
+        mma16816(c, qpair(wa >> 8), qpair(wb >> 8), qpair(wa >> 12), qpair(wb >> 12), xv.z, xv.w);
+      }
+      const float2 sxv = *reinterpret_cast<const float2*>(sx + gr * 8 + 2 * tig);
+      const float s0 = cv(t.q[u][0]), s1 = cv(t.q[u][2]);
+      const float b0 = fmaf(-Q_BASE, s0, cv(t.q[u][1])), b1 = fmaf(-Q_BASE, s1, cv(t.q[u][3]));
+      acc[0] = fmaf(s0, c[0], fmaf(b0, sxv.x, acc[0]));
+      acc[1] = fmaf(s0, c[1], fmaf(b0, sxv.y, acc[1]));
+      acc[2] = fmaf(s1, c[2], fmaf(b1, sxv.x, acc[2]));
+      acc[3] = fmaf(s1, c[3], fmaf(b1, sxv.y, acc[3]));
+    }
+  }
+}
+
 // Shared memory bytes the kernel needs (the wrapper passes this as dynamic shared memory).
 // xs: M rows of in/8 + 1 16-byte entries; sx: 8 floats per group; red: 4 floats per thread.
 //
@@ -78,23 +133,9 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   const int slice = (ng + KS - 1) / KS;
   const int ga = min(ng, ks * slice), gb = min(ng, ga + slice);
 
-  uint2 ca[UG], cb[UG];
-  act_t qs[UG][4];
-  auto fetch = [&](int g0) {
-#pragma unroll
-    for (int u = 0; u < UG; ++u) {
-      const int gr = g0 + u;
-      if (gr < gb) {
-        ca[u] = __ldcs(wlo + gr * 4);
-        cb[u] = __ldcs(whi + gr * 4);
-        qs[u][0] = slo[gr];
-        qs[u][1] = blo[gr];
-        qs[u][2] = shi[gr];
-        qs[u][3] = bhi[gr];
-      }
-    }
-  };
-  fetch(ga);  // weights in flight while the activations are staged
+  Batch<UG> A, B;
+  const Rows rw{wlo, whi, slo, blo, shi, bhi};
+  fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
 
   // Stage x: entry p of row m holds x[8p..8p+7] as pairs (0,4) (1,5) (2,6) (3,7); sx[grp*8+m] = group sums.
   for (int base = tid - lane; base < M * nw; base += NT) {
@@ -124,39 +165,11 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
-  for (int g0 = ga; g0 < gb; g0 += UG) {
-    uint2 na[UG], nb[UG];
-    act_t ns[UG][4];
-#pragma unroll
-    for (int u = 0; u < UG; ++u) {
-      na[u] = ca[u];
-      nb[u] = cb[u];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) ns[u][k] = qs[u][k];
-    }
-    if (g0 + UG < gb) fetch(g0 + UG);
-#pragma unroll
-    for (int u = 0; u < UG; ++u) {
-      const int gr = g0 + u;
-      if (gr < gb) {
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const unsigned wa = j ? na[u].y : na[u].x, wb = j ? nb[u].y : nb[u].x;
-          uint4 xv = make_uint4(0u, 0u, 0u, 0u);
-          if (g < M) xv = xrow[gr * 8 + j];
-          mma16816(c, qpair(wa), qpair(wb), qpair(wa >> 4), qpair(wb >> 4), xv.x, xv.y);
-          mma16816(c, qpair(wa >> 8), qpair(wb >> 8), qpair(wa >> 12), qpair(wb >> 12), xv.z, xv.w);
-        }
-        const float2 sxv = *reinterpret_cast<const float2*>(sx + gr * 8 + 2 * tig);
-        const float s0 = cv(ns[u][0]), s1 = cv(ns[u][2]);
-        const float b0 = fmaf(-Q_BASE, s0, cv(ns[u][1])), b1 = fmaf(-Q_BASE, s1, cv(ns[u][3]));
-        acc[0] = fmaf(s0, c[0], fmaf(b0, sxv.x, acc[0]));
-        acc[1] = fmaf(s0, c[1], fmaf(b0, sxv.y, acc[1]));
-        acc[2] = fmaf(s1, c[2], fmaf(b1, sxv.x, acc[2]));
-        acc[3] = fmaf(s1, c[3], fmaf(b1, sxv.y, acc[3]));
-      }
-    }
+  for (int g0 = ga; g0 < gb; g0 += 2 * UG) {
+    fetch(B, rw, g0 + UG, gb);
+    compute<M>(A, g0, gb, xrow, sx, g, tig, acc);
+    fetch(A, rw, g0 + 2 * UG, gb);
+    compute<M>(B, g0 + UG, gb, xrow, sx, g, tig, acc);
   }
 
   // c layout: acc[i] is row g + 8*(i>>1) of the tile, activation row 2*tig + (i&1).

@@ -1,0 +1,111 @@
+"""The Engine on the GPU: admission, eager warm-up, lazy growth, refused grows, graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.config import GIB, EngineSettings
+from engine.errors import DoesNotFit, RequestRefused, ScratchGrowFailed, WorkspaceGrowFailed
+from engine.session import Engine, GenerationParams
+
+GREEDY = GenerationParams(max_new_tokens=24, greedy=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny random MLX 4-bit checkpoint (head dim 256, key head dim 128) with a tokenizer."""
+    from engine.backends.cuda.synth import write_checkpoint
+    from engine.testing.tiny import write_tokenizer
+
+    path = write_checkpoint(tmp_path_factory.mktemp("engine") / "tiny", "tiny", "mlx4", seed=5)
+    write_tokenizer(path)
+    return path
+
+
+def cuda(dtype="float32", **kw):
+    return EngineSettings(backend="cuda", compute_dtype=dtype, **kw)
+
+
+def prompt(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 400, size=n).tolist()
+
+
+def tokens(engine, ids, params=GREEDY):
+    return [e.token_id for e in engine.generate(ids, params)]
+
+
+def test_eager_load_captures_before_the_first_request(model_dir):
+    engine = Engine.load(model_dir, cuda(), context=1024, streams=2, max_rows=256)
+    be = engine.backend
+    assert engine.decision.eager and engine.backend_name == "cuda"
+    assert be.mem_scratch.capacity_rows == 256  # whole scratch at warm-up (invariant 4)
+    assert set(be.graphs.graphs) == {1, 2}  # every batch size captured before a request
+    scratch_block = be.mem_scratch.block
+    out = tokens(engine, prompt(300))
+    assert be.mem_scratch.block is scratch_block and set(be.graphs.graphs) == {1, 2}
+    used, regions = be.scratch.used, be.mem_scratch.layout.regions
+    print(f"\n[scratch] used {used} of regions {regions}")
+    assert all(used[r] <= regions[r][1] for r in used)
+    engine.unload()
+    assert len(out) == 24
+
+
+def test_cuda_fp32_engine_matches_numpy_engine(model_dir):
+    """Same greedy tokens whatever serves the request (invariant 6): numpy, CUDA eager,
+    CUDA lazy (the scratch grows during the prompt and the graphs are captured again)."""
+    ids = prompt(200, seed=1)
+    want = tokens(Engine.load(model_dir, EngineSettings(backend="numpy"), context=1024), ids)
+    eager = Engine.load(model_dir, cuda(), context=1024, max_rows=256)
+    assert tokens(eager, ids) == want
+    eager.unload()
+    lazy = Engine.load(model_dir, cuda(), context=1024, max_rows=256, eager=False)
+    assert lazy.backend.mem_scratch.capacity_rows == 64
+    assert tokens(lazy, ids) == want
+    assert lazy.backend.mem_scratch.capacity_rows == 256  # grew for the 200-row window
+    # Resumed from the prompt cache equals fresh.
+    follow = ids + want + prompt(7, seed=2)
+    assert lazy.prompt_cache.lookup(follow) is not None
+    resumed = tokens(lazy, follow)
+    lazy.prompt_cache.clear()
+    assert tokens(lazy, follow) == resumed
+    lazy.unload()
+
+
+def test_concurrent_equals_solo_on_the_gpu(model_dir):
+    engine = Engine.load(model_dir, cuda(), context=1024, streams=3, max_rows=128)
+    prompts = [prompt(n, seed=n) for n in (5, 150, 40)]
+    together = engine.generate_many(prompts, GREEDY)
+    assert together == [tokens(engine, p) for p in prompts]
+    engine.unload()
+
+
+def test_failed_grow_refuses_only_that_request(model_dir):
+    engine = Engine.load(model_dir, cuda(), context=1024, max_rows=512, eager=False)
+    be = engine.backend
+    short = prompt(20, seed=3)
+    want = tokens(engine, short)
+    capacity, block = be.mem_scratch.capacity_rows, be.mem_scratch.block
+    be.pool.limit = be.pool.held_bytes + 1024  # no room left to grow anything
+    with pytest.raises((ScratchGrowFailed, WorkspaceGrowFailed)) as info:
+        tokens(engine, prompt(400, seed=4))
+    print(f"\n[refused] {type(info.value).__name__}: {info.value}")
+    assert be.mem_scratch.capacity_rows == capacity and be.mem_scratch.block is block
+    engine.prompt_cache.clear()
+    assert tokens(engine, short) == want  # the engine and its buffers go on
+    engine.unload()
+
+
+def test_limit_too_small_is_refused_with_suggestions(model_dir):
+    with pytest.raises(DoesNotFit) as info:
+        Engine.load(model_dir, cuda(limit_bytes=GIB // 1024), context=1024)
+    assert info.value.decision.suggestions
+    assert "does not fit" in str(info.value)
+
+
+def test_context_overflow_is_refused(model_dir):
+    engine = Engine.load(model_dir, cuda(), context=256, max_rows=128)
+    with pytest.raises(RequestRefused, match="context"):
+        tokens(engine, prompt(300))
+    assert len(tokens(engine, prompt(10))) == 24
+    engine.unload()

@@ -1,0 +1,283 @@
+"""Micro-benchmark of the decode GEMV for MLX affine 4-bit weights (CUDA backend, GPU only).
+
+For every projection shape of the 4B model (batch 1, and a few at 4 and 8 activation rows),
+checks each kernel variant against a float32 reference (dequantize, then matmul) and times it:
+a CUDA graph of back-to-back launches, replayed, timed with CUDA events. Weights are rotated
+through enough copies that the bytes streamed per replay exceed the L2 several times over;
+shapes whose copies still fit in L2 are flagged. Bytes counted: codes + scales + biases + x + y.
+Prints a table (old kernel = best of its variants, new = best tensor-core variant), an
+estimate of the 4B decode step's projection time, and writes gemv_bench.json to --out.
+
+    PYTHONPATH=. python3 tools/bench_gemv.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+from engine.backends.cuda.ops import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS, Ops
+from engine.backends.cuda.weights import QWeight
+
+# name, out, in, swiglu, activation rows, uses per 4B decode step (24 DeltaNet + 8 attention layers)
+SHAPES = [
+    ("in_proj_qkv", 8192, 2560, False, 1, 24),
+    ("in_proj_z", 4096, 2560, False, 1, 24),
+    ("in_proj_a/b", 32, 2560, False, 1, 48),
+    ("out_proj", 2560, 4096, False, 1, 24),
+    ("q_proj", 8192, 2560, False, 1, 8),
+    ("k/v_proj", 1024, 2560, False, 1, 16),
+    ("o_proj", 2560, 4096, False, 1, 8),
+    ("gate/up swiglu", 9216, 2560, True, 1, 32),
+    ("down", 2560, 9216, False, 1, 32),
+    ("lm_head", 248320, 2560, False, 1, 1),
+    ("in_proj_qkv M=4", 8192, 2560, False, 4, 0),
+    ("gate/up swiglu M=4", 9216, 2560, True, 4, 0),
+    ("down M=8", 2560, 9216, False, 8, 0),
+]
+L2_BYTES = 60e6
+STREAM_BYTES = 400e6  # bytes of distinct weight copies to rotate through
+
+
+def to_act(ops: Ops, x):
+    """float32 cupy array -> the activation storage type (bf16 as uint16 bits)."""
+    import cupy
+
+    if ops.dtype == "bfloat16":
+        u = x.astype(cupy.float32).view(cupy.uint32)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
+    return x.astype(ops.act_dtype)
+
+
+def from_act(ops: Ops, a):
+    import cupy
+
+    if ops.dtype == "bfloat16":
+        return (a.astype(cupy.uint32) << 16).view(cupy.float32)
+    return a.astype(cupy.float32)
+
+
+def make_weight(ops: Ops, out: int, cols: int, seed: int) -> QWeight:
+    import cupy
+
+    rs = cupy.random.RandomState(seed)
+    codes = (rs.random_sample((out, cols // 8)) * 2.0**32).astype(cupy.uint32)
+    s = (0.004 + 0.01 * rs.random_sample((out, cols // 64))).astype(cupy.float32)
+    b = (-8.0 * s + 0.002 * rs.standard_normal((out, cols // 64))).astype(cupy.float32)
+    return QWeight(codes, to_act(ops, s), to_act(ops, b), 4, 64, (out, cols))
+
+
+def copy_weight(w: QWeight) -> QWeight:
+    return QWeight(w.packed.copy(), w.scales.copy(), w.biases.copy(), 4, 64, w.shape)
+
+
+def reference(ops: Ops, x32, w: QWeight, up: QWeight | None):
+    """float32 x @ dequant(w).T (silu(.) * x @ dequant(up).T for SwiGLU), in row chunks."""
+    import cupy
+
+    def one(q: QWeight):
+        out = cupy.empty((x32.shape[0], q.shape[0]), cupy.float32)
+        shifts = cupy.arange(0, 32, 4, dtype=cupy.uint32)
+        for r0 in range(0, q.shape[0], 16384):
+            c = q.packed[r0 : r0 + 16384]
+            n = c.shape[0]
+            codes = ((c[:, :, None] >> shifts) & 15).astype(cupy.float32).reshape(n, -1, 64)
+            s = from_act(ops, q.scales[r0 : r0 + n])[:, :, None]
+            b = from_act(ops, q.biases[r0 : r0 + n])[:, :, None]
+            wd = (codes * s + b).reshape(n, -1)
+            out[:, r0 : r0 + n] = x32 @ wd.T
+        return out
+
+    y = one(w)
+    if up is not None:
+        y = y / (1.0 + cupy.exp(-y)) * one(up)
+    return y
+
+
+def time_variant(ops: Ops, choice, x, ws, out, ups) -> float:
+    """Seconds per launch: a graph of back-to-back launches over the weight copies."""
+    import cupy
+
+    per = max(1, math.ceil(100 / len(ws)))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for i in range(len(ws)):  # warm (compiles on first use)
+            ops.gemv_run(choice, x, ws[i], out, ups[i] if ups else None)
+        stream.synchronize()
+        stream.begin_capture()
+        for _ in range(per):
+            for i in range(len(ws)):
+                ops.gemv_run(choice, x, ws[i], out, ups[i] if ups else None)
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        best = float("inf")
+        for _ in range(5):
+            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+            e0.record(stream)
+            graph.launch(stream)
+            e1.record(stream)
+            e1.synchronize()
+            best = min(best, cupy.cuda.get_elapsed_time(e0, e1) / 1e3)
+    return best / (per * len(ws))
+
+
+def kernel_regs(ops: Ops, choice, R: int, swiglu: bool) -> int:
+    import cupy
+
+    if choice[0] != "mma":
+        return -1
+    fn = ops._gemv4_fn(R, swiglu, ops._gemv4_sym(R, swiglu, tuple(choice[1:])))
+    drv = cupy.cuda.driver
+    return drv.funcGetAttribute(drv.CU_FUNC_ATTRIBUTE_NUM_REGS, fn.ptr)
+
+
+def bench_shape(ops: Ops, spec, seed: int) -> dict:
+    import cupy
+
+    name, n_out, cols, swiglu, R, uses = spec
+    w = make_weight(ops, n_out, cols, seed)
+    up = make_weight(ops, n_out, cols, seed + 1000) if swiglu else None
+    x32 = cupy.random.RandomState(seed + 7).standard_normal((R, cols)).astype(cupy.float32)
+    x = to_act(ops, x32)
+    x32 = from_act(ops, x)
+    out = cupy.zeros((R, n_out), ops.act_dtype)
+    ref = reference(ops, x32, w, up)
+    wbytes = w.nbytes * (2 if swiglu else 1)
+    nbytes = wbytes + x.nbytes + out.nbytes
+    copies = int(min(64, max(1, math.ceil(STREAM_BYTES / wbytes))))
+    ws = [w] + [copy_weight(w) for _ in range(copies - 1)]
+    ups = [up] + [copy_weight(up) for _ in range(copies - 1)] if swiglu else None
+    rows = []
+    old_variants = GEMV_SWIGLU_VARIANTS if swiglu else GEMV_VARIANTS
+    new_variants = [c for c in ops.gemv_candidates(x, w, up) if c[0] == "mma"]
+    for choice in new_variants + [("old", *v) for v in old_variants]:
+        out.fill(0)
+        ops.gemv_run(choice, x, w, out, up)
+        y = from_act(ops, out)
+        err = float(cupy.abs(y - ref).max() / max(float(cupy.abs(ref).max()), 1e-6))
+        t = time_variant(ops, choice, x, ws, out, ups)
+        rows.append(
+            dict(
+                variant=list(choice),
+                us=t * 1e6,
+                gb_s=nbytes / t / 1e9,
+                rel_err=err,
+                ok=err <= 1e-2,
+                regs=kernel_regs(ops, choice, R, swiglu),
+            )
+        )
+    del ws, ups
+    cupy.get_default_memory_pool().free_all_blocks()
+    old = min((r for r in rows if r["variant"][0] == "old"), key=lambda r: r["us"])
+    new = [r for r in rows if r["variant"][0] == "mma"]
+    new_best = min(new, key=lambda r: r["us"]) if new else old
+    return dict(
+        shape=name,
+        out=n_out,
+        cols=cols,
+        rows=R,
+        swiglu=swiglu,
+        uses_per_step=uses,
+        bytes=nbytes,
+        copies=copies,
+        l2_resident=copies * wbytes < 2 * L2_BYTES,
+        old=old,
+        new=new_best,
+        variants=rows,
+    )
+
+
+def half_check() -> dict:
+    """fp16 activations through the tensor-core kernel (correctness only)."""
+    import cupy
+
+    ops = Ops("float16")
+    res = {}
+    cases = [(4096, 2560, 1, False), (1000, 9216, 3, False), (520, 2560, 2, True)]
+    for n_out, cols, R, sw in cases:
+        w = make_weight(ops, n_out, cols, 11)
+        up = make_weight(ops, n_out, cols, 12) if sw else None
+        x32 = cupy.random.RandomState(3).standard_normal((R, cols)).astype(cupy.float32)
+        x = x32.astype(cupy.float16)
+        ref = reference(ops, x.astype(cupy.float32), w, up)
+        out = cupy.zeros((R, n_out), cupy.float16)
+        cand = ops.gemv_candidates(x, w, up)[0]
+        ops.gemv_run(cand, x, w, out, up)
+        err = float(cupy.abs(out.astype(cupy.float32) - ref).max() / float(cupy.abs(ref).max()))
+        res[f"{n_out}x{cols} M={R} swiglu={sw} {cand}"] = err
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--only", default="", help="comma-separated shape names (default all)")
+    args = ap.parse_args()
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    got = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    meta = {
+        "gpu": props["name"].decode(),
+        "l2_bytes": props["l2CacheSize"],
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": got.stdout.strip() or "unknown",
+    }
+    ops = Ops("bfloat16")
+    only = {s for s in args.only.split(",") if s}
+    results = []
+    for i, spec in enumerate(SHAPES):
+        if only and spec[0] not in only:
+            continue
+        r = bench_shape(ops, spec, seed=i)
+        print(json.dumps({k: v for k, v in r.items() if k != "variants"}), flush=True)
+        for v in r["variants"]:
+            print(f"    {v}", flush=True)
+        results.append(r)
+    half = half_check()
+    print("fp16 rel errors:", json.dumps(half), flush=True)
+    report = {"meta": meta, "results": results, "fp16_rel_err": half}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gemv_bench.json").write_text(json.dumps(report, indent=1))
+    print(table(results, meta))
+
+
+def table(results: list[dict], meta: dict) -> str:
+    lines = [
+        f"GPU {meta['gpu']}, commit {meta['commit']}, {meta['date']}; bf16 activations.",
+        "",
+        "| shape | out x in | M | old µs | old GB/s | new µs | new GB/s | new variant | rel err |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    t_old = t_new = 0.0
+    step_bytes = 0
+    for r in results:
+        o, n = r["old"], r["new"]
+        flag = " (L2)" if r["l2_resident"] else ""
+        err = max(v["rel_err"] for v in r["variants"])
+        lines.append(
+            f"| {r['shape']}{flag} | {r['out']}x{r['cols']} | {r['rows']} | {o['us']:.2f} | "
+            f"{o['gb_s']:.0f} | {n['us']:.2f} | {n['gb_s']:.0f} | {tuple(n['variant'])} | "
+            f"{err:.1e} |"
+        )
+        t_old += r["uses_per_step"] * o["us"]
+        t_new += r["uses_per_step"] * n["us"]
+        step_bytes += r["uses_per_step"] * r["bytes"]
+    if t_new:
+        lines += [
+            "",
+            f"4B decode step, projections (sum over uses): old {t_old / 1e3:.3f} ms "
+            f"({step_bytes / t_old / 1e3:.0f} GB/s), new {t_new / 1e3:.3f} ms "
+            f"({step_bytes / t_new / 1e3:.0f} GB/s).",
+        ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -22,7 +22,7 @@ GEMV_VARIANTS = ((1, 4), (2, 4), (4, 2), (4, 4))
 GEMV_SWIGLU_VARIANTS = ((2, 4), (2, 2), (2, 8))
 # Tensor-core kernel for 4-bit g64 weights and half activations (gemv4.cu):
 # (warps per 16-row tile, tiles per block, groups per load step)
-GEMV4_VARIANTS = ((8, 1, 4), (4, 2, 4), (8, 1, 2), (16, 1, 2), (2, 4, 4))
+GEMV4_VARIANTS = ((8, 1, 2), (8, 1, 4), (4, 2, 2), (16, 1, 2), (2, 4, 4), (32, 1, 2))
 GRID_CAP = 132 * 16  # blocks for grid-stride kernels
 
 

@@ -46,16 +46,18 @@ __device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
   return r;
 }
 
-// One warp's weight rows (g and g+8 of its tile, this lane's 8-byte column in each group).
+// One warp's weight rows (g and g+8 of its tile, this lane's 8-byte column in each group) and
+// the one scale/bias column this lane fetches: lanes tig = 0..3 of a quad load the scale of row g,
+// its bias, the scale of row g+8, its bias; the quad shares them by shuffles.
 struct Rows {
   const uint2 *lo, *hi;
-  const act_t *slo, *blo, *shi, *bhi;
+  const act_t* sb;
 };
 
-// UG groups of codes, scales and biases in registers.
+// UG groups of codes and (one per lane) scales or biases in registers.
 template <int UG> struct Batch {
   uint2 a[UG], b[UG];
-  act_t q[UG][4];
+  unsigned q[UG];
 };
 
 template <int UG>
@@ -66,10 +68,7 @@ __device__ __forceinline__ void fetch(Batch<UG>& t, const Rows& r, int g0, int g
     if (gr < gb) {
       t.a[u] = __ldcs(r.lo + gr * 4);
       t.b[u] = __ldcs(r.hi + gr * 4);
-      t.q[u][0] = r.slo[gr];
-      t.q[u][1] = r.blo[gr];
-      t.q[u][2] = r.shi[gr];
-      t.q[u][3] = r.bhi[gr];
+      t.q[u] = __ldg(r.sb + gr);
     }
   }
 }
@@ -91,8 +90,11 @@ __device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, cons
         mma16816(c, qpair(wa >> 8), qpair(wb >> 8), qpair(wa >> 12), qpair(wb >> 12), xv.z, xv.w);
       }
       const float2 sxv = *reinterpret_cast<const float2*>(sx + gr * 8 + 2 * tig);
-      const float s0 = cv(t.q[u][0]), s1 = cv(t.q[u][2]);
-      const float b0 = fmaf(-Q_BASE, s0, cv(t.q[u][1])), b1 = fmaf(-Q_BASE, s1, cv(t.q[u][3]));
+      const int q0 = g * 4;
+      const float s0 = cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0));
+      const float s1 = cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0 + 2));
+      const float b0 = fmaf(-Q_BASE, s0, cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0 + 1)));
+      const float b1 = fmaf(-Q_BASE, s1, cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0 + 3)));
       acc[0] = fmaf(s0, c[0], fmaf(b0, sxv.x, acc[0]));
       acc[1] = fmaf(s0, c[1], fmaf(b0, sxv.y, acc[1]));
       acc[2] = fmaf(s1, c[2], fmaf(b1, sxv.x, acc[2]));
@@ -101,13 +103,13 @@ __device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, cons
   }
 }
 
-// Shared memory bytes the kernel needs (the wrapper passes this as dynamic shared memory).
-// xs: M rows of in/8 + 1 16-byte entries; sx: 8 floats per group; red: 4 floats per thread.
-//
 // KS warps share a tile (each takes a contiguous slice of the groups), TPB tiles per block,
 // UG groups loaded per step (and the next UG prefetched while they are computed).
+// Register cap: 64 for UG <= 2 (32 warps per SM), 85 otherwise (24 warps).
+// Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte entries;
+// sx, 8 floats per group; red, 4 floats per thread.
 template <int M, bool SWIGLU, int KS, int TPB, int UG>
-__global__ void __launch_bounds__(32 * KS * TPB)
+__global__ void __launch_bounds__(32 * KS * TPB, ((UG <= 2 ? 1024 : 768) + 32 * KS * TPB - 1) / (32 * KS * TPB))
 gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in) {
@@ -126,15 +128,15 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   const int rhi = SWIGLU ? rlo : min(tile * ROWS + g + 8, out - 1);
   const uint2* wlo = reinterpret_cast<const uint2*>(W0 + (long)rlo * nw) + tig;
   const uint2* whi = reinterpret_cast<const uint2*>((SWIGLU ? W1 : W0) + (long)rhi * nw) + tig;
-  const act_t* slo = S0 + (long)rlo * ng;
-  const act_t* blo = B0 + (long)rlo * ng;
-  const act_t* shi = (SWIGLU ? S1 : S0) + (long)rhi * ng;
-  const act_t* bhi = (SWIGLU ? B1 : B0) + (long)rhi * ng;
+  const act_t* sb = tig == 0 ? S0 + (long)rlo * ng
+                  : tig == 1 ? B0 + (long)rlo * ng
+                  : tig == 2 ? (SWIGLU ? S1 : S0) + (long)rhi * ng
+                             : (SWIGLU ? B1 : B0) + (long)rhi * ng;
   const int slice = (ng + KS - 1) / KS;
   const int ga = min(ng, ks * slice), gb = min(ng, ga + slice);
 
   Batch<UG> A, B;
-  const Rows rw{wlo, whi, slo, blo, shi, bhi};
+  const Rows rw{wlo, whi, sb};
   fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
 
   // Stage x: entry p of row m holds x[8p..8p+7] as pairs (0,4) (1,5) (2,6) (3,7); sx[grp*8+m] = group sums.

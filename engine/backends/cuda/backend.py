@@ -5,8 +5,8 @@ fp32 accumulation everywhere; the DeltaNet recurrent state is fp32; KV cache and
 are in the activation type. All work runs on one non-default stream, so a decode step can
 be captured into a CUDA graph (graphs.py). Importing this module starts nothing.
 
-State layout (one block per kind, `slots + 1` slots: the last is a scratch slot that graph
-warm-up and capture write into, so live streams are never touched):
+State layout (one pool block, one slot per stream; warm-up runs on the slots before any
+stream is live, and graph capture itself executes nothing, so no spare slot is needed):
 
     kv_k, kv_v  [full layers, slots+1, Hkv, context, hd]   activation type
     conv        [linear layers, slots+1, K-1, C]           activation type
@@ -125,7 +125,7 @@ class CudaBackend(Backend):
         self._teardown_graphs()
         self.config, self.slots, self.context = c, slots, context
         self.nvalid = self.nvalid or c.vocab_size
-        n = slots + 1
+        n = slots
         act = self.ops.act_dtype
         shapes = [
             ((len(c.full_layers), n, c.num_key_value_heads, context, c.head_dim), act),
@@ -169,10 +169,6 @@ class CudaBackend(Backend):
             arrays.append(block.view(offset, shape, self.cp.dtype(dtype).name))
             offset += size
         return block, arrays
-
-    @property
-    def dummy_slot(self) -> int:
-        return self.slots
 
     def _alloc_meta(self, cap: int) -> None:
         self._teardown_graphs()
@@ -504,11 +500,13 @@ class CudaBackend(Backend):
             self.mem_scratch.ensure(self.mem_scratch.max_rows)
             self.mem_workspace.ensure(self.mem_workspace.max_rows)
         rows = min(self.max_rows, self.context, 64 if not eager else self.max_rows)
-        model.forward(Batch.window(self.dummy_slot, 0, rows), np.zeros(rows, np.int32))
-        if eager:
-            for batch_size in range(1, self.slots + 1):
+        model.forward(Batch.window(0, 0, rows), np.zeros(rows, np.int32))
+        for batch_size in range(1, self.slots + 1):
+            graphs.warm(batch_size)  # compiles and tunes the step kernels for this size
+            if eager:
                 graphs.capture(batch_size)
-        self.reset_slot(self.dummy_slot)
+        for slot in range(self.slots):
+            self.reset_slot(slot)
         self.stream.synchronize()
 
     def decode_step(self, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:

@@ -37,21 +37,34 @@ class DecodeGraphs:
         self.be = backend
         self.model = model
         self.graphs: dict[int, _Captured] = {}
+        self.warmed: set[int] = set()  # batch sizes whose kernels are compiled and tuned
         backend.graphs = self
 
     def teardown(self) -> None:
         self.graphs.clear()
 
-    def capture(self, batch_size: int) -> None:
-        """Warm up (compile kernels, size the scratch) on the scratch slot, then capture."""
+    def warm(self, batch_size: int) -> None:
+        """Run one eager step of `batch_size` rows on slots 0.. (compiles every kernel and
+        tunes the projections for this size, which must not happen inside a capture), then
+        zero those slots. Only for slots that hold no live stream: at load, or in tests."""
         be, B = self.be, batch_size
         if B > be.meta.shape[1]:
             be._alloc_meta(B)
-        batch = Batch.step([(be.dummy_slot, 0)] * B)
+        self.model.forward(Batch.step([(s, 0) for s in range(B)]), np.zeros(B, np.int32))
+        for slot in range(B):
+            be.reset_slot(slot)
+        self.warmed.add(B)
+
+    def capture(self, batch_size: int) -> None:
+        """Capture the decode step of `batch_size` rows. Capturing executes nothing, so the
+        slots named in the captured batch are placeholders; replay writes the real ones."""
+        be, B = self.be, batch_size
+        if B not in self.warmed:
+            self.warm(B)
+        batch = Batch.step([(s, 0) for s in range(B)])
         ids = np.zeros(B, np.int32)
-        self.model.forward(batch, ids)  # eager warm-up: compiles every kernel it needs
-        be.scratch.reset()  # grows the block to what the step used (tears down graphs)
-        be.prepare(batch, ids)
+        be.scratch.reset()
+        be.prepare(batch, ids)  # sizes the scratch for B rows before capture
         be.stream.synchronize()
         be.capturing = True
         be.scratch.capturing = True

@@ -30,6 +30,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_GEMV_CHOICES: dict[str, dict[tuple, tuple]] = {}
+
+
 class Ops:
     def __init__(self, dtype: str):
         import cupy
@@ -44,7 +47,9 @@ class Ops:
         }[dtype]
         self.act_itemsize = 4 if dtype == "float32" else 2
         self.cuda_type = blas.TYPES[dtype]
-        self.gemv_choice: dict[tuple, tuple] = {}
+        # Shared by every backend of the process: two backends (eager and graphed, or a
+        # reload) then sum in the same order and give the same tokens.
+        self.gemv_choice: dict[tuple, tuple] = _GEMV_CHOICES.setdefault(dtype, {})
         self._smem_optin: int | None = None
         self._smem_set: set[tuple[str, int]] = set()
         self._gemv4_mods: dict[Any, Any] = {}  # (rows, swiglu) -> module, symbol -> kernel

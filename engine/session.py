@@ -213,6 +213,7 @@ class Engine:
             decision = admit_on_device(backend, checkpoint, settings, context, streams, max_rows)
             context, streams, max_rows = decision.context, decision.streams, decision.max_rows
             backend.max_rows = max_rows
+            backend.host_embeddings = decision.host_embeddings
         context = context or 8192
         report("loading weights", 0.1)
         weights = backend.load_weights(checkpoint, config)

@@ -177,7 +177,7 @@ class NumpyBackend(Backend):
     # ----- ops ----------------------------------------------------------------------------
     def embedding(self, table: Any, ids: Any) -> Any:
         if _is_quantized(table):
-            return np.stack([table.dequantize(slice(int(i), int(i) + 1))[0] for i in ids])
+            return table.dequantize(np.asarray(ids, np.int64))
         return table[ids].astype(np.float32)
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:

@@ -109,3 +109,33 @@ def test_context_overflow_is_refused(model_dir):
         tokens(engine, prompt(300))
     assert len(tokens(engine, prompt(10))) == 24
     engine.unload()
+
+
+def test_host_embeddings_give_the_same_tokens(tmp_path, monkeypatch):
+    """Invariant 7: an untied table the card has no room for stays in host memory."""
+    import dataclasses
+
+    import engine.device_plan as device_plan
+    from engine.backends.cuda.synth import SHAPES, write_checkpoint
+    from engine.testing.tiny import write_tokenizer
+
+    path = write_checkpoint(
+        tmp_path / "untied", dict(SHAPES["tiny"], tie_word_embeddings=False), "mlx4", seed=7
+    )
+    write_tokenizer(path)
+    ids = prompt(90, seed=8)
+    on_card = Engine.load(path, cuda(), context=512, max_rows=64)
+    want = tokens(on_card, ids)
+    card_weights = on_card.backend.pool.held_by_category()["weights"]
+    on_card.unload()
+    admit = device_plan.admit_on_device
+
+    def host_embeddings(*args, **kwargs):
+        return dataclasses.replace(admit(*args, **kwargs), host_embeddings=True)
+
+    monkeypatch.setattr(device_plan, "admit_on_device", host_embeddings)
+    on_host = Engine.load(path, cuda(), context=512, max_rows=64)
+    assert on_host.backend.host_table is not None
+    assert on_host.backend.pool.held_by_category()["weights"] < card_weights
+    assert tokens(on_host, ids) == want  # prefill windows and graph-replayed steps
+    on_host.unload()

@@ -75,6 +75,13 @@ class CudaBackend(Backend):
         self.batch: Batch | None = None
         self.nvalid = 0
         self.counter: Any = None
+        # Invariant 7: when the plan has no room for an untied embedding table on the card,
+        # it stays in host memory; each forward's rows are gathered on the host and copied
+        # into `emb_rows` with the batch layout (so a captured graph reads them too).
+        self.host_embeddings = False
+        self.host_table: Any = None
+        self.emb_rows: Any = None
+        self.emb_host: Any = None
 
     # ----- memory reports -----------------------------------------------------------------
     @property
@@ -107,14 +114,42 @@ class CudaBackend(Backend):
         self.stream.use()
         self.config = config
         self.nvalid = config.vocab_size
+        skip = ("embed_tokens",) if self.host_embeddings else ()
+        if skip and config.tie_word_embeddings:
+            raise ValueError("a tied embedding table is the LM head and must be on the card")
         try:
-            weights, self.arena = upload(checkpoint, self.ops, self.pool)
+            weights, self.arena = upload(checkpoint, self.ops, self.pool, skip)
         except self.cp.cuda.memory.OutOfMemoryError as exc:
             raise DeviceOutOfMemory(
                 f"{checkpoint.dir}: the weights do not fit on the GPU ({exc}); choose a smaller "
                 "model or a 4-bit checkpoint"
             ) from exc
+        if skip:
+            self.host_table = checkpoint.read("embed_tokens")  # packed 4-bit stays packed
+            weights["embed_tokens"] = None
         return weights
+
+    def _host_embedding_rows(self, ids: np.ndarray) -> None:
+        """Gather the rows of `ids` on the host and queue their copy into `emb_rows`."""
+        from engine.backends.cuda.synth import to_bf16
+
+        t, H = self.host_table, self.config.hidden_size
+        R = len(ids)
+        if self.emb_rows is None or self.emb_rows.shape[0] < R:
+            cap = max(R, self.max_rows)
+            self.emb_rows = self.cp.zeros((cap, H), self.ops.act_dtype)
+            mem = self.cp.cuda.alloc_pinned_memory(cap * H * self.ops.act_itemsize)
+            self.emb_host = np.frombuffer(mem, self.ops.act_dtype, cap * H).reshape(cap, H)
+        if hasattr(t, "dequantize"):
+            rows = t.dequantize(np.asarray(ids, np.int64))
+        else:
+            rows = np.asarray(t)[np.asarray(ids, np.int64)]
+        if self.dtype == "bfloat16":
+            self.emb_host[:R] = to_bf16(rows)
+        else:
+            self.emb_host[:R] = rows.astype(self.ops.act_dtype)
+        nbytes = R * H * self.ops.act_itemsize
+        self.emb_rows.data.copy_from_host_async(self.emb_host.ctypes.data, nbytes, self.stream)
 
     # ----- state --------------------------------------------------------------------------
     def alloc_state(self, config: ModelConfig, slots: int, context: int) -> None:
@@ -249,6 +284,8 @@ class CudaBackend(Backend):
         h[6, :S] = row0
         h[7, :S] = rows
         self.meta.data.copy_from_host_async(h.ctypes.data, h.nbytes, self.stream)
+        if self.host_embeddings:
+            self._host_embedding_rows(ids[:R])
 
     def prepare(self, batch: Batch, ids: np.ndarray) -> Any:
         self.stream.use()
@@ -284,6 +321,11 @@ class CudaBackend(Backend):
 
     # ----- ops ----------------------------------------------------------------------------
     def embedding(self, table: Any, ids: Any) -> Any:
+        if table is None:  # host embeddings: rows were copied in by write_batch
+            R = ids.shape[0]
+            out = self.take((R, self.config.hidden_size))
+            out[...] = self.emb_rows[:R]
+            return out
         out = self.take((ids.shape[0], table.shape[1]))
         self.ops.embedding(table, ids, out)
         return out

@@ -117,11 +117,14 @@ def _convert_into(ops: Any, raw: np.ndarray, dst: Any) -> None:
     ops.convert(kind, tmp.reshape(-1), dst.reshape(-1))
 
 
-def upload(checkpoint: Any, ops: Any, pool: Any = None) -> tuple[dict[str, Any], Arena]:
-    """Upload every tensor the forward reads into one arena; return name -> device weight."""
+def upload(
+    checkpoint: Any, ops: Any, pool: Any = None, skip: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], Arena]:
+    """Upload every tensor the forward reads into one arena; return name -> device weight.
+    Tensors named in `skip` stay on the host (an embedding table the plan put there)."""
     import cupy
 
-    sizes = plan_bytes(checkpoint, ops.act_itemsize)
+    sizes = {k: v for k, v in plan_bytes(checkpoint, ops.act_itemsize).items() if k not in skip}
     arena = Arena(sum(sizes.values()), pool)
     weights: dict[str, Any] = {}
     for name in sizes:

@@ -8,7 +8,6 @@ engine's API is a change in this file only. Nothing here is called on the GUI th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.config import EngineSettings
@@ -54,26 +53,10 @@ def load_engine(
     )
 
 
-@dataclass(frozen=True)
-class _Params:
-    """Stand-in with GenerationParams' fields, used only while engine.session is absent."""
-
-    max_new_tokens: int = 1024
-    temperature: float = 0.7
-    top_k: int = 20
-    top_p: float = 0.8
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    seed: int | None = None
-    greedy: bool = False
-
-
 def make_params(sampling: dict[str, Any]) -> Any:
     """GenerationParams from the settings' sampling dict (unknown keys are dropped)."""
-    try:
-        from engine.session import GenerationParams
-    except ImportError:
-        GenerationParams = _Params  # noqa: N806
+    from engine.session import GenerationParams
+
     fields = {
         k: sampling[k]
         for k in (

@@ -5,12 +5,8 @@ fp32 accumulation everywhere; the DeltaNet recurrent state is fp32; KV cache and
 are in the activation type. All work runs on one non-default stream, so a decode step can
 be captured into a CUDA graph (graphs.py). Importing this module starts nothing.
 
-State layout (one pool block, one slot per stream; warm-up runs on the slots before any
-stream is live, and graph capture itself executes nothing, so no spare slot is needed):
+Per-stream state and snapshots: state.py. Per-forward layout:
 
-    kv_k, kv_v  [full layers, slots+1, Hkv, context, hd]   activation type
-    conv        [linear layers, slots+1, K-1, C]           activation type
-    recurrent   [linear layers, slots+1, Hv, dv, dk]       fp32 (value column contiguous)
     meta        int32 [8, max_rows]: ids, pos, row_slot, row_tl, row_n, seg_slot, seg_row0,
                 seg_rows -- written before each forward (or graph launch)
 """
@@ -24,6 +20,7 @@ import numpy as np
 from engine.backends.base import Backend, Batch
 from engine.backends.cuda.modules import use_cache_dir
 from engine.backends.cuda.scratch import ALIGN, RegionCarver
+from engine.backends.cuda.state import StateMixin
 from engine.backends.cuda.weights import DWeight, QWeight, plan_bytes, upload
 from engine.config import ModelConfig
 from engine.errors import DeviceOutOfMemory, RequestRefused
@@ -33,7 +30,7 @@ META_ROWS = 8
 ATTN_SCORE_BUDGET = 512 << 20  # bytes of prefill attention scores + probabilities per chunk
 
 
-class CudaBackend(Backend):
+class CudaBackend(StateMixin, Backend):
     name = "cuda"
 
     def __init__(
@@ -129,127 +126,11 @@ class CudaBackend(Backend):
             weights["embed_tokens"] = None
         return weights
 
-    def _host_embedding_rows(self, ids: np.ndarray) -> None:
-        """Gather the rows of `ids` on the host and queue their copy into `emb_rows`."""
-        from engine.backends.cuda.synth import to_bf16
-
-        t, H = self.host_table, self.config.hidden_size
-        R = len(ids)
-        if self.emb_rows is None or self.emb_rows.shape[0] < R:
-            cap = max(R, self.max_rows)
-            self.emb_rows = self.cp.zeros((cap, H), self.ops.act_dtype)
-            mem = self.cp.cuda.alloc_pinned_memory(cap * H * self.ops.act_itemsize)
-            self.emb_host = np.frombuffer(mem, self.ops.act_dtype, cap * H).reshape(cap, H)
-        if hasattr(t, "dequantize"):
-            rows = t.dequantize(np.asarray(ids, np.int64))
-        else:
-            rows = np.asarray(t)[np.asarray(ids, np.int64)]
-        if self.dtype == "bfloat16":
-            self.emb_host[:R] = to_bf16(rows)
-        else:
-            self.emb_host[:R] = rows.astype(self.ops.act_dtype)
-        nbytes = R * H * self.ops.act_itemsize
-        self.emb_rows.data.copy_from_host_async(self.emb_host.ctypes.data, nbytes, self.stream)
-
-    # ----- state --------------------------------------------------------------------------
-    def alloc_state(self, config: ModelConfig, slots: int, context: int) -> None:
-        from engine.memory import Scratch, Workspace
-
-        cp, c = self.cp, config
-        self.stream.use()
-        self._teardown_graphs()
-        self.config, self.slots, self.context = c, slots, context
-        self.nvalid = self.nvalid or c.vocab_size
-        n = slots
-        act = self.ops.act_dtype
-        shapes = [
-            ((len(c.full_layers), n, c.num_key_value_heads, context, c.head_dim), act),
-            ((len(c.full_layers), n, c.num_key_value_heads, context, c.head_dim), act),
-            ((len(c.linear_layers), n, c.linear_conv_kernel_dim - 1, c.conv_dim), act),
-            (
-                (
-                    len(c.linear_layers),
-                    n,
-                    c.linear_num_value_heads,
-                    c.linear_value_head_dim,
-                    c.linear_key_head_dim,
-                ),
-                cp.float32,
-            ),
-        ]
-        if self._state_block is not None:
-            self._state_block.free()
-        self._state_block, (self.kv_k, self.kv_v, self.conv, self.recurrent) = self._carve_block(
-            shapes, "stream"
-        )
-        for arr in (self.kv_k, self.kv_v, self.conv, self.recurrent):
-            arr.fill(0)
-        self._alloc_meta(max(self.max_rows, 64))
-        self.counter = cp.zeros(max(self.max_rows, 64), cp.uint32)
-        itemsize = self.ops.act_itemsize
-        self.mem_scratch = Scratch(self.pool, c, itemsize, self.max_rows, slots, context)
-        self.mem_workspace = Workspace(self.pool, c, itemsize, self.max_rows, context)
-        for mem in (self.mem_scratch, self.mem_workspace):
-            mem.on_before_free(self._teardown_graphs)  # invariant 5: graphs go first
-            mem.on_after_grow(self._attach_blocks)
-
-    def _carve_block(self, shapes: list, tag: str) -> tuple[Any, list[Any]]:
-        """One pool block holding arrays of `shapes` [(shape, dtype)], each 256-aligned."""
-        sizes = [
-            -(-int(np.prod(sh)) * self.cp.dtype(dt).itemsize // ALIGN) * ALIGN for sh, dt in shapes
-        ]
-        block = self.pool.alloc(max(sum(sizes), ALIGN), tag)
-        arrays, offset = [], 0
-        for (shape, dtype), size in zip(shapes, sizes, strict=True):
-            arrays.append(block.view(offset, shape, self.cp.dtype(dtype).name))
-            offset += size
-        return block, arrays
-
     def _alloc_meta(self, cap: int) -> None:
         self._teardown_graphs()
         self.meta = self.cp.zeros((META_ROWS, cap), self.cp.int32)
         mem = self.cp.cuda.alloc_pinned_memory(META_ROWS * cap * 4)
         self.meta_host = np.frombuffer(mem, np.int32, META_ROWS * cap).reshape(META_ROWS, cap)
-
-    def reset_slot(self, slot: int) -> None:
-        for arr in (self.kv_k, self.kv_v, self.conv, self.recurrent):
-            arr[:, slot] = 0
-
-    def save_slot(self, slot: int, length: int) -> Any:
-        """A copy of one stream's state in its own `prompt_cache` pool block (raises
-        DeviceOutOfMemory when the card or the limit has no room for it)."""
-        parts = {
-            "kv_k": self.kv_k[:, slot, :, :length],
-            "kv_v": self.kv_v[:, slot, :, :length],
-            "conv": self.conv[:, slot],
-            "recurrent": self.recurrent[:, slot],
-        }
-        block, copies = self._carve_block(
-            [(a.shape, a.dtype) for a in parts.values()], "prompt_cache"
-        )
-        for dst, src in zip(copies, parts.values(), strict=True):
-            dst[...] = src
-        return {"length": length, "block": block, **dict(zip(parts, copies, strict=True))}
-
-    def snapshot_bytes(self, length: int) -> int:
-        """Bytes `save_slot` takes for a stream of `length` tokens."""
-        c, isz = self.config, self.ops.act_itemsize
-        kv = 2 * len(c.full_layers) * c.num_key_value_heads * length * c.head_dim * isz
-        conv = len(c.linear_layers) * (c.linear_conv_kernel_dim - 1) * c.conv_dim * isz
-        rec = len(c.linear_layers) * c.linear_num_value_heads * c.linear_key_head_dim
-        rec *= c.linear_value_head_dim * 4
-        return sum(-(-n // ALIGN) * ALIGN for n in (kv // 2, kv // 2, conv, rec))
-
-    def free_snapshot(self, snapshot: Any) -> None:
-        snapshot["block"].free()
-
-    def restore_slot(self, slot: int, snapshot: Any) -> None:
-        self.reset_slot(slot)
-        n = snapshot["length"]
-        self.kv_k[:, slot, :, :n] = snapshot["kv_k"]
-        self.kv_v[:, slot, :, :n] = snapshot["kv_v"]
-        self.conv[:, slot] = snapshot["conv"]
-        self.recurrent[:, slot] = snapshot["recurrent"]
 
     # ----- host transfer ------------------------------------------------------------------
     def to_host(self, x: Any) -> np.ndarray:

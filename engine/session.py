@@ -214,6 +214,7 @@ class Engine:
             context, streams, max_rows = decision.context, decision.streams, decision.max_rows
             backend.max_rows = max_rows
             backend.host_embeddings = decision.host_embeddings
+            backend.score_rows = decision.score_rows
         context = context or 8192
         report("loading weights", 0.1)
         weights = backend.load_weights(checkpoint, config)

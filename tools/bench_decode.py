@@ -26,6 +26,7 @@ from engine.backends.cuda.graphs import DecodeGraphs
 from engine.backends.cuda.synth import write_checkpoint
 from engine.backends.cuda.weights import DWeight, QWeight
 from engine.checkpoint.checkpoint import Checkpoint
+from engine.memory.workspace import FAST_QUERY_ROWS
 from engine.models.qwen35 import Qwen35Model
 
 PROMPT = 512
@@ -133,6 +134,7 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     t0 = time.perf_counter()
     ck = Checkpoint.open(path)
     be = CudaBackend(dtype="bfloat16", max_rows=CHUNK)
+    be.score_rows = FAST_QUERY_ROWS  # what admission gives prefill attention on a large card
     weights = be.load_weights(ck, ck.config)
     sync()
     t_load = time.perf_counter() - t0

@@ -31,6 +31,7 @@ from engine.memory.decision import Breakdown, Decision, Verdict
 from engine.memory.growth import ladder_below
 from engine.memory.plan import Plan, WeightBytes
 from engine.memory.shapes import shape_tensor_nbytes
+from engine.memory.workspace import FAST_QUERY_ROWS
 
 CONTEXT_STEP = 256
 _RESERVE_STEP = GIB // 20  # suggestions round the reserve down to 0.05 GiB
@@ -94,6 +95,12 @@ def _evaluate(
 def _best(plan: Plan, card_free: int, card_total: int, held: int, settings: EngineSettings) -> _Try:
     """The first arrangement that fits, in verdict order; else the eager on-card one."""
     args = (card_free, card_total, held, settings)
+    if plan.score_rows < FAST_QUERY_ROWS:
+        # A card with room gets a workspace that holds prefill attention scores for many
+        # query rows, so long prompts run in fewer, larger passes.
+        fast = _evaluate(plan.resized(score_rows=FAST_QUERY_ROWS), *args, True, False)
+        if fast.fits:
+            return fast
     hosts = (False, True) if plan.weights.movable_to_host else (False,)
     for host in hosts:
         attempt = _evaluate(plan, *args, eager=True, host_embeddings=host)
@@ -248,6 +255,7 @@ def admit(
         max_rows=best.plan.max_rows,
         eager=best.eager,
         host_embeddings=best.host_embeddings,
+        score_rows=best.plan.score_rows,
         suggestions=(),
         fixes=(),
         reason=reason,

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from engine.config import GIB
+from engine.memory.workspace import ATTN_QUERY_ROWS
 
 
 class Verdict(StrEnum):
@@ -55,6 +56,7 @@ class Decision:
     suggestions: tuple[str, ...]
     reason: str
     fixes: tuple[tuple[str, int | float | str], ...] = ()
+    score_rows: int = ATTN_QUERY_ROWS  # prefill attention query rows the workspace holds
 
     @property
     def fits(self) -> bool:
@@ -71,6 +73,7 @@ class Decision:
             "max_rows": self.max_rows,
             "eager": self.eager,
             "host_embeddings": self.host_embeddings,
+            "score_rows": self.score_rows,
             "breakdown": asdict(self.breakdown),
             "suggestions": list(self.suggestions),
             "fixes": [list(f) for f in self.fixes],

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from engine.config import ModelConfig
 from engine.memory.growth import growth_peak
 from engine.memory.scratch import scratch_bytes
-from engine.memory.workspace import workspace_bytes
+from engine.memory.workspace import ATTN_QUERY_ROWS, workspace_bytes
 
 EMBEDDING = "embed_tokens"
 HEAD = "lm_head"
@@ -109,6 +109,7 @@ class Plan:
     scratch_peak_bytes: int
     workspace_bytes: int
     workspace_peak_bytes: int
+    score_rows: int = ATTN_QUERY_ROWS  # query rows of prefill attention per pass
 
     @property
     def stream_state_total(self) -> int:
@@ -124,6 +125,7 @@ class Plan:
         streams: int | None = None,
         max_rows: int | None = None,
         prompt_cache_states: int | None = None,
+        score_rows: int | None = None,
     ) -> Plan:
         """The same model with other choices (a prompt cache tied to streams follows them)."""
         new_streams = self.streams if streams is None else streams
@@ -142,6 +144,7 @@ class Plan:
             max_rows=self.max_rows if max_rows is None else max_rows,
             dtype_bytes=self.dtype_bytes,
             prompt_cache_states=cache,
+            score_rows=self.score_rows if score_rows is None else score_rows,
         )
 
     def with_weights(self, weights: WeightBytes, config: ModelConfig) -> Plan:
@@ -164,6 +167,7 @@ def make_plan(
     max_rows: int = 512,
     dtype_bytes: int = 2,
     prompt_cache_states: int | None = None,
+    score_rows: int = ATTN_QUERY_ROWS,
 ) -> Plan:
     """Compute a Plan. `weights` is a WeightBytes or a mapping internal name -> stored nbytes.
 
@@ -183,7 +187,7 @@ def make_plan(
         return scratch_bytes(config, rows, dtype_bytes, step_rows=streams, context=context)
 
     def work(rows: int) -> int:
-        return workspace_bytes(config, rows, dtype_bytes, context)
+        return workspace_bytes(config, rows, dtype_bytes, context, score_rows)
 
     return Plan(
         config=config,
@@ -198,4 +202,5 @@ def make_plan(
         scratch_peak_bytes=growth_peak(scratch, 0, max_rows),
         workspace_bytes=work(max_rows),
         workspace_peak_bytes=growth_peak(work, 0, max_rows),
+        score_rows=score_rows,
     )

@@ -26,7 +26,8 @@ from engine.memory.pool import Allocation, DevicePool
 from engine.memory.scratch import DTYPE_NAMES, align_up
 from engine.memory.shapes import layer_linear_shapes
 
-ATTN_QUERY_ROWS = 16
+ATTN_QUERY_ROWS = 16  # the least: what a small card gives prefill attention
+FAST_QUERY_ROWS = 256  # what admission gives it when the card has room (fewer, larger passes)
 
 
 def _tile_bytes(config: ModelConfig, dtype_bytes: int) -> int:
@@ -44,12 +45,17 @@ def attention_scores_bytes(
 
 
 def workspace_bytes(
-    config: ModelConfig, rows: int, dtype_bytes: int = 2, context: int = 4096
+    config: ModelConfig,
+    rows: int,
+    dtype_bytes: int = 2,
+    context: int = 4096,
+    score_rows: int = ATTN_QUERY_ROWS,
 ) -> int:
-    """Workspace size for prefill chunks of `rows` rows at `context` tokens."""
+    """Workspace size for prefill chunks of `rows` rows at `context` tokens, with room for
+    the attention scores of `score_rows` query rows at once."""
     if rows <= 0:
         return 0
-    scores = attention_scores_bytes(config, min(rows, ATTN_QUERY_ROWS), context, dtype_bytes)
+    scores = attention_scores_bytes(config, min(rows, score_rows), context, dtype_bytes)
     return align_up(max(_tile_bytes(config, dtype_bytes), scores))
 
 
@@ -66,14 +72,16 @@ class Workspace(GrowableBuffer):
         dtype_bytes: int,
         max_rows: int,
         context: int = 4096,
+        score_rows: int = ATTN_QUERY_ROWS,
     ) -> None:
         super().__init__(pool, max_rows)
         self.config = config
         self.dtype_bytes = dtype_bytes
         self.context = context
+        self.score_rows = score_rows
 
     def size_for(self, rows: int) -> int:
-        return workspace_bytes(self.config, rows, self.dtype_bytes, self.context)
+        return workspace_bytes(self.config, rows, self.dtype_bytes, self.context, self.score_rows)
 
     def _carve(self, block: Allocation, rows: int) -> dict[str, Any]:
         dt = DTYPE_NAMES[self.dtype_bytes]

@@ -117,7 +117,9 @@ def test_graph_replay_matches_eager(tiny_dirs, dtype):
         assert list(graphed.backend.to_host(tokens)) == list(want.argmax(1))
         toks = list(want.argmax(1))
     print(f"\n[graph {dtype}] largest logit difference graph vs eager: {worst:.3e}")
-    assert worst < 1e-4
+    # fp32 replays bit for bit; in bf16 the 4-bit tensor-core projection may round a last
+    # bit differently between launches, which stays within bf16's step on these logits.
+    assert worst < (1e-4 if dtype == "float32" else 0.1)
     # Chained replay: the graph feeds its own greedy tokens and positions.
     batch = Batch.step([(2, 0)])
     graphs.replay(batch, np.array([3]))

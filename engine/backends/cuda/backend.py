@@ -25,6 +25,7 @@ from engine.backends.cuda.weights import DWeight, QWeight, plan_bytes, upload
 from engine.config import ModelConfig
 from engine.errors import DeviceOutOfMemory, RequestRefused
 from engine.memory.scratch import decode_splits
+from engine.memory.workspace import ATTN_QUERY_ROWS
 
 META_ROWS = 8
 ATTN_SCORE_BUDGET = 512 << 20  # bytes of prefill attention scores + probabilities per chunk
@@ -76,6 +77,7 @@ class CudaBackend(StateMixin, Backend):
         # it stays in host memory; each forward's rows are gathered on the host and copied
         # into `emb_rows` with the batch layout (so a captured graph reads them too).
         self.host_embeddings = False
+        self.score_rows = ATTN_QUERY_ROWS  # prefill attention query rows (the plan's choice)
         self.host_table: Any = None
         self.emb_rows: Any = None
         self.emb_host: Any = None

@@ -61,7 +61,9 @@ class StateMixin:
         self.counter = cp.zeros(max(self.max_rows, 64), cp.uint32)
         itemsize = self.ops.act_itemsize
         self.mem_scratch = Scratch(self.pool, c, itemsize, self.max_rows, slots, context)
-        self.mem_workspace = Workspace(self.pool, c, itemsize, self.max_rows, context)
+        self.mem_workspace = Workspace(
+            self.pool, c, itemsize, self.max_rows, context, self.score_rows
+        )
         for mem in (self.mem_scratch, self.mem_workspace):
             mem.on_before_free(self._teardown_graphs)  # invariant 5: graphs go first
             mem.on_after_grow(self._attach_blocks)

@@ -185,3 +185,14 @@ def test_to_dict_and_table_render(small_plan):
     assert data["verdict"] == "fits" and data["breakdown"]["streams"] == 2
     table = d.format_table()
     assert "verdict: fits" in table and "scratch (whole)" in table
+
+
+def test_a_card_with_room_gets_the_large_attention_workspace():
+    from engine.memory.workspace import ATTN_QUERY_ROWS, FAST_QUERY_ROWS
+
+    big = shape_plan("4B", "mlx4", context=32768, streams=1, max_rows=512)
+    roomy = admit(big, 140 * GIB, 140 * GIB, 0, EngineSettings())
+    assert roomy.eager and roomy.score_rows == FAST_QUERY_ROWS
+    tight = admit(big.resized(context=16384), 4 * GIB, 4 * GIB, 0, EngineSettings())
+    assert tight.fits and tight.score_rows == ATTN_QUERY_ROWS
+    assert tight.breakdown.workspace_peak < roomy.breakdown.workspace_peak

@@ -10,12 +10,12 @@ import re
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QSettings
 
 from app.context import AppContext, build_context
+from engine.session import GenerationStats, TokenEvent
 
 GIB = 1 << 30
 REPLY = """<think>
@@ -43,24 +43,6 @@ Keep the **reserve** for your desktop, and the model loads without surprises.
 """
 
 
-@dataclass(frozen=True)
-class _Stats:
-    prompt_tokens: int
-    new_tokens: int
-    ttft_s: float
-    prefill_tok_s: float
-    decode_tok_s: float
-
-
-@dataclass(frozen=True)
-class _Event:
-    token_id: int
-    text: str
-    finished: bool = False
-    finish_reason: str | None = None
-    stats: _Stats | None = None
-
-
 class DemoEngine:
     """Replays REPLY; `delay` is seconds per token."""
 
@@ -86,12 +68,12 @@ class DemoEngine:
             if cancel is not None and cancel.is_set():
                 break
             time.sleep(self.delay)
-            yield _Event(i, piece)
+            yield TokenEvent(i, piece)
         n = len(pieces)
         reason = "cancelled" if cancel is not None and cancel.is_set() else "stop"
         elapsed = max(time.monotonic() - start - ttft, 1e-3)
-        stats = _Stats(len(prompt_ids), n, ttft, len(prompt_ids) / ttft, n / elapsed)
-        yield _Event(n, "", True, reason, stats)
+        stats = GenerationStats(len(prompt_ids), n, ttft, len(prompt_ids) / ttft, n / elapsed)
+        yield TokenEvent(n, "", True, reason, stats)
 
     def unload(self) -> None:
         self._held = 0

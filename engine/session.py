@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,28 +32,13 @@ HOST_PROMPT_CACHE_BYTES = 1 << 30  # saved stream states kept in host memory (nu
 
 
 @dataclass(frozen=True)
-class GenerationParams:
-    """One request: how many tokens at most, and how to sample them."""
+class GenerationParams(SamplingParams):
+    """One request: how many tokens at most, and how to sample them (SamplingParams)."""
 
     max_new_tokens: int = 1024
-    temperature: float = 0.7
-    top_k: int = 20
-    top_p: float = 0.8
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    seed: int | None = None
-    greedy: bool = False
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            presence_penalty=self.presence_penalty,
-            seed=self.seed,
-            greedy=self.greedy,
-        )
+        return SamplingParams(**{f.name: getattr(self, f.name) for f in fields(SamplingParams)})
 
 
 @dataclass(frozen=True)

@@ -103,17 +103,19 @@ __device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, cons
   }
 }
 
-// KS warps share a tile (each takes a contiguous slice of the groups), TPB tiles per block,
-// UG groups loaded per step (and the next UG prefetched while they are computed).
-// Register cap: 64 for UG <= 2 (32 warps per SM), 85 otherwise (24 warps).
+// KS = blockDim.x / (32 * TPB) warps share a tile (each takes a contiguous slice of the groups),
+// TPB tiles per block, UG groups loaded per step. PIPE: the next UG groups are fetched while the
+// current ones are computed; otherwise the wrapper makes the slices at most UG groups long (or
+// close), so each warp issues all its loads at once, before the activations are staged.
+// Register cap from MAXT (the largest block launched): 64 for pipelined UG <= 2, else 85.
 // Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte entries;
 // sx, 8 floats per group; red, 4 floats per thread.
-template <int M, bool SWIGLU, int KS, int TPB, int UG>
-__global__ void __launch_bounds__(32 * KS * TPB, ((UG <= 2 ? 1024 : 768) + 32 * KS * TPB - 1) / (32 * KS * TPB))
+template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT>
+__global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2 ? 1024 : 768) + MAXT - 1) / MAXT)
 gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in) {
-  constexpr int NT = 32 * KS * TPB;
+  const int NT = blockDim.x, KS = NT / (32 * TPB);
   constexpr int ROWS = SWIGLU ? 8 : 16;
   extern __shared__ uint4 smem[];
   const int ng = in >> 6, nw = in >> 3, xstride = nw + 1;
@@ -135,7 +137,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   const int slice = (ng + KS - 1) / KS;
   const int ga = min(ng, ks * slice), gb = min(ng, ga + slice);
 
-  Batch<UG> A, B;
+  Batch<UG> A;
+  Batch<PIPE ? UG : 1> B;
   const Rows rw{wlo, whi, sb};
   fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
 
@@ -167,11 +170,18 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
-  for (int g0 = ga; g0 < gb; g0 += 2 * UG) {
-    fetch(B, rw, g0 + UG, gb);
-    compute<M>(A, g0, gb, xrow, sx, g, tig, acc);
-    fetch(A, rw, g0 + 2 * UG, gb);
-    compute<M>(B, g0 + UG, gb, xrow, sx, g, tig, acc);
+  if constexpr (PIPE) {
+    for (int g0 = ga; g0 < gb; g0 += 2 * UG) {
+      fetch(B, rw, g0 + UG, gb);
+      compute<M>(A, g0, gb, xrow, sx, g, tig, acc);
+      fetch(A, rw, g0 + 2 * UG, gb);
+      compute<M>(B, g0 + UG, gb, xrow, sx, g, tig, acc);
+    }
+  } else {
+    for (int g0 = ga; g0 < gb; g0 += UG) {
+      if (g0 != ga) fetch(A, rw, g0, gb);
+      compute<M>(A, g0, gb, xrow, sx, g, tig, acc);
+    }
   }
 
   // c layout: acc[i] is row g + 8*(i>>1) of the tile, activation row 2*tig + (i&1).
@@ -185,7 +195,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     const int src = ((lr & 7) * 4 + (m >> 1)) * 4 + (m & 1);
     const float* r = red + t * KS * 128;
     float v0 = 0.f, v1 = 0.f;
-#pragma unroll 4
     for (int k = 0; k < KS; ++k) {
       v0 += r[k * 128 + src + (lr >> 3) * 2];
       if (SWIGLU) v1 += r[k * 128 + src + 2];

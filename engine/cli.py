@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     except SnugError as exc:
         sys.stderr.write(f"snug: {type(exc).__name__}: {exc}\n")
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error
+        sys.stderr.close()
+        return 0
     parser.error(f"unknown command {args.command}")
     return 2
 

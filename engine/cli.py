@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"snug: {type(exc).__name__}: {exc}\n")
         return 2
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
-        sys.stderr.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     parser.error(f"unknown command {args.command}")
     return 2

@@ -151,6 +151,10 @@ class Backend(ABC):
     def take_rows(self, x: Any, rows: np.ndarray) -> Any:
         """`x[rows]` (rows given on the host)."""
 
+    def linear_many(self, x: Any, weights: list[Any]) -> list[Any]:
+        """`[linear(x, w) for w in weights]`; a backend may run them as one product."""
+        return [self.linear(x, w) for w in weights]
+
     # ----- scratch regions (optional) -----------------------------------------------------
     def begin_layer(self, index: int) -> None:  # noqa: B027 - optional hook
         """Layer `index` starts; it reads only the previous layer's (u, x). A backend that

@@ -56,18 +56,16 @@ class Qwen35Model:
 
     def _attention(self, p: str, layer: int, u: Any, batch: Batch) -> Any:
         be, w = self.backend, self.w
-        qg = be.linear(u, w[p + "q_proj"])  # [R, Hq*2*hd]
-        k = be.linear(u, w[p + "k_proj"])  # [R, Hkv*hd]
-        v = be.linear(u, w[p + "v_proj"])  # [R, Hkv*hd]
+        # qg [R, Hq*2*hd], k and v [R, Hkv*hd]
+        qg, k, v = be.linear_many(u, [w[p + "q_proj"], w[p + "k_proj"], w[p + "v_proj"]])
         o = be.attention(layer, qg, k, v, w[p + "q_norm"], w[p + "k_norm"], batch)
         return be.linear(o, w[p + "o_proj"])  # [R, H]
 
     def _gated_delta(self, p: str, layer: int, u: Any, batch: Batch) -> Any:
         be, w = self.backend, self.w
-        mixed = be.linear(u, w[p + "in_proj_qkv"])  # [R, C]
-        z = be.linear(u, w[p + "in_proj_z"])  # [R, VD]
-        b = be.linear(u, w[p + "in_proj_b"])  # [R, Hv]
-        a = be.linear(u, w[p + "in_proj_a"])  # [R, Hv]
+        # mixed [R, C], z [R, VD], b and a [R, Hv]
+        names = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        mixed, z, b, a = be.linear_many(u, [w[p + n] for n in names])
         params = {name: w[p + name] for name in ("conv1d", "A_log", "dt_bias", "norm")}
         y = be.gated_delta(layer, mixed, z, b, a, params, batch)  # [R, VD]
         return be.linear(y, w[p + "out_proj"])  # [R, H]

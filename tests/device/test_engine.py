@@ -139,3 +139,23 @@ def test_host_embeddings_give_the_same_tokens(tmp_path, monkeypatch):
     assert on_host.backend.pool.held_by_category()["weights"] < card_weights
     assert tokens(on_host, ids) == want  # prefill windows and graph-replayed steps
     on_host.unload()
+
+
+def test_fused_projections_give_the_numpy_tokens(tmp_path):
+    """Decode multiplies each layer's input projections as one stored group (16 value heads
+    keep every part's slice aligned), and the tokens stay the numpy engine's."""
+    from engine.backends.cuda.synth import SHAPES, write_checkpoint
+    from engine.testing.tiny import write_tokenizer
+
+    shape = dict(SHAPES["tiny"], linear_num_key_heads=4, linear_num_value_heads=16)
+    path = write_checkpoint(tmp_path / "fusable", shape, "mlx4", seed=9)
+    write_tokenizer(path)
+    ids = prompt(70, seed=9)
+    want = tokens(Engine.load(path, EngineSettings(backend="numpy"), context=512), ids)
+    engine = Engine.load(path, cuda(), context=512, streams=2, max_rows=64)
+    weights = engine.model.w
+    assert weights["layers.0.linear_attn.in_proj_qkv"].fused is not None
+    assert weights["layers.3.self_attn.q_proj"].fused is not None
+    assert tokens(engine, ids) == want
+    assert engine.generate_many([ids, ids[:30]], GREEDY)[0] == want  # two rows: part by part
+    engine.unload()

@@ -228,6 +228,23 @@ class CudaBackend(StateMixin, Backend):
         self._linear_into(x, weight, out)
         return out
 
+    def linear_many(self, x: Any, weights: list[Any]) -> list[Any]:
+        """A one-row step multiplies a stored group (weights.FUSED_GROUPS) in one launch and
+        hands out each part's slice of the output; anything else runs part by part."""
+        fused = getattr(weights[0], "fused", None)
+        whole = (
+            fused is not None
+            and x.shape[0] == 1
+            and all(getattr(w, "fused", None) is fused for w in weights)
+            and sum(w.shape[0] for w in weights) == fused.shape[0]
+            and self.ops.gemv_ok(fused, 1)
+        )
+        if not whole:
+            return [self.linear(x, w) for w in weights]
+        out = self.take((1, fused.shape[0]))
+        self.ops.gemv(x, fused, out)
+        return [out[:, w.row0 : w.row0 + w.shape[0]] for w in weights]
+
     def _linear_into(self, x: Any, weight: Any, out: Any) -> None:
         if self.ops.gemv_ok(weight, x.shape[0]):
             self.ops.gemv(x, weight, out)

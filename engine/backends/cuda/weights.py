@@ -27,10 +27,42 @@ class QWeight:
     bits: int
     group_size: int
     shape: tuple[int, int]
+    fused: Any = None  # the QWeight of its group of projections, when stored as one
+    row0: int = 0  # first row of this part inside `fused`
 
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales.nbytes + self.biases.nbytes
+
+
+# Projections that read the same input, stored back to back so a decode step multiplies
+# them in one launch (engine.backends.base.Backend.linear_many).
+FUSED_GROUPS = (
+    ("linear_attn.", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")),
+    ("self_attn.", ("q_proj", "k_proj", "v_proj")),
+)
+
+
+def _groups(checkpoint: Any, names: list[str]) -> dict[str, list[str]]:
+    """First name of each fusable group -> the group's names, for groups whose parts are all
+    quantized alike with the same input width and whose part boundaries stay 16-byte aligned
+    in the output (so every part's slice of a one-row output can be read with vector loads)."""
+    present = set(names)
+    out: dict[str, list[str]] = {}
+    layers = {n.split(".")[1] for n in names if n.startswith("layers.")}
+    for i in layers:
+        for prefix, parts in FUSED_GROUPS:
+            group = [f"layers.{i}.{prefix}{p}" for p in parts]
+            if not all(g in present for g in group):
+                continue
+            infos = [checkpoint.tensors[g] for g in group]
+            q0 = infos[0].quant
+            if q0 is None or any(t.quant != q0 or t.shape[1] != infos[0].shape[1] for t in infos):
+                continue
+            if any(t.shape[0] % 8 for t in infos[:-1]):  # 8 half values = 16 bytes
+                continue
+            out[group[0]] = group
+    return out
 
 
 @dataclass
@@ -127,10 +159,16 @@ def upload(
     sizes = {k: v for k, v in plan_bytes(checkpoint, ops.act_itemsize).items() if k not in skip}
     arena = Arena(sum(sizes.values()), pool)
     weights: dict[str, Any] = {}
+    groups = _groups(checkpoint, list(sizes))
+    grouped = {n for g in groups.values() for n in g}
     for name in sizes:
         info = checkpoint.tensors[name]
         shape = tuple(info.shape)
-        if info.quant is not None:
+        if name in groups:
+            _upload_group(checkpoint, ops, arena, groups[name], weights)
+        elif name in grouped:
+            continue  # uploaded with its group
+        elif info.quant is not None:
             packed, scales, biases = checkpoint.read_raw(name)
             out, cols = shape
             groups = cols // info.quant.group_size
@@ -153,3 +191,29 @@ def upload(
             weights[name] = DWeight(dst, shape) if len(shape) == 2 else dst
     cupy.cuda.get_current_stream().synchronize()
     return weights, arena
+
+
+def _upload_group(checkpoint: Any, ops: Any, arena: Arena, names: list[str], weights: dict):
+    """Upload quantized projections as one [sum of out, in] matrix; each part is a row view."""
+    import cupy
+
+    infos = [checkpoint.tensors[n] for n in names]
+    q, cols = infos[0].quant, infos[0].shape[1]
+    rows = sum(t.shape[0] for t in infos)
+    groups = cols // q.group_size
+    dp = arena.carve((rows, cols * q.bits // 32), cupy.uint32)
+    ds = arena.carve((rows, groups), ops.act_dtype)
+    db = arena.carve((rows, groups), ops.act_dtype)
+    fused = QWeight(dp, ds, db, q.bits, q.group_size, (rows, cols))
+    r0 = 0
+    for name, info in zip(names, infos, strict=True):
+        out = info.shape[0]
+        packed, scales, biases = checkpoint.read_raw(name)
+        part = slice(r0, r0 + out)
+        dp[part].set(np.ascontiguousarray(packed).view(np.uint32).reshape(out, -1))
+        _convert_into(ops, np.asarray(scales).reshape(out, groups), ds[part])
+        _convert_into(ops, np.asarray(biases).reshape(out, groups), db[part])
+        weights[name] = QWeight(
+            dp[part], ds[part], db[part], q.bits, q.group_size, (out, cols), fused, r0
+        )
+        r0 += out

@@ -159,13 +159,13 @@ def upload(
     sizes = {k: v for k, v in plan_bytes(checkpoint, ops.act_itemsize).items() if k not in skip}
     arena = Arena(sum(sizes.values()), pool)
     weights: dict[str, Any] = {}
-    groups = _groups(checkpoint, list(sizes))
-    grouped = {n for g in groups.values() for n in g}
+    fusable = _groups(checkpoint, list(sizes))
+    grouped = {n for g in fusable.values() for n in g}
     for name in sizes:
         info = checkpoint.tensors[name]
         shape = tuple(info.shape)
-        if name in groups:
-            _upload_group(checkpoint, ops, arena, groups[name], weights)
+        if name in fusable:
+            _upload_group(checkpoint, ops, arena, fusable[name], weights)
         elif name in grouped:
             continue  # uploaded with its group
         elif info.quant is not None:

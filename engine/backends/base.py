@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import ModelConfig
+from engine.errors import RequestRefused
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,16 @@ class Batch:
         """Absolute position of every row, `[R]` int32."""
         parts = [np.arange(s.start, s.start + s.rows, dtype=np.int32) for s in self.segments]
         return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+    def check_context(self, context: int) -> None:
+        """Refuse (RequestRefused) a batch that would take a stream past `context` tokens."""
+        for seg in self.segments:
+            if seg.start + seg.rows > context:
+                raise RequestRefused(
+                    f"stream {seg.slot} would reach {seg.start + seg.rows} tokens but the "
+                    f"admitted context is {context}; raise the context length setting "
+                    "or start a new chat"
+                )
 
     def last_rows(self) -> np.ndarray:
         """Index of each segment's last row, `[S]` int32 (the rows that produce logits)."""

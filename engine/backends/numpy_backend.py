@@ -14,7 +14,6 @@ import numpy as np
 
 from engine.backends.base import Backend, Batch
 from engine.config import ModelConfig
-from engine.errors import RequestRefused
 
 # Output rows of a quantized weight dequantized at once by `linear` (bounds host memory).
 DEQUANT_BLOCK_ROWS = 4096
@@ -165,13 +164,7 @@ class NumpyBackend(Backend):
         return np.asarray(x)
 
     def prepare(self, batch: Batch, ids: np.ndarray) -> Any:
-        for seg in batch.segments:
-            if seg.start + seg.rows > self.context:
-                raise RequestRefused(
-                    f"stream {seg.slot} would reach {seg.start + seg.rows} tokens but the "
-                    f"admitted context is {self.context}; raise the context length setting "
-                    "or start a new chat"
-                )
+        batch.check_context(self.context)
         return np.asarray(ids, dtype=np.int64)
 
     # ----- ops ----------------------------------------------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+from engine.session import GenerationStats, TokenEvent
 
 REPLY = [
     "Hello",
@@ -23,24 +24,6 @@ REPLY = [
     "- *small*",
 ]
 THINKING_REPLY = ["Let me", " think", ".", "</think>", "\n\n", "The answer", " is", " 42", "."]
-
-
-@dataclass(frozen=True)
-class Stats:
-    prompt_tokens: int
-    new_tokens: int
-    ttft_s: float
-    prefill_tok_s: float
-    decode_tok_s: float
-
-
-@dataclass(frozen=True)
-class Event:
-    token_id: int
-    text: str
-    finished: bool
-    finish_reason: str | None = None
-    stats: Stats | None = None
 
 
 class FakeEngine:
@@ -103,14 +86,14 @@ class FakeEngine:
                 raise self.fail_with
             first = first if first is not None else time.monotonic() - start
             n += 1
-            yield Event(token_id=i, text=text, finished=False)
+            yield TokenEvent(token_id=i, text=text, finished=False)
         yield self._final(len(self.script), "stop", prompt_ids, n, start, first)
 
     @staticmethod
     def _final(i, reason, prompt_ids, n, start, first) -> Event:
         elapsed = max(time.monotonic() - start, 1e-6)
-        stats = Stats(len(prompt_ids), n, first or 0.0, 1000.0, n / elapsed)
-        return Event(token_id=i, text="", finished=True, finish_reason=reason, stats=stats)
+        stats = GenerationStats(len(prompt_ids), n, first or 0.0, 1000.0, n / elapsed)
+        return TokenEvent(token_id=i, text="", finished=True, finish_reason=reason, stats=stats)
 
     def unload(self) -> None:
         self.loaded = False

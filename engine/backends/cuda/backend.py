@@ -23,7 +23,7 @@ from engine.backends.cuda.scratch import ALIGN, RegionCarver
 from engine.backends.cuda.state import StateMixin
 from engine.backends.cuda.weights import DWeight, QWeight, plan_bytes, upload
 from engine.config import ModelConfig
-from engine.errors import DeviceOutOfMemory, RequestRefused
+from engine.errors import DeviceOutOfMemory
 from engine.memory.scratch import decode_splits
 from engine.memory.workspace import ATTN_QUERY_ROWS
 
@@ -147,13 +147,7 @@ class CudaBackend(StateMixin, Backend):
         R, S = batch.rows, len(batch.segments)
         if R > self.meta.shape[1]:
             self._alloc_meta(R)
-        for seg in batch.segments:
-            if seg.start + seg.rows > self.context:
-                raise RequestRefused(
-                    f"stream {seg.slot} would reach {seg.start + seg.rows} tokens but the "
-                    f"admitted context is {self.context}; raise the context length setting "
-                    "or start a new chat"
-                )
+        batch.check_context(self.context)
         self.stream.synchronize()  # the pinned buffer may still feed the last copy
         h = self.meta_host
         h[0, :R] = ids

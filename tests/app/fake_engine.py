@@ -72,7 +72,7 @@ class FakeEngine:
         self.calls.append(list(messages))
         return list(range(sum(len(m["content"]) for m in messages) // 4 + 1))
 
-    def generate(self, prompt_ids, params, cancel=None) -> Iterator[Event]:
+    def generate(self, prompt_ids, params, cancel=None) -> Iterator[TokenEvent]:
         self.threads.add(threading.get_ident())
         start = time.monotonic()
         first = None
@@ -90,7 +90,7 @@ class FakeEngine:
         yield self._final(len(self.script), "stop", prompt_ids, n, start, first)
 
     @staticmethod
-    def _final(i, reason, prompt_ids, n, start, first) -> Event:
+    def _final(i, reason, prompt_ids, n, start, first) -> TokenEvent:
         elapsed = max(time.monotonic() - start, 1e-6)
         stats = GenerationStats(len(prompt_ids), n, first or 0.0, 1000.0, n / elapsed)
         return TokenEvent(token_id=i, text="", finished=True, finish_reason=reason, stats=stats)

@@ -78,7 +78,7 @@ def select_backend(settings: EngineSettings, max_rows: int = 512) -> Backend:
     if reason is None:
         from engine.backends.cuda.backend import CudaBackend
 
-        return CudaBackend(settings=settings, dtype=settings.compute_dtype, max_rows=max_rows)
+        return CudaBackend(settings=settings, dtype=_device_dtype(settings), max_rows=max_rows)
     if choice == "cuda":
         raise BackendUnavailable(
             f"backend 'cuda' cannot run here: {reason}. Choose the "
@@ -87,6 +87,17 @@ def select_backend(settings: EngineSettings, max_rows: int = 512) -> Backend:
     from engine.backends.numpy_backend import NumpyBackend
 
     return NumpyBackend()
+
+
+def _device_dtype(settings: EngineSettings) -> str:
+    """The compute dtype for this GPU: bf16 needs compute capability 8.0 (Ampere) or newer,
+    so older cards (GTX 16xx, RTX 20xx) run in fp16 instead."""
+    import cupy
+
+    major = int(cupy.cuda.Device().compute_capability) // 10
+    if settings.compute_dtype == "bfloat16" and major < 8:
+        return "float16"
+    return settings.compute_dtype
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends import gdn
 from engine.backends.base import Backend, Batch
 from engine.config import ModelConfig
 
@@ -264,13 +265,9 @@ class NumpyBackend(Backend):
             q = np.repeat(q, Hv // Hk, axis=1)  # value head h reads key head h // (Hv/Hk)
             k = np.repeat(k, Hv // Hk, axis=1)
             state = self.recurrent[layer][seg.slot]  # [Hv, dk, dv] fp32, updated in place
-            decay = np.exp(g[rows])  # [T, Hv]
-            for t in range(seg.rows):
-                state *= decay[t][:, None, None]
-                kv_mem = np.einsum("hkv,hk->hv", state, k[t])
-                delta = beta[row + t][:, None] * (v[t] - kv_mem)
-                state += k[t][:, :, None] * delta[:, None, :]
-                out[row + t] = np.einsum("hkv,hk->hv", state, q[t])
+            # A window runs the chunked form (big products); a step the recurrence.
+            rule = gdn.chunked if seg.rows >= gdn.CHUNK else gdn.recurrent
+            out[rows] = rule(q, k, v, g[rows], beta[rows], state)
             row += seg.rows
         zz = z.reshape(-1, Hv, dv)
         y = rms(out, c.rms_norm_eps) * weights["norm"] * silu(zz)

@@ -7,6 +7,9 @@ checkpoint's `tensors[name].nbytes` gives, so a plan can be made for a model not
 
 from __future__ import annotations
 
+import math
+
+from engine.checkpoint.names import expected_tensors
 from engine.config import FULL, LINEAR, ModelConfig, QuantConfig, QuantSpec
 
 FORMATS = ("mlx4", "bf16")
@@ -50,39 +53,35 @@ def shape_config(name: str, fmt: str = "bf16", group_size: int = 64) -> ModelCon
     )
 
 
-def _full_attn_linears(c: ModelConfig) -> list[tuple[str, int, int]]:
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+def layer_linear_shapes(config: ModelConfig) -> list[tuple[str, int, int]]:
+    """(name, out_features, in_features) of every projection in the decoder layers."""
     return [
-        ("self_attn.q_proj", 2 * q, c.hidden_size),
-        ("self_attn.k_proj", kv, c.hidden_size),
-        ("self_attn.v_proj", kv, c.hidden_size),
-        ("self_attn.o_proj", c.hidden_size, q),
+        (name, shape[0], shape[1])
+        for name, shape in expected_tensors(config).items()
+        if name.startswith("layers.") and len(shape) == 2 and not name.endswith("conv1d")
     ]
 
 
-def _mlp_linears(c: ModelConfig) -> list[tuple[str, int, int]]:
+def _mtp_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The one-layer MTP head HF checkpoints carry (a full-attention layer plus its fc)."""
     H, I = c.hidden_size, c.intermediate_size
-    return [("mlp.gate_proj", I, H), ("mlp.up_proj", I, H), ("mlp.down_proj", H, I)]
-
-
-def layer_linear_shapes(config: ModelConfig) -> list[tuple[str, int, int]]:
-    """(name, out_features, in_features) of every projection in the decoder layers."""
-    c = config
-    out: list[tuple[str, int, int]] = []
-    for i, kind in enumerate(c.layer_types):
-        if kind == FULL:
-            mixer = _full_attn_linears(c)
-        else:
-            Hv, H = c.linear_num_value_heads, c.hidden_size
-            mixer = [
-                ("linear_attn.in_proj_qkv", c.conv_dim, H),
-                ("linear_attn.in_proj_z", c.value_dim, H),
-                ("linear_attn.in_proj_a", Hv, H),
-                ("linear_attn.in_proj_b", Hv, H),
-                ("linear_attn.out_proj", H, c.value_dim),
-            ]
-        out += [(f"layers.{i}.{n}", o, k) for n, o, k in mixer + _mlp_linears(c)]
-    return out
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"mtp.fc": (H, 2 * H)}
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        shapes[f"mtp.{n}"] = (H,)
+    p = "mtp.layers.0."
+    shapes.update(
+        {
+            p + "self_attn.q_proj": (2 * q, H),
+            p + "self_attn.k_proj": (kv, H),
+            p + "self_attn.v_proj": (kv, H),
+            p + "self_attn.o_proj": (H, q),
+            p + "mlp.gate_proj": (I, H),
+            p + "mlp.up_proj": (I, H),
+            p + "mlp.down_proj": (H, I),
+        }
+    )
+    return shapes
 
 
 def shape_tensor_nbytes(
@@ -90,41 +89,26 @@ def shape_tensor_nbytes(
 ) -> dict[str, int]:
     """Stored bytes per internal tensor name for a checkpoint of this shape.
 
-    mlx4: every linear and the embedding (and an untied head) as 4-bit codes plus bf16 scales
-    and biases per group; norms, conv1d and dt_bias bf16, A_log fp32; no MTP (mlx drops it).
+    mlx4: every matrix (the embedding and an untied head too) as 4-bit codes plus bf16 scales
+    and biases per group; conv1d, norms and dt_bias bf16, A_log fp32; no MTP (mlx drops it).
     bf16: everything bf16 except A_log and the gated norm (fp32), MTP included.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    c, H = config, config.hidden_size
-
-    def linear(out: int, inp: int) -> int:
-        if fmt == "bf16" or inp % group_size:
-            return out * inp * 2
-        return out * inp // 2 + 2 * (out * (inp // group_size) * 2)
-
-    sizes: dict[str, int] = {"embed_tokens": linear(c.vocab_size, H), "norm": H * 2}
-    if not c.tie_word_embeddings:
-        sizes["lm_head"] = linear(c.vocab_size, H)
-    for name, out, inp in layer_linear_shapes(c):
-        sizes[name] = linear(out, inp)
-    gated_norm = 4 if fmt == "bf16" else 2
-    for i, kind in enumerate(c.layer_types):
-        sizes[f"layers.{i}.input_layernorm"] = H * 2
-        sizes[f"layers.{i}.post_attention_layernorm"] = H * 2
-        if kind == FULL:
-            sizes[f"layers.{i}.self_attn.q_norm"] = c.head_dim * 2
-            sizes[f"layers.{i}.self_attn.k_norm"] = c.head_dim * 2
+    shapes = dict(expected_tensors(config))
+    if fmt == "bf16" and config.mtp_num_hidden_layers:
+        shapes.update(_mtp_shapes(config))
+    sizes: dict[str, int] = {}
+    for name, shape in shapes.items():
+        n = math.prod(shape)
+        if name.endswith("A_log") or (fmt == "bf16" and name.endswith("linear_attn.norm")):
+            sizes[name] = n * 4  # stored in fp32
+        elif fmt == "mlx4" and len(shape) == 2 and not name.endswith("conv1d"):
+            out, inp = shape
+            if inp % group_size:
+                sizes[name] = n * 2
+            else:
+                sizes[name] = n // 2 + 2 * (out * (inp // group_size) * 2)
         else:
-            p, Hv = f"layers.{i}.linear_attn", c.linear_num_value_heads
-            sizes[f"{p}.conv1d"] = c.conv_dim * c.linear_conv_kernel_dim * 2
-            sizes[f"{p}.dt_bias"] = Hv * 2
-            sizes[f"{p}.A_log"] = Hv * 4
-            sizes[f"{p}.norm"] = c.linear_value_head_dim * gated_norm
-    if fmt == "bf16" and c.mtp_num_hidden_layers:
-        sizes["mtp.fc"] = H * 2 * H * 2
-        for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-            sizes[f"mtp.{n}"] = H * 2
-        for n, out, inp in _full_attn_linears(c) + _mlp_linears(c):
-            sizes[f"mtp.layers.0.{n}"] = out * inp * 2
+            sizes[name] = n * 2
     return sizes

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.checkpoint.names import expected_tensors, is_conv, is_zero_centred
+from engine.config import parse_config
+
 SHAPES = {
     "tiny": dict(
         hidden_size=256,
@@ -213,42 +216,21 @@ def write_checkpoint(
     src = _Source(seed, pooled, bits, group, std)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    H, V, inter = tc["hidden_size"], tc["vocab_size"], tc["intermediate_size"]
-    hq, hkv, hd = tc["num_attention_heads"], tc["num_key_value_heads"], tc["head_dim"]
-    hk, hv = tc["linear_num_key_heads"], tc["linear_num_value_heads"]
-    KD, VD = hk * 128, hv * 128
-    C = 2 * KD + VD
-    mats: dict[str, tuple[int, int]] = {"embed_tokens": (V, H)}
-    small: dict[str, tuple[tuple[int, ...], str]] = {"norm": ((H,), "zc")}
-    for i, kind in enumerate(tc["layer_types"]):
-        p = f"layers.{i}."
-        small[p + "input_layernorm"] = ((H,), "zc")
-        small[p + "post_attention_layernorm"] = ((H,), "zc")
-        if kind == "full_attention":
-            a = p + "self_attn."
-            mats[a + "q_proj"] = (2 * hq * hd, H)
-            mats[a + "k_proj"] = (hkv * hd, H)
-            mats[a + "v_proj"] = (hkv * hd, H)
-            mats[a + "o_proj"] = (H, hq * hd)
-            small[a + "q_norm"] = ((hd,), "zc")
-            small[a + "k_norm"] = ((hd,), "zc")
-        else:
-            a = p + "linear_attn."
-            mats[a + "in_proj_qkv"] = (C, H)
-            mats[a + "in_proj_z"] = (VD, H)
-            mats[a + "in_proj_b"] = (hv, H)
-            mats[a + "in_proj_a"] = (hv, H)
-            mats[a + "out_proj"] = (H, VD)
-            small[a + "conv1d"] = ((C, 4), "conv")
-            small[a + "dt_bias"] = ((hv,), "dt")
-            small[a + "A_log"] = ((hv,), "alog")
-            small[a + "norm"] = ((128,), "gnorm")
-        m = p + "mlp."
-        mats[m + "gate_proj"] = (inter, H)
-        mats[m + "up_proj"] = (inter, H)
-        mats[m + "down_proj"] = (H, inter)
-    if not tc["tie_word_embeddings"]:
-        mats["lm_head"] = (V, H)
+    mats: dict[str, tuple[int, int]] = {}
+    small: dict[str, tuple[tuple[int, ...], str]] = {}
+    for name, shp in expected_tensors(parse_config(tc)).items():
+        if is_conv(name):
+            small[name] = (shp, "conv")
+        elif len(shp) == 2:
+            mats[name] = shp
+        elif name.endswith("dt_bias"):
+            small[name] = (shp, "dt")
+        elif name.endswith("A_log"):
+            small[name] = (shp, "alog")
+        elif is_zero_centred(name):
+            small[name] = (shp, "zc")
+        else:  # the gated norm (plain w)
+            small[name] = (shp, "gnorm")
 
     mlx = bits > 0
     prefix = "language_model.model." if mlx else "model."

@@ -11,7 +11,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from engine import device as engine_device
+from engine import memory
 from engine.config import EngineSettings, ModelConfig, parse_config
+from engine.memory import shapes
 
 VERDICT_LABELS = {
     "fits": "Fits",
@@ -43,56 +46,22 @@ class Gpu:
 
 @dataclass(frozen=True)
 class PlanProblem:
-    """Planning could not run (planner missing, unreadable folder...): `reason` says why."""
+    """Planning could not run (CPU mode, unreadable folder...): `reason` says why."""
 
     reason: str
     verdict_label: str = "Unknown"
 
 
 def probe_gpu() -> Gpu | None:
-    """The first NVIDIA GPU, or None (no driver, no card, or the probe is unavailable)."""
-    try:
-        from engine.device import probe_gpu as probe
-    except ImportError:
-        return _nvml_probe()
-    try:
-        info = probe()
-    except Exception:
-        return None
+    """The first NVIDIA GPU, or None (no driver, no card): NVML only, CUDA is not started."""
+    info = engine_device.probe_gpu()
     if info is None:
         return None
-    return Gpu(
-        name=str(info.name),
-        total_bytes=int(info.total_bytes),
-        free_bytes=int(info.free_bytes),
-        used_bytes=int(getattr(info, "used_bytes", 0)),
-        driver=str(getattr(info, "driver", "")),
-    )
+    return Gpu(info.name, info.total_bytes, info.free_bytes, info.used_bytes, info.driver)
 
 
 def no_gpu_reason() -> str:
-    try:
-        from engine.device import no_gpu_reason as reason
-
-        return str(reason())
-    except Exception:
-        return "no NVIDIA driver or GPU was found"
-
-
-def _nvml_probe() -> Gpu | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
-            return Gpu(str(name), int(mem.total), int(mem.free), int(mem.used))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
+    return engine_device.no_gpu_reason() or "no NVIDIA driver or GPU was found"
 
 
 def verdict_value(decision: Any) -> str:
@@ -119,15 +88,11 @@ def breakdown_value(decision: Any, key: str) -> int:
 def shape_config(
     name: str, fmt: str, group_size: int, raw: Mapping[str, Any] | None
 ) -> ModelConfig:
-    """The config of a catalog shape: the engine's own table, else the catalog's copy."""
-    try:
-        from engine.memory.shapes import shape_config as engine_shape
-
-        return engine_shape(name, fmt, group_size)
-    except ImportError:
-        if raw is None:
-            raise
-        return parse_config(dict(raw), source=f"catalog shape {name}")
+    """The config of a catalog shape: the engine's table of Qwen3.5 sizes, or the catalog's
+    own copy of the config for a size the engine does not list."""
+    if name in shapes.SHAPES or raw is None:
+        return shapes.shape_config(name, fmt, group_size)
+    return parse_config(dict(raw), source=f"catalog shape {name}")
 
 
 @lru_cache(maxsize=32)
@@ -139,12 +104,7 @@ def _checkpoint_sizes(model_dir: str) -> tuple[ModelConfig, tuple[tuple[str, int
 
 
 def _shape_sizes(config: ModelConfig, fmt: str, group_size: int) -> dict[str, int]:
-    try:
-        from engine.memory.shapes import shape_tensor_nbytes
-    except ImportError:
-        from engine.memory.cli_plan import shape_tensor_nbytes
-
-    return dict(shape_tensor_nbytes(config, fmt, group_size))
+    return dict(shapes.shape_tensor_nbytes(config, fmt, group_size))
 
 
 def plan(
@@ -167,10 +127,6 @@ def plan(
     if gpu is None:
         return PlanProblem(f"CPU mode: {no_gpu_reason()}; the model runs on the CPU.", "CPU mode")
     try:
-        from engine.memory import plan_for_checkpoint
-    except ImportError as exc:
-        return PlanProblem(f"The memory planner (engine.memory) is not available: {exc}")
-    try:
         if model_dir is not None:
             config, pairs = _checkpoint_sizes(str(model_dir))
             sizes = dict(pairs)
@@ -179,7 +135,7 @@ def plan(
             sizes = _shape_sizes(*shape)
         else:
             raise ValueError("plan() needs model_dir or shape")
-        return plan_for_checkpoint(
+        return memory.plan_for_checkpoint(
             sizes,
             config,
             context=context,

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine.cli_plan import add_plan_parser
 from engine.config import EngineSettings
 from engine.errors import SnugError
 
@@ -73,12 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--model", required=True)
     i.add_argument("--json", action="store_true")
 
-    try:
-        from engine.cli_plan import add_plan_parser
-
-        add_plan_parser(sub)
-    except ImportError:  # the planner module is optional only while it is being built
-        pass
+    add_plan_parser(sub)
     return parser
 
 

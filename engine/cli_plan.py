@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.config import GIB, EngineSettings, ModelConfig, load_config
+from engine.config import GIB, EngineSettings, ModelConfig
 from engine.device import no_gpu_reason, probe_gpu
 from engine.errors import SnugError
 from engine.memory import Decision, admit, largest_context, make_plan
@@ -25,40 +24,13 @@ from engine.memory.shapes import FORMATS, SHAPES, shape_config, shape_tensor_nby
 
 __all__ = ["add_plan_parser", "card_table", "run_plan", "shape_tensor_nbytes"]
 
-_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
-_SUFFIXES = (".weight", ".scales", ".biases")
-
-
-def _header_nbytes(model_dir: Path) -> dict[str, int]:
-    """Internal name -> stored bytes from the safetensors headers (packed + scales + biases)."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise SnugError(f"{model_dir}: no *.safetensors files")
-    out: dict[str, int] = {}
-    for path in files:
-        with path.open("rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        for key, entry in header.items():
-            if key == "__metadata__" or key.startswith(("model.visual.", "vision_tower.")):
-                continue
-            name = next((key[len(p) :] for p in _PREFIXES if key.startswith(p)), key)
-            name = next((name[: -len(s)] for s in _SUFFIXES if name.endswith(s)), name)
-            begin, end = entry["data_offsets"]
-            out[name] = out.get(name, 0) + end - begin
-    return out
-
 
 def checkpoint_nbytes(model_dir: str | Path) -> tuple[ModelConfig, dict[str, int]]:
-    """The model's config and its stored bytes per internal tensor name."""
-    try:
-        from engine.checkpoint import Checkpoint
-    except ImportError:
-        Checkpoint = None  # noqa: N806
-    if Checkpoint is not None:
-        ckpt = Checkpoint.open(model_dir)
-        return ckpt.config, {name: info.nbytes for name, info in ckpt.tensors.items()}
-    return load_config(model_dir), _header_nbytes(Path(model_dir))
+    """The model's config and its stored bytes per internal tensor name (headers only)."""
+    from engine.checkpoint import Checkpoint
+
+    ckpt = Checkpoint.open(model_dir)
+    return ckpt.config, {name: info.nbytes for name, info in ckpt.tensors.items()}
 
 
 def add_plan_parser(subparsers) -> argparse.ArgumentParser:

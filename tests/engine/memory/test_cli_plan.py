@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import struct
 
-from engine.cli_plan import _header_nbytes, card_table, main
+from engine.cli_plan import card_table, checkpoint_nbytes, main
 from engine.config import GIB, EngineSettings
 from engine.device import no_gpu_reason, probe_gpu
 
@@ -28,34 +27,13 @@ def test_plan_shape_json(capsys):
     assert data["verdict"] == "does not fit" and data["suggestions"]
 
 
-def test_header_reader_sums_quantized_parts(tmp_path):
-    header = {
-        "__metadata__": {"format": "mlx"},
-        "language_model.model.embed_tokens.weight": {
-            "dtype": "U32",
-            "shape": [4, 1],
-            "data_offsets": [0, 16],
-        },
-        "language_model.model.embed_tokens.scales": {
-            "dtype": "BF16",
-            "shape": [4, 1],
-            "data_offsets": [16, 24],
-        },
-        "language_model.model.embed_tokens.biases": {
-            "dtype": "BF16",
-            "shape": [4, 1],
-            "data_offsets": [24, 32],
-        },
-        "language_model.model.layers.0.linear_attn.A_log": {
-            "dtype": "F32",
-            "shape": [2],
-            "data_offsets": [32, 40],
-        },
-        "vision_tower.x.weight": {"dtype": "F32", "shape": [1], "data_offsets": [40, 44]},
-    }
-    raw = json.dumps(header).encode()
-    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(44))
-    assert _header_nbytes(tmp_path) == {"embed_tokens": 32, "layers.0.linear_attn.A_log": 8}
+def test_plan_a_checkpoint_from_its_headers(tiny_checkpoint, capsys):
+    model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
+    config, sizes = checkpoint_nbytes(model)
+    assert config.quantized and sizes["embed_tokens"] == 512 * 128 // 2 + 2 * 512 * 2 * 2
+    assert main(["plan", "--model", str(model), "--card-gib", "4", "--json"]) == 0
+    decision = json.loads(capsys.readouterr().out)
+    assert decision["verdict"] == "fits" and decision["breakdown"]["weights"] > 0
 
 
 def test_no_gpu_here_is_reported_not_raised(capsys):

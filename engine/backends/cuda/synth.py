@@ -18,6 +18,19 @@ import numpy as np
 
 from engine.checkpoint.names import expected_tensors, is_conv, is_zero_centred
 from engine.config import parse_config
+from engine.memory.shapes import shape_config
+
+
+def _real_shape(name: str) -> dict:
+    """A Qwen3.5 size from the planner's table (engine.memory.shapes), in config.json keys."""
+    c = shape_config(name)
+    keys = (
+        "hidden_size num_hidden_layers num_attention_heads num_key_value_heads head_dim "
+        "linear_num_key_heads linear_num_value_heads intermediate_size vocab_size "
+        "tie_word_embeddings"
+    ).split()
+    return {k: getattr(c, k) for k in keys}
+
 
 SHAPES = {
     "tiny": dict(
@@ -32,42 +45,7 @@ SHAPES = {
         vocab_size=1024,
         tie_word_embeddings=True,
     ),
-    "0.8B": dict(
-        hidden_size=1024,
-        num_hidden_layers=24,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=256,
-        linear_num_key_heads=16,
-        linear_num_value_heads=16,
-        intermediate_size=3584,
-        vocab_size=248320,
-        tie_word_embeddings=True,
-    ),
-    "4B": dict(
-        hidden_size=2560,
-        num_hidden_layers=32,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        head_dim=256,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        intermediate_size=9216,
-        vocab_size=248320,
-        tie_word_embeddings=True,
-    ),
-    "9B": dict(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        head_dim=256,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        intermediate_size=12288,
-        vocab_size=248320,
-        tie_word_embeddings=False,
-    ),
+    **{name: _real_shape(name) for name in ("0.8B", "2B", "4B", "9B")},
 }
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,9 +19,27 @@ def main(argv: list[str] | None = None) -> int:
             "       snug COMMAND [ARGS...]   run an engine command (generate, info, plan, ...)\n"
         )
         return 0
+    missing = no_display_reason(os.environ, sys.platform)
+    if missing:
+        sys.stderr.write(f"snug: {missing}\n")
+        return 2
     from app.main import main as gui_main
 
     return gui_main([sys.argv[0], *args])
+
+
+def no_display_reason(environ: Mapping[str, str], platform: str) -> str | None:
+    """Why the window cannot open here (Linux without a display), or None. Qt itself would
+    abort the process with a core dump instead of saying so."""
+    if not platform.startswith("linux") or environ.get("QT_QPA_PLATFORM"):
+        return None
+    if environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"):
+        return None
+    return (
+        "no display to open the window on (neither DISPLAY nor WAYLAND_DISPLAY is set). "
+        "Start Snug from the desktop, use `xvfb-run snug`, or run a command such as "
+        "`snug generate --model DIR --prompt TEXT` instead"
+    )
 
 
 if __name__ == "__main__":

@@ -284,6 +284,7 @@ ENV_LIMIT = "SNUG_MEMORY_LIMIT_GIB"
 ENV_BACKEND = "SNUG_BACKEND"
 ENV_CACHE = "SNUG_CACHE_DIR"
 ENV_DTYPE = "SNUG_COMPUTE_DTYPE"
+ENV_OVERLAP = "SNUG_OVERLAP_LAUNCHES"
 COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
 DEFAULT_RESERVE_GIB = 0.5
 
@@ -297,6 +298,9 @@ class EngineSettings:
     backend: str = "auto"
     cache_dir: str | None = None
     compute_dtype: str = "bfloat16"  # GPU activations; float16 for cards without bf16
+    # Let each GPU kernel start while the previous one finishes (Hopper and newer); off
+    # only to measure what it gains or to rule it out.
+    overlap_launches: bool = True
 
     def __post_init__(self) -> None:
         if self.reserve_bytes < 0:
@@ -327,6 +331,11 @@ class EngineSettings:
             out = replace(out, cache_dir=env[ENV_CACHE].strip())
         if env.get(ENV_DTYPE, "").strip():
             out = replace(out, compute_dtype=env[ENV_DTYPE].strip())
+        overlap = env.get(ENV_OVERLAP, "").strip()
+        if overlap:
+            if overlap not in ("0", "1"):
+                raise ConfigError(f"{ENV_OVERLAP}={overlap!r} must be 0 or 1")
+            out = replace(out, overlap_launches=overlap == "1")
         return out
 
     def with_gib(self, reserve: float | None = None, limit: float | None = None) -> EngineSettings:

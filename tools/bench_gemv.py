@@ -20,7 +20,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from engine.backends.cuda.ops import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS, Ops
+from engine.backends.cuda.gemv import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS
+from engine.backends.cuda.ops import Ops
 from engine.backends.cuda.weights import QWeight
 
 # name, out, in, swiglu, activation rows, uses per 4B decode step (24 DeltaNet + 8 attention layers)

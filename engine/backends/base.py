@@ -166,9 +166,42 @@ class Backend(ABC):
         """`[linear(x, w) for w in weights]`; a backend may run them as one product."""
         return [self.linear(x, w) for w in weights]
 
+    # ----- composite steps (a backend may fuse each into fewer kernels) -------------------
+    def norm_linear_many(
+        self, x: Any, delta: Any, weight: Any, eps: float, weights: list[Any]
+    ) -> tuple[list[Any], Any]:
+        """`h = x + delta` (`x` itself when delta is None), `u = rms_norm(h) * weight`;
+        return `(linear_many(u, weights), h)`."""
+        if delta is None:
+            u, h = self.rms_norm(x, weight, eps), x
+        else:
+            u, h = self.add_rms_norm(x, delta, weight, eps)
+        return self.linear_many(u, weights), h
+
+    def norm_mlp(
+        self, x: Any, delta: Any, weight: Any, eps: float, gate: Any, up: Any, down: Any
+    ) -> tuple[Any, Any]:
+        """`h = x + delta`; return `(mlp(rms_norm(h) * weight), h)`."""
+        u, h = self.add_rms_norm(x, delta, weight, eps)
+        return self.mlp(u, gate, up, down), h
+
+    def gated_delta_out(
+        self,
+        layer: int,
+        mixed: Any,
+        z: Any,
+        b: Any,
+        a: Any,
+        weights: dict,
+        out_proj: Any,
+        batch: Batch,
+    ) -> Any:
+        """`linear(gated_delta(...), out_proj)`: the DeltaNet mixer and its output projection."""
+        return self.linear(self.gated_delta(layer, mixed, z, b, a, weights, batch), out_proj)
+
     # ----- scratch regions (optional) -----------------------------------------------------
     def begin_layer(self, index: int) -> None:  # noqa: B027 - optional hook
-        """Layer `index` starts; it reads only the previous layer's (u, x). A backend that
+        """Layer `index` starts; it reads only the previous layer's (x, delta). A backend that
         carves buffers from a fixed scratch reuses the region of layer index - 2 here."""
 
     def begin_head(self) -> None:  # noqa: B027 - optional hook

@@ -4,24 +4,24 @@
 returns names, shapes, offsets and bytes and touches nothing (invariant 3). `Scratch` owns
 the live block, grows it (replacement first, see `engine.memory.growth`) and carves views.
 
-A layer only needs the previous layer's output (normed input u and residual x), so layers
-alternate between two regions: layer i carves its temporaries from region i % 2, which is
-reset when the layer starts, while it reads u and x from the other region. The embedding
-goes to region 1 (as layer -1), the head to its own region. The CUDA backend carves in
+A layer only needs the previous layer's output (residual x and the delta its MLP adds), so
+layers alternate between two regions: layer i carves its temporaries from region i % 2, which
+is reset when the layer starts, while it reads x and the delta from the other region. The
+embedding goes to region 1 (as layer -1), the head to its own region. The CUDA backend carves in
 exactly this order (a bump allocator per region, 256-byte aligned), so capture and replay
 of a decode graph see the same addresses, and this layout is what it uses (dt = compute
 dtype, R = rows, S = rows that produce logits (<= step rows), P = decode KV splits):
 
     offset 0
-    +-- region 0: one layer's buffers, the larger of ------------------------------+
+    +-- region 0: one layer's buffers: u, x [R,H] (input norm), then the larger of -+
     |     attention: qg [R,2*Hq*hd] | k, v [R,Hkv*hd] | q, attn [R,Hq*hd]           |
     |                step: split_acc [R,Hq,P,hd] f32, split_ml [R,Hq,P,2] f32       |
     |                window: heads [Hq,R,hd]                                         |
     |     DeltaNet:  mixed [R,C] | z [R,VD] | b, a [R,Hv] | gdn_q, gdn_k [R,KD] f32  |
     |                gdn_v, gdn_o [R,VD] f32 | gdn_g, gdn_beta [R,Hv] f32 | gdn [R,VD] |
-    |     then: mixer_out, u1, x1 [R,H] | act, gate, up [R,I] | mlp_out, u, x [R,H]  |
-    +-- region 1: the same size (also holds the embedding output x, u) -------------+
-    +-- head: rows [S,H] dt | logits [S,V] dt --------------------------------------+
+    |     then: mixer_out, u1, x1 [R,H] | act, gate, up [R,I] | mlp_out [R,H]        |
+    +-- region 1: the same size (also holds the embedding output x) ----------------+
+    +-- head: x, delta, u, h [S,H] dt (last rows, final norm) | logits [S,V] dt ----+
     total (rounded up to 256)
 
 Both the window (R rows of one stream) and the step (one row for each of up to `step_rows`
@@ -92,8 +92,8 @@ def decode_splits(context: int) -> tuple[int, int]:
 
 
 def _layer_buffers(c: ModelConfig, R: int, step: bool, context: int, dt: str):
-    """One layer's buffers in carving order: the attention or the DeltaNet mixer (the larger),
-    then the MLP half that both kinds share."""
+    """One layer's buffers in carving order: the input norm, the attention or the DeltaNet
+    mixer (the larger), then the MLP half that both kinds share."""
     f32 = "float32"
     Hq, Hkv, hd, H = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
     Hv, KD, VD = c.linear_num_value_heads, c.key_dim, c.value_dim
@@ -140,10 +140,8 @@ def _layer_buffers(c: ModelConfig, R: int, step: bool, context: int, dt: str):
         ("gate", (R, I), dt),
         ("up", (R, I), dt),
         ("mlp_out", (R, H), dt),
-        ("u", (R, H), dt),
-        ("x", (R, H), dt),
     ]
-    return mixer + tail
+    return [("u", (R, H), dt), ("x", (R, H), dt)] + mixer + tail
 
 
 def scratch_layout(
@@ -170,7 +168,8 @@ def scratch_layout(
         return sum(align_up(math.prod(shape) * _itemsize(d)) for _, shape, d in bufs)
 
     layer = window if size(window) >= size(step) else step
-    head = [("rows", (S, c.hidden_size), dt), ("logits", (S, c.vocab_size), dt)]
+    H = c.hidden_size
+    head = [(n, (S, H), dt) for n in ("x", "delta", "u", "h")] + [("logits", (S, c.vocab_size), dt)]
     offset, specs, regions = 0, [], {}
     for region, bufs in (("r0", layer), ("r1", layer), ("head", head)):
         base = offset

@@ -1,8 +1,10 @@
 """The Qwen3.5 dense text forward pass, written once against `engine.backends.base.Backend`.
 
 Attribute and weight names follow the checkpoint (docs/architecture.md). Each decoder layer
-is pre-norm: `h = x + mixer(norm1(x)); x' = h + mlp(norm2(h))`; the residual add is fused
-with the next norm, so the loop carries `(u, x)` = (normed input, residual).
+is pre-norm: `h = x + mixer(norm1(x)); x' = h + mlp(norm2(h))`. A block's residual add is
+deferred to the next block's norm, which runs in the same backend call as the projections
+that read it (`norm_linear_many`, `norm_mlp`), so the loop carries `(x, delta)` = (residual
+so far, what the last block adds to it) and a backend can fuse add, norm and projection.
 """
 
 from __future__ import annotations
@@ -36,36 +38,39 @@ class Qwen35Model:
         eps = c.rms_norm_eps
         ids_dev = be.prepare(batch, ids)
         x = be.embedding(w["embed_tokens"], ids_dev)  # [R, H]
-        u = be.rms_norm(x, w["layers.0.input_layernorm"], eps)
+        delta = None
         for i, kind in enumerate(c.layer_types):
             be.begin_layer(i)
             p = f"layers.{i}."
+            norm, j = w[p + "input_layernorm"], self.kind_index[i]
             if kind == FULL:
-                delta = self._attention(p + "self_attn.", self.kind_index[i], u, batch)
+                delta, x = self._attention(p + "self_attn.", j, x, delta, norm, batch)
             else:
-                delta = self._gated_delta(p + "linear_attn.", self.kind_index[i], u, batch)
-            u, x = be.add_rms_norm(x, delta, w[p + "post_attention_layernorm"], eps)
-            delta = be.mlp(u, w[p + "mlp.gate_proj"], w[p + "mlp.up_proj"], w[p + "mlp.down_proj"])
-            last = i + 1 == c.num_hidden_layers
-            next_norm = w["norm"] if last else w[f"layers.{i + 1}.input_layernorm"]
-            u, x = be.add_rms_norm(x, delta, next_norm, eps)
+                delta, x = self._gated_delta(p + "linear_attn.", j, x, delta, norm, batch)
+            mlp = [w[p + "mlp." + n] for n in ("gate_proj", "up_proj", "down_proj")]
+            delta, x = be.norm_mlp(x, delta, w[p + "post_attention_layernorm"], eps, *mlp)
         be.begin_head()
         if not all_logits:
-            u = be.take_rows(u, batch.last_rows())  # [S, H]
-        return be.linear(u, self.head)  # [S or R, V]
+            last = batch.last_rows()
+            x, delta = be.take_rows(x, last), be.take_rows(delta, last)  # [S, H]
+        (logits,), _ = be.norm_linear_many(x, delta, w["norm"], eps, [self.head])
+        return logits  # [S or R, V]
 
-    def _attention(self, p: str, layer: int, u: Any, batch: Batch) -> Any:
+    def _attention(self, p: str, layer: int, x: Any, delta: Any, norm: Any, batch: Batch):
         be, w = self.backend, self.w
+        eps = self.config.rms_norm_eps
         # qg [R, Hq*2*hd], k and v [R, Hkv*hd]
-        qg, k, v = be.linear_many(u, [w[p + "q_proj"], w[p + "k_proj"], w[p + "v_proj"]])
+        projections = [w[p + "q_proj"], w[p + "k_proj"], w[p + "v_proj"]]
+        (qg, k, v), x = be.norm_linear_many(x, delta, norm, eps, projections)
         o = be.attention(layer, qg, k, v, w[p + "q_norm"], w[p + "k_norm"], batch)
-        return be.linear(o, w[p + "o_proj"])  # [R, H]
+        return be.linear(o, w[p + "o_proj"]), x  # [R, H] each
 
-    def _gated_delta(self, p: str, layer: int, u: Any, batch: Batch) -> Any:
+    def _gated_delta(self, p: str, layer: int, x: Any, delta: Any, norm: Any, batch: Batch):
         be, w = self.backend, self.w
+        eps = self.config.rms_norm_eps
         # mixed [R, C], z [R, VD], b and a [R, Hv]
         names = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
-        mixed, z, b, a = be.linear_many(u, [w[p + n] for n in names])
+        (mixed, z, b, a), x = be.norm_linear_many(x, delta, norm, eps, [w[p + n] for n in names])
         params = {name: w[p + name] for name in ("conv1d", "A_log", "dt_bias", "norm")}
-        y = be.gated_delta(layer, mixed, z, b, a, params, batch)  # [R, VD]
-        return be.linear(y, w[p + "out_proj"])  # [R, H]
+        out = be.gated_delta_out(layer, mixed, z, b, a, params, w[p + "out_proj"], batch)
+        return out, x  # [R, H] each

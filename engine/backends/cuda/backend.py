@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend, Batch
+from engine.backends.cuda.gemv import Pro
 from engine.backends.cuda.modules import use_cache_dir
 from engine.backends.cuda.scratch import ALIGN, RegionCarver
 from engine.backends.cuda.state import StateMixin
@@ -47,7 +48,7 @@ class CudaBackend(StateMixin, Backend):
         from engine.memory import CupyPool
 
         use_cache_dir(getattr(settings, "cache_dir", None))
-        self.ops = Ops(dtype)
+        self.ops = Ops(dtype, overlap=getattr(settings, "overlap_launches", True))
         self.dtype = dtype
         self.cp = cupy
         self.stream = cupy.cuda.Stream(non_blocking=True)
@@ -222,22 +223,59 @@ class CudaBackend(StateMixin, Backend):
         self._linear_into(x, weight, out)
         return out
 
-    def linear_many(self, x: Any, weights: list[Any]) -> list[Any]:
-        """A one-row step multiplies a stored group (weights.FUSED_GROUPS) in one launch and
-        hands out each part's slice of the output; anything else runs part by part."""
+    def _one_product(self, rows: int, weights: list[Any]) -> Any:
+        """The one weight that computes all of `weights` in a single launch: the weight
+        itself, or at one row the stored group (weights.FUSED_GROUPS) they are parts of."""
+        if len(weights) == 1:
+            return weights[0]
         fused = getattr(weights[0], "fused", None)
         whole = (
             fused is not None
-            and x.shape[0] == 1
+            and rows == 1
             and all(getattr(w, "fused", None) is fused for w in weights)
             and sum(w.shape[0] for w in weights) == fused.shape[0]
             and self.ops.gemv_ok(fused, 1)
         )
-        if not whole:
-            return [self.linear(x, w) for w in weights]
-        out = self.take((1, fused.shape[0]))
-        self.ops.gemv(x, fused, out)
+        return fused if whole else None
+
+    @staticmethod
+    def _parts(out: Any, product: Any, weights: list[Any]) -> list[Any]:
+        if len(weights) == 1:
+            return [out]
         return [out[:, w.row0 : w.row0 + w.shape[0]] for w in weights]
+
+    def linear_many(self, x: Any, weights: list[Any]) -> list[Any]:
+        """A one-row step multiplies a stored group in one launch and hands out each part's
+        slice of the output; anything else runs part by part."""
+        product = self._one_product(x.shape[0], weights)
+        if product is None or len(weights) == 1:
+            return [self.linear(x, w) for w in weights]
+        out = self.take((1, product.shape[0]))
+        self.ops.gemv(x, product, out)
+        return self._parts(out, product, weights)
+
+    def norm_linear_many(
+        self, x: Any, delta: Any, weight: Any, eps: float, weights: list[Any]
+    ) -> tuple[list[Any], Any]:
+        """Add, norm and projection in one gemv4 launch where it applies (`Ops.pro_ok`)."""
+        product = self._one_product(x.shape[0], weights)
+        if product is None or not self.ops.pro_ok(x, product, 1):
+            return super().norm_linear_many(x, delta, weight, eps, weights)
+        h = x if delta is None else self.take(x.shape)
+        out = self.take((x.shape[0], product.shape[0]))
+        pro = Pro(1, weight, eps, delta=delta, h=None if delta is None else h)
+        self.ops.gemv(x, product, out, pro=pro)
+        return self._parts(out, product, weights), h
+
+    def norm_mlp(
+        self, x: Any, delta: Any, weight: Any, eps: float, gate: Any, up: Any, down: Any
+    ) -> tuple[Any, Any]:
+        if type(gate) is not type(up) or not self.ops.pro_ok(x, gate, 1):
+            return super().norm_mlp(x, delta, weight, eps, gate, up, down)
+        h = self.take(x.shape)
+        act = self.take((x.shape[0], gate.shape[0]))
+        self.ops.gemv(x, gate, act, up=up, pro=Pro(1, weight, eps, delta=delta, h=h))
+        return self.linear(act, down), h
 
     def _linear_into(self, x: Any, weight: Any, out: Any) -> None:
         if self.ops.gemv_ok(weight, x.shape[0]):
@@ -385,6 +423,41 @@ class CudaBackend(StateMixin, Backend):
     def gated_delta(
         self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict, batch: Batch
     ) -> Any:
+        c = self.config
+        o = self._gated_delta_core(layer, mixed, b, a, weights, batch)
+        y = self.take((mixed.shape[0], c.value_dim))
+        Hv, dv = c.linear_num_value_heads, c.linear_value_head_dim
+        self.ops.gdn_out(o, z, weights["norm"], y, Hv, dv, c.rms_norm_eps)
+        return y
+
+    def gated_delta_out(
+        self,
+        layer: int,
+        mixed: Any,
+        z: Any,
+        b: Any,
+        a: Any,
+        weights: dict,
+        out_proj: Any,
+        batch: Batch,
+    ) -> Any:
+        """At decode sizes the gated output norm runs inside out_proj's launch (`Pro` 2)."""
+        c = self.config
+        dv = c.linear_value_head_dim
+        if not self.ops.pro_ok(z, out_proj, 2, head_dim=dv):
+            return super().gated_delta_out(layer, mixed, z, b, a, weights, out_proj, batch)
+        o = self._gated_delta_core(layer, mixed, b, a, weights, batch)
+        out = self.take((mixed.shape[0], out_proj.shape[0]))
+        pro = Pro(2, weights["norm"], c.rms_norm_eps, o=o, head_dim=dv)
+        self.ops.gemv(z, out_proj, out, pro=pro)
+        return out
+
+    def _gated_delta_core(
+        self, layer: int, mixed: Any, b: Any, a: Any, weights: dict, batch: Batch
+    ) -> Any:
+        """Conv, gates and the delta-rule scan; returns the fp32 output `o` [R, VD] before
+        its gated norm. In a step (one row per stream) the conv state is updated by the prep
+        kernel itself; a window needs the separate pass after every row has read it."""
         c, cp, ops = self.config, self.cp, self.ops
         R, S = mixed.shape[0], len(batch.segments)
         Hk, Hv = c.linear_num_key_heads, c.linear_num_value_heads
@@ -400,6 +473,7 @@ class CudaBackend(StateMixin, Backend):
         )
         _, row_slot, row_tl, _ = self._meta_rows(R)
         cstate = self.conv[layer]
+        step = batch.is_step
         ops.gdn_prep(
             mixed,
             weights["conv1d"],
@@ -412,15 +486,15 @@ class CudaBackend(StateMixin, Backend):
             row_tl,
             outs,
             (Hk, Hv, dk, dv, K),
+            update_state=step,
         )
         segs = self._segs(S)
-        ops.gdn_conv_state(mixed, cstate, segs, S, c.conv_dim, K)
+        if not step:
+            ops.gdn_conv_state(mixed, cstate, segs, S, c.conv_dim, K)
         o = self.take((R, Hv * dv), f)
         q, k, v, g, beta = outs
         ops.gdn_scan(q, k, v, g, beta, self.recurrent[layer], segs, S, o, Hk, Hv, dv)
-        y = self.take((R, Hv * dv))
-        ops.gdn_out(o, z, weights["norm"], y, Hv, dv, c.rms_norm_eps)
-        return y
+        return o
 
     # ----- lifetime -----------------------------------------------------------------------
     def warm_up(self, model: Any, eager: bool) -> None:

@@ -50,7 +50,7 @@ def test_layout_is_aligned_complete_and_sized():
     for region in ("r0", "r1"):
         for want in ("u", "x", "mixer_out", "act", "gate", "up", "mlp_out"):
             assert f"{region}.{want}" in names
-    assert {"head.rows", "head.logits"} <= names
+    assert {"head.x", "head.delta", "head.u", "head.h", "head.logits"} <= names
     assert all(b.offset % ALIGN == 0 for b in layout.buffers)
     ends = [b.offset + b.nbytes for b in layout.buffers]
     assert all(e <= b.offset for e, b in zip(ends, layout.buffers[1:], strict=False))

@@ -16,6 +16,7 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
                                      const int* __restrict__ row_n, act_t* __restrict__ qout,
                                      act_t* __restrict__ kc, act_t* __restrict__ vc, int Hq, int Hkv,
                                      int hd, int rot, int ctx, double theta, float eps) {
+  pdl_start();
   extern __shared__ float buf[];
   __shared__ float red[32];
   const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(128)
 attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act_t* __restrict__ vc,
             const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
             float* __restrict__ pml, int Hq, int Hkv, int ctx, int split, int nsmax, float scale) {
+  pdl_start();
   constexpr int HD = DPL * 32, GM = 8, NW = 4;
   __shared__ float sm_o[NW][GM][HD];
   __shared__ float sm_m[NW][GM], sm_l[NW][GM];
@@ -131,6 +133,7 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
 extern "C" __global__ void attn_combine(const float* __restrict__ po, const float* __restrict__ pml,
                                         const act_t* __restrict__ qg, const int* __restrict__ pos,
                                         act_t* __restrict__ out, int Hq, int hd, int split, int nsmax) {
+  pdl_start();
   const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   const int ns = (pos[r] + split) / split;  // ceil((pos + 1) / split)
   const long hrow = ((long)r * Hq + h) * nsmax;
@@ -150,6 +153,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ po, const floa
 // j <= start + t. P = softmax over the visible keys, zero elsewhere. One block per row.
 extern "C" __global__ void softmax_causal(const float* __restrict__ S, act_t* __restrict__ P, int tq,
                                           int t0, int start, int L) {
+  pdl_start();
   __shared__ float red[32];
   const long i = blockIdx.x;
   const int lim = min(L, start + t0 + (int)(i % tq) + 1);
@@ -167,6 +171,7 @@ extern "C" __global__ void softmax_causal(const float* __restrict__ S, act_t* __
 // grid (rows, Hq), hd threads: out[row0 + t, h, :] = O[h, t, :] * sigmoid(gate).
 extern "C" __global__ void attn_gate(const act_t* __restrict__ O, const act_t* __restrict__ qg,
                                      act_t* __restrict__ out, int rows, int row0, int Hq, int hd) {
+  pdl_start();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   const long r = row0 + t;
   float gate = ld(qg + r * Hq * 2 * hd + (long)h * 2 * hd + hd + d);

@@ -9,14 +9,17 @@
 
 // grid (R, 2*Hk + Hv + 1), 128 threads. Blocks [0, Hk) write normalised, scaled q heads,
 // [Hk, 2Hk) normalised k heads, then v heads; the last block computes g and beta.
+// upd (a decode step: every segment is one row): each thread also shifts the conv state of
+// its own channel by one row, after reading it, so no gdn_conv_state pass is needed.
 extern "C" __global__ void gdn_prep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
-                                    const act_t* __restrict__ cstate, const act_t* __restrict__ a,
+                                    act_t* __restrict__ cstate, const act_t* __restrict__ a,
                                     const act_t* __restrict__ b, const float* __restrict__ A_log,
                                     const float* __restrict__ dt_bias, const int* __restrict__ row_slot,
                                     const int* __restrict__ row_tl, float* __restrict__ qo,
                                     float* __restrict__ ko, float* __restrict__ vo,
                                     float* __restrict__ go, float* __restrict__ bo, int Hk, int Hv,
-                                    int dk, int dv, int K) {
+                                    int dk, int dv, int K, int upd) {
+  pdl_start();
   __shared__ float red[32];
   const int r = blockIdx.x, y = blockIdx.y, tid = threadIdx.x;
   const int KD = Hk * dk, VD = Hv * dv, C = 2 * KD + VD;
@@ -37,7 +40,7 @@ extern "C" __global__ void gdn_prep(const act_t* __restrict__ mixed, const float
   else if (y < 2 * Hk) { c0 = KD + (y - Hk) * dk; n = dk; dst = ko + (long)r * KD + (y - Hk) * dk; }
   else { c0 = 2 * KD + (y - 2 * Hk) * dv; n = dv; dst = vo + (long)r * VD + (y - 2 * Hk) * dv; norm = false; }
   const int tl = row_tl[r];
-  const act_t* cs = cstate + (long)row_slot[r] * (K - 1) * C;
+  act_t* cs = cstate + (long)row_slot[r] * (K - 1) * C;
   float vals[4];
   float ss = 0.f;
 #pragma unroll
@@ -51,6 +54,10 @@ extern "C" __global__ void gdn_prep(const act_t* __restrict__ mixed, const float
         int tau = tl - (K - 1) + j;
         float val = tau >= 0 ? ld(mixed + (long)(r - tl + tau) * C + c) : ld(cs + (long)(K - 1 + tau) * C + c);
         acc = fmaf(conv_w[(long)c * K + j], val, acc);
+      }
+      if (upd) {  // ascending: tap j + 1 is read before it is overwritten
+        for (int j = 0; j + 2 < K; ++j) cs[(long)j * C + c] = cs[(long)(j + 1) * C + c];
+        cs[(long)(K - 2) * C + c] = mixed[(long)r * C + c];
       }
       vals[u] = silu_f(acc);
       ss += vals[u] * vals[u];
@@ -69,6 +76,7 @@ extern "C" __global__ void gdn_prep(const act_t* __restrict__ mixed, const float
 extern "C" __global__ void gdn_conv_state(const act_t* __restrict__ mixed, act_t* __restrict__ cstate,
                                           const int* __restrict__ seg_slot, const int* __restrict__ seg_row0,
                                           const int* __restrict__ seg_rows, int C, int K) {
+  pdl_start();
   const int c = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
   if (c >= C) return;
   const int rows = seg_rows[s];
@@ -93,6 +101,7 @@ gdn_scan(const float* __restrict__ q, const float* __restrict__ k, const float* 
          const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
          const int* __restrict__ seg_slot, const int* __restrict__ seg_row0,
          const int* __restrict__ seg_rows, float* __restrict__ o, int Hk, int Hv, int dv) {
+  pdl_start();
   constexpr int DK = 128;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int col = (blockIdx.x * 4 + warp) * NC;
@@ -138,6 +147,7 @@ gdn_scan(const float* __restrict__ q, const float* __restrict__ k, const float* 
 extern "C" __global__ void gdn_out(const float* __restrict__ o, const act_t* __restrict__ z,
                                    const float* __restrict__ w, act_t* __restrict__ y, int Hv, int dv,
                                    float eps) {
+  pdl_start();
   __shared__ float red[32];
   const long base = (long)blockIdx.x * Hv * dv + (long)blockIdx.y * dv;
   float ss = 0.f;

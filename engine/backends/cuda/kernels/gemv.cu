@@ -37,6 +37,7 @@ __global__ void __launch_bounds__(256)
 gemv(const void* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
      const void* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in, int G) {
+  pdl_start();
   constexpr int VPW = Word<BITS>::N, CPC = 4 * VPW;
   const int lane = threadIdx.x & 31;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;

@@ -103,21 +103,132 @@ __device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, cons
   }
 }
 
+// Pack 8 floats into 8 activations (one 16-byte entry).
+__device__ __forceinline__ uint4 pack8(const float* f) {
+  uint4 r;
+  act_t* e = reinterpret_cast<act_t*>(&r);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) e[j] = mk(f[j]);
+  return r;
+}
+
+__device__ __forceinline__ void unpack8(uint4 v, float* f) {
+  const act_t* e = reinterpret_cast<const act_t*>(&v);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) f[j] = cv(e[j]);
+}
+
+// What the block stages as its activations (PRO):
+//   0  x itself;
+//   1  rms_norm(h) * nw with h = x + d (d may be null; block 0 stores h to H when H is set):
+//      the residual add and norm that precede every projection, fused into it;
+//   2  rms_norm_head(o) * nw * silu(x) per head of `hd` values (o fp32 [M, in], rows of in):
+//      the DeltaNet output norm gated by z (x = z), fused into out_proj.
+struct Pro {
+  const act_t* d;
+  const float* nw;
+  act_t* h;
+  const float* o;
+  int hd;
+  float eps;
+};
+
+// Phase 1 of PRO 1/2: per-row (1) or per-head (2) sums of squares into pss; for PRO 1 the
+// unnormalised h is parked in xs (raw order) for phase 2.
+template <int M, int PRO>
+__device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, const Pro& pr, uint4* xs,
+                                         int xstride, int nw, int in, float* pss) {
+  const int tid = threadIdx.x, lane = tid & 31, NT = blockDim.x;
+  for (int base = tid - lane; base < M * nw; base += NT) {
+    const int it = base + lane;
+    const bool ok = it < M * nw;
+    const int m = ok ? it / nw : 0, p = it - m * nw;
+    float s = 0.f, f[8];
+    if (ok) {
+      if constexpr (PRO == 1) {
+        uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+        unpack8(hv, f);
+        if (pr.d != nullptr) {
+          float dd[8];
+          unpack8(__ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p), dd);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) f[j] += dd[j];
+          hv = pack8(f);
+          unpack8(hv, f);  // the residual stream is stored rounded
+        }
+        xs[m * xstride + p] = hv;
+        if (pr.h != nullptr && blockIdx.x == 0) reinterpret_cast<uint4*>(pr.h + (long)m * in)[p] = hv;
+      } else {
+        const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+        const float4 a = __ldg(op), b = __ldg(op + 1);
+        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s = fmaf(f[j], f[j], s);
+    }
+    if constexpr (PRO == 1) {
+      const int m0 = __shfl_sync(0xffffffffu, m, 0);
+      if (__all_sync(0xffffffffu, !ok || m == m0)) {
+        s = warp_sum(s);
+        if (lane == 0) atomicAdd(pss + m0, s);
+      } else if (ok) {
+        atomicAdd(pss + m, s);
+      }
+    } else {
+      const int seg = pr.hd >> 3;  // entries per head: a power of two <= 32 (the wrapper checks)
+      for (int off = seg >> 1; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (ok && (p & (seg - 1)) == 0) atomicAdd(pss + m * (in / pr.hd) + p / seg, s);
+    }
+  }
+}
+
+// Phase 2: the staged entry (raw order) of row m, entry p.
+template <int PRO>
+__device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx, const Pro& pr,
+                                           const uint4* xs, int xstride, int in, const float* pss,
+                                           int m, int p) {
+  if constexpr (PRO == 0) {
+    return __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+  } else if constexpr (PRO == 1) {
+    float f[8];
+    unpack8(xs[m * xstride + p], f);
+    const float inv = rsqrtf(pss[m] / in + pr.eps);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = f[j] * inv * pr.nw[8 * p + j];
+    return pack8(f);
+  } else {
+    float f[8], z[8];
+    const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+    const float4 a = __ldg(op), b = __ldg(op + 1);
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    unpack8(__ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p), z);
+    const int seg = pr.hd >> 3, c0 = (8 * p) % pr.hd;
+    const float inv = rsqrtf(pss[m * (in / pr.hd) + p / seg] / pr.hd + pr.eps);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = f[j] * inv * pr.nw[c0 + j] * silu_f(z[j]);
+    return pack8(f);
+  }
+}
+
 // KS = blockDim.x / (32 * TPB) warps share a tile (each takes a contiguous slice of the groups),
 // TPB tiles per block, UG groups loaded per step. PIPE: the next UG groups are fetched while the
 // current ones are computed; otherwise the wrapper makes the slices at most UG groups long (or
-// close), so each warp issues all its loads at once, before the activations are staged.
+// close), so each warp issues all its loads at once, before the activations are staged (and,
+// under programmatic dependent launch, before the previous kernel has finished).
 // Register cap from MAXT (the largest block launched): 64 for pipelined UG <= 2, else 85.
 // Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte entries;
 // sx, 8 floats per group; red, 4 floats per thread.
-template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT>
+template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO>
 __global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2 ? 1024 : 768) + MAXT - 1) / MAXT)
 gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
-      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in) {
+      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
+      const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
+      const float* __restrict__ po, int phd, float peps) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   constexpr int ROWS = SWIGLU ? 8 : 16;
   extern __shared__ uint4 smem[];
+  __shared__ float pss[PRO ? 256 : 1];
   const int ng = in >> 6, nw = in >> 3, xstride = nw + 1;
   uint4* xs = smem;
   float* sx = reinterpret_cast<float*>(xs + M * xstride);
@@ -141,19 +252,32 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   Batch<PIPE ? UG : 1> B;
   const Rows rw{wlo, whi, sb};
   fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
+  const Pro pr{pd, pnw, ph, po, phd, peps};
+  if constexpr (PRO != 0)
+    for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
+  pdl_start();  // from here on, activations of the previous kernel are readable
 
+  if constexpr (PRO != 0) {
+    __syncthreads();
+    pro_sums<M, PRO>(X, ldx, pr, xs, xstride, nw, in, pss);
+    __syncthreads();
+  }
   // Stage x: entry p of row m holds x[8p..8p+7] as pairs (0,4) (1,5) (2,6) (3,7); sx[grp*8+m] = group sums.
   for (int base = tid - lane; base < M * nw; base += NT) {
     const int it = base + lane;
     float s = 0.f;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (it < M * nw) {
       const int m = it / nw, p = it - m * nw;
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
-      xs[m * xstride + p] = make_uint4(prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632),
-                                       prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632));
+      v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
       const act_t* e = reinterpret_cast<const act_t*>(&v);
 #pragma unroll
       for (int j = 0; j < 8; ++j) s += cv(e[j]);
+    }
+    if (it < M * nw) {
+      const int m = it / nw, p = it - m * nw;
+      xs[m * xstride + p] = make_uint4(prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632),
+                                       prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632));
     }
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     s += __shfl_xor_sync(0xffffffffu, s, 2);

@@ -4,6 +4,7 @@
 // One block per row. y = x / sqrt(mean(x^2) + eps) * w.
 extern "C" __global__ void rms_norm(const act_t* __restrict__ x, const float* __restrict__ w,
                                     act_t* __restrict__ y, int n, float eps) {
+  pdl_start();
   __shared__ float red[32];
   const act_t* xr = x + (long)blockIdx.x * n;
   float ss = 0.f;
@@ -18,6 +19,7 @@ extern "C" __global__ void rms_norm(const act_t* __restrict__ x, const float* __
 extern "C" __global__ void add_rms_norm(const act_t* __restrict__ x, const act_t* __restrict__ d,
                                         const float* __restrict__ w, act_t* __restrict__ y,
                                         act_t* __restrict__ h, int n, float eps) {
+  pdl_start();
   __shared__ float red[32];
   const long base = (long)blockIdx.x * n;
   float ss = 0.f;
@@ -34,6 +36,7 @@ extern "C" __global__ void add_rms_norm(const act_t* __restrict__ x, const act_t
 // y = silu(g) * u, elementwise over n values (g and u may have row strides: ld).
 extern "C" __global__ void swiglu(const act_t* __restrict__ g, const act_t* __restrict__ u,
                                   act_t* __restrict__ y, long n) {
+  pdl_start();
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
     st(y + i, silu_f(ld(g + i)) * ld(u + i));
 }

@@ -6,6 +6,7 @@
 // grid (S), 1024 threads. out[s] = argmax_j<nvalid logits[s, j] (lowest index on ties).
 extern "C" __global__ void argmax_rows(const act_t* __restrict__ logits, int ldl, int nvalid,
                                        int* __restrict__ out) {
+  pdl_start();
   __shared__ float sv[32];
   __shared__ int si[32];
   const act_t* row = logits + (long)blockIdx.x * ldl;
@@ -39,6 +40,7 @@ extern "C" __global__ void argmax_rows(const act_t* __restrict__ logits, int ldl
 
 // Every position advances by one (decode chaining inside a graph).
 extern "C" __global__ void advance_positions(int* __restrict__ pos, int n) {
+  pdl_start();
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) pos[i] += 1;
 }
@@ -61,6 +63,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_k, float top_p,
                  float temperature, unsigned long long seed, unsigned* __restrict__ counter,
                  int* __restrict__ out) {
+  pdl_start();
   __shared__ unsigned hist[256];
   __shared__ unsigned sh_prefix, sh_krem, sh_n;
   __shared__ float cv_[CAP];

@@ -1,0 +1,258 @@
+"""Decode-sized projections (1 to 8 rows): kernel choice, tuning and launch.
+
+Two kernels: `gemv4.cu` (tensor cores, MLX 4-bit g64 weights, half activations) and the
+SIMT `gemv.cu` (any bits, dense weights, fp32). `gemv4` can also compute its own input from
+the previous block's outputs (a prologue, `Pro`): the residual add and RMSNorm before every
+projection, or the DeltaNet's gated per-head norm before out_proj. Each block recomputes the
+norm of the (one to eight) input rows it stages, which is cheap next to the weights it
+streams, and saves a kernel boundary per norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.backends.cuda.weights import QWeight
+
+i32, f32 = np.int32, np.float32
+GEMV_MAX_ROWS = 8
+# (rows per warp, 16-byte chunks in flight per lane and row)
+GEMV_VARIANTS = ((1, 4), (2, 4), (4, 2), (4, 4))
+GEMV_SWIGLU_VARIANTS = ((2, 4), (2, 2), (2, 8))
+# Tensor-core kernel for 4-bit g64 weights and half activations (gemv4.cu):
+# (warps per 16-row tile or 0 = enough for at most `groups` groups each, tiles per block,
+#  groups per load step, next step prefetched)
+GEMV4_VARIANTS = (
+    (4, 2, 2, True),
+    (8, 1, 4, True),
+    (16, 1, 2, True),
+    (2, 4, 4, True),
+    (32, 1, 2, True),
+    (0, 1, 8, False),
+    (0, 2, 8, False),
+    (0, 4, 8, False),
+    (0, 2, 4, False),
+)
+GEMV4_MAXT = 768  # largest block of the auto-sized variants
+GRID_CAP = 132 * 16  # blocks for grid-stride kernels
+# A prologue is recomputed by every block: above this many output rows (the LM head) the
+# separate norm kernel costs less than thousands of blocks each normalising the input.
+PRO_MAX_OUT = 65536
+PRO_SUMS = 256  # shared-memory slots for the prologue's row (or head) sums
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Pro:
+    """A gemv4 prologue. kind 1: stage `rms_norm(x + delta) * norm` (delta may be None) and
+    store `x + delta` to `h` (None: not stored). kind 2: stage
+    `rms_norm_per_head(o) * norm * silu(x)` with heads of `head_dim` values (o fp32)."""
+
+    kind: int
+    norm: Any
+    eps: float
+    delta: Any = None
+    h: Any = None
+    o: Any = None
+    head_dim: int = 0
+
+
+_GEMV_CHOICES: dict[str, dict[tuple, tuple]] = {}
+
+
+class GemvMixin:
+    """Projection methods of `Ops` (which provides dtype, launch, k and _wargs)."""
+
+    def gemv_ok(self, w: Any, rows: int) -> bool:
+        if rows > GEMV_MAX_ROWS:
+            return False
+        cols = w.shape[1]
+        if isinstance(w, QWeight):
+            return (cols * w.bits) % 128 == 0
+        return (cols * self.act_itemsize) % 16 == 0
+
+    def pro_ok(self, x: Any, w: Any, kind: int, head_dim: int = 0) -> bool:
+        """Whether gemv4 can run `x @ w.T` with prologue `kind` (else: separate kernels)."""
+        R, cols = x.shape
+        if R > GEMV_MAX_ROWS or not self._gemv4_ok(x, w) or x.data.ptr % 16:
+            return False
+        if x.strides[1] != x.itemsize or x.strides[0] % 16:
+            return False
+        if kind == 1:
+            return w.shape[0] <= PRO_MAX_OUT and R <= PRO_SUMS
+        seg = head_dim // 8
+        return (
+            head_dim % 8 == 0
+            and 0 < seg <= 32
+            and seg & (seg - 1) == 0
+            and cols % head_dim == 0
+            and R * (cols // head_dim) <= PRO_SUMS
+        )
+
+    def gemv(self, x: Any, w: Any, out: Any, up: Any = None, pro: Pro | None = None) -> None:
+        """out[m] = x[m] @ w.T for m < rows <= 8; with `up`, out = silu(x@w.T) * (x@up.T);
+        with `pro` (gemv4 only, see `pro_ok`), x is first transformed as `Pro` says.
+
+        The kernel and its variant are picked per shape by timing each candidate once
+        (outside graph capture); the choice is cached for the process.
+        """
+        R, cols = x.shape
+        bits = w.bits if isinstance(w, QWeight) else 0
+        swiglu = up is not None
+        key = (bits, R, w.shape[0], cols, swiglu, pro.kind if pro else 0)
+        choice = self.gemv_choice.get(key)
+        if choice is None:
+            choice = self._tune_gemv(key, x, w, out, up, pro)
+        self.gemv_run(choice, x, w, out, up, pro)
+
+    def gemv_candidates(self, x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> list:
+        """Kernel variants that can run this product: ('mma', ks, tpb, ug) or ('old', rpw, u)."""
+        mma = [("mma", *v) for v in GEMV4_VARIANTS] if self._gemv4_ok(x, w) else []
+        if pro is not None:
+            return mma
+        old = [("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS)]
+        return mma + old[:1] if mma else old
+
+    def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None) -> None:
+        if choice[0] == "mma":
+            self._gemv4_launch(x, w, out, up, pro, *choice[1:])
+        else:
+            assert pro is None, "the SIMT kernel has no prologue"
+            self._gemv_launch(x, w, out, up, *choice[1:])
+
+    def _gemv4_smem(self, rows: int, cols: int, threads: int) -> int:
+        return rows * (cols // 8 + 1) * 16 + cols // 64 * 32 + threads * 16
+
+    def _gemv4_ok(self, x: Any, w: Any) -> bool:
+        if self.dtype == "float32" or not isinstance(w, QWeight):
+            return False
+        if w.bits != 4 or w.group_size != 64 or w.shape[1] % 64:
+            return False
+        if self._smem_optin is None:
+            import cupy
+
+            dev = cupy.cuda.Device().id
+            self._smem_optin = cupy.cuda.runtime.deviceGetAttribute(97, dev)  # opt-in max
+        return self._gemv4_smem(x.shape[0], w.shape[1], 1024) <= self._smem_optin
+
+    def _gemv4_launch(self, x, w, out, up, pro, ks: int, tpb: int, ug: int, pipe: bool) -> None:
+        R, cols = x.shape
+        n_out = w.shape[0]
+        swiglu = up is not None
+        v = (ks, tpb, ug, pipe)
+        kind = pro.kind if pro else 0
+        fn = self._gemv4_fn(R, swiglu, v, kind)
+        if ks == 0:
+            ks = max(1, min(_cdiv(cols // 64, ug), GEMV4_MAXT // (32 * tpb)))
+        threads = 32 * ks * tpb
+        smem = self._gemv4_smem(R, cols, threads)
+        key = (R, swiglu, v, kind)
+        if smem > 48 * 1024 and self._smem_set.get(key, 0) < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+            self._smem_set[key] = smem
+        rows = 8 if swiglu else 16
+        grid = (_cdiv(_cdiv(n_out, rows), tpb),)
+        a = self._wargs(w)
+        b = self._wargs(up) if swiglu else a
+        null = np.uint64(0)
+        if pro is None:
+            extra = (null, null, null, null, i32(0), f32(0))
+        else:
+            extra = (
+                null if pro.delta is None else pro.delta,
+                pro.norm,
+                null if pro.h is None else pro.h,
+                null if pro.o is None else pro.o,
+                i32(pro.head_dim),
+                f32(pro.eps),
+            )
+        ldx = x.strides[0] // x.itemsize
+        args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols), *extra)
+        self.launch(fn, grid, (threads,), args, smem)
+
+    @staticmethod
+    def _gemv4_sym(R: int, swiglu: bool, v: tuple, kind: int) -> str:
+        ks, tpb, ug, pipe = v
+        maxt = 32 * ks * tpb if ks else GEMV4_MAXT
+        sw, pp = ("true" if swiglu else "false"), ("true" if pipe else "false")
+        return f"gemv4<{R},{sw},{tpb},{ug},{pp},{maxt},{kind}>"
+
+    def _gemv4_fn(self, R: int, swiglu: bool, v: tuple, kind: int = 0) -> Any:
+        """One module per (rows, swiglu, prologue) holding every variant: one compile, not nine."""
+        import cupy
+
+        from engine.backends.cuda.modules import ACT_KINDS, _source
+
+        sym = self._gemv4_sym(R, swiglu, v, kind)
+        fn = self._gemv4_mods.get(sym)
+        if fn is not None:
+            return fn
+        mod = self._gemv4_mods.get((R, swiglu, kind))
+        if mod is None:
+            names = [self._gemv4_sym(R, swiglu, c, kind) for c in GEMV4_VARIANTS]
+            opts = ("-std=c++17", f"-DACT_KIND={ACT_KINDS[self.dtype]}")
+            mod = cupy.RawModule(code=_source("gemv4.cu"), options=opts, name_expressions=names)
+            self._gemv4_mods[(R, swiglu, kind)] = mod
+        fn = self._gemv4_mods[sym] = mod.get_function(sym)
+        return fn
+
+    def _gemv_launch(self, x, w, out, up, rpw: int, u: int) -> None:
+        R, cols = x.shape
+        n_out = w.shape[0]
+        swiglu = up is not None
+        bits = w.bits if isinstance(w, QWeight) else 0
+        sym = f"gemv<{bits},{R},{rpw},{'true' if swiglu else 'false'},{u}>"
+        groups = n_out if swiglu else _cdiv(n_out, rpw)
+        grid = (max(1, min(_cdiv(groups, 8), GRID_CAP)),)
+        a = self._wargs(w)
+        b = self._wargs(up) if swiglu else a
+        g = w.group_size if bits else 64
+        args = (*a, *b, x, i32(cols), out, i32(out.shape[1]), i32(n_out), i32(cols), i32(g))
+        self.launch(self.k("gemv.cu", sym), grid, (256,), args)
+
+    def _tune_gemv(self, key, x, w, out, up, pro=None) -> tuple:
+        import cupy
+
+        cands = self.gemv_candidates(x, w, up, pro)
+        if cupy.cuda.get_current_stream().is_capturing() or len(cands) == 1:
+            return cands[0]
+        times = [self.time_gemv(c, x, w, out, up, pro=pro) for c in cands]
+        best = cands[times.index(min(times))]
+        self.gemv_choice[key] = best
+        return best
+
+    def time_gemv(self, choice: tuple, x, w, out, up=None, n: int = 8, pro=None) -> float:
+        """GPU ms of n launches, each after a write that evicts the L2 (weights come from
+        memory, as in a decode step), replayed as one CUDA graph; the writes cost the same for
+        every candidate, so only the ranking means anything. A prologue that stores the
+        residual stores the same values every time, so timing it changes nothing."""
+        import cupy
+
+        if self._l2_flush is None:
+            dev = cupy.cuda.Device().id
+            l2 = cupy.cuda.runtime.deviceGetAttribute(38, dev)  # L2 cache bytes
+            self._l2_flush = cupy.empty(max(l2 * 5 // 4, 1 << 20), cupy.uint8)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            self.gemv_run(choice, x, w, out, up, pro)  # compile, set attributes, warm
+            stream.begin_capture()
+            for _ in range(n):
+                self._l2_flush.fill(0)
+                self.gemv_run(choice, x, w, out, up, pro)
+            graph = stream.end_capture()
+            graph.launch(stream)
+            best = float("inf")
+            for _ in range(2):
+                e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+                e0.record(stream)
+                graph.launch(stream)
+                e1.record(stream)
+                e1.synchronize()
+                best = min(best, cupy.cuda.get_elapsed_time(e0, e1))
+        return best

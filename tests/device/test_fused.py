@@ -1,0 +1,150 @@
+"""Fused decode paths against numpy references: add + norm + projection in one gemv4
+launch, the DeltaNet gated norm inside out_proj, the conv-state update inside the prep
+kernel, and programmatic dependent launch against plain launches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.backends.base import Batch
+from engine.backends.numpy_backend import silu
+from tests.device.test_forward import PROMPT, _cuda, _model
+from tests.device.test_kernels import TOL, _backend, _quant_weight, _rel, _round, _up
+
+HALF = ["bfloat16", "float16"]
+
+
+def _norm_ref(be, x, d, w, eps):
+    h = x if d is None else _round(be, x + d)
+    inv = 1.0 / np.sqrt((h.astype(np.float64) ** 2).mean(1, keepdims=True) + eps)
+    return _round(be, (h * inv * w).astype(np.float32)), h
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_norm_linear_fused(dtype, rows, with_delta):
+    be = _backend(dtype)
+    rng = np.random.default_rng(rows * 7 + with_delta)
+    eps = 1e-6
+    for out, cols in [(300, 2560), (33, 1024), (4096, 256), (16, 64)]:
+        w, ref_w = _quant_weight(be, out, cols, 4, rng)
+        assert be.ops.pro_ok(_up(be, np.zeros((rows, cols), np.float32)), w, 1)
+        x = _round(be, rng.standard_normal((rows, cols)).astype(np.float32))
+        d = _round(be, rng.standard_normal((rows, cols)).astype(np.float32)) if with_delta else None
+        nw = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+        import cupy
+
+        be.scratch.reset()
+        dd = None if d is None else _up(be, d)
+        (y,), h = be.norm_linear_many(_up(be, x), dd, cupy.asarray(nw), eps, [w])
+        u, h_ref = _norm_ref(be, x, d, nw, eps)
+        assert np.array_equal(be.to_host(h), h_ref), (out, cols)
+        assert _rel(be.to_host(y), u @ ref_w.T) < TOL[dtype], (out, cols)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rows", [1, 5])
+def test_norm_mlp_fused(dtype, rows):
+    import cupy
+
+    be = _backend(dtype)
+    rng = np.random.default_rng(11 + rows)
+    H, inter = 512, 1024
+    g, gr = _quant_weight(be, inter, H, 4, rng)
+    u, ur = _quant_weight(be, inter, H, 4, rng)
+    dn, dr = _quant_weight(be, H, inter, 4, rng)
+    x = _round(be, rng.standard_normal((rows, H)).astype(np.float32))
+    d = _round(be, rng.standard_normal((rows, H)).astype(np.float32))
+    nw = (1 + 0.1 * rng.standard_normal(H)).astype(np.float32)
+    be.scratch.reset()
+    y, h = be.norm_mlp(_up(be, x), _up(be, d), cupy.asarray(nw), 1e-6, g, u, dn)
+    un, h_ref = _norm_ref(be, x, d, nw, 1e-6)
+    act = _round(be, silu(un @ gr.T) * (un @ ur.T))
+    assert np.array_equal(be.to_host(h), h_ref)
+    assert _rel(be.to_host(y), act @ dr.T) < TOL[dtype] * 2
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_gated_norm_linear_fused(dtype, rows):
+    """out_proj(rms_norm_per_head(o) * w * silu(z)) with z a column slice of a wider row."""
+    import cupy
+
+    from engine.backends.cuda.gemv import Pro
+
+    be = _backend(dtype)
+    rng = np.random.default_rng(rows)
+    Hv, dv, H, eps = 32, 128, 2560, 1e-6
+    VD = Hv * dv
+    w, ref_w = _quant_weight(be, H, VD, 4, rng)
+    o = rng.standard_normal((rows, VD)).astype(np.float32)
+    wide = _round(be, rng.standard_normal((rows, VD + 256)).astype(np.float32))
+    z_host = wide[:, 128 : 128 + VD]
+    nw = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
+    z = _up(be, wide)[:, 128 : 128 + VD]
+    assert be.ops.pro_ok(z, w, 2, head_dim=dv)
+    out = cupy.empty((rows, H), be.ops.act_dtype)
+    pro = Pro(2, cupy.asarray(nw), eps, o=cupy.asarray(o), head_dim=dv)
+    be.ops.gemv(z, w, out, pro=pro)
+    oh = o.reshape(rows, Hv, dv)
+    inv = 1.0 / np.sqrt((oh.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
+    y = _round(be, (oh * inv * nw).reshape(rows, VD).astype(np.float32) * silu(z_host))
+    assert _rel(be.to_host(out), y @ ref_w.T) < TOL[dtype]
+
+
+def _run(model, graphs=None):
+    """Logits of a prompt window, 6 eager steps, then 4 graph replays (if graphs)."""
+    be = model.backend
+    out = [be.to_host(model.forward(Batch.window(0, 0, len(PROMPT)), np.array(PROMPT)))]
+    tok = int(out[0][-1].argmax())
+    for i in range(6):
+        lg = be.to_host(model.forward(Batch.step([(0, len(PROMPT) + i)]), np.array([tok])))
+        out.append(lg)
+        tok = int(lg[-1].argmax())
+    if graphs is not None:
+        for i in range(4):
+            batch = Batch.step([(0, len(PROMPT) + 6 + i)])
+            logits, toks = graphs.replay(batch, np.array([tok]))
+            out.append(be.to_host(logits))
+            tok = int(be.to_host(toks)[0])
+    return out
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_overlapped_launches_match_plain(tiny_dirs, dtype):
+    """Programmatic dependent launch changes when kernels start, never what they compute:
+    the logits are bit for bit those of plain launches (a missing wait would race)."""
+    from engine.backends.cuda.backend import CudaBackend
+    from engine.backends.cuda.graphs import DecodeGraphs
+    from engine.backends.cuda.launch import pdl_available
+    from engine.config import EngineSettings
+
+    if not pdl_available():
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    results = []
+    for overlap in (True, False):
+        be = CudaBackend(EngineSettings(overlap_launches=overlap), dtype=dtype)
+        assert be.ops.pdl is overlap
+        model = _model(tiny_dirs["mlx4"], be, slots=1)
+        graphs = DecodeGraphs(be, model)
+        graphs.capture(1)
+        be.reset_slot(0)
+        results.append(_run(model, graphs))
+    for a, b in zip(*results, strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_step_conv_state_update_matches_window(tiny_dirs):
+    """A step updates the conv state inside gdn_prep; a window uses gdn_conv_state. Both
+    leave the same state behind (fp32, so equal to rounding)."""
+    models = [_model(tiny_dirs["mlx4"], _cuda("float32"), slots=1) for _ in range(2)]
+    ids = np.array(PROMPT[:9])
+    models[0].forward(Batch.window(0, 0, 9), ids)
+    for i, t in enumerate(ids):
+        models[1].forward(Batch.step([(0, i)]), np.array([t]))
+    for layer in range(len(models[0].backend.conv)):
+        a = models[0].backend.to_host(models[0].backend.conv[layer][0])
+        b = models[1].backend.to_host(models[1].backend.conv[layer][0])
+        assert np.allclose(a, b, rtol=1e-5, atol=1e-6), layer

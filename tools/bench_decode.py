@@ -22,6 +22,7 @@ import numpy as np
 
 from engine.backends.base import Batch
 from engine.backends.cuda.backend import CudaBackend
+from engine.config import EngineSettings
 from engine.backends.cuda.graphs import DecodeGraphs
 from engine.backends.cuda.synth import write_checkpoint
 from engine.backends.cuda.weights import DWeight, QWeight
@@ -133,7 +134,7 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     base = peak.value
     t0 = time.perf_counter()
     ck = Checkpoint.open(path)
-    be = CudaBackend(dtype="bfloat16", max_rows=CHUNK)
+    be = CudaBackend(EngineSettings.from_env(), dtype="bfloat16", max_rows=CHUNK)
     be.score_rows = FAST_QUERY_ROWS  # what admission gives prefill attention on a large card
     weights = be.load_weights(ck, ck.config)
     sync()
@@ -168,6 +169,22 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     sync()
     dt = (time.perf_counter() - t) / (n - 1)
     res["decode_tok_s"] = 1.0 / dt
+    res["overlap_launches"] = be.ops.pdl
+    if be.ops.pdl:  # the same step with plain launches, for what the overlap gains
+        be.ops.pdl = False
+        graphs.teardown()
+        graphs.capture(1)
+        prefill(model, be, PROMPT)
+        graphs.replay(Batch.step([(0, PROMPT)]), np.array([1]))
+        sync()
+        t = time.perf_counter()
+        for _ in range(n - 1):
+            graphs.replay_next(1)
+        sync()
+        res["decode_tok_s_plain_launches"] = (n - 1) / (time.perf_counter() - t)
+        be.ops.pdl = True
+        graphs.teardown()
+        graphs.capture(1)
     nbytes = decode_bytes(weights, ck.config, PROMPT + n // 2)
     res["bytes_per_token_gb"] = nbytes / 1e9
     res["roofline_pct"] = 100.0 * nbytes / dt / (bw * 1e9)
@@ -267,6 +284,12 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                 + (
                     f"; {r['vs_transformers_decode']:.1f}x transformers decode"
                     if "vs_transformers_decode" in r
+                    else ""
+                )
+                + (
+                    f"; with plain launches (no programmatic dependent launch) "
+                    f"{r['decode_tok_s_plain_launches']:.0f} tok/s"
+                    if "decode_tok_s_plain_launches" in r
                     else ""
                 )
             )

@@ -22,11 +22,11 @@ import numpy as np
 
 from engine.backends.base import Batch
 from engine.backends.cuda.backend import CudaBackend
-from engine.config import EngineSettings
 from engine.backends.cuda.graphs import DecodeGraphs
 from engine.backends.cuda.synth import write_checkpoint
 from engine.backends.cuda.weights import DWeight, QWeight
 from engine.checkpoint.checkpoint import Checkpoint
+from engine.config import EngineSettings
 from engine.memory.workspace import FAST_QUERY_ROWS
 from engine.models.qwen35 import Qwen35Model
 

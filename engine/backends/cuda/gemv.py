@@ -69,6 +69,12 @@ _GEMV_CHOICES: dict[str, dict[tuple, tuple]] = {}
 class GemvMixin:
     """Projection methods of `Ops` (which provides dtype, launch, k and _wargs)."""
 
+    @staticmethod
+    def _wargs(w: Any) -> tuple[Any, Any, Any]:
+        if isinstance(w, QWeight):
+            return w.packed, w.scales, w.biases
+        return w.data, w.data, w.data  # scales/biases unused for dense weights
+
     def gemv_ok(self, w: Any, rows: int) -> bool:
         if rows > GEMV_MAX_ROWS:
             return False

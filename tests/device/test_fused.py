@@ -138,7 +138,8 @@ def test_overlapped_launches_match_plain(tiny_dirs, dtype):
 
 def test_step_conv_state_update_matches_window(tiny_dirs):
     """A step updates the conv state inside gdn_prep; a window uses gdn_conv_state. Both
-    leave the same state behind (fp32, so equal to rounding)."""
+    leave the same state behind (fp32; the window computes its inputs with a different
+    product, so equal to rounding)."""
     models = [_model(tiny_dirs["mlx4"], _cuda("float32"), slots=1) for _ in range(2)]
     ids = np.array(PROMPT[:9])
     models[0].forward(Batch.window(0, 0, 9), ids)
@@ -147,4 +148,4 @@ def test_step_conv_state_update_matches_window(tiny_dirs):
     for layer in range(len(models[0].backend.conv)):
         a = models[0].backend.to_host(models[0].backend.conv[layer][0])
         b = models[1].backend.to_host(models[1].backend.conv[layer][0])
-        assert np.allclose(a, b, rtol=1e-5, atol=1e-6), layer
+        assert np.allclose(a, b, rtol=1e-4, atol=1e-5), layer

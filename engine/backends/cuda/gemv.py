@@ -24,19 +24,26 @@ GEMV_VARIANTS = ((1, 4), (2, 4), (4, 2), (4, 4))
 GEMV_SWIGLU_VARIANTS = ((2, 4), (2, 2), (2, 8))
 # Tensor-core kernel for 4-bit g64 weights and half activations (gemv4.cu):
 # (warps per 16-row tile or 0 = enough for at most `groups` groups each, tiles per block,
-#  groups per load step, next step prefetched)
+#  groups per load step, next step prefetched, slice staged in shared memory by cp.async)
 GEMV4_VARIANTS = (
-    (4, 2, 2, True),
-    (8, 1, 4, True),
-    (16, 1, 2, True),
-    (2, 4, 4, True),
-    (32, 1, 2, True),
-    (0, 1, 8, False),
-    (0, 2, 8, False),
-    (0, 4, 8, False),
-    (0, 2, 4, False),
+    (4, 2, 2, True, False),
+    (8, 1, 4, True, False),
+    (16, 1, 2, True, False),
+    (2, 4, 4, True, False),
+    (32, 1, 2, True, False),
+    (0, 1, 8, False, False),
+    (0, 2, 8, False, False),
+    (0, 4, 8, False, False),
+    (0, 2, 4, False, False),
+    (0, 1, 8, False, True),
+    (0, 2, 8, False, True),
+    (0, 4, 8, False, True),
+    (0, 1, 16, False, True),
+    (0, 2, 16, False, True),
+    (0, 1, 4, False, True),
+    (0, 2, 4, False, True),
 )
-GEMV4_MAXT = 768  # largest block of the auto-sized variants
+GEMV4_MAXT = 768  # largest block of the auto-sized variants (512 when staged: 64 registers)
 GRID_CAP = 132 * 16  # blocks for grid-stride kernels
 # A prologue is recomputed by every block: above this many output rows (the LM head) the
 # separate norm kernel costs less than thousands of blocks each normalising the input.
@@ -119,7 +126,9 @@ class GemvMixin:
 
     def gemv_candidates(self, x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> list:
         """Kernel variants that can run this product: ('mma', ks, tpb, ug) or ('old', rpw, u)."""
-        mma = [("mma", *v) for v in GEMV4_VARIANTS] if self._gemv4_ok(x, w) else []
+        mma = []
+        if self._gemv4_ok(x, w):
+            mma = [("mma", *v) for v in GEMV4_VARIANTS if self._gemv4_fits(x, w, v)]
         if pro is not None:
             return mma
         old = [("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS)]
@@ -132,8 +141,30 @@ class GemvMixin:
             assert pro is None, "the SIMT kernel has no prologue"
             self._gemv_launch(x, w, out, up, *choice[1:])
 
-    def _gemv4_smem(self, rows: int, cols: int, threads: int) -> int:
-        return rows * (cols // 8 + 1) * 16 + cols // 64 * 32 + threads * 16
+    def _gemv4_smem(self, rows: int, cols: int, threads: int, async_ug: int = 0) -> int:
+        return rows * (cols // 8 + 1) * 16 + cols // 64 * 32 + threads * (16 + 20 * async_ug)
+
+    @staticmethod
+    def _gemv4_shape(cols: int, v: tuple) -> tuple[int, int]:
+        """(warps per tile, threads per block) of variant v for rows of `cols` columns."""
+        ks, tpb, ug = v[0], v[1], v[2]
+        if ks == 0:
+            maxt = 512 if v[4] else GEMV4_MAXT
+            ks = max(1, min(_cdiv(cols // 64, ug), maxt // (32 * tpb)))
+        return ks, 32 * ks * tpb
+
+    def _gemv4_fits(self, x: Any, w: Any, v: tuple) -> bool:
+        """An ASYNC variant stages each warp's whole slice: it must be at most `ug` groups
+        (scales copied in aligned pairs: an even group count) and fit in shared memory."""
+        if not v[4]:
+            return True
+        cols, ug = w.shape[1], v[2]
+        ks, threads = self._gemv4_shape(cols, v)
+        return (
+            (cols // 64) % 2 == 0
+            and _cdiv(cols // 64, ks) <= ug
+            and self._gemv4_smem(x.shape[0], cols, threads, ug) <= self._smem_optin - 1024
+        )
 
     def _gemv4_ok(self, x: Any, w: Any) -> bool:
         if self.dtype == "float32" or not isinstance(w, QWeight):
@@ -147,17 +178,16 @@ class GemvMixin:
             self._smem_optin = cupy.cuda.runtime.deviceGetAttribute(97, dev)  # opt-in max
         return self._gemv4_smem(x.shape[0], w.shape[1], 1024) <= self._smem_optin
 
-    def _gemv4_launch(self, x, w, out, up, pro, ks: int, tpb: int, ug: int, pipe: bool) -> None:
+    def _gemv4_launch(self, x, w, out, up, pro, *v) -> None:
         R, cols = x.shape
         n_out = w.shape[0]
         swiglu = up is not None
-        v = (ks, tpb, ug, pipe)
         kind = pro.kind if pro else 0
         fn = self._gemv4_fn(R, swiglu, v, kind)
-        if ks == 0:
-            ks = max(1, min(_cdiv(cols // 64, ug), GEMV4_MAXT // (32 * tpb)))
-        threads = 32 * ks * tpb
-        smem = self._gemv4_smem(R, cols, threads)
+        _, tpb, ug, _, staged = v
+        ks, threads = self._gemv4_shape(cols, v)
+        assert not staged or _cdiv(cols // 64, ks) <= ug, "a staged slice must fit"
+        smem = self._gemv4_smem(R, cols, threads, ug if staged else 0)
         key = (R, swiglu, v, kind)
         if smem > 48 * 1024 and self._smem_set.get(key, 0) < smem:
             fn.max_dynamic_shared_size_bytes = smem
@@ -184,10 +214,10 @@ class GemvMixin:
 
     @staticmethod
     def _gemv4_sym(R: int, swiglu: bool, v: tuple, kind: int) -> str:
-        ks, tpb, ug, pipe = v
-        maxt = 32 * ks * tpb if ks else GEMV4_MAXT
-        sw, pp = ("true" if swiglu else "false"), ("true" if pipe else "false")
-        return f"gemv4<{R},{sw},{tpb},{ug},{pp},{maxt},{kind}>"
+        ks, tpb, ug, pipe, staged = v
+        maxt = 32 * ks * tpb if ks else (512 if staged else GEMV4_MAXT)
+        sw, pp, st = ("true" if b else "false" for b in (swiglu, pipe, staged))
+        return f"gemv4<{R},{sw},{tpb},{ug},{pp},{maxt},{kind},{st}>"
 
     def _gemv4_fn(self, R: int, swiglu: bool, v: tuple, kind: int = 0) -> Any:
         """One module per (rows, swiglu, prologue) holding every variant: one compile, not nine."""

@@ -68,6 +68,7 @@ class DecodeGraphs:
         be.stream.synchronize()
         be.capturing = True
         be.scratch.capturing = True
+        be.ops.graphing = True
         stream = be.stream
         try:
             with stream:
@@ -82,6 +83,7 @@ class DecodeGraphs:
         finally:
             be.capturing = False
             be.scratch.capturing = False
+            be.ops.graphing = False
         graph.upload(stream)
         self.graphs[B] = _Captured(graph, logits, tokens)
 

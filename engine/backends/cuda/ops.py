@@ -41,15 +41,18 @@ class Ops(GemvMixin):
         self._smem_set: dict[tuple, int] = {}
         self._l2_flush: Any = None
         self._gemv4_mods: dict[Any, Any] = {}  # (rows, swiglu, pro) -> module, symbol -> kernel
-        # Programmatic dependent launch (launch.py) where the GPU and driver have it.
+        # Programmatic dependent launch (launch.py) where the GPU and driver have it, for
+        # the launches a decode graph records (`graphing`, set while one is captured). Eager
+        # launches go through CuPy, whose launch path costs less host time.
         self.pdl = overlap and pdl_available()
+        self.graphing = False
 
     def k(self, file: str, symbol: str) -> Any:
         return function(file, symbol, self.dtype)
 
     def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         """Every kernel goes through here: with PDL its start overlaps the previous one's end."""
-        if self.pdl:
+        if self.pdl and self.graphing:
             launch_pdl(fn, grid, block, args, shared_mem)
         else:
             fn(grid, block, args, shared_mem=shared_mem)

@@ -73,6 +73,46 @@ __device__ __forceinline__ void fetch(Batch<UG>& t, const Rows& r, int g0, int g
   }
 }
 
+// ASYNC variants: the same pieces go to shared memory with cp.async (slot [u][lane] of the
+// warp's area, so each lane reads back only what it copied), which costs no registers: a warp
+// can have its whole slice in flight and more warps fit on an SM. Scales/biases are copied as
+// the aligned 4-byte pair that holds the lane's 16-bit value (ng is even).
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if (bytes == 8)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+}
+
+template <int UG>
+__device__ __forceinline__ void fetch_async(uint2* wa, uint2* wb, unsigned* wq, const Rows& r, int ga,
+                                            int gb, int lane) {
+#pragma unroll
+  for (int u = 0; u < UG; ++u) {
+    const int gr = ga + u;
+    if (gr < gb) {
+      cp_async(wa + u * 32 + lane, r.lo + gr * 4, 8);
+      cp_async(wb + u * 32 + lane, r.hi + gr * 4, 8);
+      cp_async(wq + u * 32 + lane, reinterpret_cast<const unsigned*>(r.sb) + (gr >> 1), 4);
+    }
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int UG>
+__device__ __forceinline__ void unstage(Batch<UG>& t, const uint2* wa, const uint2* wb, const unsigned* wq,
+                                        int u0, int g0, int gb, int lane) {
+#pragma unroll
+  for (int u = 0; u < UG; ++u) {
+    if (g0 + u < gb) {
+      t.a[u] = wa[(u0 + u) * 32 + lane];
+      t.b[u] = wb[(u0 + u) * 32 + lane];
+      t.q[u] = wq[(u0 + u) * 32 + lane] >> (((g0 + u) & 1) * 16);
+    }
+  }
+}
+
 template <int M, int UG>
 __device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, const uint4* xrow,
                                         const float* sx, int g, int tig, float* acc) {
@@ -215,11 +255,11 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
 // current ones are computed; otherwise the wrapper makes the slices at most UG groups long (or
 // close), so each warp issues all its loads at once, before the activations are staged (and,
 // under programmatic dependent launch, before the previous kernel has finished).
-// Register cap from MAXT (the largest block launched): 64 for pipelined UG <= 2, else 85.
-// Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte entries;
-// sx, 8 floats per group; red, 4 floats per thread.
-template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO>
-__global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2 ? 1024 : 768) + MAXT - 1) / MAXT)
+// Register cap from MAXT (the largest block launched): 64 for pipelined UG <= 2 and for ASYNC,
+// else 85. Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte
+// entries; sx, 8 floats per group; red, 4 floats per thread; ASYNC: 20 bytes per lane and group.
+template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO, bool ASYNC>
+__global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2) || ASYNC ? 1024 : 768) / MAXT)
 gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
@@ -248,10 +288,20 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   const int slice = (ng + KS - 1) / KS;
   const int ga = min(ng, ks * slice), gb = min(ng, ga + slice);
 
-  Batch<UG> A;
+  constexpr int RG = ASYNC ? 1 : UG;  // groups held in registers
+  Batch<RG> A;
   Batch<PIPE ? UG : 1> B;
   const Rows rw{wlo, whi, sb};
-  fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
+  // ASYNC staging after red: codes of rows g (wa) and g+8 (wb), scale/bias pairs (wq).
+  uint2* const wbase = reinterpret_cast<uint2*>(red + NT * 4);
+  uint2* const wa = wbase + wid * UG * 32;
+  uint2* const wb = wbase + (NT / 32 + wid) * UG * 32;
+  unsigned* const wq = reinterpret_cast<unsigned*>(wbase + 2 * (NT / 32) * UG * 32) + wid * UG * 32;
+  if constexpr (ASYNC) {
+    fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);  // the whole slice in flight
+  } else {
+    fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
+  }
   const Pro pr{pd, pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
@@ -294,7 +344,15 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
-  if constexpr (PIPE) {
+  if constexpr (ASYNC) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    constexpr int CH = 4;
+    for (int g0 = ga; g0 < gb; g0 += CH) {
+      Batch<CH> C;
+      unstage(C, wa, wb, wq, g0 - ga, g0, gb, lane);
+      compute<M>(C, g0, gb, xrow, sx, g, tig, acc);
+    }
+  } else if constexpr (PIPE) {
     for (int g0 = ga; g0 < gb; g0 += 2 * UG) {
       fetch(B, rw, g0 + UG, gb);
       compute<M>(A, g0, gb, xrow, sx, g, tig, acc);

@@ -31,6 +31,11 @@ from engine.memory.workspace import FAST_QUERY_ROWS
 from engine.models.qwen35 import Qwen35Model
 
 PROMPT = 512
+# Families of projection kernels for the decode comparison (gemv.py candidate tuples).
+FAMILIES = {
+    "staged": lambda c: c[0] == "mma" and c[5],
+    "registers": lambda c: c[0] == "mma" and not c[5],
+}
 CHUNK = 2048
 
 
@@ -77,6 +82,22 @@ def decode_bytes(weights: dict, cfg, context: int) -> int:
     state = len(cfg.linear_layers) * cfg.linear_num_value_heads * 128 * 128 * 4 * 2
     kv = len(cfg.full_layers) * cfg.num_key_value_heads * cfg.head_dim * 2 * 2 * context
     return total + state + kv
+
+
+def decode_rate(model, be, graphs, n: int) -> float:
+    """Recapture the decode graph (projections re-tuned if their choices were cleared) and
+    time n - 1 chained replays after a fresh prompt."""
+    graphs.teardown()
+    graphs.warmed.discard(1)  # an eager step first: it tunes what the capture will use
+    graphs.capture(1)
+    prefill(model, be, PROMPT)
+    graphs.replay(Batch.step([(0, PROMPT)]), np.array([1]))
+    sync()
+    t = time.perf_counter()
+    for _ in range(n - 1):
+        graphs.replay_next(1)
+    sync()
+    return (n - 1) / (time.perf_counter() - t)
 
 
 def gemv_time(be, weights: dict) -> tuple[float, int]:
@@ -170,21 +191,23 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     dt = (time.perf_counter() - t) / (n - 1)
     res["decode_tok_s"] = 1.0 / dt
     res["overlap_launches"] = be.ops.pdl
+
     if be.ops.pdl:  # the same step with plain launches, for what the overlap gains
         be.ops.pdl = False
-        graphs.teardown()
-        graphs.capture(1)
-        prefill(model, be, PROMPT)
-        graphs.replay(Batch.step([(0, PROMPT)]), np.array([1]))
-        sync()
-        t = time.perf_counter()
-        for _ in range(n - 1):
-            graphs.replay_next(1)
-        sync()
-        res["decode_tok_s_plain_launches"] = (n - 1) / (time.perf_counter() - t)
+        res["decode_tok_s_plain_launches"] = decode_rate(model, be, graphs, n)
         be.ops.pdl = True
-        graphs.teardown()
-        graphs.capture(1)
+    # The same step with the projections limited to one family of kernel variants (each
+    # still tuned per shape): what the per-launch tuner's isolated timings miss.
+    chosen = dict(be.ops.gemv_choice)
+    for family, keep in FAMILIES.items():
+        be.ops.gemv_choice.clear()
+        type(be.ops).variant_filter = staticmethod(keep)
+        res[f"decode_tok_s_{family}"] = decode_rate(model, be, graphs, n)
+    type(be.ops).variant_filter = None
+    be.ops.gemv_choice.clear()
+    be.ops.gemv_choice.update(chosen)
+    graphs.teardown()
+    graphs.capture(1)
     nbytes = decode_bytes(weights, ck.config, PROMPT + n // 2)
     res["bytes_per_token_gb"] = nbytes / 1e9
     res["roofline_pct"] = 100.0 * nbytes / dt / (bw * 1e9)
@@ -291,6 +314,11 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     f"{r['decode_tok_s_plain_launches']:.0f} tok/s"
                     if "decode_tok_s_plain_launches" in r
                     else ""
+                )
+                + "".join(
+                    f"; {fam} projection kernels only {r[f'decode_tok_s_{fam}']:.0f} tok/s"
+                    for fam in FAMILIES
+                    if f"decode_tok_s_{fam}" in r
                 )
             )
     return "\n".join(lines)

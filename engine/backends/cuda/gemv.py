@@ -74,7 +74,12 @@ _GEMV_CHOICES: dict[str, dict[tuple, tuple]] = {}
 
 
 class GemvMixin:
-    """Projection methods of `Ops` (which provides dtype, launch, k and _wargs)."""
+    """Projection methods of `Ops` (which provides dtype, launch and k).
+
+    `variant_filter` (a predicate on a candidate tuple, None for all) narrows what the
+    tuner may choose; tools/bench_decode.py uses it to compare whole decode steps."""
+
+    variant_filter: Any = None
 
     @staticmethod
     def _wargs(w: Any) -> tuple[Any, Any, Any]:
@@ -129,10 +134,11 @@ class GemvMixin:
         mma = []
         if self._gemv4_ok(x, w):
             mma = [("mma", *v) for v in GEMV4_VARIANTS if self._gemv4_fits(x, w, v)]
-        if pro is not None:
-            return mma
         old = [("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS)]
-        return mma + old[:1] if mma else old
+        cands = mma if pro is not None else (mma + old[:1] if mma else old)
+        if self.variant_filter is not None:
+            cands = [c for c in cands if self.variant_filter(c)] or cands
+        return cands
 
     def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None) -> None:
         if choice[0] == "mma":
@@ -189,7 +195,8 @@ class GemvMixin:
         assert not staged or _cdiv(cols // 64, ks) <= ug, "a staged slice must fit"
         smem = self._gemv4_smem(R, cols, threads, ug if staged else 0)
         key = (R, swiglu, v, kind)
-        if smem > 48 * 1024 and self._smem_set.get(key, 0) < smem:
+        # The 48 KiB default counts static shared memory too (the prologue sums, 1 KiB).
+        if smem > 40 * 1024 and self._smem_set.get(key, 0) < smem:
             fn.max_dynamic_shared_size_bytes = smem
             self._smem_set[key] = smem
         rows = 8 if swiglu else 16

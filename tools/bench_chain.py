@@ -99,7 +99,7 @@ def main() -> None:
     layers, bufs = build(ops)
     cands = []
     tuned = []
-    for k, (_, _, _, swiglu) in enumerate(CHAIN):
+    for k in range(len(CHAIN)):
         w, up = layers[0][k]
         x = bufs["a"][:, :4096] if k == 1 else bufs[["x", "a", "b", "c"][k]]
         cs = ops.gemv_candidates(x, w, up)
@@ -122,7 +122,9 @@ def main() -> None:
                 trial = list(best)
                 trial[k] = c
                 t = chain_time(ops, layers, bufs, trial, reps=5)
-                trials.append({"pass": p, "position": CHAIN[k][0], "variant": list(c), "us": t * 1e6})
+                trials.append(
+                    {"pass": p, "position": CHAIN[k][0], "variant": list(c), "us": t * 1e6}
+                )
                 if t < best_t:
                     best, best_t = trial, t
             print(f"pass {p} {CHAIN[k][0]}: best {best[k]} -> {best_t * 1e6:.1f} us/layer")
@@ -140,6 +142,12 @@ def main() -> None:
         f"chain-tuned: {best_t * 1e6:.1f} us/layer ({ideal_bytes / best_t / 1e9:.0f} GB/s); "
         f"variants {best}"
     )
+    for frac in (0.75, 0.5):  # grids smaller than the GPU holds: room for the next kernel
+        ops.gemv_wave_fraction = frac
+        t = chain_time(ops, layers, bufs, best)
+        report[f"wave_fraction_{frac}_us"] = t * 1e6
+        print(f"grids at {frac} of resident capacity: {t * 1e6:.1f} us/layer")
+    ops.gemv_wave_fraction = 1.0
     ops.pdl = False
     t_plain = chain_time(ops, layers, bufs, best)
     report["chain_best_plain_launches_us"] = t_plain * 1e6

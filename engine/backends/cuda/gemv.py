@@ -80,6 +80,7 @@ class GemvMixin:
     tuner may choose; tools/bench_decode.py uses it to compare whole decode steps."""
 
     variant_filter: Any = None
+    gemv_wave_fraction = 1.0
 
     @staticmethod
     def _wargs(w: Any) -> tuple[Any, Any, Any]:
@@ -200,7 +201,8 @@ class GemvMixin:
             fn.max_dynamic_shared_size_bytes = smem
             self._smem_set[key] = smem
         rows = 8 if swiglu else 16
-        grid = (_cdiv(_cdiv(n_out, rows), tpb),)
+        blocks = _cdiv(_cdiv(n_out, rows), tpb)
+        grid = (min(blocks, self._gemv4_resident(fn, threads, smem)),)
         a = self._wargs(w)
         b = self._wargs(up) if swiglu else a
         null = np.uint64(0)
@@ -218,6 +220,20 @@ class GemvMixin:
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols), *extra)
         self.launch(fn, grid, (threads,), args, smem)
+
+    def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:
+        """Blocks of `fn` the whole GPU holds at once (times `gemv_wave_fraction`): the
+        grid is capped there and blocks loop over the remaining tiles."""
+        key = (fn.kernel.ptr, threads, smem)
+        n = self._resident.get(key)
+        if n is None:
+            import cupy
+            from cupy_backends.cuda.api import driver
+
+            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
+            sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+            n = self._resident[key] = max(1, per_sm) * sms
+        return max(1, int(n * self.gemv_wave_fraction))
 
     @staticmethod
     def _gemv4_sym(R: int, swiglu: bool, v: tuple, kind: int) -> str:

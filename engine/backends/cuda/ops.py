@@ -40,6 +40,7 @@ class Ops(GemvMixin):
         self._smem_optin: int | None = None
         self._smem_set: dict[tuple, int] = {}
         self._l2_flush: Any = None
+        self._resident: dict[tuple, int] = {}  # (kernel, threads, smem) -> blocks at once
         self._gemv4_mods: dict[Any, Any] = {}  # (rows, swiglu, pro) -> module, symbol -> kernel
         # Programmatic dependent launch (launch.py) where the GPU and driver have it, for
         # the launches a decode graph records (`graphing`, set while one is captured). Eager

@@ -276,22 +276,30 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
 
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const int wid = tid >> 5, tl = wid / KS, ks = wid % KS;
-  const int tile = blockIdx.x * TPB + tl;
-  const int rlo = min(tile * ROWS + g, out - 1);
-  const int rhi = SWIGLU ? rlo : min(tile * ROWS + g + 8, out - 1);
-  const uint2* wlo = reinterpret_cast<const uint2*>(W0 + (long)rlo * nw) + tig;
-  const uint2* whi = reinterpret_cast<const uint2*>((SWIGLU ? W1 : W0) + (long)rhi * nw) + tig;
-  const act_t* sb = tig == 0 ? S0 + (long)rlo * ng
-                  : tig == 1 ? B0 + (long)rlo * ng
-                  : tig == 2 ? (SWIGLU ? S1 : S0) + (long)rhi * ng
-                             : (SWIGLU ? B1 : B0) + (long)rhi * ng;
+  // Blocks loop over virtual blocks vb (TPB tiles each): the grid is at most what fits on
+  // the GPU at once, so the activations are staged once per block and the next tile's
+  // first weights are in flight while the current tile is reduced and stored.
+  const int VB = ((out + ROWS - 1) / ROWS + TPB - 1) / TPB;
+  auto rows_of = [&](int vb) {
+    const int tile = vb * TPB + tl;
+    const int rlo = min(tile * ROWS + g, out - 1);
+    const int rhi = SWIGLU ? rlo : min(tile * ROWS + g + 8, out - 1);
+    const uint2* wlo = reinterpret_cast<const uint2*>(W0 + (long)rlo * nw) + tig;
+    const uint2* whi = reinterpret_cast<const uint2*>((SWIGLU ? W1 : W0) + (long)rhi * nw) + tig;
+    const act_t* sb = tig == 0 ? S0 + (long)rlo * ng
+                    : tig == 1 ? B0 + (long)rlo * ng
+                    : tig == 2 ? (SWIGLU ? S1 : S0) + (long)rhi * ng
+                               : (SWIGLU ? B1 : B0) + (long)rhi * ng;
+    return Rows{wlo, whi, sb};
+  };
+  int vb = blockIdx.x;
   const int slice = (ng + KS - 1) / KS;
   const int ga = min(ng, ks * slice), gb = min(ng, ga + slice);
 
   constexpr int RG = ASYNC ? 1 : UG;  // groups held in registers
   Batch<RG> A;
   Batch<PIPE ? UG : 1> B;
-  const Rows rw{wlo, whi, sb};
+  Rows rw = rows_of(vb);
   // ASYNC staging after red: codes of rows g (wa) and g+8 (wb), scale/bias pairs (wq).
   uint2* const wbase = reinterpret_cast<uint2*>(red + NT * 4);
   uint2* const wa = wbase + wid * UG * 32;
@@ -342,45 +350,55 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       if ((i & 7) >= M) sx[i] = 0.f;
   __syncthreads();
 
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
-  if constexpr (ASYNC) {
-    asm volatile("cp.async.wait_all;" ::: "memory");
-    constexpr int CH = 4;
-    for (int g0 = ga; g0 < gb; g0 += CH) {
-      Batch<CH> C;
-      unstage(C, wa, wb, wq, g0 - ga, g0, gb, lane);
-      compute<M>(C, g0, gb, xrow, sx, g, tig, acc);
+  for (; vb < VB; vb += gridDim.x) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (ASYNC) {
+      asm volatile("cp.async.wait_all;" ::: "memory");
+      constexpr int CH = 4;
+      for (int g0 = ga; g0 < gb; g0 += CH) {
+        Batch<CH> C;
+        unstage(C, wa, wb, wq, g0 - ga, g0, gb, lane);
+        compute<M>(C, g0, gb, xrow, sx, g, tig, acc);
+      }
+    } else if constexpr (PIPE) {
+      for (int g0 = ga; g0 < gb; g0 += 2 * UG) {
+        fetch(B, rw, g0 + UG, gb);
+        compute<M>(A, g0, gb, xrow, sx, g, tig, acc);
+        fetch(A, rw, g0 + 2 * UG, gb);
+        compute<M>(B, g0 + UG, gb, xrow, sx, g, tig, acc);
+      }
+    } else {
+      for (int g0 = ga; g0 < gb; g0 += UG) {
+        if (g0 != ga) fetch(A, rw, g0, gb);
+        compute<M>(A, g0, gb, xrow, sx, g, tig, acc);
+      }
     }
-  } else if constexpr (PIPE) {
-    for (int g0 = ga; g0 < gb; g0 += 2 * UG) {
-      fetch(B, rw, g0 + UG, gb);
-      compute<M>(A, g0, gb, xrow, sx, g, tig, acc);
-      fetch(A, rw, g0 + 2 * UG, gb);
-      compute<M>(B, g0 + UG, gb, xrow, sx, g, tig, acc);
-    }
-  } else {
-    for (int g0 = ga; g0 < gb; g0 += UG) {
-      if (g0 != ga) fetch(A, rw, g0, gb);
-      compute<M>(A, g0, gb, xrow, sx, g, tig, acc);
-    }
-  }
 
-  // c layout: acc[i] is row g + 8*(i>>1) of the tile, activation row 2*tig + (i&1).
-  *reinterpret_cast<float4*>(red + (wid * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-  __syncthreads();
-  for (int idx = tid; idx < TPB * ROWS * M; idx += NT) {
-    const int t = idx / (ROWS * M), rem = idx - t * ROWS * M;
-    const int lr = rem / M, m = rem - lr * M;
-    const int row = (blockIdx.x * TPB + t) * ROWS + lr;
-    if (row >= out) continue;
-    const int src = ((lr & 7) * 4 + (m >> 1)) * 4 + (m & 1);
-    const float* r = red + t * KS * 128;
-    float v0 = 0.f, v1 = 0.f;
-    for (int k = 0; k < KS; ++k) {
-      v0 += r[k * 128 + src + (lr >> 3) * 2];
-      if (SWIGLU) v1 += r[k * 128 + src + 2];
+    // Next tile's first weights (nothing is fetched past the last tile).
+    const int nvb = vb + gridDim.x;
+    if (nvb < VB) {
+      rw = rows_of(nvb);
+      if constexpr (ASYNC) fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);
+      else fetch(A, rw, ga, gb);
     }
-    st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
+    // c layout: acc[i] is row g + 8*(i>>1) of the tile, activation row 2*tig + (i&1).
+    *reinterpret_cast<float4*>(red + (wid * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __syncthreads();
+    for (int idx = tid; idx < TPB * ROWS * M; idx += NT) {
+      const int t = idx / (ROWS * M), rem = idx - t * ROWS * M;
+      const int lr = rem / M, m = rem - lr * M;
+      const int row = (vb * TPB + t) * ROWS + lr;
+      if (row >= out) continue;
+      const int src = ((lr & 7) * 4 + (m >> 1)) * 4 + (m & 1);
+      const float* r = red + t * KS * 128;
+      float v0 = 0.f, v1 = 0.f;
+      for (int k = 0; k < KS; ++k) {
+        v0 += r[k * 128 + src + (lr >> 3) * 2];
+        if (SWIGLU) v1 += r[k * 128 + src + 2];
+      }
+      st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
+    }
+    __syncthreads();  // red is rewritten by the next tile
   }
 }

@@ -149,3 +149,37 @@ def test_step_conv_state_update_matches_window(tiny_dirs):
         a = models[0].backend.to_host(models[0].backend.conv[layer][0])
         b = models[1].backend.to_host(models[1].backend.conv[layer][0])
         assert np.allclose(a, b, rtol=1e-4, atol=1e-5), layer
+
+
+@pytest.mark.parametrize(
+    "dtype,bits",
+    [("float32", 0), ("float32", 4), ("bfloat16", 0), ("bfloat16", 4), ("float16", 4)],
+)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_every_gemv_variant(dtype, bits, rows):
+    """The tuner may pick any candidate, so each one is checked, at real 4B shapes."""
+    import cupy
+
+    from engine.backends.cuda.weights import DWeight
+
+    be = _backend(dtype)
+    rng = np.random.default_rng(rows + bits)
+    for n_out, cols, swiglu in [(9216, 2560, True), (2560, 9216, False), (12352, 2560, False)]:
+        if bits:
+            w, ref_w = _quant_weight(be, n_out, cols, 4, rng)
+            up, ref_u = _quant_weight(be, n_out, cols, 4, rng) if swiglu else (None, None)
+        else:
+            ref_w = _round(be, rng.standard_normal((n_out, cols)).astype(np.float32) * 0.05)
+            w = DWeight(_up(be, ref_w), (n_out, cols))
+            ref_u = _round(be, rng.standard_normal((n_out, cols)).astype(np.float32) * 0.05)
+            up = DWeight(_up(be, ref_u), (n_out, cols)) if swiglu else None
+        x = _round(be, rng.standard_normal((rows, cols)).astype(np.float32))
+        want = x @ ref_w.T
+        if swiglu:
+            want = silu(want) * (x @ ref_u.T)
+        xd = _up(be, x)
+        for choice in be.ops.gemv_candidates(xd, w, up):
+            out = cupy.full((rows, n_out), 7, be.ops.act_dtype)
+            be.ops.gemv_run(choice, xd, w, out, up)
+            got = be.to_host(out)
+            assert _rel(got, want) < TOL[dtype] * 2, (choice, n_out, cols, swiglu)

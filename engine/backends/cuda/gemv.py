@@ -10,7 +10,7 @@ streams, and saves a kernel boundary per norm.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -279,9 +279,16 @@ class GemvMixin:
         import cupy
 
         cands = self.gemv_candidates(x, w, up, pro)
-        if cupy.cuda.get_current_stream().is_capturing() or len(cands) == 1:
+        current = cupy.cuda.get_current_stream()
+        if current.is_capturing() or len(cands) == 1:
             return cands[0]
-        times = [self.time_gemv(c, x, w, out, up, pro=pro) for c in cands]
+        # The candidates run on the caller's stream once its queue is empty, into buffers of
+        # their own: timing never races with, or writes into, what the forward is using.
+        current.synchronize()
+        own_out = cupy.empty(out.shape, out.dtype)
+        if pro is not None and pro.h is not None:
+            pro = replace(pro, h=cupy.empty(pro.h.shape, pro.h.dtype))
+        times = [self.time_gemv(c, x, w, own_out, up, pro=pro) for c in cands]
         best = cands[times.index(min(times))]
         self.gemv_choice[key] = best
         return best
@@ -297,7 +304,9 @@ class GemvMixin:
             dev = cupy.cuda.Device().id
             l2 = cupy.cuda.runtime.deviceGetAttribute(38, dev)  # L2 cache bytes
             self._l2_flush = cupy.empty(max(l2 * 5 // 4, 1 << 20), cupy.uint8)
-        stream = cupy.cuda.Stream(non_blocking=True)
+        stream = cupy.cuda.get_current_stream()
+        if stream.ptr == 0:  # the legacy default stream cannot be captured
+            stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             self.gemv_run(choice, x, w, out, up, pro)  # compile, set attributes, warm
             stream.begin_capture()

@@ -73,3 +73,11 @@ def test_bad_env_value_names_the_variable():
         EngineSettings.from_env({"SNUG_MEMORY_LIMIT_GIB": "four"})
     with pytest.raises(ConfigError, match="SNUG_BACKEND"):
         EngineSettings.from_env({"SNUG_BACKEND": "opencl"})
+
+
+def test_overlap_launches_setting():
+    assert EngineSettings.from_env({}).overlap_launches is True
+    assert EngineSettings.from_env({"SNUG_OVERLAP_LAUNCHES": "0"}).overlap_launches is False
+    assert EngineSettings.from_env({"SNUG_OVERLAP_LAUNCHES": " 1 "}).overlap_launches is True
+    with pytest.raises(ConfigError, match="SNUG_OVERLAP_LAUNCHES='yes' must be 0 or 1"):
+        EngineSettings.from_env({"SNUG_OVERLAP_LAUNCHES": "yes"})

@@ -18,6 +18,7 @@ import json
 import time
 from pathlib import Path
 
+from engine.backends.cuda.gemv import best_replay_s
 from engine.backends.cuda.ops import Ops
 from tools.bench_gemv import make_weight
 
@@ -70,14 +71,7 @@ def chain_time(ops: Ops, layers, bufs, choices: list, reps: int = 10) -> float:
             ops.graphing = False
         graph.launch(stream)
         stream.synchronize()
-        best = float("inf")
-        for _ in range(reps):
-            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-            e0.record(stream)
-            graph.launch(stream)
-            e1.record(stream)
-            e1.synchronize()
-            best = min(best, cupy.cuda.get_elapsed_time(e0, e1) / 1e3)
+        best = best_replay_s(graph, stream, reps)
     return best / LAYERS
 
 

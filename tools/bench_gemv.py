@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from engine.backends.cuda.gemv import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS
+from engine.backends.cuda.gemv import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS, best_replay_s
 from engine.backends.cuda.ops import Ops
 from engine.backends.cuda.weights import QWeight
 
@@ -116,14 +116,7 @@ def time_variant(ops: Ops, choice, x, ws, out, ups) -> float:
         graph = stream.end_capture()
         graph.launch(stream)
         stream.synchronize()
-        best = float("inf")
-        for _ in range(5):
-            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-            e0.record(stream)
-            graph.launch(stream)
-            e1.record(stream)
-            e1.synchronize()
-            best = min(best, cupy.cuda.get_elapsed_time(e0, e1) / 1e3)
+        best = best_replay_s(graph, stream, 5)
     return best / (per * len(ws))
 
 

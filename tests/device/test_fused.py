@@ -25,6 +25,8 @@ def _norm_ref(be, x, d, w, eps):
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("with_delta", [True, False])
 def test_norm_linear_fused(dtype, rows, with_delta):
+    import cupy
+
     be = _backend(dtype)
     rng = np.random.default_rng(rows * 7 + with_delta)
     eps = 1e-6
@@ -34,8 +36,6 @@ def test_norm_linear_fused(dtype, rows, with_delta):
         x = _round(be, rng.standard_normal((rows, cols)).astype(np.float32))
         d = _round(be, rng.standard_normal((rows, cols)).astype(np.float32)) if with_delta else None
         nw = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
-        import cupy
-
         be.scratch.reset()
         dd = None if d is None else _up(be, d)
         (y,), h = be.norm_linear_many(_up(be, x), dd, cupy.asarray(nw), eps, [w])

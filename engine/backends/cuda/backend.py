@@ -239,7 +239,7 @@ class CudaBackend(StateMixin, Backend):
         return fused if whole else None
 
     @staticmethod
-    def _parts(out: Any, product: Any, weights: list[Any]) -> list[Any]:
+    def _parts(out: Any, weights: list[Any]) -> list[Any]:
         if len(weights) == 1:
             return [out]
         return [out[:, w.row0 : w.row0 + w.shape[0]] for w in weights]
@@ -252,7 +252,7 @@ class CudaBackend(StateMixin, Backend):
             return [self.linear(x, w) for w in weights]
         out = self.take((1, product.shape[0]))
         self.ops.gemv(x, product, out)
-        return self._parts(out, product, weights)
+        return self._parts(out, weights)
 
     def norm_linear_many(
         self, x: Any, delta: Any, weight: Any, eps: float, weights: list[Any]
@@ -265,7 +265,7 @@ class CudaBackend(StateMixin, Backend):
         out = self.take((x.shape[0], product.shape[0]))
         pro = Pro(1, weight, eps, delta=delta, h=None if delta is None else h)
         self.ops.gemv(x, product, out, pro=pro)
-        return self._parts(out, product, weights), h
+        return self._parts(out, weights), h
 
     def norm_mlp(
         self, x: Any, delta: Any, weight: Any, eps: float, gate: Any, up: Any, down: Any

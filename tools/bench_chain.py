@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from engine.backends.cuda.gemv import best_replay_s
+from engine.backends.cuda.launch import on_stream
 from engine.backends.cuda.ops import Ops
 from tools.bench_gemv import make_weight
 
@@ -58,7 +59,7 @@ def chain_time(ops: Ops, layers, bufs, choices: list, reps: int = 10) -> float:
 
     flow = [("x", "a"), ("a4096", "b"), ("b", "c"), ("c", "x")]
     stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
+    with on_stream(stream):
         for _ in range(2):  # compile and warm outside the capture
             _launch_chain(ops, layers, bufs, choices, flow)
         stream.synchronize()

@@ -23,6 +23,7 @@ import numpy as np
 from engine.backends.base import Batch
 from engine.backends.cuda.backend import CudaBackend
 from engine.backends.cuda.graphs import DecodeGraphs
+from engine.backends.cuda.launch import on_stream
 from engine.backends.cuda.synth import write_checkpoint
 from engine.backends.cuda.weights import DWeight, QWeight
 from engine.checkpoint.checkpoint import Checkpoint
@@ -115,7 +116,7 @@ def gemv_time(be, weights: dict) -> tuple[float, int]:
     for w, o in zip(mats, outs, strict=True):
         be.ops.gemv(xs[w.shape[1]], w, o)
     be.stream.synchronize()
-    with be.stream:
+    with on_stream(be.stream):
         be.stream.begin_capture()
         for w, o in zip(mats, outs, strict=True):
             be.ops.gemv(xs[w.shape[1]], w, o)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from engine.backends.cuda.gemv import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS, best_replay_s
+from engine.backends.cuda.launch import on_stream
 from engine.backends.cuda.ops import Ops
 from engine.backends.cuda.weights import QWeight
 
@@ -105,7 +106,7 @@ def time_variant(ops: Ops, choice, x, ws, out, ups) -> float:
 
     per = max(1, math.ceil(100 / len(ws)))
     stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
+    with on_stream(stream):
         for i in range(len(ws)):  # warm (compiles on first use)
             ops.gemv_run(choice, x, ws[i], out, ups[i] if ups else None)
         stream.synchronize()

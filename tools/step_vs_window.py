@@ -6,7 +6,10 @@ call the model makes into the backend (input norm + projections, the mixer, norm
 recorded for the last row, and the first call whose output differs by more than --tol
 (relative to its largest value) is printed with the ones before it. With --pretune, one
 step runs on slot 1 first, so the step's kernels are compiled and tuned before the compared
-step (as `Engine.load` does at warm-up).
+step (as `Engine.load` does at warm-up). With --check-products, every projection of the
+compared step is recomputed with CuPy (cuBLAS) from its own input right after it runs, and
+each one that disagrees is printed with the kernel variant that ran it (dense weights only:
+a bf16 checkpoint).
 
     PYTHONPATH=. python3 tools/step_vs_window.py --shape 4B --dtype float32 [--pretune]
 """
@@ -54,12 +57,40 @@ def record(be, log: list) -> None:
         wrap(name)
 
 
+def check_products(be, log: list) -> None:
+    """Wrap `Ops.gemv`: after each call, recompute its product with cuBLAS in fp32 and log
+    (shape key, variant, tuned in this call, relative difference)."""
+    import cupy
+
+    ops = be.ops
+    inner = ops.gemv
+
+    def gemv(x, w, out, up=None, pro=None):
+        key = (getattr(w, "bits", 0), x.shape[0], w.shape[0], x.shape[1], up is not None)
+        fresh = not any(k[:5] == key for k in ops.gemv_choice)
+        inner(x, w, out, up=up, pro=pro)
+        if pro is not None or not hasattr(w, "data"):
+            return
+        xf = x.astype(cupy.float32)
+        ref = xf @ w.data.astype(cupy.float32).T
+        if up is not None:
+            u = xf @ up.data.astype(cupy.float32).T
+            ref = ref / (1 + cupy.exp(-ref)) * u
+        got = out.astype(cupy.float32)
+        rel = float(cupy.abs(got - ref).max() / max(float(cupy.abs(ref).max()), 1e-30))
+        choice = next(c for k, c in ops.gemv_choice.items() if k[:5] == key)
+        log.append((key, choice, fresh, rel))
+
+    ops.gemv = gemv
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="4B")
     ap.add_argument("--format", default="bf16", choices=("bf16", "mlx4"))
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--pretune", action="store_true")
+    ap.add_argument("--check-products", action="store_true")
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--workdir", default="/tmp/snug-step-vs-window")
     args = ap.parse_args()
@@ -76,7 +107,18 @@ def main() -> None:
         be.reset_slot(1)
     model.forward(Batch.window(0, 0, 64), ids)
     log.clear()
+    products: list = []
+    if args.check_products:
+        check_products(be, products)
     model.forward(Batch.step([(0, 64)]), np.array([7]))
+    be.ops.__dict__.pop("gemv", None)
+    for i, (key, choice, fresh, rel) in enumerate(products):
+        if rel > args.tol or fresh:
+            flag = "WRONG" if rel > args.tol else "ok"
+            print(f"product {i:4d} {flag:5s} {key} {choice} tuned_here={fresh} rel={rel:.3e}")
+    if products:
+        bad = sum(rel > args.tol for *_, rel in products)
+        print(f"{bad} of {len(products)} step products disagree with cuBLAS")
     step = list(log)
     log.clear()
     model.forward(Batch.window(1, 0, 65), np.array([*ids.tolist(), 7]))

@@ -183,3 +183,24 @@ def test_every_gemv_variant(dtype, bits, rows):
             be.ops.gemv_run(choice, xd, w, out, up)
             got = be.to_host(out)
             assert _rel(got, want) < TOL[dtype] * 2, (choice, n_out, cols, swiglu)
+
+
+def test_tuning_and_capture_leave_the_backends_stream_current(tiny_dirs):
+    """The gemv tuner and a graph capture switch streams for a while; afterwards the
+    backend's stream must be current again, or the rest of a forward runs on the legacy
+    stream and races with the batch copies on the backend's (the cause of a wrong first
+    step at the 4B shape)."""
+    import cupy
+
+    from engine.backends.cuda.graphs import DecodeGraphs
+
+    be = _cuda("float16")
+    rng = np.random.default_rng(5)
+    w, _ = _quant_weight(be, 1000 + int(rng.integers(1, 500)) * 8, 512, 4, rng)  # a fresh key
+    x, out = _up(be, np.ones((1, 512), np.float32)), cupy.empty((1, w.shape[0]), be.ops.act_dtype)
+    be.stream.use()
+    be.ops.gemv(x, w, out)
+    assert cupy.cuda.get_current_stream() == be.stream
+    model = _model(tiny_dirs["mlx4"], be, slots=1)
+    DecodeGraphs(be, model).capture(1)
+    assert cupy.cuda.get_current_stream() == be.stream

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.cuda.launch import on_stream
 from engine.backends.cuda.weights import QWeight
 
 i32, f32 = np.int32, np.float32
@@ -322,7 +323,7 @@ class GemvMixin:
         stream = cupy.cuda.get_current_stream()
         if stream.ptr == 0:  # the legacy default stream cannot be captured
             stream = cupy.cuda.Stream(non_blocking=True)
-        with stream:
+        with on_stream(stream):
             self.gemv_run(choice, x, w, out, up, pro)  # compile, set attributes, warm
             stream.begin_capture()
             for _ in range(n):

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Batch
+from engine.backends.cuda.launch import on_stream
 
 
 @dataclass
@@ -71,7 +72,7 @@ class DecodeGraphs:
         be.ops.graphing = True
         stream = be.stream
         try:
-            with stream:
+            with on_stream(stream):
                 stream.begin_capture()
                 try:
                     logits = self.model.forward(batch, ids)

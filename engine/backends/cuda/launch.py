@@ -17,13 +17,32 @@ while a stream is being captured keep the attribute as a programmatic edge in th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
+
+
+@contextlib.contextmanager
+def on_stream(stream: Any) -> Iterator[Any]:
+    """Make `stream` CuPy's current stream inside the block, then restore the one that was
+    current before it. (CuPy's own `with stream:` restores the stream below it on CuPy's
+    stack, which `Stream.use()` does not push to: after it, the legacy default stream would
+    be current, and later kernels would race with work on the backend's non-blocking stream.)
+    """
+    import cupy
+
+    before = cupy.cuda.get_current_stream()
+    stream.use()
+    try:
+        yield stream
+    finally:
+        before.use()
 
 
 class _Attr(ctypes.Structure):

@@ -211,6 +211,37 @@ def test_attention(dtype, run):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (16, 4), (16, 2)])
+def test_decode_attention_lengths(dtype, hq, hkv):
+    """Decode steps of three streams at lengths that end inside a split, on a split boundary
+    and inside a warp's group of keys, for 2, 4 and 8 query heads per KV head."""
+    import cupy
+
+    c = _config(hq=hq, hkv=hkv)
+    be, ref = _backend(dtype), NumpyBackend()
+    for b in (be, ref):
+        b.alloc_state(c, 3, 600)
+    be.nvalid = c.vocab_size
+    rng = np.random.default_rng(hq + hkv)
+    hd = c.head_dim
+    qn = (1 + 0.1 * rng.standard_normal(hd)).astype(np.float32)
+    kn = (1 + 0.1 * rng.standard_normal(hd)).astype(np.float32)
+    lengths = (300, 63, 5)  # 64 keys (two splits of 32) after the first step of slot 1
+    batches = [Batch.window(s, 0, n) for s, n in enumerate(lengths)]
+    batches += [Batch.step([(s, n + t) for s, n in enumerate(lengths)]) for t in range(3)]
+    for batch in batches:
+        R = batch.rows
+        qg = _round(be, rng.standard_normal((R, hq * 2 * hd)).astype(np.float32))
+        k = _round(be, rng.standard_normal((R, hkv * hd)).astype(np.float32))
+        v = _round(be, rng.standard_normal((R, hkv * hd)).astype(np.float32))
+        be.prepare(batch, np.zeros(R, np.int32))
+        dev = [_up(be, a) for a in (qg, k, v)]
+        y = be.to_host(be.attention(0, *dev, cupy.asarray(qn), cupy.asarray(kn), batch))
+        r = ref.attention(0, qg, k, v, qn, kn, batch)
+        assert _rel(y, r) < TOL[dtype] * 3, [s for s in batch.segments]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("run", range(3))
 def test_gated_delta(dtype, run):
     import cupy

@@ -199,9 +199,19 @@ class Ops(GemvMixin):
     def attn_decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, split, nsmax):
         Hq, Hkv, hd = heads
         R = q.shape[0]
+        group = Hq // Hkv
+        if group > 8 or hd % 32:
+            raise ValueError(
+                f"num_attention_heads / num_key_value_heads = {group}, head_dim = {hd}: the "
+                "decode attention kernel takes at most 8 query heads per KV head and a head_dim "
+                "that is a multiple of 32"
+            )
+        # (query heads held, keys per warp at a time): fewer keys when more heads are held,
+        # so that the registers of both fit.
+        gm, ku = (4, 4) if group <= 4 else (8, 2)
         self.run(
             "attention.cu",
-            f"attn_decode<{hd // 32}>",
+            f"attn_decode<{hd // 32},{gm},{ku}>",
             (nsmax, Hkv, R),
             (128,),
             (

@@ -56,15 +56,18 @@ __device__ __forceinline__ void load_dpl(const act_t* __restrict__ p, float* out
   }
 }
 
-// grid (nsplit_max, Hkv, R), 128 threads. Split s covers keys [s*split, (s+1)*split) of the
-// row's len = pos + 1 keys; splits past the end exit. Writes partial o and (max, sum).
-template <int DPL>
+// grid (nsplit_max, Hkv, R), 128 threads (NW = 4 warps). Split s covers keys [s*split,
+// (s+1)*split) of the row's len = pos + 1 keys; splits past the end exit. Writes partial o and
+// (max, sum). Each warp takes KU keys at a time: their K and V rows are requested together
+// (one memory latency per KU keys, not per key), then the KU scores of each of the gq <= GM
+// query heads sharing this KV head are folded into the running (max, sum, o) at once.
+template <int DPL, int GM, int KU>
 __global__ void __launch_bounds__(128)
 attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act_t* __restrict__ vc,
             const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
             float* __restrict__ pml, int Hq, int Hkv, int ctx, int split, int nsmax, float scale) {
   pdl_start();
-  constexpr int HD = DPL * 32, GM = 8, NW = 4;
+  constexpr int HD = DPL * 32, NW = 4;
   __shared__ float sm_o[NW][GM][HD];
   __shared__ float sm_m[NW][GM], sm_l[NW][GM];
   const int s = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
@@ -85,21 +88,45 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
     }
   }
   const long base = ((long)row_slot[r] * Hkv + kvh) * ctx * HD;
-  for (int j = k0 + warp; j < k1; j += NW) {
-    float kv[DPL], vv[DPL];
-    load_dpl<DPL>(kc + base + (long)j * HD + lane * DPL, kv);
-    load_dpl<DPL>(vc + base + (long)j * HD + lane * DPL, vv);
+  for (int j0 = k0 + warp * KU; j0 < k1; j0 += NW * KU) {
+    float kv[KU][DPL], vv[KU][DPL];
+#pragma unroll
+    for (int u = 0; u < KU; ++u) {
+      const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
+      load_dpl<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
+      load_dpl<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
+    }
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       if (g < gq) {
-        float sc = 0.f;
+        float sc[KU];
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) sc = fmaf(qv[g][i], kv[i], sc);
-        sc = warp_sum(sc);
-        float mn = fmaxf(m[g], sc), corr = expf(m[g] - mn), p = expf(sc - mn);
-        l[g] = l[g] * corr + p;
+        for (int u = 0; u < KU; ++u) {
+          float a = 0.f;
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) o[g][i] = fmaf(p, vv[i], o[g][i] * corr);
+          for (int i = 0; i < DPL; ++i) a = fmaf(qv[g][i], kv[u][i], a);
+          sc[u] = a;
+        }
+#pragma unroll
+        for (int u = 0; u < KU; ++u) sc[u] = warp_sum(sc[u]);
+        float mn = m[g];
+#pragma unroll
+        for (int u = 0; u < KU; ++u) if (j0 + u < k1) mn = fmaxf(mn, sc[u]);
+        const float corr = expf(m[g] - mn);  // 0 on the first chunk (m = -inf)
+        float p[KU], psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {
+          p[u] = j0 + u < k1 ? expf(sc[u] - mn) : 0.f;
+          psum += p[u];
+        }
+        l[g] = l[g] * corr + psum;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+          float acc = o[g][i] * corr;
+#pragma unroll
+          for (int u = 0; u < KU; ++u) acc = fmaf(p[u], vv[u][i], acc);
+          o[g][i] = acc;
+        }
         m[g] = mn;
       }
     }

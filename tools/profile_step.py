@@ -1,0 +1,93 @@
+"""Per-kernel times of one decode step (GPU only), for `ncu`.
+
+Loads a random checkpoint at a real shape, runs a prompt and two warm-up steps (every kernel
+compiled and tuned), then one eager decode step between cudaProfilerStart/Stop. Under
+Nsight Compute each kernel of that step is timed on its own; `--summary` folds the CSV into
+a table of kernel families (launches, total and mean microseconds).
+
+    ncu --profile-from-start off --cache-control none --metrics gpu__time_duration.sum \\
+        --csv python3 tools/profile_step.py > ncu.csv
+    python3 tools/profile_step.py --summary ncu.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+
+def run_step(shape: str, fmt: str, prompt: int, workdir: str) -> None:
+    import cupy
+
+    from engine.backends.base import Batch
+    from engine.backends.cuda.backend import CudaBackend
+    from engine.backends.cuda.synth import write_checkpoint
+    from engine.checkpoint.checkpoint import Checkpoint
+    from engine.models.qwen35 import Qwen35Model
+
+    path = write_checkpoint(Path(workdir) / f"{shape}-{fmt}", shape, fmt, seed=1)
+    ck = Checkpoint.open(path)
+    be = CudaBackend(dtype="bfloat16")
+    model = Qwen35Model(ck.config, be, be.load_weights(ck, ck.config))
+    be.alloc_state(ck.config, 1, prompt + 8)
+    ids = np.random.default_rng(1).integers(0, 1000, prompt)
+    model.forward(Batch.window(0, 0, prompt), ids)
+    for i in range(2):
+        model.forward(Batch.step([(0, prompt + i)]), np.array([5]))
+    be.stream.synchronize()
+    cupy.cuda.profiler.start()
+    model.forward(Batch.step([(0, prompt + 2)]), np.array([5]))
+    be.stream.synchronize()
+    cupy.cuda.profiler.stop()
+
+
+def family(name: str) -> str:
+    """A kernel's base name; gemv4 keeps its template arguments (rows, swiglu, ..., prologue),
+    since its variants are what a step chooses between."""
+    name = name.removeprefix("void ").strip()
+    base = re.split(r"[<(]", name, maxsplit=1)[0]
+    if base == "gemv4" and "<" in name:
+        return name[: name.index(">") + 1]
+    return base
+
+
+def summary(csv_path: str) -> None:
+    rows = defaultdict(list)
+    with open(csv_path, newline="") as f:
+        lines = [line for line in f if line.startswith('"')]
+    for rec in csv.DictReader(lines):
+        if rec.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[
+            rec["Metric Unit"]
+        ]
+        us = float(rec["Metric Value"].replace(",", "")) * scale
+        rows[family(rec["Kernel Name"])].append(us)
+    total = sum(sum(v) for v in rows.values())
+    print("| kernel | launches | total us | mean us | share |\n|---|---|---|---|---|")
+    for name, v in sorted(rows.items(), key=lambda kv: -sum(kv[1])):
+        print(f"| {name} | {len(v)} | {sum(v):.1f} | {np.mean(v):.2f} | {sum(v) / total:.1%} |")
+    print(f"| all | {sum(len(v) for v in rows.values())} | {total:.1f} | - | - |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="4B")
+    ap.add_argument("--format", default="mlx4", choices=("mlx4", "bf16"))
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--workdir", default="/tmp/snug-profile")
+    ap.add_argument("--summary", metavar="CSV")
+    args = ap.parse_args()
+    if args.summary:
+        summary(args.summary)
+    else:
+        run_step(args.shape, args.format, args.prompt, args.workdir)
+
+
+if __name__ == "__main__":
+    main()

@@ -32,6 +32,7 @@ from engine.memory.workspace import FAST_QUERY_ROWS
 from engine.models.qwen35 import Qwen35Model
 
 PROMPT = 512
+HF_MAX_PREFILL = 8192  # transformers runs its reference DeltaNet path; longer prompts take minutes
 # Families of projection kernels for the decode comparison (gemv.py candidate tuples).
 FAMILIES = {
     "staged": lambda c: c[0] == "mma" and c[5],
@@ -116,11 +117,15 @@ def gemv_time(be, weights: dict) -> tuple[float, int]:
     for w, o in zip(mats, outs, strict=True):
         be.ops.gemv(xs[w.shape[1]], w, o)
     be.stream.synchronize()
-    with on_stream(be.stream):
-        be.stream.begin_capture()
-        for w, o in zip(mats, outs, strict=True):
-            be.ops.gemv(xs[w.shape[1]], w, o)
-        graph = be.stream.end_capture()
+    be.ops.graphing = True  # launched as in a decode graph (overlapped where the GPU can)
+    try:
+        with on_stream(be.stream):
+            be.stream.begin_capture()
+            for w, o in zip(mats, outs, strict=True):
+                be.ops.gemv(xs[w.shape[1]], w, o)
+            graph = be.stream.end_capture()
+    finally:
+        be.ops.graphing = False
     graph.launch(be.stream)
     be.stream.synchronize()
     t = time.perf_counter()
@@ -241,8 +246,9 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     return res
 
 
-def bench_hf(path: Path, decode_tokens: int) -> dict:
-    """transformers bf16 on the same weights: 512-token prompt, greedy decode."""
+def bench_hf(path: Path, decode_tokens: int, prefill: list[int]) -> dict:
+    """transformers bf16 on the same weights: greedy decode after a 512-token prompt, and the
+    time to the first token (prefill + one token) at each prompt length up to 8K."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -252,9 +258,10 @@ def bench_hf(path: Path, decode_tokens: int) -> dict:
     res = {"load_s": time.perf_counter() - t0}
     box = [model]
     del model
-    ids = torch.tensor(np.random.default_rng(PROMPT).integers(0, 200000, PROMPT))[None].cuda()
+    tokens = np.random.default_rng(PROMPT).integers(0, 200000, max([PROMPT, *prefill]))
 
-    def gen(n: int) -> float:
+    def gen(n: int, prompt: int = PROMPT) -> float:
+        ids = torch.tensor(tokens[:prompt])[None].cuda()
         torch.cuda.synchronize()
         t = time.perf_counter()
         with torch.no_grad():
@@ -267,9 +274,26 @@ def bench_hf(path: Path, decode_tokens: int) -> dict:
     tn = gen(decode_tokens + 1)
     res["prefill_512_s"] = t1
     res["decode_tok_s"] = decode_tokens / (tn - t1)
+    for n in prefill:
+        if n != PROMPT and n <= HF_MAX_PREFILL:
+            res[f"prefill_{n}_s"] = gen(1, n)
+    for n in prefill:
+        if f"prefill_{n}_s" in res:
+            res[f"prefill_{n}_tok_s"] = n / res[f"prefill_{n}_s"]
     box.clear()
     torch.cuda.empty_cache()
     return res
+
+
+def _prefills(r: dict) -> str:
+    return " / ".join(
+        f"{r[f'prefill_{n}_tok_s']:.0f}" if f"prefill_{n}_tok_s" in r else "-"
+        for n in (512, 2048, 8192, 32768)
+    )
+
+
+def _s8(r: dict) -> str:
+    return f"{r['prefill_8192_s']:.3f}" if "prefill_8192_s" in r else "-"
 
 
 def table(results: list[dict], bw: float, meta: dict) -> str:
@@ -285,14 +309,10 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
         if r.get("engine") == "transformers":
             lines.append(
                 f"| {r['shape']} | transformers bf16 | {r['load_s']:.1f} | - | "
-                f"{r['decode_tok_s']:.1f} | - | - | 512: {512 / r['prefill_512_s']:.0f} | - | - |"
+                f"{r['decode_tok_s']:.1f} | - | - | {_prefills(r)} | {_s8(r)} | - |"
             )
             continue
-        pf = " / ".join(
-            f"{r[f'prefill_{n}_tok_s']:.0f}" if f"prefill_{n}_tok_s" in r else "-"
-            for n in (512, 2048, 8192, 32768)
-        )
-        s8 = f"{r['prefill_8192_s']:.3f}" if "prefill_8192_s" in r else "-"
+        pf, s8 = _prefills(r), _s8(r)
         lines.append(
             f"| {r['shape']} | {r['format']} | {r['load_s']:.1f} | {r['ttft_cold_s']:.2f} | "
             f"{r['decode_tok_s']:.0f} | {r['eager_decode_tok_s']:.0f} | "
@@ -308,6 +328,11 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                 + (
                     f"; {r['vs_transformers_decode']:.1f}x transformers decode"
                     if "vs_transformers_decode" in r
+                    else ""
+                )
+                + (
+                    f", {r['vs_transformers_prefill_8k']:.1f}x its 8K prefill"
+                    if "vs_transformers_prefill_8k" in r
                     else ""
                 )
                 + (
@@ -365,11 +390,13 @@ def main() -> None:
         results.append(r)
         if fmt == "bf16" and shape in args.hf.split(","):
             try:
-                h = bench_hf(path, 32)
+                h = bench_hf(path, 32, args.prefill)
                 h.update(engine="transformers", shape=shape, format="bf16")
                 results.append(h)
                 print(json.dumps(h), flush=True)
                 r["vs_transformers_decode"] = r["decode_tok_s"] / h["decode_tok_s"]
+                if "prefill_8192_s" in h and "prefill_8192_s" in r:
+                    r["vs_transformers_prefill_8k"] = h["prefill_8192_s"] / r["prefill_8192_s"]
             except Exception as exc:  # report and go on: the peer is optional
                 print(f"transformers run failed: {type(exc).__name__}: {exc}", flush=True)
         shutil.rmtree(path, ignore_errors=True)

@@ -27,3 +27,44 @@ def test_scalars_keep_their_width_and_untyped_values_are_refused():
     assert launch._param(np.float64(0.25)).value == 0.25
     with pytest.raises(TypeError, match="sized numpy scalar"):
         launch._param(3)  # a Python int has no width: it must not be guessed
+
+
+class _FakeStream:
+    current = None
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def use(self) -> _FakeStream:
+        _FakeStream.current = self
+        return self
+
+
+def test_on_stream_makes_the_previous_stream_current_again(monkeypatch):
+    import cupy
+
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: _FakeStream.current)
+    backend, timing = _FakeStream("backend").use(), _FakeStream("timing")
+    with launch.on_stream(timing) as s:
+        assert s is timing and _FakeStream.current is timing
+    assert _FakeStream.current is backend
+    with pytest.raises(RuntimeError), launch.on_stream(timing):
+        raise RuntimeError("a failed capture")
+    assert _FakeStream.current is backend
+
+
+def test_no_code_uses_cupys_stream_context_manager():
+    """CuPy's `with stream:` leaves the legacy default stream current afterwards (unordered
+    with the backend's stream): the engine and the tools switch streams with on_stream."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"^\s*with\s+[\w.]*stream\w*\s*(:|,)", re.IGNORECASE | re.MULTILINE)
+    offenders = [
+        f"{path.relative_to(root)}: {m.group(0).strip()}"
+        for folder in ("engine", "tools", "app")
+        for path in (root / folder).rglob("*.py")
+        for m in pattern.finditer(path.read_text())
+    ]
+    assert not offenders, offenders

@@ -3,9 +3,11 @@
 Activations are bf16 (default), fp16 or fp32 (`dtype`; fp32 is the exactness mode) with
 fp32 accumulation everywhere; the DeltaNet recurrent state is fp32; KV cache and conv state
 are in the activation type. All work runs on one non-default stream, so a decode step can
-be captured into a CUDA graph (graphs.py). Importing this module starts nothing.
+be captured into a CUDA graph (graphs.py); code that switches streams for a while does it
+with `launch.on_stream`, which makes the previous stream current again afterwards.
+Importing this module starts nothing.
 
-Per-stream state and snapshots: state.py. Per-forward layout:
+Per-stream state and snapshots: state.py. Prefill attention: prefill.py. Per-forward layout:
 
     meta        int32 [8, max_rows]: ids, pos, row_slot, row_tl, row_n, seg_slot, seg_row0,
                 seg_rows -- written before each forward (or graph launch)
@@ -20,7 +22,8 @@ import numpy as np
 from engine.backends.base import Backend, Batch
 from engine.backends.cuda.gemv import Pro
 from engine.backends.cuda.modules import use_cache_dir
-from engine.backends.cuda.scratch import ALIGN, RegionCarver
+from engine.backends.cuda.prefill import prefill_attention
+from engine.backends.cuda.scratch import RegionCarver
 from engine.backends.cuda.state import StateMixin
 from engine.backends.cuda.weights import DWeight, QWeight, plan_bytes, upload
 from engine.config import ModelConfig
@@ -29,7 +32,6 @@ from engine.memory.scratch import decode_splits
 from engine.memory.workspace import ATTN_QUERY_ROWS
 
 META_ROWS = 8
-ATTN_SCORE_BUDGET = 512 << 20  # bytes of prefill attention scores + probabilities per chunk
 
 
 class CudaBackend(StateMixin, Backend):
@@ -345,80 +347,9 @@ class CudaBackend(StateMixin, Backend):
             return out
         row0 = 0
         for seg in batch.segments:
-            self._prefill_attention(q, qg, kc, vc, seg, row0, out)
+            prefill_attention(self, q, qg, kc, vc, seg, row0, out)
             row0 += seg.rows
         return out
-
-    def _prefill_attention(self, q, qg, kc, vc, seg, row0, out) -> None:
-        c, cp, ops = self.config, self.cp, self.ops
-        Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        gq, rows, L = Hq // Hkv, seg.rows, seg.start + seg.rows
-        t_act, t32 = ops.cuda_type, 0
-        isz = ops.act_itemsize
-        ws = self.mem_workspace
-        budget = (
-            ws.nbytes - 2 * ALIGN
-            if ws is not None and ws.block is not None
-            else (ATTN_SCORE_BUDGET)
-        )
-        tq = max(1, min(rows, budget // (Hq * L * (4 + isz))))
-        o = self.take((Hq, rows, hd))
-        from engine.backends.cuda.blas import matmul
-
-        qseg = q[row0:]  # [Hq, rows, hd] laid out from row0 * Hq * hd
-        for t0 in range(0, rows, tq):
-            n = min(tq, rows - t0)
-            self.workspace.begin("ws")
-            scores = self.workspace.take((Hq, n, L), cp.float32)
-            probs = self.workspace.take((Hq, n, L), ops.act_dtype)
-            for h in range(Hkv):
-                kbase = kc[seg.slot, h]  # [context, hd]
-                vbase = vc[seg.slot, h]
-                a_ptr = qseg.data.ptr + ((h * gq * rows + t0) * hd) * isz
-                matmul(
-                    a_ptr,
-                    t_act,
-                    hd,
-                    kbase.data.ptr,
-                    t_act,
-                    hd,
-                    True,
-                    scores[h * gq].data.ptr,
-                    t32,
-                    L,
-                    n,
-                    L,
-                    hd,
-                    alpha=hd**-0.5,
-                    batch=gq,
-                    stride_a=rows * hd,
-                    stride_b=0,
-                    stride_c=n * L,
-                )
-            ops.softmax_causal(scores, probs, n, t0, seg.start, L)
-            for h in range(Hkv):
-                vbase = vc[seg.slot, h]
-                o_ptr = o.data.ptr + ((h * gq * rows + t0) * hd) * isz
-                matmul(
-                    probs[h * gq].data.ptr,
-                    t_act,
-                    L,
-                    vbase.data.ptr,
-                    t_act,
-                    hd,
-                    False,
-                    o_ptr,
-                    t_act,
-                    hd,
-                    n,
-                    hd,
-                    L,
-                    batch=gq,
-                    stride_a=n * L,
-                    stride_b=0,
-                    stride_c=rows * hd,
-                )
-        ops.attn_gate(o, qg, out, rows, row0, Hq, hd)
 
     def gated_delta(
         self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict, batch: Batch

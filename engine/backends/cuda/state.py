@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.cuda.launch import on_stream
 from engine.backends.cuda.scratch import ALIGN
 from engine.config import ModelConfig
 
@@ -81,8 +82,9 @@ class StateMixin:
         return block, arrays
 
     def reset_slot(self, slot: int) -> None:
-        for arr in (self.kv_k, self.kv_v, self.conv, self.recurrent):
-            arr[:, slot] = 0
+        with on_stream(self.stream):  # ordered with the forwards on the backend's stream
+            for arr in (self.kv_k, self.kv_v, self.conv, self.recurrent):
+                arr[:, slot] = 0
 
     def save_slot(self, slot: int, length: int) -> Any:
         """A copy of one stream's state in its own `prompt_cache` pool block (raises
@@ -96,8 +98,9 @@ class StateMixin:
         block, copies = self._carve_block(
             [(a.shape, a.dtype) for a in parts.values()], "prompt_cache"
         )
-        for dst, src in zip(copies, parts.values(), strict=True):
-            dst[...] = src
+        with on_stream(self.stream):
+            for dst, src in zip(copies, parts.values(), strict=True):
+                dst[...] = src
         return {"length": length, "block": block, **dict(zip(parts, copies, strict=True))}
 
     def snapshot_bytes(self, length: int) -> int:
@@ -115,10 +118,11 @@ class StateMixin:
     def restore_slot(self, slot: int, snapshot: Any) -> None:
         self.reset_slot(slot)
         n = snapshot["length"]
-        self.kv_k[:, slot, :, :n] = snapshot["kv_k"]
-        self.kv_v[:, slot, :, :n] = snapshot["kv_v"]
-        self.conv[:, slot] = snapshot["conv"]
-        self.recurrent[:, slot] = snapshot["recurrent"]
+        with on_stream(self.stream):
+            self.kv_k[:, slot, :, :n] = snapshot["kv_k"]
+            self.kv_v[:, slot, :, :n] = snapshot["kv_v"]
+            self.conv[:, slot] = snapshot["conv"]
+            self.recurrent[:, slot] = snapshot["recurrent"]
 
     def _host_embedding_rows(self, ids: np.ndarray) -> None:
         """Gather the rows of `ids` on the host and queue their copy into `emb_rows`."""

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Device check: CUDA kernel and forward tests, then the decode/prefill benchmark.
-# Usage (on the GPU machine, repo root): tools/device_check.sh [tests|bench|all] [bench flags...]
-# Logs, JSON and the markdown table go to $OUT (or ./device_out).
+# Device check: CUDA kernel and forward tests, the decode/prefill benchmark, a per-kernel
+# profile of one decode step.
+# Usage (on the GPU machine, repo root):
+#   tools/device_check.sh [tests|bench|profile|all] [pytest -k expression or bench flags...]
+# Logs, JSON and the markdown tables go to $OUT (or ./device_out). A cold kernel cache makes
+# the full test run take about 7 minutes on an H200; `tests 'attention or delta'` runs a part.
 set -o pipefail
 OUT=${OUT:-./device_out}
 mkdir -p "$OUT"
@@ -13,11 +16,27 @@ export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/snug-cupy-cache}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 status=0
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
-  timeout ${TEST_TIMEOUT:-200} python3 -m pytest tests/device -q -s -p no:cacheprovider 2>&1 | tee "$OUT/device_tests.log"
+  select=()
+  [ "$mode" = tests ] && [ -n "$1" ] && select=(-k "$1")
+  timeout "${TEST_TIMEOUT:-480}" python3 -m pytest tests/device -q -s -p no:cacheprovider \
+    "${select[@]}" 2>&1 | tee "$OUT/device_tests.log"
   status=$?
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
-  timeout ${BENCH_TIMEOUT:-330} python3 tools/bench_decode.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+  # The copy of the tree on a lent machine may carry an older .git: pass COMMIT=<hash>.
+  commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+  flags=("$@")
+  [ "$mode" = all ] && flags=()
+  timeout "${BENCH_TIMEOUT:-330}" python3 tools/bench_decode.py --commit "$commit" --out "$OUT" \
+    "${flags[@]}" 2>&1 | tee "$OUT/bench.log"
   [ $status -eq 0 ] && status=$?
+fi
+if [ "$mode" = profile ]; then
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout "${PROFILE_TIMEOUT:-300}" "$ncu" --profile-from-start off --cache-control none \
+    --metrics gpu__time_duration.sum --csv python3 tools/profile_step.py "$@" \
+    > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+  status=$?
+  python3 tools/profile_step.py --summary "$OUT/ncu.csv" | tee "$OUT/profile.md"
 fi
 exit $status

@@ -37,7 +37,6 @@ def prefill_attention(be: Any, q, qg, kc, vc, seg, row0: int, out) -> None:
         probs = be.workspace.take((Hq, n, L), ops.act_dtype)
         for h in range(Hkv):
             kbase = kc[seg.slot, h]  # [context, hd]
-            vbase = vc[seg.slot, h]
             a_ptr = qseg.data.ptr + ((h * gq * rows + t0) * hd) * isz
             matmul(
                 a_ptr,

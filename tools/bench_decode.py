@@ -272,14 +272,10 @@ def bench_hf(path: Path, decode_tokens: int, prefill: list[int]) -> dict:
     gen(1)
     t1 = gen(1)
     tn = gen(decode_tokens + 1)
-    res["prefill_512_s"] = t1
     res["decode_tok_s"] = decode_tokens / (tn - t1)
-    for n in prefill:
-        if n != PROMPT and n <= HF_MAX_PREFILL:
-            res[f"prefill_{n}_s"] = gen(1, n)
-    for n in prefill:
-        if f"prefill_{n}_s" in res:
-            res[f"prefill_{n}_tok_s"] = n / res[f"prefill_{n}_s"]
+    for n in sorted({PROMPT, *(n for n in prefill if n <= HF_MAX_PREFILL)}):
+        s = t1 if n == PROMPT else gen(1, n)
+        res[f"prefill_{n}_s"], res[f"prefill_{n}_tok_s"] = s, n / s
     box.clear()
     torch.cuda.empty_cache()
     return res

@@ -164,8 +164,8 @@ def _config(hq=4, hkv=2, hk=2, hv=4):
     return parse_config(text_config(shape))
 
 
-def _pair(dtype, slots=3, context=600):
-    c = _config()
+def _pair(dtype, slots=3, context=600, c=None):
+    c = c or _config()
     be, ref = _backend(dtype), NumpyBackend()
     be.alloc_state(c, slots, context)
     ref.alloc_state(c, slots, context)
@@ -217,11 +217,7 @@ def test_decode_attention_lengths(dtype, hq, hkv):
     and inside a warp's group of keys, for 2, 4 and 8 query heads per KV head."""
     import cupy
 
-    c = _config(hq=hq, hkv=hkv)
-    be, ref = _backend(dtype), NumpyBackend()
-    for b in (be, ref):
-        b.alloc_state(c, 3, 600)
-    be.nvalid = c.vocab_size
+    c, be, ref = _pair(dtype, c=_config(hq=hq, hkv=hkv))
     rng = np.random.default_rng(hq + hkv)
     hd = c.head_dim
     qn = (1 + 0.1 * rng.standard_normal(hd)).astype(np.float32)

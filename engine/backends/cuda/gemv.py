@@ -137,14 +137,17 @@ class GemvMixin:
         The kernel and its variant are picked per shape by timing each candidate once
         (outside graph capture); the choice is cached for the process.
         """
-        R, cols = x.shape
-        bits = w.bits if isinstance(w, QWeight) else 0
-        swiglu = up is not None
-        key = (bits, R, w.shape[0], cols, swiglu, pro.kind if pro else 0)
+        key = self.gemv_key(x, w, up, pro)
         choice = self.gemv_choice.get(key)
         if choice is None:
             choice = self._tune_gemv(key, x, w, out, up, pro)
         self.gemv_run(choice, x, w, out, up, pro)
+
+    @staticmethod
+    def gemv_key(x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> tuple:
+        """What a tuned choice is cached under: (bits, rows, out, in, swiglu, prologue kind)."""
+        bits = w.bits if isinstance(w, QWeight) else 0
+        return (bits, x.shape[0], w.shape[0], x.shape[1], up is not None, pro.kind if pro else 0)
 
     def gemv_candidates(self, x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> list:
         """Kernel variants that can run this product: ('mma', ks, tpb, ug) or ('old', rpw, u)."""

@@ -46,16 +46,6 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
   }
 }
 
-template <int DPL>
-__device__ __forceinline__ void load_dpl(const act_t* __restrict__ p, float* out) {
-  if constexpr ((DPL * sizeof(act_t)) % 16 == 0) {
-    load_vec<DPL>(p, out);
-  } else {
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) out[i] = ld(p + i);
-  }
-}
-
 // grid (nsplit_max, Hkv, R), 128 threads (NW = 4 warps). Split s covers keys [s*split,
 // (s+1)*split) of the row's len = pos + 1 keys; splits past the end exit. Writes partial o and
 // (max, sum). Each warp takes KU keys at a time: their K and V rows are requested together
@@ -82,7 +72,7 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
 #pragma unroll
     for (int i = 0; i < DPL; ++i) { o[g][i] = 0.f; qv[g][i] = 0.f; }
     if (g < gq) {
-      load_dpl<DPL>(q + ((long)r * Hq + kvh * gq + g) * HD + lane * DPL, qv[g]);
+      load_acts<DPL>(q + ((long)r * Hq + kvh * gq + g) * HD + lane * DPL, qv[g]);
 #pragma unroll
       for (int i = 0; i < DPL; ++i) qv[g][i] *= scale;
     }
@@ -93,8 +83,8 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
 #pragma unroll
     for (int u = 0; u < KU; ++u) {
       const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
-      load_dpl<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
-      load_dpl<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
+      load_acts<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
+      load_acts<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
     }
 #pragma unroll
     for (int g = 0; g < GM; ++g) {

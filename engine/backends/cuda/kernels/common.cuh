@@ -53,6 +53,18 @@ __device__ __forceinline__ void load_vec(const act_t* __restrict__ p, float* out
   }
 }
 
+// Load N consecutive activations: 16-byte loads where N of them fill whole vectors, else one
+// by one (a lane's share of a row that is not a multiple of 16 bytes).
+template <int N>
+__device__ __forceinline__ void load_acts(const act_t* __restrict__ p, float* out) {
+  if constexpr ((N * sizeof(act_t)) % 16 == 0) {
+    load_vec<N>(p, out);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = ld(p + i);
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -8,16 +8,6 @@
 // Values per 32-bit word: 32/BITS codes, or 4/sizeof(act_t) dense values.
 template <int BITS> struct Word { static constexpr int N = BITS ? 32 / BITS : 4 / (int)sizeof(act_t); };
 
-template <int N>
-__device__ __forceinline__ void load_x(const act_t* __restrict__ p, float* out) {
-  if constexpr ((N * sizeof(act_t)) % 16 == 0) {
-    load_vec<N>(p, out);
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = ld(p + i);
-  }
-}
-
 template <int BITS>
 __device__ __forceinline__ float wval(unsigned word, int k, float s, float b) {
   if constexpr (BITS == 0) {
@@ -83,7 +73,7 @@ gemv(const void* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __r
 #pragma unroll
             for (int m = 0; m < M; ++m) {
               float x[VPW];
-              load_x<VPW>(X + (long)m * ldx + c * CPC + i * VPW, x);
+              load_acts<VPW>(X + (long)m * ldx + c * CPC + i * VPW, x);
 #pragma unroll
               for (int r = 0; r < RPW; ++r) {
                 const unsigned word = i == 0 ? raw[u][r].x : i == 1 ? raw[u][r].y : i == 2 ? raw[u][r].z : raw[u][r].w;

@@ -238,6 +238,10 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
         res[f"prefill_{n}_s"] = s
         res[f"prefill_{n}_tok_s"] = n / s
         peak.sample()
+    if 8192 in args.prefill and be.ops.gdn_chunk_rows():  # the DeltaNet token by token
+        be.ops.chunked_prefill = False
+        res["prefill_8192_scan_s"] = prefill(model, be, 8192)
+        be.ops.chunked_prefill = True
     res["peak_gb"] = (peak.value - base) / 1e9
     del model, weights, be, graphs
     import cupy
@@ -321,6 +325,12 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                 f"- {r['shape']} {r['format']}: decode step {r['step_ms']:.3f} ms, of which the "
                 f"projections alone (GEMV-only graph) {r['gemv_ms']:.3f} ms at "
                 f"{r['gemv_gb_s']:.0f} GB/s; graph capture {r['capture_s'] * 1e3:.0f} ms"
+                + (
+                    f"; 8K prefill with the DeltaNet scanned token by token (not in chunks) "
+                    f"{r['prefill_8192_scan_s']:.3f} s"
+                    if "prefill_8192_scan_s" in r
+                    else ""
+                )
                 + (
                     f"; {r['vs_transformers_decode']:.1f}x transformers decode"
                     if "vs_transformers_decode" in r

@@ -424,7 +424,10 @@ class CudaBackend(StateMixin, Backend):
             ops.gdn_conv_state(mixed, cstate, segs, S, c.conv_dim, K)
         o = self.take((R, Hv * dv), f)
         q, k, v, g, beta = outs
-        ops.gdn_scan(q, k, v, g, beta, self.recurrent[layer], segs, S, o, Hk, Hv, dv)
+        state = self.recurrent[layer]
+        chunked = not step and ops.chunked_prefill
+        if not (chunked and ops.gdn_chunk(q, k, v, g, beta, state, segs, S, o, Hk, Hv, dv)):
+            ops.gdn_scan(q, k, v, g, beta, state, segs, S, o, Hk, Hv, dv)
         return o
 
     # ----- lifetime -----------------------------------------------------------------------

@@ -20,6 +20,12 @@ from engine.backends.cuda.weights import DWeight, QWeight
 i32, f32 = np.int32, np.float32
 
 
+def _chunk_smem(gc: int) -> int:
+    """Shared-memory bytes of gdn_chunk<gc> (ChunkSmem in gdn_chunk.cu)."""
+    ldk, ldv, ldc = 129, 33, gc + 1
+    return 4 * (2 * gc * ldk + 2 * gc * ldv + 2 * gc * ldc + 128 * ldv + 4 * gc)
+
+
 class Ops(GemvMixin):
     def __init__(self, dtype: str, overlap: bool = True):
         import cupy
@@ -46,6 +52,8 @@ class Ops(GemvMixin):
         # the launches a decode graph records (`graphing`, set while one is captured). Eager
         # launches go through CuPy, whose launch path costs less host time.
         self.pdl = overlap and pdl_available()
+        self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
+        self.chunked_prefill = True  # windows use gdn_chunk (benchmarks compare both)
         self.graphing = False
 
     def k(self, file: str, symbol: str) -> Any:
@@ -321,6 +329,33 @@ class Ops(GemvMixin):
             (128,),
             (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv)),
         )
+
+    def gdn_chunk_rows(self) -> int:
+        """Rows per chunk of `gdn_chunk`: the largest whose shared memory the GPU gives one
+        block (64 on Hopper and Ada data-centre parts, 32 on most consumer cards)."""
+        if self._chunk_rows is None:
+            import cupy
+
+            dev = cupy.cuda.Device().id
+            optin = cupy.cuda.runtime.deviceGetAttribute(97, dev)  # opt-in max per block
+            fits = [gc for gc in (64, 32, 16) if _chunk_smem(gc) <= optin]
+            self._chunk_rows = fits[0] if fits else 0
+        return self._chunk_rows
+
+    def gdn_chunk(self, q, k, v, g, beta, state, segs, n_segs, o, Hk, Hv, dv) -> bool:
+        """The delta rule over windows in chunks (gdn_chunk.cu); False (nothing launched)
+        where the GPU's shared memory or the head size does not allow it."""
+        gc = self.gdn_chunk_rows()
+        if not gc or dv % 32:
+            return False
+        fn = self.k("gdn_chunk.cu", f"gdn_chunk<{gc}>")
+        smem = _chunk_smem(gc)
+        if smem > 48 * 1024 and self._smem_set.get(("gdn_chunk", gc), 0) < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+            self._smem_set[("gdn_chunk", gc)] = smem
+        args = (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv))
+        self.launch(fn, (Hv, dv // 32, n_segs), (256,), args, smem)
+        return True
 
     def gdn_out(self, o, z, w, y, Hv, dv, eps):
         self.run(

@@ -111,6 +111,11 @@ __device__ __forceinline__ void pdl_launch() {
 #endif
 }
 __device__ __forceinline__ void pdl_start() { pdl_wait(); pdl_launch(); }
+// A hint: bring the 16 bytes at p toward L2 (issued before pdl_wait for weights, which no
+// earlier kernel writes).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }

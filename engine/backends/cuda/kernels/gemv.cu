@@ -27,13 +27,23 @@ __global__ void __launch_bounds__(256)
 gemv(const void* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
      const void* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in, int G) {
-  pdl_start();
   constexpr int VPW = Word<BITS>::N, CPC = 4 * VPW;
   const int lane = threadIdx.x & 31;
   const int gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int nwarps = (gridDim.x * blockDim.x) >> 5;
   const int nc = in / CPC, ng = in / G;
   const int ngr = SWIGLU ? out : (out + RPW - 1) / RPW;
+  if (gw < ngr) {  // this warp's first weights move toward L2 while the previous kernel ends
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const long row = SWIGLU ? gw : min(gw * RPW + r, out - 1);
+      const uint4* wr = reinterpret_cast<const uint4*>(SWIGLU && r == 1 ? W1 : W0) + row * nc;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (lane + 32 * u < nc) prefetch_l2(wr + lane + 32 * u);
+    }
+  }
+  pdl_start();
   for (int rg = gw; rg < ngr; rg += nwarps) {
     float acc[RPW][M];
     long rows[RPW];

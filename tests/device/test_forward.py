@@ -77,8 +77,10 @@ def test_half_logits_close(tiny_dirs, fmt, dtype):
 
 
 def test_step_vs_window(tiny_dirs):
+    """The same 512 rows one step at a time and in windows of 64, 256 and 512 rows, then 7
+    steps: the same greedy tokens, and the largest logit difference is printed."""
     prompt = [(i * 53 + 7) % 1000 for i in range(512)]
-    results = {}
+    results, logits_of = {}, {}
     for window in (1, 64, 256, 512):
         model = _model(tiny_dirs["mlx4"], _cuda("float32"), slots=1, context=600)
         be = model.backend
@@ -86,12 +88,18 @@ def test_step_vs_window(tiny_dirs):
             rows = prompt[start : start + window]
             batch = Batch.window(0, start, len(rows)) if window > 1 else Batch.step([(0, start)])
             logits = model.forward(batch, np.array(rows))
-        toks = [int(be.to_host(logits)[-1].argmax())]
+        seen = [be.to_host(logits)[-1]]
+        toks = [int(seen[-1].argmax())]
         for i in range(7):
             lg = be.to_host(model.forward(Batch.step([(0, 512 + i)]), np.array([toks[-1]])))
+            seen.append(lg[-1])
             toks.append(int(lg[-1].argmax()))
-        results[window] = toks
+        results[window], logits_of[window] = toks, np.stack(seen)
     assert results[1] == results[64] == results[256] == results[512], results
+    for window in (64, 256, 512):
+        diff = float(np.abs(logits_of[window] - logits_of[1]).max())
+        print(f"\n[step vs window {window}] largest logit difference over 8 tokens: {diff:.2e}")
+        assert diff < 1e-3
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -92,13 +92,13 @@ gdn_chunk(const float* __restrict__ q, const float* __restrict__ k, const float*
     }
     __syncthreads();
     const int ty = tid / 16, tx = tid % 16;
-    {  // A and Qm: a TR x TR tile per thread
+    {  // A and Qm: a TR x TR tile per thread; tiles above the diagonal are zero
       float kk[TR][TR], qk[TR][TR];
 #pragma unroll
       for (int a = 0; a < TR; ++a)
 #pragma unroll
         for (int b = 0; b < TR; ++b) kk[a][b] = qk[a][b] = 0.f;
-      for (int i = 0; i < GDK; ++i) {
+      for (int i = 0; i < (tx <= ty ? GDK : 0); ++i) {
         float ka[TR], qa[TR], kb[TR];
 #pragma unroll
         for (int a = 0; a < TR; ++a) {

@@ -58,22 +58,15 @@ def chain_time(ops: Ops, layers, bufs, choices: list, reps: int = 10) -> float:
     import cupy
 
     flow = [("x", "a"), ("a4096", "b"), ("b", "c"), ("c", "x")]
-    # Each projection's L2 lookahead covers the next one's weights (the last layer's, the
-    # first layer's: the chain is replayed back to back), as in a decode step.
-    seq = [wu for ws in layers for wu in ws]
-    ahead = [
-        ops.lookahead_table(*seq[(i + 1) % len(seq)]) if ops.l2_lookahead else None
-        for i in range(len(seq))
-    ]
     stream = cupy.cuda.Stream(non_blocking=True)
     with on_stream(stream):
         for _ in range(2):  # compile and warm outside the capture
-            _launch_chain(ops, layers, bufs, choices, flow, ahead)
+            _launch_chain(ops, layers, bufs, choices, flow)
         stream.synchronize()
         ops.graphing = True
         try:
             stream.begin_capture()
-            _launch_chain(ops, layers, bufs, choices, flow, ahead)
+            _launch_chain(ops, layers, bufs, choices, flow)
             graph = stream.end_capture()
         finally:
             ops.graphing = False
@@ -83,13 +76,11 @@ def chain_time(ops: Ops, layers, bufs, choices: list, reps: int = 10) -> float:
     return best / LAYERS
 
 
-def _launch_chain(ops, layers, bufs, choices, flow, ahead) -> None:
-    i = 0
+def _launch_chain(ops, layers, bufs, choices, flow) -> None:
     for ws in layers:
         for (w, up), choice, (src, dst) in zip(ws, choices, flow, strict=True):
             x = bufs["a"][:, :4096] if src == "a4096" else bufs[src]
-            ops.gemv_run(choice, x, w, bufs[dst], up, pf=ahead[i])
-            i += 1
+            ops.gemv_run(choice, x, w, bufs[dst], up)
 
 
 def main() -> None:
@@ -98,9 +89,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--passes", type=int, default=2)
-    ap.add_argument("--lookahead", default="0,2,4,8,12,16,24,32", help="MB, comma-separated")
     args = ap.parse_args()
-    args.lookahead = [int(x) for x in args.lookahead.split(",") if x]
     ops = Ops("bfloat16")
     layers, bufs = build(ops)
     cands = []
@@ -116,13 +105,6 @@ def main() -> None:
         n * c // 2 * (2 if sw else 1) + n * c // 64 * 4 * (2 if sw else 1) for _, n, c, sw in CHAIN
     )
     report = {"tuned": [list(c) for c in tuned]}
-    default_ahead = ops.l2_lookahead
-    for mb in args.lookahead:  # the L2 lookahead swept on the tuner's choices
-        ops.l2_lookahead = mb << 20
-        t = chain_time(ops, layers, bufs, tuned)
-        report[f"lookahead_{mb}mb_us_per_layer"] = t * 1e6
-        print(f"L2 lookahead {mb} MB: {t * 1e6:.1f} us/layer ({ideal_bytes / t / 1e9:.0f} GB/s)")
-    ops.l2_lookahead = default_ahead
     t0 = chain_time(ops, layers, bufs, tuned)
     report["tuned_us_per_layer"] = t0 * 1e6
     print(f"per-launch tuner's choice: {t0 * 1e6:.1f} us/layer ({ideal_bytes / t0 / 1e9:.0f} GB/s)")

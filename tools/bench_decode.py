@@ -202,16 +202,6 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
         be.ops.pdl = False
         res["decode_tok_s_plain_launches"] = decode_rate(model, be, graphs, n)
         be.ops.pdl = True
-    # The same step with each projection moving more or less of the next one's weights
-    # toward L2 as it ends (MB; 0: none). The successors are recorded again by the eager
-    # step before each capture.
-    ahead = be.ops.l2_lookahead
-    for mb in args.lookahead:
-        be.ops.l2_lookahead = mb << 20
-        be.ops.forget_successors()
-        res[f"decode_tok_s_lookahead_{mb}mb"] = decode_rate(model, be, graphs, n)
-    be.ops.l2_lookahead = ahead
-    be.ops.forget_successors()
     # The same step with the projections limited to one family of kernel variants (each
     # still tuned per shape): what the per-launch tuner's isolated timings miss.
     chosen = dict(be.ops.gemv_choice)
@@ -358,11 +348,6 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     else ""
                 )
                 + "".join(
-                    f"; L2 lookahead {k.split('_')[-1]} {v:.0f} tok/s"
-                    for k, v in r.items()
-                    if k.startswith("decode_tok_s_lookahead_")
-                )
-                + "".join(
                     f"; {fam} projection kernels only {r[f'decode_tok_s_{fam}']:.0f} tok/s"
                     for fam in FAMILIES
                     if f"decode_tok_s_{fam}" in r
@@ -380,18 +365,12 @@ def main() -> None:
     )
     ap.add_argument("--prefill", default="512,2048,8192,32768")
     ap.add_argument("--decode-tokens", type=int, default=256)
-    ap.add_argument(
-        "--lookahead",
-        default="0,4,16",
-        help="L2 lookahead sizes (MB) to time decode with besides the default",
-    )
     ap.add_argument("--hf", default="4B", help="shapes to run transformers on ('' for none)")
     ap.add_argument("--workdir", default="/tmp/snug-bench")
     ap.add_argument("--out", default=".")
     ap.add_argument("--commit", default="unknown")
     args = ap.parse_args()
     args.prefill = [int(x) for x in args.prefill.split(",") if x]
-    args.lookahead = [int(x) for x in args.lookahead.split(",") if x]
     import subprocess
 
     import cupy

@@ -136,32 +136,6 @@ def test_overlapped_launches_match_plain(tiny_dirs, dtype):
         assert np.array_equal(a, b)
 
 
-def test_l2_lookahead_changes_nothing(tiny_dirs):
-    """Moving the next projection's weights toward L2 is a hint: the logits are bit for bit
-    those without it. After the warm-up step every projection of the step knows its
-    successor, and the successors form one cycle (the LM head's is the first layer's)."""
-    from engine.backends.cuda.graphs import DecodeGraphs
-
-    results = []
-    for mb in (16, 0):
-        be = _cuda("bfloat16")
-        be.ops.l2_lookahead = mb << 20
-        model = _model(tiny_dirs["mlx4"], be, slots=1)
-        graphs = DecodeGraphs(be, model)
-        graphs.capture(1)
-        be.reset_slot(0)
-        results.append(_run(model, graphs))
-        tables = {k: t.get() for k, t in be.ops._ahead.items()}
-        if mb:
-            assert len(tables) == 4 * model.config.num_hidden_layers + 1
-            assert {int(t[1]) for t in tables.values()} == set(tables)
-            assert all(t[0] in (3, 6) and (t[2::2] > 0).all() for t in tables.values())
-        else:
-            assert not tables
-    for a, b in zip(*results, strict=True):
-        assert np.array_equal(a, b)
-
-
 def test_step_conv_state_update_matches_window(tiny_dirs):
     """A step updates the conv state inside gdn_prep; a window uses gdn_conv_state. Both
     leave the same state behind (fp32; the window computes its inputs with a different
@@ -204,10 +178,9 @@ def test_every_gemv_variant(dtype, bits, rows):
         if swiglu:
             want = silu(want) * (x @ ref_u.T)
         xd = _up(be, x)
-        ahead = be.ops.lookahead_table(w, up)  # a hint every variant must take harmlessly
-        for k, choice in enumerate(be.ops.gemv_candidates(xd, w, up)):
+        for choice in be.ops.gemv_candidates(xd, w, up):
             out = cupy.full((rows, n_out), 7, be.ops.act_dtype)
-            be.ops.gemv_run(choice, xd, w, out, up, pf=ahead if k % 2 else None)
+            be.ops.gemv_run(choice, xd, w, out, up)
             got = be.to_host(out)
             assert _rel(got, want) < TOL[dtype] * 2, (choice, n_out, cols, swiglu)
 

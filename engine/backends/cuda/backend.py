@@ -465,7 +465,6 @@ class CudaBackend(StateMixin, Backend):
         """Free graphs, scratch, workspace, state and weights (unload)."""
         self._teardown_graphs()
         self.graphs = None
-        self.ops.forget_successors()
         for mem in (self.mem_scratch, self.mem_workspace):
             if mem is not None:
                 mem.release()

@@ -97,9 +97,6 @@ class GemvMixin:
 
     variant_filter: Any = None
     gemv_wave_fraction = 1.0
-    # Bytes of the next projection's weights each 4-bit projection moves toward L2 as it
-    # ends (0: none); see `lookahead_table`.
-    l2_lookahead = 8 << 20
 
     @staticmethod
     def _wargs(w: Any) -> tuple[Any, Any, Any]:
@@ -144,52 +141,7 @@ class GemvMixin:
         choice = self.gemv_choice.get(key)
         if choice is None:
             choice = self._tune_gemv(key, x, w, out, up, pro)
-        self.gemv_run(choice, x, w, out, up, pro, self._successor_hint(w, up))
-
-    def _successor_hint(self, w: Any, up: Any) -> Any:
-        """The lookahead table of `w`: the projection that followed it last time. A decode
-        step runs its projections in the same order every time, so after the first step
-        (the warm-up, before any capture) each one knows its successor, the LM head's being
-        the next step's first. A wrong successor costs bandwidth, never a wrong value."""
-        import cupy
-
-        if not self.l2_lookahead:
-            return None
-        prev, self._gemv_prev = self._gemv_prev, self._weight_key(w)
-        if (
-            prev is not None
-            and prev not in self._ahead
-            and not cupy.cuda.get_current_stream().is_capturing()
-        ):
-            self._ahead[prev] = self.lookahead_table(w, up)
-        return self._ahead.get(self._gemv_prev)
-
-    @staticmethod
-    def _weight_key(w: Any) -> int:
-        return (w.packed if isinstance(w, QWeight) else w.data).data.ptr
-
-    def forget_successors(self) -> None:
-        """Drop every lookahead table (the weights they point into are being freed)."""
-        self._ahead.clear()
-        self._gemv_prev = None
-
-    def lookahead_table(self, w: Any, up: Any = None) -> Any:
-        """Device int64 table {n, ptr, bytes, ...} for gemv4's `pf`: the same leading fraction
-        of each array of `w` (and `up`), `l2_lookahead` bytes in all. The first tiles the
-        next kernel's blocks take are the first rows, so the head is what it reads first."""
-        import cupy
-
-        arrays: list[Any] = []
-        for m in (w, up):
-            for a in self._wargs(m) if m is not None else ():
-                if all(a.data.ptr != b.data.ptr for b in arrays):  # dense: one array, thrice
-                    arrays.append(a)
-        total = sum(a.nbytes for a in arrays)
-        frac = min(1.0, self.l2_lookahead / max(total, 1))
-        table = [len(arrays)]
-        for a in arrays:
-            table += [a.data.ptr, min(a.nbytes, -(-int(a.nbytes * frac) // 128) * 128)]
-        return cupy.asarray(np.array(table, np.int64))
+        self.gemv_run(choice, x, w, out, up, pro)
 
     @staticmethod
     def gemv_key(x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> tuple:
@@ -208,10 +160,9 @@ class GemvMixin:
             cands = [c for c in cands if self.variant_filter(c)] or cands
         return cands
 
-    def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None, pf=None) -> None:
-        """Launch one variant; `pf` (gemv4 only, None: none) is a `lookahead_table`."""
+    def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None) -> None:
         if choice[0] == "mma":
-            self._gemv4_launch(x, w, out, up, pro, *choice[1:], pf=pf)
+            self._gemv4_launch(x, w, out, up, pro, *choice[1:])
         else:
             assert pro is None, "the SIMT kernel has no prologue"
             self._gemv_launch(x, w, out, up, *choice[1:])
@@ -253,7 +204,7 @@ class GemvMixin:
             self._smem_optin = cupy.cuda.runtime.deviceGetAttribute(97, dev)  # opt-in max
         return self._gemv4_smem(x.shape[0], w.shape[1], 1024) <= self._smem_optin
 
-    def _gemv4_launch(self, x, w, out, up, pro, *v, pf=None) -> None:
+    def _gemv4_launch(self, x, w, out, up, pro, *v) -> None:
         R, cols = x.shape
         n_out = w.shape[0]
         swiglu = up is not None
@@ -287,7 +238,7 @@ class GemvMixin:
             )
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols), *extra)
-        self.launch(fn, grid, (threads,), (*args, null if pf is None else pf), smem)
+        self.launch(fn, grid, (threads,), args, smem)
 
     def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:
         """Blocks of `fn` the whole GPU holds at once (times `gemv_wave_fraction`): the

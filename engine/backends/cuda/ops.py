@@ -48,8 +48,6 @@ class Ops(GemvMixin):
         self._l2_flush: Any = None
         self._resident: dict[tuple, int] = {}  # (kernel, threads, smem) -> blocks at once
         self._gemv4_mods: dict[Any, Any] = {}  # (rows, swiglu, pro) -> module, symbol -> kernel
-        self._ahead: dict[int, Any] = {}  # weight pointer -> its successor's lookahead table
-        self._gemv_prev: int | None = None
         # Programmatic dependent launch (launch.py) where the GPU and driver have it, for
         # the launches a decode graph records (`graphing`, set while one is captured). Eager
         # launches go through CuPy, whose launch path costs less host time.

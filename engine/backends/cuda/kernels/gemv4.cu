@@ -250,21 +250,6 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
   }
 }
 
-// L2 lookahead: pf (null: none) = {n, ptr_0, bytes_0, ..., ptr_n-1, bytes_n-1}, the head of
-// each array the next projection of the step reads first. Each block moves its share toward
-// L2 once it has requested its own last weights, so memory keeps streaming through this
-// kernel's reduction, the boundary and the small kernels in between.
-__device__ __forceinline__ void lookahead(const long long* __restrict__ pf) {
-  const int n = static_cast<int>(pf[0]);
-  for (int r = 0; r < n; ++r) {
-    const char* base = reinterpret_cast<const char*>(pf[1 + 2 * r]);
-    const long long lines = (pf[2 + 2 * r] + 127) >> 7;
-    const long long per = (lines + gridDim.x - 1) / gridDim.x;
-    const long long l0 = blockIdx.x * per, l1 = min(lines, l0 + per);
-    for (long long l = l0 + threadIdx.x; l < l1; l += blockDim.x) prefetch_l2(base + (l << 7));
-  }
-}
-
 // KS = blockDim.x / (32 * TPB) warps share a tile (each takes a contiguous slice of the groups),
 // TPB tiles per block, UG groups loaded per step. PIPE: the next UG groups are fetched while the
 // current ones are computed; otherwise the wrapper makes the slices at most UG groups long (or
@@ -279,7 +264,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, const long long* __restrict__ pf) {
+      const float* __restrict__ po, int phd, float peps) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   constexpr int ROWS = SWIGLU ? 8 : 16;
   extern __shared__ uint4 smem[];
@@ -325,11 +310,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   } else {
     fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
   }
-  bool ahead = pf != nullptr;  // the lookahead is still to be issued (on the last tile)
-  if (ahead && vb + gridDim.x >= VB) {
-    lookahead(pf);
-    ahead = false;
-  }
   const Pro pr{pd, pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
@@ -372,10 +352,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
   for (; vb < VB; vb += gridDim.x) {
-    if (ahead && vb + gridDim.x >= VB) {
-      lookahead(pf);
-      ahead = false;
-    }
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (ASYNC) {
       asm volatile("cp.async.wait_all;" ::: "memory");

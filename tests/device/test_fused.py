@@ -204,3 +204,54 @@ def test_tuning_and_capture_leave_the_backends_stream_current(tiny_dirs):
     model = _model(tiny_dirs["mlx4"], be, slots=1)
     DecodeGraphs(be, model).capture(1)
     assert cupy.cuda.get_current_stream() == be.stream
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_projection_chain_matches_separate_launches(dtype, rows):
+    """Four projections in one gemv4_chain launch (out_proj with the gated norm, gate/up
+    with add + norm, down, the next input projections with add + norm, each reading what
+    the one before wrote) give what they give launched one by one, in every chain variant,
+    and leave the grid barrier ready for the next launch."""
+    import cupy
+
+    from engine.backends.cuda.chain import CHAIN_VARIANTS
+    from engine.backends.cuda.gemv import Pro
+
+    be = _backend(dtype)
+    ops = be.ops
+    rng = np.random.default_rng(40 + rows)
+    H, V, inter, n_next, hd = 512, 1024, 1536, 1208, 128
+    wo, _ = _quant_weight(be, H, V, 4, rng)
+    wg, _ = _quant_weight(be, inter, H, 4, rng)
+    wu, _ = _quant_weight(be, inter, H, 4, rng)
+    wd, _ = _quant_weight(be, H, inter, 4, rng)
+    wn, _ = _quant_weight(be, n_next, H, 4, rng)
+    z = _up(be, _round(be, rng.standard_normal((rows, V)).astype(np.float32)))
+    resid = _up(be, _round(be, rng.standard_normal((rows, H)).astype(np.float32)))
+    o = cupy.asarray(rng.standard_normal((rows, V)).astype(np.float32))
+    norms = [
+        cupy.asarray((1 + 0.1 * rng.standard_normal(n)).astype(np.float32)) for n in (hd, H, H)
+    ]
+    shapes = {"a": H, "h": H, "act": inter, "d": H, "h2": H, "y": n_next}
+
+    def stages(b):
+        return [
+            (z, wo, b["a"], None, Pro(2, norms[0], 1e-6, o=o, head_dim=hd)),
+            (resid, wg, b["act"], wu, Pro(1, norms[1], 1e-6, delta=b["a"], h=b["h"])),
+            (b["act"], wd, b["d"], None, None),
+            (b["h"], wn, b["y"], None, Pro(1, norms[2], 1e-6, delta=b["d"], h=b["h2"])),
+        ]
+
+    ref = {k: cupy.zeros((rows, n), ops.act_dtype) for k, n in shapes.items()}
+    for x, w, out, up, pro in stages(ref):
+        mma = [c for c in ops.gemv_candidates(x, w, up, pro) if c[0] == "mma" and not c[5]]
+        ops.gemv_run(mma[0], x, w, out, up, pro)
+    want = {k: be.to_host(v) for k, v in ref.items()}
+    ops._bar = cupy.zeros(2, cupy.uint32)
+    for v in CHAIN_VARIANTS:
+        b = {k: cupy.full((rows, n), 7, ops.act_dtype) for k, n in shapes.items()}
+        ops.chain_run(v, [(*s, ("mma",)) for s in stages(b)])
+        for k in shapes:
+            assert _rel(be.to_host(b[k]), want[k]) < TOL[dtype], (v, k)
+        assert int(ops._bar.get()[0]) == 0, v

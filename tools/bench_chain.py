@@ -18,7 +18,6 @@ import json
 import time
 from pathlib import Path
 
-from engine.backends.cuda.chain import CHAIN_VARIANTS
 from engine.backends.cuda.gemv import best_replay_s
 from engine.backends.cuda.launch import on_stream
 from engine.backends.cuda.ops import Ops
@@ -78,18 +77,10 @@ def chain_time(ops: Ops, layers, bufs, choices: list, reps: int = 10) -> float:
 
 
 def _launch_chain(ops, layers, bufs, choices, flow) -> None:
-    """choices: one variant per position (separate launches), or ('chain', variant): each
-    layer's four projections as the stages of one gemv4_chain launch."""
     for ws in layers:
-        run = []
-        for (w, up), (src, dst) in zip(ws, flow, strict=True):
+        for (w, up), choice, (src, dst) in zip(ws, choices, flow, strict=True):
             x = bufs["a"][:, :4096] if src == "a4096" else bufs[src]
-            run.append((x, w, bufs[dst], up, None, ("mma",)))
-        if choices[0] == "chain":
-            ops.chain_run(choices[1], run)
-            continue
-        for (x, w, out, up, _p, _c), choice in zip(run, choices, strict=True):
-            ops.gemv_run(choice, x, w, out, up)
+            ops.gemv_run(choice, x, w, bufs[dst], up)
 
 
 def main() -> None:
@@ -152,14 +143,6 @@ def main() -> None:
         report[f"wave_fraction_{frac}_us"] = t * 1e6
         print(f"grids at {frac} of resident capacity: {t * 1e6:.1f} us/layer")
     ops.gemv_wave_fraction = 1.0
-    ops._bar = cupy.zeros(2, cupy.uint32)
-    for v in CHAIN_VARIANTS:  # each layer's projections as one launch with grid barriers
-        t = chain_time(ops, layers, bufs, ("chain", v))
-        report[f"one_launch_per_layer_{v}_us"] = t * 1e6
-        print(
-            f"one launch per layer, variant {v}: {t * 1e6:.1f} us/layer "
-            f"({ideal_bytes / t / 1e9:.0f} GB/s)"
-        )
     ops.pdl = False
     t_plain = chain_time(ops, layers, bufs, best)
     report["chain_best_plain_launches_us"] = t_plain * 1e6

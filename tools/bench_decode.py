@@ -202,10 +202,6 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
         be.ops.pdl = False
         res["decode_tok_s_plain_launches"] = decode_rate(model, be, graphs, n)
         be.ops.pdl = True
-    # The same step with every projection its own launch (no gemv4_chain).
-    be.ops.chains_enabled = False
-    res["decode_tok_s_separate_projections"] = decode_rate(model, be, graphs, n)
-    be.ops.chains_enabled = True
     # The same step with the projections limited to one family of kernel variants (each
     # still tuned per shape): what the per-launch tuner's isolated timings miss.
     chosen = dict(be.ops.gemv_choice)
@@ -349,12 +345,6 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     f"; with plain launches (no programmatic dependent launch) "
                     f"{r['decode_tok_s_plain_launches']:.0f} tok/s"
                     if "decode_tok_s_plain_launches" in r
-                    else ""
-                )
-                + (
-                    f"; every projection its own launch (no chains) "
-                    f"{r['decode_tok_s_separate_projections']:.0f} tok/s"
-                    if "decode_tok_s_separate_projections" in r
                     else ""
                 )
                 + "".join(

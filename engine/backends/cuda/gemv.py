@@ -141,8 +141,7 @@ class GemvMixin:
         choice = self.gemv_choice.get(key)
         if choice is None:
             choice = self._tune_gemv(key, x, w, out, up, pro)
-        if not self.defer(choice, x, w, out, up, pro):  # queued for a chain (chain.py)
-            self.gemv_run(choice, x, w, out, up, pro)
+        self.gemv_run(choice, x, w, out, up, pro)
 
     @staticmethod
     def gemv_key(x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> tuple:

@@ -51,12 +51,7 @@ class DecodeGraphs:
         be, B = self.be, batch_size
         if B > be.meta.shape[1]:
             be._alloc_meta(B)
-        be.ops.chaining = True  # tunes the projection chains the capture will launch
-        try:
-            self.model.forward(Batch.step([(s, 0) for s in range(B)]), np.zeros(B, np.int32))
-            be.ops.flush()
-        finally:
-            be.ops.chaining = False
+        self.model.forward(Batch.step([(s, 0) for s in range(B)]), np.zeros(B, np.int32))
         for slot in range(B):
             be.reset_slot(slot)
         self.warmed.add(B)
@@ -75,7 +70,6 @@ class DecodeGraphs:
         be.capturing = True
         be.scratch.capturing = True
         be.ops.graphing = True
-        be.ops.chaining = True
         stream = be.stream
         try:
             with on_stream(stream):
@@ -85,15 +79,12 @@ class DecodeGraphs:
                     tokens = be.meta[0, :B]
                     be.sample_greedy(logits, out=tokens)
                     be.ops.advance(be.meta[1], B)
-                    be.ops.flush()
                 finally:
                     graph = stream.end_capture()
         finally:
             be.capturing = False
             be.scratch.capturing = False
             be.ops.graphing = False
-            be.ops.chaining = False
-            be.ops.flush()  # nothing is queued unless the capture failed part way
         graph.upload(stream)
         self.graphs[B] = _Captured(graph, logits, tokens)
 

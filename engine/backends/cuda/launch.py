@@ -101,8 +101,6 @@ def pdl_available() -> bool:
 def _param(arg: Any) -> Any:
     import cupy
 
-    if isinstance(arg, ctypes.Structure):  # a struct passed by value
-        return arg
     if isinstance(arg, cupy.ndarray):
         return ctypes.c_void_p(arg.data.ptr)
     ctype = _SCALARS.get(arg.dtype) if isinstance(arg, np.generic) else None
@@ -117,12 +115,6 @@ def _dim3(v: tuple[int, ...]) -> Any:
 
 def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
     """Launch CuPy kernel `fn` on the current stream with programmatic serialization."""
-    launch_ex(fn, grid, block, args, shared_mem, pdl=True)
-
-
-def launch_ex(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int, pdl: bool) -> None:
-    """Launch `fn` through the driver, with or without programmatic serialization; unlike
-    CuPy's own launch, an argument may be a ctypes structure (passed by value)."""
     import cupy
 
     params = [_param(a) for a in args]
@@ -136,8 +128,8 @@ def launch_ex(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int, 
         block=_dim3(block),
         smem=int(shared_mem),
         stream=cupy.cuda.get_current_stream().ptr,
-        attrs=ctypes.pointer(attr) if pdl else None,
-        n_attrs=1 if pdl else 0,
+        attrs=ctypes.pointer(attr),
+        n_attrs=1,
     )
     handle = fn.kernel.ptr if hasattr(fn, "kernel") else fn.ptr  # RawKernel or Function
     rc = _driver_launch()(ctypes.byref(cfg), handle, ptrs, None)

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda import blas
-from engine.backends.cuda.chain import ChainMixin
 from engine.backends.cuda.gemv import _GEMV_CHOICES, GRID_CAP, GemvMixin, _cdiv
 from engine.backends.cuda.launch import launch_pdl, pdl_available
 from engine.backends.cuda.modules import function
@@ -27,7 +26,7 @@ def _chunk_smem(gc: int) -> int:
     return 4 * (2 * gc * ldk + 2 * gc * ldv + 2 * gc * ldc + 128 * ldv + 4 * gc)
 
 
-class Ops(ChainMixin, GemvMixin):
+class Ops(GemvMixin):
     def __init__(self, dtype: str, overlap: bool = True):
         import cupy
 
@@ -56,16 +55,12 @@ class Ops(ChainMixin, GemvMixin):
         self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
         self.chunked_prefill = True  # windows use gdn_chunk (benchmarks compare both)
         self.graphing = False
-        self._chain_init(dtype)
 
     def k(self, file: str, symbol: str) -> Any:
         return function(file, symbol, self.dtype)
 
     def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
-        """Every kernel goes through here: with PDL its start overlaps the previous one's end.
-        Queued projections (`chaining`) are launched first: this kernel may read them."""
-        if self._pending:
-            self.flush()
+        """Every kernel goes through here: with PDL its start overlaps the previous one's end."""
         if self.pdl and self.graphing:
             launch_pdl(fn, grid, block, args, shared_mem)
         else:
@@ -102,8 +97,6 @@ class Ops(ChainMixin, GemvMixin):
 
     def gemm(self, x: Any, wt: Any, out: Any) -> None:
         """out[R, n] = x[R, k] @ wt[n, k].T with cuBLAS (wt dense, activation type)."""
-        if self._pending:
-            self.flush()
         R, kdim = x.shape
         n = wt.shape[0]
         t = self.cuda_type

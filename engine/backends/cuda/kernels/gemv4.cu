@@ -158,44 +158,27 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
   for (int j = 0; j < 8; ++j) f[j] = cv(e[j]);
 }
 
-// One projection y[m, :] = x'[m, :] @ W.T (SWIGLU: silu(x' @ W0.T) * (x' @ W1.T)), where x' is
-// what the block stages as its activations (PRO):
+// What the block stages as its activations (PRO):
 //   0  x itself;
 //   1  rms_norm(h) * nw with h = x + d (d may be null; block 0 stores h to H when H is set):
 //      the residual add and norm that precede every projection, fused into it;
 //   2  rms_norm_head(o) * nw * silu(x) per head of `hd` values (o fp32 [M, in], rows of in):
 //      the DeltaNet output norm gated by z (x = z), fused into out_proj.
-// The layout is the one gemv.py's `_Proj` packs for gemv4_chain (12 pointers, 6 scalars).
-struct Proj {
-  const unsigned* W0;
-  const act_t* S0;
-  const act_t* B0;
-  const unsigned* W1;
-  const act_t* S1;
-  const act_t* B1;
-  const act_t* X;
-  act_t* Y;
+struct Pro {
   const act_t* d;
   const float* nw;
   act_t* h;
   const float* o;
-  int ldx, ldy, out, in, hd;
+  int hd;
   float eps;
 };
 
-// Activations written earlier in the same launch (a chain's later stages) are read through
-// L2 (COH); otherwise through the read-only path.
-template <bool COH, typename T>
-__device__ __forceinline__ T ld_act(const T* p) {
-  if constexpr (COH) return __ldcg(p);
-  else return __ldg(p);
-}
-
 // Phase 1 of PRO 1/2: per-row (1) or per-head (2) sums of squares into pss; for PRO 1 the
 // unnormalised h is parked in xs (raw order) for phase 2.
-template <int M, int PRO, bool COH>
-__device__ __forceinline__ void pro_sums(const Proj& P, uint4* xs, int xstride, int nw, float* pss) {
-  const int tid = threadIdx.x, lane = tid & 31, NT = blockDim.x, in = P.in;
+template <int M, int PRO>
+__device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, const Pro& pr, uint4* xs,
+                                         int xstride, int nw, int in, float* pss) {
+  const int tid = threadIdx.x, lane = tid & 31, NT = blockDim.x;
   for (int base = tid - lane; base < M * nw; base += NT) {
     const int it = base + lane;
     const bool ok = it < M * nw;
@@ -203,21 +186,21 @@ __device__ __forceinline__ void pro_sums(const Proj& P, uint4* xs, int xstride, 
     float s = 0.f, f[8];
     if (ok) {
       if constexpr (PRO == 1) {
-        uint4 hv = ld_act<COH>(reinterpret_cast<const uint4*>(P.X + (long)m * P.ldx) + p);
+        uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
         unpack8(hv, f);
-        if (P.d != nullptr) {
+        if (pr.d != nullptr) {
           float dd[8];
-          unpack8(ld_act<COH>(reinterpret_cast<const uint4*>(P.d + (long)m * in) + p), dd);
+          unpack8(__ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p), dd);
 #pragma unroll
           for (int j = 0; j < 8; ++j) f[j] += dd[j];
           hv = pack8(f);
           unpack8(hv, f);  // the residual stream is stored rounded
         }
         xs[m * xstride + p] = hv;
-        if (P.h != nullptr && blockIdx.x == 0) reinterpret_cast<uint4*>(P.h + (long)m * in)[p] = hv;
+        if (pr.h != nullptr && blockIdx.x == 0) reinterpret_cast<uint4*>(pr.h + (long)m * in)[p] = hv;
       } else {
-        const float4* op = reinterpret_cast<const float4*>(P.o + (long)m * in) + 2 * p;
-        const float4 a = ld_act<COH>(op), b = ld_act<COH>(op + 1);
+        const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+        const float4 a = __ldg(op), b = __ldg(op + 1);
         f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
       }
 #pragma unroll
@@ -232,124 +215,109 @@ __device__ __forceinline__ void pro_sums(const Proj& P, uint4* xs, int xstride, 
         atomicAdd(pss + m, s);
       }
     } else {
-      const int seg = P.hd >> 3;  // entries per head: a power of two <= 32 (the wrapper checks)
+      const int seg = pr.hd >> 3;  // entries per head: a power of two <= 32 (the wrapper checks)
       for (int off = seg >> 1; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (ok && (p & (seg - 1)) == 0) atomicAdd(pss + m * (in / P.hd) + p / seg, s);
+      if (ok && (p & (seg - 1)) == 0) atomicAdd(pss + m * (in / pr.hd) + p / seg, s);
     }
   }
 }
 
 // Phase 2: the staged entry (raw order) of row m, entry p.
-template <int PRO, bool COH>
-__device__ __forceinline__ uint4 pro_value(const Proj& P, const uint4* xs, int xstride, const float* pss,
+template <int PRO>
+__device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx, const Pro& pr,
+                                           const uint4* xs, int xstride, int in, const float* pss,
                                            int m, int p) {
-  const int in = P.in;
   if constexpr (PRO == 0) {
-    return ld_act<COH>(reinterpret_cast<const uint4*>(P.X + (long)m * P.ldx) + p);
+    return __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
   } else if constexpr (PRO == 1) {
     float f[8];
     unpack8(xs[m * xstride + p], f);
-    const float inv = rsqrtf(pss[m] / in + P.eps);
+    const float inv = rsqrtf(pss[m] / in + pr.eps);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = f[j] * inv * P.nw[8 * p + j];
+    for (int j = 0; j < 8; ++j) f[j] = f[j] * inv * pr.nw[8 * p + j];
     return pack8(f);
   } else {
     float f[8], z[8];
-    const float4* op = reinterpret_cast<const float4*>(P.o + (long)m * in) + 2 * p;
-    const float4 a = ld_act<COH>(op), b = ld_act<COH>(op + 1);
+    const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+    const float4 a = __ldg(op), b = __ldg(op + 1);
     f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
-    unpack8(ld_act<COH>(reinterpret_cast<const uint4*>(P.X + (long)m * P.ldx) + p), z);
-    const int seg = P.hd >> 3, c0 = (8 * p) % P.hd;
-    const float inv = rsqrtf(pss[m * (in / P.hd) + p / seg] / P.hd + P.eps);
+    unpack8(__ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p), z);
+    const int seg = pr.hd >> 3, c0 = (8 * p) % pr.hd;
+    const float inv = rsqrtf(pss[m * (in / pr.hd) + p / seg] / pr.hd + pr.eps);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = f[j] * inv * P.nw[c0 + j] * silu_f(z[j]);
+    for (int j = 0; j < 8; ++j) f[j] = f[j] * inv * pr.nw[c0 + j] * silu_f(z[j]);
     return pack8(f);
   }
 }
 
-// Where this lane's weights of tile `tile` are (rows g and g+8, or gate row g and up row g).
-template <bool SWIGLU>
-__device__ __forceinline__ Rows rows_of(const Proj& P, int tile, int g, int tig) {
-  constexpr int ROWS = SWIGLU ? 8 : 16;
-  const int nw = P.in >> 3, ng = P.in >> 6;
-  const int rlo = min(tile * ROWS + g, P.out - 1);
-  const int rhi = SWIGLU ? rlo : min(tile * ROWS + g + 8, P.out - 1);
-  const uint2* wlo = reinterpret_cast<const uint2*>(P.W0 + (long)rlo * nw) + tig;
-  const uint2* whi = reinterpret_cast<const uint2*>((SWIGLU ? P.W1 : P.W0) + (long)rhi * nw) + tig;
-  const act_t* sb = tig == 0 ? P.S0 + (long)rlo * ng
-                  : tig == 1 ? P.B0 + (long)rlo * ng
-                  : tig == 2 ? (SWIGLU ? P.S1 : P.S0) + (long)rhi * ng
-                             : (SWIGLU ? P.B1 : P.B0) + (long)rhi * ng;
-  return Rows{wlo, whi, sb};
-}
-
-// The column groups [ga, gb) warp slice ks of KS takes in a projection of `in` columns.
-__device__ __forceinline__ int2 slice_of(int in, int KS, int ks) {
-  const int ng = in >> 6, slice = (ng + KS - 1) / KS;
-  const int ga = min(ng, ks * slice);
-  return make_int2(ga, min(ng, ga + slice));
-}
-
-template <int TPB, bool SWIGLU>
-__device__ __forceinline__ int vblocks(const Proj& P) {
-  constexpr int ROWS = SWIGLU ? 8 : 16;
-  return ((P.out + ROWS - 1) / ROWS + TPB - 1) / TPB;
-}
-
-// The stage after this one in a chain (NEXT = its SWIGLU + 1; 0: none): its first weights are
-// requested as soon as this block has requested its own last ones, so they are in flight
-// through this stage's reduction and the grid barrier.
-template <int NEXT>
-struct Ahead {
-  const Proj* P;
-};
-
-template <int TPB, int UG, int NEXT>
-__device__ __forceinline__ void ahead_fetch(Batch<UG>& A, Ahead<NEXT> ahead, int KS, int tl, int ks, int g,
-                                            int tig) {
-  if constexpr (NEXT != 0) {
-    const Proj& Q = *ahead.P;
-    const int2 qr = slice_of(Q.in, KS, ks);
-    if (blockIdx.x < vblocks<TPB, NEXT == 2>(Q))
-      fetch(A, rows_of<NEXT == 2>(Q, blockIdx.x * TPB + tl, g, tig), qr.x, qr.y);
-  }
-}
-
-// Stage the activations, then loop over this block's virtual blocks (TPB tiles each; the
-// grid is at most what fits on the GPU at once, so the activations are staged once per
-// block and the next tile's first weights are in flight while the current tile is reduced
-// and stored). On entry A (or, ASYNC, the staging area) holds the first tile's first groups.
-// KS = blockDim.x / (32 * TPB) warps share a tile (each takes a contiguous slice of the
-// groups), UG groups loaded per step. PIPE: the next UG groups are fetched while the current
-// ones are computed; otherwise the wrapper makes the slices at most UG groups long (or close).
-// Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte entries; sx,
-// 8 floats per group; red, 4 floats per thread; ASYNC: 20 bytes per lane and group.
-template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int PRO, bool ASYNC, bool COH, int NEXT>
-__device__ __forceinline__ void gemv4_stage(const Proj& P, Batch<ASYNC ? 1 : UG>& A, Batch<PIPE ? UG : 1>& B,
-                                            uint4* smem, float* pss, Ahead<NEXT> ahead) {
+// KS = blockDim.x / (32 * TPB) warps share a tile (each takes a contiguous slice of the groups),
+// TPB tiles per block, UG groups loaded per step. PIPE: the next UG groups are fetched while the
+// current ones are computed; otherwise the wrapper makes the slices at most UG groups long (or
+// close), so each warp issues all its loads at once, before the activations are staged (and,
+// under programmatic dependent launch, before the previous kernel has finished).
+// Register cap from MAXT (the largest block launched): 64 for pipelined UG <= 2 and for ASYNC,
+// else 85. Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte
+// entries; sx, 8 floats per group; red, 4 floats per thread; ASYNC: 20 bytes per lane and group.
+template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO, bool ASYNC>
+__global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2) || ASYNC ? 1024 : 768) / MAXT)
+gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
+      const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
+      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
+      const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
+      const float* __restrict__ po, int phd, float peps) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   constexpr int ROWS = SWIGLU ? 8 : 16;
-  const int in = P.in, ng = in >> 6, nw = in >> 3, xstride = nw + 1;
+  extern __shared__ uint4 smem[];
+  __shared__ float pss[PRO ? 256 : 1];
+  const int ng = in >> 6, nw = in >> 3, xstride = nw + 1;
   uint4* xs = smem;
   float* sx = reinterpret_cast<float*>(xs + M * xstride);
   float* red = sx + ng * 8;
+
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const int wid = tid >> 5, tl = wid / KS, ks = wid % KS;
-  const int VB = vblocks<TPB, SWIGLU>(P);
+  // Blocks loop over virtual blocks vb (TPB tiles each): the grid is at most what fits on
+  // the GPU at once, so the activations are staged once per block and the next tile's
+  // first weights are in flight while the current tile is reduced and stored.
+  const int VB = ((out + ROWS - 1) / ROWS + TPB - 1) / TPB;
+  auto rows_of = [&](int vb) {
+    const int tile = vb * TPB + tl;
+    const int rlo = min(tile * ROWS + g, out - 1);
+    const int rhi = SWIGLU ? rlo : min(tile * ROWS + g + 8, out - 1);
+    const uint2* wlo = reinterpret_cast<const uint2*>(W0 + (long)rlo * nw) + tig;
+    const uint2* whi = reinterpret_cast<const uint2*>((SWIGLU ? W1 : W0) + (long)rhi * nw) + tig;
+    const act_t* sb = tig == 0 ? S0 + (long)rlo * ng
+                    : tig == 1 ? B0 + (long)rlo * ng
+                    : tig == 2 ? (SWIGLU ? S1 : S0) + (long)rhi * ng
+                               : (SWIGLU ? B1 : B0) + (long)rhi * ng;
+    return Rows{wlo, whi, sb};
+  };
   int vb = blockIdx.x;
-  const int2 gr = slice_of(in, KS, ks);
-  const int ga = gr.x, gb = gr.y;
-  Rows rw = rows_of<SWIGLU>(P, vb * TPB + tl, g, tig);
+  const int slice = (ng + KS - 1) / KS;
+  const int ga = min(ng, ks * slice), gb = min(ng, ga + slice);
+
+  constexpr int RG = ASYNC ? 1 : UG;  // groups held in registers
+  Batch<RG> A;
+  Batch<PIPE ? UG : 1> B;
+  Rows rw = rows_of(vb);
   // ASYNC staging after red: codes of rows g (wa) and g+8 (wb), scale/bias pairs (wq).
   uint2* const wbase = reinterpret_cast<uint2*>(red + NT * 4);
   uint2* const wa = wbase + wid * UG * 32;
   uint2* const wb = wbase + (NT / 32 + wid) * UG * 32;
   unsigned* const wq = reinterpret_cast<unsigned*>(wbase + 2 * (NT / 32) * UG * 32) + wid * UG * 32;
+  if constexpr (ASYNC) {
+    fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);  // the whole slice in flight
+  } else {
+    fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
+  }
+  const Pro pr{pd, pnw, ph, po, phd, peps};
+  if constexpr (PRO != 0)
+    for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
+  pdl_start();  // from here on, activations of the previous kernel are readable
 
   if constexpr (PRO != 0) {
-    for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
     __syncthreads();
-    pro_sums<M, PRO, COH>(P, xs, xstride, nw, pss);
+    pro_sums<M, PRO>(X, ldx, pr, xs, xstride, nw, in, pss);
     __syncthreads();
   }
   // Stage x: entry p of row m holds x[8p..8p+7] as pairs (0,4) (1,5) (2,6) (3,7); sx[grp*8+m] = group sums.
@@ -359,7 +327,7 @@ __device__ __forceinline__ void gemv4_stage(const Proj& P, Batch<ASYNC ? 1 : UG>
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (it < M * nw) {
       const int m = it / nw, p = it - m * nw;
-      v = pro_value<PRO, COH>(P, xs, xstride, pss, m, p);  // PRO 1: reads its own entry
+      v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
       const act_t* e = reinterpret_cast<const act_t*>(&v);
 #pragma unroll
       for (int j = 0; j < 8; ++j) s += cv(e[j]);
@@ -383,7 +351,6 @@ __device__ __forceinline__ void gemv4_stage(const Proj& P, Batch<ASYNC ? 1 : UG>
   __syncthreads();
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
-  if (vb >= VB) ahead_fetch<TPB>(A, ahead, KS, tl, ks, g, tig);  // no tile here in this stage
   for (; vb < VB; vb += gridDim.x) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (ASYNC) {
@@ -408,14 +375,12 @@ __device__ __forceinline__ void gemv4_stage(const Proj& P, Batch<ASYNC ? 1 : UG>
       }
     }
 
-    // Next tile's first weights; after the last tile, the next stage's first tile's.
+    // Next tile's first weights (nothing is fetched past the last tile).
     const int nvb = vb + gridDim.x;
     if (nvb < VB) {
-      rw = rows_of<SWIGLU>(P, nvb * TPB + tl, g, tig);
+      rw = rows_of(nvb);
       if constexpr (ASYNC) fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);
       else fetch(A, rw, ga, gb);
-    } else {
-      ahead_fetch<TPB>(A, ahead, KS, tl, ks, g, tig);
     }
     // c layout: acc[i] is row g + 8*(i>>1) of the tile, activation row 2*tig + (i&1).
     *reinterpret_cast<float4*>(red + (wid * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -424,7 +389,7 @@ __device__ __forceinline__ void gemv4_stage(const Proj& P, Batch<ASYNC ? 1 : UG>
       const int t = idx / (ROWS * M), rem = idx - t * ROWS * M;
       const int lr = rem / M, m = rem - lr * M;
       const int row = (vb * TPB + t) * ROWS + lr;
-      if (row >= P.out) continue;
+      if (row >= out) continue;
       const int src = ((lr & 7) * 4 + (m >> 1)) * 4 + (m & 1);
       const float* r = red + t * KS * 128;
       float v0 = 0.f, v1 = 0.f;
@@ -432,95 +397,8 @@ __device__ __forceinline__ void gemv4_stage(const Proj& P, Batch<ASYNC ? 1 : UG>
         v0 += r[k * 128 + src + (lr >> 3) * 2];
         if (SWIGLU) v1 += r[k * 128 + src + 2];
       }
-      st(P.Y + (long)m * P.ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
+      st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
     }
     __syncthreads();  // red is rewritten by the next tile
-  }
-}
-
-// One projection per launch. Register cap from MAXT (the largest block launched): 64 for
-// pipelined UG <= 2 and for ASYNC, else 85.
-template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO, bool ASYNC>
-__global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2) || ASYNC ? 1024 : 768) / MAXT)
-gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
-      const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
-      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
-      const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps) {
-  extern __shared__ uint4 smem[];
-  __shared__ float pss[PRO ? 256 : 1];
-  const Proj P{W0, S0, B0, W1, S1, B1, X, Y, pd, pnw, ph, po, ldx, ldy, out, in, phd, peps};
-  const int NT = blockDim.x, KS = NT / (32 * TPB), lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  const int2 gr = slice_of(in, KS, wid % KS);
-  Batch<ASYNC ? 1 : UG> A;
-  Batch<PIPE ? UG : 1> B;
-  const Rows rw = rows_of<SWIGLU>(P, blockIdx.x * TPB + wid / KS, lane >> 2, lane & 3);
-  if constexpr (ASYNC) {  // the whole slice in flight (same staging pointers as gemv4_stage)
-    const int ng = in >> 6, nw = in >> 3;
-    float* red = reinterpret_cast<float*>(smem + M * (nw + 1)) + ng * 8;
-    uint2* const wbase = reinterpret_cast<uint2*>(red + NT * 4);
-    fetch_async<UG>(wbase + wid * UG * 32, wbase + (NT / 32 + wid) * UG * 32,
-                    reinterpret_cast<unsigned*>(wbase + 2 * (NT / 32) * UG * 32) + wid * UG * 32, rw,
-                    gr.x, gr.y, lane);
-  } else {
-    fetch(A, rw, gr.x, gr.y);  // weights in flight while the activations are staged
-  }
-  pdl_start();  // from here on, activations of the previous kernel are readable
-  gemv4_stage<M, SWIGLU, TPB, UG, PIPE, PRO, ASYNC, false, 0>(P, A, B, smem, pss, Ahead<0>{nullptr});
-}
-
-// All blocks of the grid (which is at most what the GPU holds at once, so every block is
-// resident) meet here; bar = {arrivals, generation}, left at zero arrivals for the next use.
-__device__ __forceinline__ void grid_sync(unsigned* bar) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    volatile unsigned* gen = bar + 1;
-    const unsigned seen = *gen;
-    __threadfence();
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
-    } else {
-      while (*gen == seen) __nanosleep(20);
-    }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
-// Consecutive projections of a decode step in one launch (a chain of NS <= 4 stages): stage
-// s + 1 reads what stage s wrote, after a grid barrier, and each block's first weights of
-// stage s + 1 are requested before it. Stage codes Cs = PRO + 4 * SWIGLU. Non-pipelined
-// staging (ASYNC) is not offered here.
-struct Chain {
-  Proj p[4];
-};
-
-template <int M, int TPB, int UG, int MAXT, int MINB, int NS, int C0, int C1, int C2, int C3>
-__global__ void __launch_bounds__(MAXT, MINB)
-gemv4_chain(const __grid_constant__ Chain c, unsigned* __restrict__ bar) {
-  extern __shared__ uint4 smem[];
-  __shared__ float pss[256];
-  const int NT = blockDim.x, KS = NT / (32 * TPB), lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  constexpr bool W0 = C0 >= 4, W1 = C1 >= 4, W2 = C2 >= 4, W3 = C3 >= 4;
-  constexpr int N1 = NS > 1 ? 1 + W1 : 0, N2 = NS > 2 ? 1 + W2 : 0, N3 = NS > 3 ? 1 + W3 : 0;
-  Batch<UG> A, B;
-  const int2 gr = slice_of(c.p[0].in, KS, wid % KS);
-  if (blockIdx.x < vblocks<TPB, W0>(c.p[0]))
-    fetch(A, rows_of<W0>(c.p[0], blockIdx.x * TPB + wid / KS, lane >> 2, lane & 3), gr.x, gr.y);
-  pdl_start();
-  gemv4_stage<M, W0, TPB, UG, true, C0 & 3, false, false, N1>(c.p[0], A, B, smem, pss, Ahead<N1>{&c.p[1]});
-  if constexpr (NS > 1) {
-    grid_sync(bar);
-    gemv4_stage<M, W1, TPB, UG, true, C1 & 3, false, true, N2>(c.p[1], A, B, smem, pss, Ahead<N2>{&c.p[2]});
-  }
-  if constexpr (NS > 2) {
-    grid_sync(bar);
-    gemv4_stage<M, W2, TPB, UG, true, C2 & 3, false, true, N3>(c.p[2], A, B, smem, pss, Ahead<N3>{&c.p[3]});
-  }
-  if constexpr (NS > 3) {
-    grid_sync(bar);
-    gemv4_stage<M, W3, TPB, UG, true, C3 & 3, false, true, 0>(c.p[3], A, B, smem, pss, Ahead<0>{nullptr});
   }
 }

@@ -202,6 +202,11 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
         be.ops.pdl = False
         res["decode_tok_s_plain_launches"] = decode_rate(model, be, graphs, n)
         be.ops.pdl = True
+    # The same step with DeltaNet and attention as separate kernels (gdn_prep + gdn_scan;
+    # attn_prep + attn_decode + attn_combine).
+    be.ops.fused_step = False
+    res["decode_tok_s_unfused_mixers"] = decode_rate(model, be, graphs, n)
+    be.ops.fused_step = True
     # The same step with the projections limited to one family of kernel variants (each
     # still tuned per shape): what the per-launch tuner's isolated timings miss.
     chosen = dict(be.ops.gemv_choice)
@@ -345,6 +350,12 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     f"; with plain launches (no programmatic dependent launch) "
                     f"{r['decode_tok_s_plain_launches']:.0f} tok/s"
                     if "decode_tok_s_plain_launches" in r
+                    else ""
+                )
+                + (
+                    f"; DeltaNet and attention as separate kernels "
+                    f"{r['decode_tok_s_unfused_mixers']:.0f} tok/s"
+                    if "decode_tok_s_unfused_mixers" in r
                     else ""
                 )
                 + "".join(

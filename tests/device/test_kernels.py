@@ -212,12 +212,16 @@ def test_attention(dtype, run):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("hq,hkv", [(4, 2), (16, 4), (16, 2)])
-def test_decode_attention_lengths(dtype, hq, hkv):
+@pytest.mark.parametrize("fused", [True, False])
+def test_decode_attention_lengths(dtype, hq, hkv, fused):
     """Decode steps of three streams at lengths that end inside a split, on a split boundary
-    and inside a warp's group of keys, for 2, 4 and 8 query heads per KV head."""
+    and inside a warp's group of keys, for 2, 4 and 8 query heads per KV head; in one launch
+    (attn_step) and as attn_prep, attn_decode and attn_combine."""
     import cupy
 
     c, be, ref = _pair(dtype, c=_config(hq=hq, hkv=hkv))
+    be.ops.fused_step = fused
+    assert be.ops.attn_step_ok((hq, hkv, c.head_dim), c.rotary_dim, 3) is fused
     rng = np.random.default_rng(hq + hkv)
     hd = c.head_dim
     qn = (1 + 0.1 * rng.standard_normal(hd)).astype(np.float32)
@@ -349,3 +353,54 @@ def test_sampling(V):
                 seen.add(int(i))
         if k == 1:
             assert seen <= set(logits.argmax(1).tolist())
+
+
+@pytest.mark.parametrize("Hk,Hv", [(2, 4), (2, 2), (16, 32)])
+def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv):
+    """gdn_step (conv, gates, norms and the delta rule of a decode step in one launch)
+    against gdn_prep + gdn_scan on the same inputs: three streams in slots out of order, one
+    and two value heads per key head, and the 4B's head counts. Outputs, recurrent state and
+    conv state agree (the arithmetic is the same, in the same order)."""
+    import cupy
+
+    be = _backend("bfloat16")
+    ops = be.ops
+    rng = np.random.default_rng(Hk * 10 + Hv)
+    dk = dv = 128
+    K, S, slots = 4, 3, 4
+    KD, VD = Hk * dk, Hv * dv
+    C = 2 * KD + VD
+    dims = (Hk, Hv, dk, dv, K)
+    assert ops.gdn_step_shape(Hk, Hv, dk, dv)
+
+    def act(*shape):
+        return _round(be, rng.standard_normal(shape).astype(np.float32))
+
+    mixed, a, b, cs0 = (
+        _up(be, act(S, C)),
+        _up(be, act(S, Hv)),
+        _up(be, act(S, Hv)),
+        act(slots, K - 1, C),
+    )
+    conv_w = cupy.asarray((0.3 * rng.standard_normal((C, K))).astype(np.float32))
+    A_log = cupy.asarray(rng.uniform(-1, 1, Hv).astype(np.float32))
+    dt_bias = cupy.asarray(rng.uniform(-1, 1, Hv).astype(np.float32))
+    st0 = (0.1 * rng.standard_normal((slots, Hv, dv, dk))).astype(np.float32)
+    seg = [cupy.asarray(x, dtype=cupy.int32) for x in ([2, 0, 3], np.arange(S), np.ones(S))]
+    results = []
+    for fused in (True, False):
+        cs, st = _up(be, cs0), cupy.asarray(st0)
+        o = cupy.zeros((S, VD), cupy.float32)
+        if fused:
+            ops.gdn_step(mixed, conv_w, cs, a, b, A_log, dt_bias, st, seg, S, o, dims)
+        else:
+            f = cupy.float32
+            outs = tuple(cupy.zeros((S, n), f) for n in (KD, KD, VD, Hv, Hv))
+            row_tl = cupy.zeros(S, cupy.int32)
+            ops.gdn_prep(mixed, conv_w, cs, a, b, A_log, dt_bias, seg[0], row_tl, outs, dims, True)
+            ops.gdn_scan(*outs, st, seg, S, o, Hk, Hv, dv)
+        results.append([be.to_host(x) for x in (o, st, cs)])
+    for name, x, y in zip(("o", "state", "conv state"), *results, strict=True):
+        diff = float(np.abs(x - y).max())
+        print(f"\n[gdn_step {Hk}x{Hv}] {name}: largest difference {diff:.2e}")
+        assert diff <= 1e-6 * max(1.0, float(np.abs(y).max())), name

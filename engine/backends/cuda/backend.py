@@ -317,8 +317,32 @@ class CudaBackend(StateMixin, Backend):
         Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         heads = (Hq, Hkv, hd)
         kc, vc = self.kv_k[layer], self.kv_v[layer]
-        q = self.take((R, Hq * hd))
         meta = self._meta_rows(R)
+        if batch.is_step and self.ops.attn_step_ok(heads, c.rotary_dim, R):
+            split, nsmax = decode_splits(self.context)
+            out = self.take((R, Hq * hd))
+            po = self.take((R, Hq, nsmax, hd), self.cp.float32)
+            pml = self.take((R, Hq, nsmax, 2), self.cp.float32)
+            rope = (c.rotary_dim, c.rope_theta, c.rms_norm_eps)
+            self.ops.attn_step(
+                qg,
+                k,
+                v,
+                q_norm,
+                k_norm,
+                meta,
+                kc,
+                vc,
+                po,
+                pml,
+                out,
+                heads,
+                rope,
+                self.context,
+                split,
+            )
+            return out
+        q = self.take((R, Hq * hd))
         self.ops.attn_prep(
             qg,
             k,
@@ -387,14 +411,24 @@ class CudaBackend(StateMixin, Backend):
         self, layer: int, mixed: Any, b: Any, a: Any, weights: dict, batch: Batch
     ) -> Any:
         """Conv, gates and the delta-rule scan; returns the fp32 output `o` [R, VD] before
-        its gated norm. In a step (one row per stream) the conv state is updated by the prep
-        kernel itself; a window needs the separate pass after every row has read it."""
+        its gated norm. A step (one row per stream) runs all of it in one `gdn_step` launch
+        where the head sizes allow, else the prep kernel updates the conv state itself; a
+        window needs the separate pass after every row has read it."""
         c, cp, ops = self.config, self.cp, self.ops
         R, S = mixed.shape[0], len(batch.segments)
         Hk, Hv = c.linear_num_key_heads, c.linear_num_value_heads
         dk, dv, K = c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim
         assert dk == 128 and dv % 4 == 0, "the DeltaNet kernels assume key head dim 128"
         f = cp.float32
+        step = batch.is_step
+        segs = self._segs(S)
+        if step and ops.gdn_step_shape(Hk, Hv, dk, dv):
+            o = self.take((R, Hv * dv), f)
+            dims = (Hk, Hv, dk, dv, K)
+            w = [weights[n] for n in ("conv1d", "A_log", "dt_bias")]
+            cstate, state = self.conv[layer], self.recurrent[layer]
+            ops.gdn_step(mixed, w[0], cstate, a, b, w[1], w[2], state, segs, S, o, dims)
+            return o
         outs = (
             self.take((R, Hk * dk), f),
             self.take((R, Hk * dk), f),
@@ -404,7 +438,6 @@ class CudaBackend(StateMixin, Backend):
         )
         _, row_slot, row_tl, _ = self._meta_rows(R)
         cstate = self.conv[layer]
-        step = batch.is_step
         ops.gdn_prep(
             mixed,
             weights["conv1d"],
@@ -419,7 +452,6 @@ class CudaBackend(StateMixin, Backend):
             (Hk, Hv, dk, dv, K),
             update_state=step,
         )
-        segs = self._segs(S)
         if not step:
             ops.gdn_conv_state(mixed, cstate, segs, S, c.conv_dim, K)
         o = self.take((R, Hv * dv), f)

@@ -166,6 +166,189 @@ extern "C" __global__ void attn_combine(const float* __restrict__ po, const floa
   st(out + (long)r * Hq * hd + (long)h * hd + d, acc / L * sigmoid_f(gate));
 }
 
+// A decode step's attention in one launch: attn_prep, attn_decode and attn_combine together.
+// grid and splits as attn_decode. Every block normalises and rotates its query heads itself
+// (query rows are tiny); the block whose split holds the new position also normalises and
+// rotates the new key, appends it and the value to the cache and takes that key from shared
+// memory. The last block of a (row, KV head) to finish (a ticket in cnt, which it resets)
+// merges the splits' partial results and applies the output gate, as attn_combine does.
+// Needs rot / 2 <= 32 and rot / 2 a multiple of DPL.
+template <int DPL, int GM, int KU>
+__global__ void __launch_bounds__(128)
+attn_step(const act_t* __restrict__ qg, const act_t* __restrict__ kin, const act_t* __restrict__ vin,
+          const float* __restrict__ qn, const float* __restrict__ kn, const int* __restrict__ pos,
+          const int* __restrict__ row_slot, act_t* __restrict__ kc, act_t* __restrict__ vc,
+          float* __restrict__ po, float* __restrict__ pml, unsigned* __restrict__ cnt,
+          act_t* __restrict__ out, int Hq, int Hkv, int ctx, int split, int nsmax, int rot,
+          double theta, float eps, float scale) {
+  pdl_start();
+  constexpr int HD = DPL * 32, NW = 4;
+  __shared__ float sm_o[NW][GM][HD];
+  __shared__ float sm_m[NW][GM], sm_l[NW][GM];
+  __shared__ float kv_new[2][HD];
+  __shared__ int is_last;
+  const int s = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
+  const int p = pos[r], len = p + 1, k0 = s * split;
+  if (k0 >= len) return;
+  const int k1 = min(len, k0 + split);
+  const int gq = Hq / Hkv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = rot / 2;
+  // RoPE angle of frequency `lane` at position p (as attn_prep computes it).
+  float cj = 1.f, sj = 0.f;
+  if (lane < half) {
+    const double a = (double)p * (1.0 / pow(theta, (double)(2 * lane) / rot));
+    cj = (float)cos(a);
+    sj = (float)sin(a);
+  }
+  // RMS-normalise a head (DPL values per lane) with weights w, rotate its first rot values,
+  // round to the activation type (what attn_prep stores).
+  auto prep = [&](const act_t* src, const float* w, float* x) {
+    float f[DPL], ss = 0.f;
+    load_acts<DPL>(src + lane * DPL, f);
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) ss = fmaf(f[i], f[i], ss);
+    const float inv = rsqrtf(warp_sum(ss) / HD + eps);
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) f[i] = f[i] * inv * w[lane * DPL + i];
+    const int hl = half / DPL;  // lanes holding the first half of the rotated values
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      const float y = __shfl_sync(0xffffffffu, f[i], lane < hl ? lane + hl : lane - hl);
+      const int d = lane * DPL + i, j = (d < half ? d : d - half) & 31;
+      const float c = __shfl_sync(0xffffffffu, cj, j), sn = __shfl_sync(0xffffffffu, sj, j);
+      const float xr = d >= rot ? f[i] : d < half ? f[i] * c - y * sn : f[i] * c + y * sn;
+      x[i] = cv(mk(xr));
+    }
+  };
+  float qv[GM][DPL], o[GM][DPL], m[GM], l[GM];
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    m[g] = -INFINITY; l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) { o[g][i] = 0.f; qv[g][i] = 0.f; }
+    if (g < gq) {
+      prep(qg + ((long)r * Hq + kvh * gq + g) * 2 * HD, qn, qv[g]);
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) qv[g][i] *= scale;
+    }
+  }
+  const long base = ((long)row_slot[r] * Hkv + kvh) * ctx * HD;
+  const bool own = p < k1;  // this split holds the new position
+  if (own && warp == 0) {
+    float kx[DPL], vx[DPL];
+    prep(kin + ((long)r * Hkv + kvh) * HD, kn, kx);
+    load_acts<DPL>(vin + ((long)r * Hkv + kvh) * HD + lane * DPL, vx);
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      st(kc + base + (long)p * HD + lane * DPL + i, kx[i]);
+      st(vc + base + (long)p * HD + lane * DPL + i, vx[i]);
+      kv_new[0][lane * DPL + i] = kx[i];
+      kv_new[1][lane * DPL + i] = vx[i];
+    }
+  }
+  __syncthreads();
+  for (int j0 = k0 + warp * KU; j0 < k1; j0 += NW * KU) {
+    float kv[KU][DPL], vv[KU][DPL];
+#pragma unroll
+    for (int u = 0; u < KU; ++u) {
+      const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
+      if (own && j == p) {
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+          kv[u][i] = kv_new[0][lane * DPL + i];
+          vv[u][i] = kv_new[1][lane * DPL + i];
+        }
+      } else {
+        load_acts<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
+        load_acts<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      if (g < gq) {
+        float sc[KU];
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {
+          float a = 0.f;
+#pragma unroll
+          for (int i = 0; i < DPL; ++i) a = fmaf(qv[g][i], kv[u][i], a);
+          sc[u] = a;
+        }
+#pragma unroll
+        for (int u = 0; u < KU; ++u) sc[u] = warp_sum(sc[u]);
+        float mn = m[g];
+#pragma unroll
+        for (int u = 0; u < KU; ++u) if (j0 + u < k1) mn = fmaxf(mn, sc[u]);
+        const float corr = expf(m[g] - mn);
+        float pr[KU], psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {
+          pr[u] = j0 + u < k1 ? expf(sc[u] - mn) : 0.f;
+          psum += pr[u];
+        }
+        l[g] = l[g] * corr + psum;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+          float acc = o[g][i] * corr;
+#pragma unroll
+          for (int u = 0; u < KU; ++u) acc = fmaf(pr[u], vv[u][i], acc);
+          o[g][i] = acc;
+        }
+        m[g] = mn;
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    if (g < gq) {
+      if (lane == 0) { sm_m[warp][g] = m[g]; sm_l[warp][g] = l[g]; }
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) sm_o[warp][g][lane * DPL + i] = o[g][i];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < gq * HD; idx += blockDim.x) {
+    int g = idx / HD, d = idx % HD;
+    float M = -INFINITY;
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w][g]);
+    float L = 0.f, acc = 0.f;
+    for (int w = 0; w < NW; ++w) {
+      float e = sm_m[w][g] == -INFINITY ? 0.f : expf(sm_m[w][g] - M);
+      L += sm_l[w][g] * e;
+      acc += sm_o[w][g][d] * e;
+    }
+    long hrow = ((long)r * Hq + kvh * gq + g) * nsmax + s;
+    po[hrow * HD + d] = acc;
+    if (d == 0) { pml[hrow * 2] = M; pml[hrow * 2 + 1] = L; }
+  }
+  // The last split to finish merges them all.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned ns = (p + split) / split;
+    const unsigned ticket = atomicAdd(cnt + r * Hkv + kvh, 1u);
+    is_last = ticket == ns - 1;
+    if (is_last) atomicExch(cnt + r * Hkv + kvh, 0u);
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const int ns = (p + split) / split;
+  for (int idx = threadIdx.x; idx < gq * HD; idx += blockDim.x) {
+    const int g = idx / HD, d = idx % HD, h = kvh * gq + g;
+    const long hrow = ((long)r * Hq + h) * nsmax;
+    float M = -INFINITY;
+    for (int t = 0; t < ns; ++t) M = fmaxf(M, __ldcg(pml + (hrow + t) * 2));
+    float L = 0.f, acc = 0.f;
+    for (int t = 0; t < ns; ++t) {
+      const float e = expf(__ldcg(pml + (hrow + t) * 2) - M);
+      L += __ldcg(pml + (hrow + t) * 2 + 1) * e;
+      acc += __ldcg(po + (hrow + t) * HD + d) * e;
+    }
+    const float gate = ld(qg + (long)r * Hq * 2 * HD + (long)h * 2 * HD + HD + d);
+    st(out + (long)r * Hq * HD + (long)h * HD + d, acc / L * sigmoid_f(gate));
+  }
+}
+
 // Row i of the scores is query (head h, local row t) = (i / tq, t0 + i % tq); it sees keys
 // j <= start + t. P = softmax over the visible keys, zero elsewhere. One block per row.
 extern "C" __global__ void softmax_causal(const float* __restrict__ S, act_t* __restrict__ P, int tq,

@@ -156,3 +156,82 @@ extern "C" __global__ void gdn_out(const float* __restrict__ o, const act_t* __r
   for (int i = threadIdx.x; i < dv; i += blockDim.x)
     st(y + base + i, o[base + i] * inv * w[i] * silu_f(ld(z + base + i)));
 }
+
+// A decode step of one DeltaNet layer in one launch: gdn_prep and gdn_scan for one row per
+// segment. grid (Hk, S), (Hv/Hk)*dv/NC warps (at most 32): the block takes one key head, its
+// Hv/Hk value heads and all their value columns, so it is the only reader of every conv-state
+// channel it uses and can shift them in place, and its recurrent state is requested before
+// the wait for the previous kernel. Needs dk = 128, 2*128 + (Hv/Hk)*dv + Hv/Hk <= threads.
+// The arithmetic is gdn_prep's and gdn_scan's, in the same order.
+template <int NC>
+__global__ void __launch_bounds__(1024)
+gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_t* __restrict__ cstate,
+         const act_t* __restrict__ a, const act_t* __restrict__ b, const float* __restrict__ A_log,
+         const float* __restrict__ dt_bias, float* __restrict__ state, const int* __restrict__ seg_slot,
+         const int* __restrict__ seg_row0, float* __restrict__ o, int Hk, int Hv, int dv, int K) {
+  constexpr int DK = 128, MAXC = 256, MAXG = 8;
+  __shared__ float sq[DK], sk[DK], sv[MAXC], sg[MAXG], sb[MAXG], red[32];
+  const int kh = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gv = Hv / Hk, cols = gv * dv, KD = Hk * DK, VD = Hv * dv, C = 2 * KD + VD;
+  const long r = seg_row0[s];
+  const int slot = seg_slot[s];
+  // This warp's NC columns: value head h, columns j0.. of it.
+  const int col = warp * NC, h = kh * gv + col / dv, j0 = col % dv;
+  float* sp = state + (((long)slot * Hv + h) * dv + j0) * DK;
+  float4 S[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) S[c] = reinterpret_cast<float4*>(sp + c * DK)[lane];
+  pdl_start();
+
+  // Conv (K taps: K-1 from the state, the newest from mixed) + SiLU for q, k and v channels.
+  float val = 0.f;
+  if (tid < 2 * DK + cols) {
+    const int c = tid < DK ? kh * DK + tid : tid < 2 * DK ? KD + kh * DK + tid - DK : 2 * KD + kh * cols + tid - 2 * DK;
+    act_t* cs = cstate + (long)slot * (K - 1) * C;
+    float acc = 0.f;
+    for (int j = 0; j + 1 < K; ++j) acc = fmaf(conv_w[(long)c * K + j], ld(cs + (long)j * C + c), acc);
+    acc = fmaf(conv_w[(long)c * K + K - 1], ld(mixed + r * C + c), acc);
+    for (int j = 0; j + 2 < K; ++j) cs[(long)j * C + c] = cs[(long)(j + 1) * C + c];
+    cs[(long)(K - 2) * C + c] = mixed[r * C + c];
+    val = silu_f(acc);
+  } else if (tid < 2 * DK + cols + gv) {
+    const int hh = tid - 2 * DK - cols, hg = kh * gv + hh;
+    sb[hh] = sigmoid_f(ld(b + r * Hv + hg));
+    const float x = ld(a + r * Hv + hg) + dt_bias[hg];
+    const float sp1 = x > 20.f ? x : log1pf(expf(x));
+    sg[hh] = -expf(A_log[hg]) * sp1;
+  }
+  // l2 norms of q (warps 0-3) and k (warps 4-7), summed as gdn_prep's block_sum sums them.
+  const float ss = warp_sum(val * val);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  if (tid < DK) {
+    sq[tid] = val * (rsqrtf((red[0] + red[2]) + (red[1] + red[3]) + 1e-6f) * rsqrtf((float)DK));
+  } else if (tid < 2 * DK) {
+    sk[tid - DK] = val * rsqrtf((red[4] + red[6]) + (red[5] + red[7]) + 1e-6f);
+  } else if (tid < 2 * DK + cols) {
+    sv[tid - 2 * DK] = val;
+  }
+  __syncthreads();
+
+  // The delta-rule step for this warp's columns (gdn_scan with one row).
+  const float4 kk = reinterpret_cast<const float4*>(sk)[lane];
+  const float4 qq = reinterpret_cast<const float4*>(sq)[lane];
+  const float decay = expf(sg[col / dv]), bt = sb[col / dv];
+  const float kq = warp_sum(dot4(kk, qq));
+  float out = 0.f;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {  // one column at a time: fewer registers than gdn_scan's order
+    const float skc = warp_sum(dot4(S[c], kk)), sqc = warp_sum(dot4(S[c], qq));
+    const float delta = bt * (sv[col + c] - decay * skc);
+    S[c].x = fmaf(kk.x, delta, decay * S[c].x);
+    S[c].y = fmaf(kk.y, delta, decay * S[c].y);
+    S[c].z = fmaf(kk.z, delta, decay * S[c].z);
+    S[c].w = fmaf(kk.w, delta, decay * S[c].w);
+    const float oc = decay * sqc + delta * kq;
+    if (lane == c) out = oc;
+  }
+  if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * DK)[lane] = S[c];
+}

@@ -220,7 +220,7 @@ def test_decode_attention_lengths(dtype, hq, hkv, fused):
     import cupy
 
     c, be, ref = _pair(dtype, c=_config(hq=hq, hkv=hkv))
-    be.ops.fused_step = fused
+    be.ops.fused_attention_step = fused
     assert be.ops.attn_step_ok((hq, hkv, c.head_dim), c.rotary_dim, 3) is fused
     rng = np.random.default_rng(hq + hkv)
     hd = c.head_dim

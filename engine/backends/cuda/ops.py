@@ -59,7 +59,8 @@ class Ops(GemvMixin):
         self.chunked_prefill = True  # windows use gdn_chunk (benchmarks compare both)
         # A decode step's DeltaNet (gdn_step) and attention (attn_step) each in one launch;
         # off: the separate kernels (benchmarks compare both).
-        self.fused_step = True
+        self.fused_deltanet_step = True
+        self.fused_attention_step = True
         self._attn_tickets: Any = None  # attn_step's per (row, KV head) arrival counters
         self.graphing = False
 
@@ -233,7 +234,7 @@ class Ops(GemvMixin):
 
         Hq, Hkv, hd = heads
         half = rot // 2
-        if not self.fused_step or hd % 32 or Hq // Hkv > 8 or rot % 2 or half > 32:
+        if not self.fused_attention_step or hd % 32 or Hq // Hkv > 8 or rot % 2 or half > 32:
             return False
         if half % (hd // 32) or rows * Hkv > ATTN_TICKETS:
             return False
@@ -362,7 +363,7 @@ class Ops(GemvMixin):
     def gdn_step_shape(self, Hk: int, Hv: int, dk: int, dv: int) -> tuple[int, int] | None:
         """(columns per warp, threads) of `gdn_step` for these head sizes, or None where it
         does not apply (then a step runs gdn_prep and gdn_scan)."""
-        if not self.fused_step or dk != 128 or Hv % Hk or Hv // Hk > 8:
+        if not self.fused_deltanet_step or dk != 128 or Hv % Hk or Hv // Hk > 8:
             return None
         gv = Hv // Hk
         cols = gv * dv

@@ -43,6 +43,7 @@ UNFUSED = {
     "DeltaNet": ("fused_deltanet_step",),
     "attention": ("fused_attention_step",),
     "DeltaNet and attention": ("fused_deltanet_step", "fused_attention_step"),
+    "the attention merge": ("attention_merge_in_step",),
 }
 
 

@@ -324,23 +324,10 @@ class CudaBackend(StateMixin, Backend):
             po = self.take((R, Hq, nsmax, hd), self.cp.float32)
             pml = self.take((R, Hq, nsmax, 2), self.cp.float32)
             rope = (c.rotary_dim, c.rope_theta, c.rms_norm_eps)
-            self.ops.attn_step(
-                qg,
-                k,
-                v,
-                q_norm,
-                k_norm,
-                meta,
-                kc,
-                vc,
-                po,
-                pml,
-                out,
-                heads,
-                rope,
-                self.context,
-                split,
-            )
+            kv = (kc, vc, self.context)
+            self.ops.attn_step(qg, k, v, q_norm, k_norm, meta, kv, po, pml, out, heads, rope, split)
+            if not self.ops.attention_merge_in_step:
+                self.ops.attn_combine(po, pml, qg, meta[0], out, heads, split, nsmax)
             return out
         q = self.take((R, Hq * hd))
         self.ops.attn_prep(

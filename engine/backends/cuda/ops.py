@@ -61,6 +61,7 @@ class Ops(GemvMixin):
         # off: the separate kernels (benchmarks compare both).
         self.fused_deltanet_step = True
         self.fused_attention_step = True
+        self.attention_merge_in_step = True  # off: attn_step leaves the merge to attn_combine
         self._attn_tickets: Any = None  # attn_step's per (row, KV head) arrival counters
         self.graphing = False
 
@@ -244,20 +245,23 @@ class Ops(GemvMixin):
             self._attn_tickets = cupy.zeros(ATTN_TICKETS, cupy.uint32)
         return True
 
-    def attn_step(self, qg, k, v, qn, kn, meta, kc, vc, po, pml, out, heads, rope, ctx, split):
+    def attn_step(self, qg, k, v, qn, kn, meta, kv, po, pml, out, heads, rope, split):
         """A decode step's attention in one launch (attn_step in attention.cu); the caller
-        has checked `attn_step_ok`. rope = (rotary dims, theta, eps)."""
+        has checked `attn_step_ok`. kv = (K cache, V cache, context), rope = (rotary dims,
+        theta, eps)."""
         Hq, Hkv, hd = heads
+        kc, vc, ctx = kv
         rot, theta, eps = rope
         gm, ku = self._attn_decode_shape(heads)
         nsmax = po.shape[2]
         pos, row_slot = meta[0], meta[1]
+        tickets = self._attn_tickets if self.attention_merge_in_step else np.uint64(0)
         self.run(
             "attention.cu",
             f"attn_step<{hd // 32},{gm},{ku}>",
             (nsmax, Hkv, qg.shape[0]),
             (128,),
-            (qg, k, v, qn, kn, pos, row_slot, kc, vc, po, pml, self._attn_tickets, out)
+            (qg, k, v, qn, kn, pos, row_slot, kc, vc, po, pml, tickets, out)
             + (i32(Hq), i32(Hkv), i32(ctx), i32(split), i32(nsmax), i32(rot))
             + (np.float64(theta), f32(eps), f32(hd**-0.5)),
         )

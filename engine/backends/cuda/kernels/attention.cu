@@ -320,7 +320,8 @@ attn_step(const act_t* __restrict__ qg, const act_t* __restrict__ kin, const act
     po[hrow * HD + d] = acc;
     if (d == 0) { pml[hrow * 2] = M; pml[hrow * 2 + 1] = L; }
   }
-  // The last split to finish merges them all.
+  // The last split to finish merges them all (cnt null: attn_combine will).
+  if (cnt == nullptr) return;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -212,16 +212,12 @@ def test_attention(dtype, run):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("hq,hkv", [(4, 2), (16, 4), (16, 2)])
-@pytest.mark.parametrize("fused", [True, False])
-def test_decode_attention_lengths(dtype, hq, hkv, fused):
+def test_decode_attention_lengths(dtype, hq, hkv):
     """Decode steps of three streams at lengths that end inside a split, on a split boundary
-    and inside a warp's group of keys, for 2, 4 and 8 query heads per KV head; in one launch
-    (attn_step) and as attn_prep, attn_decode and attn_combine."""
+    and inside a warp's group of keys, for 2, 4 and 8 query heads per KV head."""
     import cupy
 
     c, be, ref = _pair(dtype, c=_config(hq=hq, hkv=hkv))
-    be.ops.fused_attention_step = fused
-    assert be.ops.attn_step_ok((hq, hkv, c.head_dim), c.rotary_dim, 3) is fused
     rng = np.random.default_rng(hq + hkv)
     hd = c.head_dim
     qn = (1 + 0.1 * rng.standard_normal(hd)).astype(np.float32)
@@ -359,8 +355,8 @@ def test_sampling(V):
 def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv):
     """gdn_step (conv, gates, norms and the delta rule of a decode step in one launch)
     against gdn_prep + gdn_scan on the same inputs: three streams in slots out of order, one
-    and two value heads per key head, and the 4B's head counts. Outputs, recurrent state and
-    conv state agree (the arithmetic is the same, in the same order)."""
+    and two value heads per key head, and the 4B's head counts. The states agree exactly and
+    the outputs to rounding (measured on an H200: states equal, outputs within 7.5e-9)."""
     import cupy
 
     be = _backend("bfloat16")

@@ -317,19 +317,8 @@ class CudaBackend(StateMixin, Backend):
         Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         heads = (Hq, Hkv, hd)
         kc, vc = self.kv_k[layer], self.kv_v[layer]
-        meta = self._meta_rows(R)
-        if batch.is_step and self.ops.attn_step_ok(heads, c.rotary_dim, R):
-            split, nsmax = decode_splits(self.context)
-            out = self.take((R, Hq * hd))
-            po = self.take((R, Hq, nsmax, hd), self.cp.float32)
-            pml = self.take((R, Hq, nsmax, 2), self.cp.float32)
-            rope = (c.rotary_dim, c.rope_theta, c.rms_norm_eps)
-            kv = (kc, vc, self.context)
-            self.ops.attn_step(qg, k, v, q_norm, k_norm, meta, kv, po, pml, out, heads, rope, split)
-            if not self.ops.attention_merge_in_step:
-                self.ops.attn_combine(po, pml, qg, meta[0], out, heads, split, nsmax)
-            return out
         q = self.take((R, Hq * hd))
+        meta = self._meta_rows(R)
         self.ops.attn_prep(
             qg,
             k,

@@ -20,9 +20,6 @@ from engine.backends.cuda.weights import DWeight, QWeight
 i32, f32 = np.int32, np.float32
 
 
-ATTN_TICKETS = 4096  # rows x KV heads a fused decode-attention launch may take
-
-
 def _chunk_smem(gc: int) -> int:
     """Shared-memory bytes of gdn_chunk<gc> (ChunkSmem in gdn_chunk.cu)."""
     ldk, ldv, ldc = 129, 33, gc + 1
@@ -57,12 +54,9 @@ class Ops(GemvMixin):
         self.pdl = overlap and pdl_available()
         self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
         self.chunked_prefill = True  # windows use gdn_chunk (benchmarks compare both)
-        # A decode step's DeltaNet (gdn_step) and attention (attn_step) each in one launch;
-        # off: the separate kernels (benchmarks compare both).
+        # A decode step's DeltaNet in one launch (gdn_step); off: gdn_prep and gdn_scan
+        # (benchmarks compare both).
         self.fused_deltanet_step = True
-        self.fused_attention_step = True
-        self.attention_merge_in_step = True  # off: attn_step leaves the merge to attn_combine
-        self._attn_tickets: Any = None  # attn_step's per (row, KV head) arrival counters
         self.graphing = False
 
     def k(self, file: str, symbol: str) -> Any:
@@ -213,11 +207,9 @@ class Ops(GemvMixin):
             hd * 4,
         )
 
-    @staticmethod
-    def _attn_decode_shape(heads: tuple[int, int, int]) -> tuple[int, int]:
-        """(query heads held, keys per warp at a time) of the decode attention kernels:
-        fewer keys when more heads are held, so that the registers of both fit."""
+    def attn_decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, split, nsmax):
         Hq, Hkv, hd = heads
+        R = q.shape[0]
         group = Hq // Hkv
         if group > 8 or hd % 32:
             raise ValueError(
@@ -225,51 +217,9 @@ class Ops(GemvMixin):
                 "decode attention kernel takes at most 8 query heads per KV head and a head_dim "
                 "that is a multiple of 32"
             )
-        return (4, 4) if group <= 4 else (8, 2)
-
-    def attn_step_ok(self, heads: tuple[int, int, int], rot: int, rows: int) -> bool:
-        """Whether `attn_step` can run this decode step's attention (else attn_prep,
-        attn_decode and attn_combine): rotary half at most 32 values and whole lanes' worth,
-        and the tickets allocated (never during a capture)."""
-        import cupy
-
-        Hq, Hkv, hd = heads
-        half = rot // 2
-        if not self.fused_attention_step or hd % 32 or Hq // Hkv > 8 or rot % 2 or half > 32:
-            return False
-        if half % (hd // 32) or rows * Hkv > ATTN_TICKETS:
-            return False
-        if self._attn_tickets is None:
-            if cupy.cuda.get_current_stream().is_capturing():
-                return False
-            self._attn_tickets = cupy.zeros(ATTN_TICKETS, cupy.uint32)
-        return True
-
-    def attn_step(self, qg, k, v, qn, kn, meta, kv, po, pml, out, heads, rope, split):
-        """A decode step's attention in one launch (attn_step in attention.cu); the caller
-        has checked `attn_step_ok`. kv = (K cache, V cache, context), rope = (rotary dims,
-        theta, eps)."""
-        Hq, Hkv, hd = heads
-        kc, vc, ctx = kv
-        rot, theta, eps = rope
-        gm, ku = self._attn_decode_shape(heads)
-        nsmax = po.shape[2]
-        pos, row_slot = meta[0], meta[1]
-        tickets = self._attn_tickets if self.attention_merge_in_step else np.uint64(0)
-        self.run(
-            "attention.cu",
-            f"attn_step<{hd // 32},{gm},{ku}>",
-            (nsmax, Hkv, qg.shape[0]),
-            (128,),
-            (qg, k, v, qn, kn, pos, row_slot, kc, vc, po, pml, tickets, out)
-            + (i32(Hq), i32(Hkv), i32(ctx), i32(split), i32(nsmax), i32(rot))
-            + (np.float64(theta), f32(eps), f32(hd**-0.5)),
-        )
-
-    def attn_decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, split, nsmax):
-        Hq, Hkv, hd = heads
-        R = q.shape[0]
-        gm, ku = self._attn_decode_shape(heads)
+        # (query heads held, keys per warp at a time): fewer keys when more heads are held,
+        # so that the registers of both fit.
+        gm, ku = (4, 4) if group <= 4 else (8, 2)
         self.run(
             "attention.cu",
             f"attn_decode<{hd // 32},{gm},{ku}>",

@@ -1,6 +1,7 @@
 // Gated DeltaNet: conv + SiLU + l2-norm + gates (gdn_prep), conv-state update
-// (gdn_conv_state), the fp32 delta-rule scan (gdn_scan, one warp per NC state columns) and the
-// gated RMSNorm epilogue (gdn_out).
+// (gdn_conv_state), the fp32 delta-rule scan (gdn_scan, one warp per NC state columns), the
+// gated RMSNorm epilogue (gdn_out), and a decode step's prep and scan in one launch
+// (gdn_step).
 //
 // Layouts: conv state of one layer [slots, K-1, C] (activation type, oldest tap first);
 // recurrent state of one layer [slots, Hv, dv, dk] fp32 (each value column contiguous over dk).

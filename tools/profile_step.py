@@ -1,4 +1,4 @@
-"""Per-kernel times of one decode step (GPU only), for `ncu`.
+"""Per-kernel times of one decode step (GPU only), for `ncu` or, in the graph, for `nsys`.
 
 Loads a random checkpoint at a real shape, runs a prompt and two warm-up steps (every kernel
 compiled and tuned), then one eager decode step between cudaProfilerStart/Stop. Under
@@ -8,6 +8,16 @@ a table of kernel families (launches, total and mean microseconds).
     ncu --profile-from-start off --cache-control none --metrics gpu__time_duration.sum \\
         --csv python3 tools/profile_step.py > ncu.csv
     python3 tools/profile_step.py --summary ncu.csv
+
+With `--graph N` the profiled range is N replays of the captured decode graph instead, as a
+decode runs; Nsight Systems traces each kernel node where it really starts and ends (with
+overlapped launches, kernels overlap), and `--timeline` folds its trace into the same table
+plus the step's span and how much of it no kernel was running:
+
+    nsys profile --capture-range=cudaProfilerApi --cuda-graph-trace=node -o step \\
+        python3 tools/profile_step.py --graph 20
+    nsys stats --report cuda_gpu_trace --format csv --output trace step.nsys-rep
+    python3 tools/profile_step.py --timeline trace_cuda_gpu_trace.csv --graph 20
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 
-def run_step(shape: str, fmt: str, prompt: int, workdir: str) -> None:
+def run_step(shape: str, fmt: str, prompt: int, workdir: str, replays: int = 0) -> None:
     import cupy
 
     from engine.backends.base import Batch
@@ -34,12 +44,26 @@ def run_step(shape: str, fmt: str, prompt: int, workdir: str) -> None:
     ck = Checkpoint.open(path)
     be = CudaBackend(dtype="bfloat16")
     model = Qwen35Model(ck.config, be, be.load_weights(ck, ck.config))
-    be.alloc_state(ck.config, 1, prompt + 8)
+    be.alloc_state(ck.config, 1, prompt + 8 + replays)
     ids = np.random.default_rng(1).integers(0, 1000, prompt)
     model.forward(Batch.window(0, 0, prompt), ids)
     for i in range(2):
         model.forward(Batch.step([(0, prompt + i)]), np.array([5]))
     be.stream.synchronize()
+    if replays:
+        from engine.backends.cuda.graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(be, model)
+        graphs.capture(1)  # its warm-up step zeroes slot 0: run the prompt again
+        model.forward(Batch.window(0, 0, prompt), ids)
+        graphs.replay(Batch.step([(0, prompt)]), np.array([5]))
+        be.stream.synchronize()
+        cupy.cuda.profiler.start()
+        for _ in range(replays):
+            graphs.replay_next(1)
+        be.stream.synchronize()
+        cupy.cuda.profiler.stop()
+        return
     cupy.cuda.profiler.start()
     model.forward(Batch.step([(0, prompt + 2)]), np.array([5]))
     be.stream.synchronize()
@@ -75,6 +99,41 @@ def summary(csv_path: str) -> None:
     print(f"| all | {sum(len(v) for v in rows.values())} | {total:.1f} | - | - |")
 
 
+def timeline(csv_path: str, replays: int) -> None:
+    """Fold an `nsys stats` cuda_gpu_trace CSV of `replays` graph replays into per-family
+    in-graph times per step, and the step's span against the time some kernel was running."""
+    spans, rows = [], defaultdict(list)
+    with open(csv_path, newline="") as f:
+        for rec in csv.DictReader(f):
+            name = rec.get("Name", "")
+            if "[CUDA mem" in name or not rec.get("Start (ns)"):
+                continue
+            t0, dt = float(rec["Start (ns)"]), float(rec["Duration (ns)"])
+            spans.append((t0, t0 + dt))
+            rows[family(name)].append(dt / 1e3)
+    if not spans:
+        raise SystemExit(f"{csv_path}: no kernels in the trace")
+    spans.sort()
+    busy, end = 0.0, spans[0][0]
+    for a, b in spans:  # union of the kernels' intervals (overlapped launches overlap)
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    span = (spans[-1][1] - spans[0][0]) / 1e3
+    total = sum(sum(v) for v in rows.values())
+    print("| kernel | launches per step | us per step | mean us | share |\n|---|---|---|---|---|")
+    for name, v in sorted(rows.items(), key=lambda kv: -sum(kv[1])):
+        print(
+            f"| {name} | {len(v) / replays:.0f} | {sum(v) / replays:.1f} | {np.mean(v):.2f} "
+            f"| {sum(v) / total:.1%} |"
+        )
+    print(
+        f"\nstep span {span / replays:.1f} us; some kernel running {busy / 1e3 / replays:.1f} us; "
+        f"no kernel running {(span - busy / 1e3) / replays:.1f} us; kernel durations summed "
+        f"{total / replays:.1f} us (more than the span where kernels overlap)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="4B")
@@ -82,11 +141,15 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--workdir", default="/tmp/snug-profile")
     ap.add_argument("--summary", metavar="CSV")
+    ap.add_argument("--graph", type=int, default=0, help="profile N replays of the decode graph")
+    ap.add_argument("--timeline", metavar="CSV", help="an nsys cuda_gpu_trace CSV of --graph N")
     args = ap.parse_args()
     if args.summary:
         summary(args.summary)
+    elif args.timeline:
+        timeline(args.timeline, max(1, args.graph))
     else:
-        run_step(args.shape, args.format, args.prompt, args.workdir)
+        run_step(args.shape, args.format, args.prompt, args.workdir, args.graph)
 
 
 if __name__ == "__main__":

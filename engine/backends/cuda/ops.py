@@ -21,7 +21,7 @@ i32, f32 = np.int32, np.float32
 
 
 def _chunk_smem(gc: int) -> int:
-    """Shared-memory bytes of gdn_chunk<gc> (ChunkSmem in gdn_chunk.cu)."""
+    """Shared-memory bytes of gdn_chunk<gc> (the buffers listed at the top of gdn_chunk.cu)."""
     ldk, ldv, ldc = 129, 33, gc + 1
     return 4 * (2 * gc * ldk + 2 * gc * ldv + 2 * gc * ldc + 128 * ldv + 4 * gc)
 

@@ -163,7 +163,8 @@ extern "C" __global__ void gdn_out(const float* __restrict__ o, const act_t* __r
 // Hv/Hk value heads and all their value columns, so it is the only reader of every conv-state
 // channel it uses and can shift them in place, and its recurrent state is requested before
 // the wait for the previous kernel. Needs dk = 128, 2*128 + (Hv/Hk)*dv + Hv/Hk <= threads.
-// The arithmetic is gdn_prep's and gdn_scan's, in the same order.
+// The arithmetic is gdn_prep's and gdn_scan's: the states come out bit for bit the same, the
+// outputs to rounding (the delta rule takes one column at a time here).
 template <int NC>
 __global__ void __launch_bounds__(1024)
 gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_t* __restrict__ cstate,
@@ -187,7 +188,9 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
   // Conv (K taps: K-1 from the state, the newest from mixed) + SiLU for q, k and v channels.
   float val = 0.f;
   if (tid < 2 * DK + cols) {
-    const int c = tid < DK ? kh * DK + tid : tid < 2 * DK ? KD + kh * DK + tid - DK : 2 * KD + kh * cols + tid - 2 * DK;
+    const int c = tid < DK       ? kh * DK + tid                 // q
+                  : tid < 2 * DK ? KD + kh * DK + tid - DK       // k
+                                 : 2 * KD + kh * cols + tid - 2 * DK;  // v of this key head's value heads
     act_t* cs = cstate + (long)slot * (K - 1) * C;
     float acc = 0.f;
     for (int j = 0; j + 1 < K; ++j) acc = fmaf(conv_w[(long)c * K + j], ld(cs + (long)j * C + c), acc);

@@ -400,10 +400,20 @@ class CudaBackend(StateMixin, Backend):
         segs = self._segs(S)
         if step and ops.gdn_step_shape(Hk, Hv, dk, dv):
             o = self.take((R, Hv * dv), f)
-            dims = (Hk, Hv, dk, dv, K)
-            w = [weights[n] for n in ("conv1d", "A_log", "dt_bias")]
-            cstate, state = self.conv[layer], self.recurrent[layer]
-            ops.gdn_step(mixed, w[0], cstate, a, b, w[1], w[2], state, segs, S, o, dims)
+            ops.gdn_step(
+                mixed,
+                weights["conv1d"],
+                self.conv[layer],
+                a,
+                b,
+                weights["A_log"],
+                weights["dt_bias"],
+                self.recurrent[layer],
+                segs,
+                S,
+                o,
+                (Hk, Hv, dk, dv, K),
+            )
             return o
         outs = (
             self.take((R, Hk * dk), f),

@@ -90,7 +90,7 @@ def best_replay_s(graph: Any, stream: Any, reps: int) -> float:
 
 
 class GemvMixin:
-    """Projection methods of `Ops` (which provides dtype, launch and k).
+    """Projection methods of `Ops` (which provides dtype, launch, allow_smem and k).
 
     `variant_filter` (a predicate on a candidate tuple, None for all) narrows what the
     tuner may choose; tools/bench_decode.py uses it to compare whole decode steps."""
@@ -214,11 +214,7 @@ class GemvMixin:
         ks, threads = self._gemv4_shape(cols, v)
         assert not staged or _cdiv(cols // 64, ks) <= ug, "a staged slice must fit"
         smem = self._gemv4_smem(R, cols, threads, ug if staged else 0)
-        key = (R, swiglu, v, kind)
-        # The 48 KiB default counts static shared memory too (the prologue sums, 1 KiB).
-        if smem > 40 * 1024 and self._smem_set.get(key, 0) < smem:
-            fn.max_dynamic_shared_size_bytes = smem
-            self._smem_set[key] = smem
+        self.allow_smem(fn, (R, swiglu, v, kind), smem)  # beside 1 KiB of prologue sums
         rows = 8 if swiglu else 16
         blocks = _cdiv(_cdiv(n_out, rows), tpb)
         grid = (min(blocks, self._gemv4_resident(fn, threads, smem)),)

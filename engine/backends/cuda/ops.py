@@ -69,6 +69,14 @@ class Ops(GemvMixin):
         else:
             fn(grid, block, args, shared_mem=shared_mem)
 
+    def allow_smem(self, fn: Any, key: tuple, smem: int) -> None:
+        """Let kernel `fn` (cached under `key`) take `smem` bytes of dynamic shared memory,
+        set once per size. The 48 KiB default counts static shared memory too, so sizes
+        above 40 KiB ask for it explicitly."""
+        if smem > 40 * 1024 and self._smem_set.get(key, 0) < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+            self._smem_set[key] = smem
+
     def run(self, file: str, symbol: str, grid: tuple, block: tuple, args: tuple, smem: int = 0):
         self.launch(self.k(file, symbol), grid, block, args, smem)
 
@@ -380,9 +388,7 @@ class Ops(GemvMixin):
             return False
         fn = self.k("gdn_chunk.cu", f"gdn_chunk<{gc}>")
         smem = _chunk_smem(gc)
-        if smem > 48 * 1024 and self._smem_set.get(("gdn_chunk", gc), 0) < smem:
-            fn.max_dynamic_shared_size_bytes = smem
-            self._smem_set[("gdn_chunk", gc)] = smem
+        self.allow_smem(fn, ("gdn_chunk", gc), smem)
         args = (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv))
         self.launch(fn, (Hv, dv // 32, n_segs), (256,), args, smem)
         return True

@@ -60,11 +60,15 @@ class Sampler:
             x[seen] -= p.presence_penalty
         if p.is_greedy:
             return int(np.argmax(x))
-        x /= p.temperature
+        # Only the top_k candidates (ties at the k-th value kept) can be drawn, so the rest of
+        # the work runs on them: a 248K vocabulary costs one partition, not a sort.
         if 0 < p.top_k < x.size:
             kth = np.partition(x, -p.top_k)[-p.top_k]
-            x[x < kth] = -np.inf
-        probs = np.exp(x - x.max())
+            cand = np.flatnonzero(x >= kth)
+        else:
+            cand = np.arange(x.size)
+        xc = x[cand] / p.temperature
+        probs = np.exp(xc - xc.max())
         probs /= probs.sum()
         if p.min_p > 0:
             probs[probs < p.min_p * probs.max()] = 0.0
@@ -77,4 +81,17 @@ class Sampler:
             mask[order[:keep]] = True
             probs[~mask] = 0.0
         probs /= probs.sum()
-        return int(self.rng.choice(probs.size, p=probs))
+        return int(cand[self.rng.choice(probs.size, p=probs)])
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the device's sampler does what this one does: top-k (at most 1024 of
+        them), temperature, top-p; not greedy, min-p or a presence penalty."""
+        p = self.params
+        return not (p.is_greedy or p.min_p > 0 or p.presence_penalty) and 0 < p.top_k <= 1024
+
+    def device_params(self) -> tuple[float, int, float, int]:
+        """(temperature, top_k, top_p, seed) for one draw on the device. The seed comes from
+        this request's generator, so a seeded request still repeats itself."""
+        p = self.params
+        return p.temperature, p.top_k, p.top_p, int(self.rng.integers(1 << 62))

@@ -2,7 +2,7 @@
 # Device check: CUDA kernel and forward tests, the decode/prefill benchmark, a per-kernel
 # profile of one decode step.
 # Usage (on the GPU machine, repo root):
-#   tools/device_check.sh [tests|bench|profile|all] [pytest -k expression or bench flags...]
+#   tools/device_check.sh [tests|bench|profile|timeline|all] [pytest -k expression or bench flags...]
 # Logs, JSON and the markdown tables go to $OUT (or ./device_out). A cold kernel cache makes
 # the full test run take about 7 minutes on an H200; `tests 'attention or delta'` runs a part.
 set -o pipefail
@@ -52,5 +52,27 @@ if [ "$mode" = profile ]; then
     > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
   status=$?
   python3 tools/profile_step.py --summary "$OUT/ncu.csv" | tee "$OUT/profile.md"
+fi
+if [ "$mode" = timeline ]; then
+  # The decode graph as it replays (kernels overlap under overlapped launches): Nsight Systems.
+  nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/*/bin/nsys \
+    /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+  n=${REPLAYS:-20}
+  if [ -n "$nsys" ]; then
+    timeout "${PROFILE_TIMEOUT:-300}" "$nsys" profile --capture-range=cudaProfilerApi \
+      --cuda-graph-trace=node --trace=cuda -o "$OUT/step" -f true \
+      python3 tools/profile_step.py --graph "$n" "$@" > "$OUT/nsys.log" 2>&1
+    status=$?
+    "$nsys" stats --report cuda_gpu_trace --format csv --output "$OUT/trace" \
+      "$OUT/step.nsys-rep" >> "$OUT/nsys.log" 2>&1
+  else  # no Nsight Systems: CUPTI through torch's profiler
+    timeout "${PROFILE_TIMEOUT:-300}" python3 tools/profile_step.py --graph "$n" \
+      --cupti "$OUT/trace_cuda_gpu_trace.csv" "$@" > "$OUT/nsys.log" 2>&1
+    status=$?
+    gzip -f "$OUT/trace_cuda_gpu_trace.csv.json"
+  fi
+  python3 tools/profile_step.py --timeline "$OUT/trace_cuda_gpu_trace.csv" --graph "$n" \
+    --sequence "$OUT/sequence.csv" | tee "$OUT/timeline.md"
+  rm -f "$OUT/step.sqlite"
 fi
 exit $status

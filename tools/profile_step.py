@@ -31,7 +31,32 @@ from pathlib import Path
 import numpy as np
 
 
-def run_step(shape: str, fmt: str, prompt: int, workdir: str, replays: int = 0) -> None:
+def cupti_trace(work, be, csv_path: str) -> None:
+    """Where Nsight Systems is missing: trace `work`'s kernels through CUPTI as torch's
+    profiler drives it (it records every kernel of the process, graph nodes included) and
+    write them as the `nsys stats` cuda_gpu_trace CSV that `--timeline` reads."""
+    import json
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.init()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        work()
+        be.stream.synchronize()
+    prof.export_chrome_trace(csv_path + ".json")
+    events = json.load(open(csv_path + ".json"))["traceEvents"]
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Start (ns)", "Duration (ns)", "Name"])
+        for e in events:
+            if e.get("cat") == "kernel":
+                w.writerow([round(float(e["ts"]) * 1e3), round(float(e["dur"]) * 1e3), e["name"]])
+
+
+def run_step(
+    shape: str, fmt: str, prompt: int, workdir: str, replays: int = 0, torch_trace: str = ""
+) -> None:
     import cupy
 
     from engine.backends.base import Batch
@@ -58,6 +83,9 @@ def run_step(shape: str, fmt: str, prompt: int, workdir: str, replays: int = 0) 
         model.forward(Batch.window(0, 0, prompt), ids)
         graphs.replay(Batch.step([(0, prompt)]), np.array([5]))
         be.stream.synchronize()
+        if torch_trace:
+            cupti_trace(lambda: [graphs.replay_next(1) for _ in range(replays)], be, torch_trace)
+            return
         cupy.cuda.profiler.start()
         for _ in range(replays):
             graphs.replay_next(1)
@@ -99,10 +127,24 @@ def summary(csv_path: str) -> None:
     print(f"| all | {sum(len(v) for v in rows.values())} | {total:.1f} | - | - |")
 
 
-def timeline(csv_path: str, replays: int) -> None:
+def write_sequence(named: list, replays: int, path: str) -> None:
+    """The middle replay's kernels in order: start from the step's first kernel, duration,
+    and the gap after the previous kernel ended (negative where they overlap)."""
+    per = len(named) // replays
+    step = named[per * (replays // 2) : per * (replays // 2 + 1)]
+    with open(path, "w") as f:
+        f.write("kernel,start_us,duration_us,gap_us\n")
+        prev_end = step[0][0]
+        for a, b, name in step:
+            t0, dur, gap = (a - step[0][0]) / 1e3, (b - a) / 1e3, (a - prev_end) / 1e3
+            f.write(f"{name},{t0:.2f},{dur:.2f},{gap:.2f}\n")
+            prev_end = max(prev_end, b)
+
+
+def timeline(csv_path: str, replays: int, sequence: str | None = None) -> None:
     """Fold an `nsys stats` cuda_gpu_trace CSV of `replays` graph replays into per-family
     in-graph times per step, and the step's span against the time some kernel was running."""
-    spans, rows = [], defaultdict(list)
+    spans, rows, named = [], defaultdict(list), []
     with open(csv_path, newline="") as f:
         for rec in csv.DictReader(f):
             name = rec.get("Name", "")
@@ -110,6 +152,7 @@ def timeline(csv_path: str, replays: int) -> None:
                 continue
             t0, dt = float(rec["Start (ns)"]), float(rec["Duration (ns)"])
             spans.append((t0, t0 + dt))
+            named.append((t0, t0 + dt, family(name)))
             rows[family(name)].append(dt / 1e3)
     if not spans:
         raise SystemExit(f"{csv_path}: no kernels in the trace")
@@ -127,6 +170,8 @@ def timeline(csv_path: str, replays: int) -> None:
             f"| {name} | {len(v) / replays:.0f} | {sum(v) / replays:.1f} | {np.mean(v):.2f} "
             f"| {sum(v) / total:.1%} |"
         )
+    if sequence:
+        write_sequence(sorted(named), replays, sequence)
     print(
         f"\nstep span {span / replays:.1f} us; some kernel running {busy / 1e3 / replays:.1f} us; "
         f"no kernel running {(span - busy / 1e3) / replays:.1f} us; kernel durations summed "
@@ -142,14 +187,18 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/snug-profile")
     ap.add_argument("--summary", metavar="CSV")
     ap.add_argument("--graph", type=int, default=0, help="profile N replays of the decode graph")
+    ap.add_argument("--cupti", metavar="CSV", help="with --graph: trace through torch's profiler")
     ap.add_argument("--timeline", metavar="CSV", help="an nsys cuda_gpu_trace CSV of --graph N")
+    ap.add_argument(
+        "--sequence", metavar="CSV", help="with --timeline: write one step's kernels in order"
+    )
     args = ap.parse_args()
     if args.summary:
         summary(args.summary)
     elif args.timeline:
-        timeline(args.timeline, max(1, args.graph))
+        timeline(args.timeline, max(1, args.graph), args.sequence)
     else:
-        run_step(args.shape, args.format, args.prompt, args.workdir, args.graph)
+        run_step(args.shape, args.format, args.prompt, args.workdir, args.graph, args.cupti)
 
 
 if __name__ == "__main__":

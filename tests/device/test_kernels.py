@@ -338,6 +338,24 @@ def test_sampling(V):
     be.scratch.reset()
     got = cupy.asnumpy(be.sample_greedy(dl))
     assert (got == logits.argmax(1)).all()
+    # Split over blocks (what a decode step runs); twice, since it must leave its work zeroed.
+    # Ties go to the lowest index, as numpy's argmax does.
+    be.argmax_work = cupy.zeros(2 * 3, cupy.uint64)
+    tied = np.round(logits)
+    for case in (logits, logits, tied, tied):
+        got = cupy.asnumpy(be.sample_greedy(cupy.asarray(case)))
+        assert (got == case.argmax(1)).all()
+    assert not be.argmax_work.any()
+    be.argmax_work = None
+    # A decode step's picks: greedy rows keep the step's argmax, the others draw (top-k 1 is
+    # the argmax, top-k 5 one of the five largest).
+    be.picks = cupy.zeros(8, cupy.int32)
+    greedy = cupy.asarray(np.array([5, 6, 7], np.int32))
+    for seed in range(5):
+        rows = [None, (1.0, 1, 1.0, seed), (2.0, 5, 1.0, seed)]
+        picks = cupy.asnumpy(be.sample_rows(dl, greedy, rows))
+        assert picks[0] == 5 and picks[1] == logits[1].argmax()
+        assert picks[2] in np.argsort(-logits[2], kind="stable")[: min(5, V)]
     for k, p in [(1, 1.0), (5, 1.0), (50, 0.9), (0, 0.5)]:
         seen = set()
         for _ in range(20):

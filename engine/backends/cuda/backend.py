@@ -76,6 +76,8 @@ class CudaBackend(StateMixin, Backend):
         self.batch: Batch | None = None
         self.nvalid = 0
         self.counter: Any = None
+        self.argmax_work: Any = None  # greedy picks split over blocks (Ops.argmax)
+        self.picks: Any = None  # each decode row's next token (sample_rows)
         # Invariant 7: when the plan has no room for an untied embedding table on the card,
         # it stays in host memory; each forward's rows are gathered on the host and copied
         # into `emb_rows` with the batch layout (so a captured graph reads them too).
@@ -92,7 +94,10 @@ class CudaBackend(StateMixin, Backend):
 
     def held_bytes(self) -> int:
         """Bytes Snug holds on the card: the pool's blocks plus the small step buffers."""
-        small = self.meta.nbytes + self.counter.nbytes if self.meta is not None else 0
+        small = 0
+        if self.meta is not None:
+            small = self.meta.nbytes + self.counter.nbytes + self.argmax_work.nbytes
+            small += self.picks.nbytes
         return self.pool.held_bytes + small
 
     def weight_bytes(self, checkpoint: Any) -> dict[str, int]:
@@ -499,8 +504,29 @@ class CudaBackend(StateMixin, Backend):
         """argmax over the real vocabulary of each row, int32 on the device."""
         if out is None:
             out = self.take((logits.shape[0],), self.cp.int32)
-        self.ops.argmax(logits, min(self.nvalid, logits.shape[1]), out)
+        self.ops.argmax(logits, min(self.nvalid, logits.shape[1]), out, self.argmax_work)
         return out
+
+    def sample_rows(self, logits: Any, greedy: Any, rows: list) -> Any:
+        """The next token of each row of a decode step, on the device: rows[i] None takes
+        greedy[i] (the step's argmax), else (temperature, top_k, top_p, seed) draws from
+        logits[i]. Returns int32 [len(rows)] on the device."""
+        picks = self.picks[: len(rows)]
+        picks[...] = greedy[: len(rows)]
+        for i, row in enumerate(rows):
+            if row is not None:
+                temperature, top_k, top_p, seed = row
+                self.ops.sample(
+                    logits[i : i + 1],
+                    min(self.nvalid, logits.shape[1]),
+                    top_k,
+                    top_p,
+                    temperature,
+                    seed,
+                    self.counter[i : i + 1],
+                    picks[i : i + 1],
+                )
+        return picks
 
     def sample(
         self, logits: Any, temperature: float, top_k: int, top_p: float, seed: int, out: Any = None

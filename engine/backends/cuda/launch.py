@@ -103,6 +103,8 @@ def _param(arg: Any) -> Any:
 
     if isinstance(arg, cupy.ndarray):
         return ctypes.c_void_p(arg.data.ptr)
+    if isinstance(arg, bytes):  # a struct passed by value (a tensor map)
+        return (ctypes.c_char * len(arg)).from_buffer_copy(arg)
     ctype = _SCALARS.get(arg.dtype) if isinstance(arg, np.generic) else None
     if ctype is None:
         raise TypeError(f"kernel argument {arg!r}: pass a CuPy array or a sized numpy scalar")
@@ -113,8 +115,11 @@ def _dim3(v: tuple[int, ...]) -> Any:
     return (ctypes.c_uint * 3)(*(tuple(int(x) for x in v) + (1, 1, 1))[:3])
 
 
-def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
-    """Launch CuPy kernel `fn` on the current stream with programmatic serialization."""
+def launch_pdl(
+    fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0, pdl: bool = True
+) -> None:
+    """Launch CuPy kernel `fn` on the current stream with programmatic serialization (or,
+    with `pdl` False, plainly: the path for kernels that take structs by value)."""
     import cupy
 
     params = [_param(a) for a in args]
@@ -129,7 +134,7 @@ def launch_pdl(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int 
         smem=int(shared_mem),
         stream=cupy.cuda.get_current_stream().ptr,
         attrs=ctypes.pointer(attr),
-        n_attrs=1,
+        n_attrs=1 if pdl else 0,
     )
     handle = fn.kernel.ptr if hasattr(fn, "kernel") else fn.ptr  # RawKernel or Function
     rc = _driver_launch()(ctypes.byref(cfg), handle, ptrs, None)

@@ -1,15 +1,16 @@
 """Lazy compilation of the `.cu` sources into CuPy RawModules, one per (file, dtype, symbol).
 
-A source is read once, `common.cuh` is inlined, and each kernel symbol (a plain name or a
-template instance such as `gemv<4,1,2,false>`) is compiled on first use with
-`-DACT_KIND=<dtype>`. CuPy keeps compiled binaries in its cache directory (CUPY_CACHE_DIR),
-so later runs load instead of compiling.
+A source is read once, its local headers (`common.cuh`, ...) are inlined, and each kernel
+symbol (a plain name or a template instance such as `gemv<4,1,2,false>`) is compiled on
+first use with `-DACT_KIND=<dtype>`. CuPy keeps compiled binaries in its cache directory
+(CUPY_CACHE_DIR), so later runs load instead of compiling.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,21 @@ def use_cache_dir(cache_dir: str | None) -> None:
 
 @functools.cache
 def _source(name: str) -> str:
-    common = (KERNEL_DIR / "common.cuh").read_text()
-    text = (KERNEL_DIR / name).read_text()
-    return text.replace('#include "common.cuh"', common.replace("#pragma once", ""))
+    """The text of `kernels/<name>` with its local `#include "x.cuh"` lines inlined, each
+    header once (NVRTC is given one string, not a directory)."""
+    seen: set[str] = set()
+
+    def inline(match: re.Match) -> str:
+        header = match.group(1)
+        if header in seen:
+            return ""
+        seen.add(header)
+        return _INCLUDE.sub(inline, (KERNEL_DIR / header).read_text().replace("#pragma once", ""))
+
+    return _INCLUDE.sub(inline, (KERNEL_DIR / name).read_text())
+
+
+_INCLUDE = re.compile(r'^#include "([\w.]+\.cuh)"$', re.M)
 
 
 @functools.cache

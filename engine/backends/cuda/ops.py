@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.cuda import blas
+from engine.backends.cuda import blas, tma
 from engine.backends.cuda.gemv import _GEMV_CHOICES, GRID_CAP, GemvMixin, _cdiv
 from engine.backends.cuda.launch import launch_pdl, pdl_available
 from engine.backends.cuda.modules import function
@@ -52,6 +52,8 @@ class Ops(GemvMixin):
         # the launches a decode graph records (`graphing`, set while one is captured). Eager
         # launches go through CuPy, whose launch path costs less host time.
         self.pdl = overlap and pdl_available()
+        self.tma = self.pdl and tma.available()  # the streamed projections (gemv4s)
+        self._maps: dict[tuple, bytes] = {}  # (code pointer, rows, cols) -> tensor map
         self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
         self.chunked_prefill = True  # windows use gdn_chunk (benchmarks compare both)
         # A decode step's DeltaNet in one launch (gdn_step); off: gdn_prep and gdn_scan
@@ -399,14 +401,15 @@ class Ops(GemvMixin):
         )
 
     # ----- sampling ---------------------------------------------------------------------------
-    def argmax(self, logits, nvalid, out):
-        self.run(
-            "sample.cu",
-            "argmax_rows",
-            (logits.shape[0],),
-            (1024,),
-            (logits, i32(logits.shape[1]), i32(nvalid), out),
-        )
+    def argmax(self, logits, nvalid, out, work=None):
+        """out[s] = argmax of logits[s, :nvalid]. With `work` (two zeroed uint64 per row, left
+        zeroed) each row is split over up to 128 blocks; without it, one block per row."""
+        args = (logits, i32(logits.shape[1]), i32(nvalid), out)
+        if work is None or work.size < 2 * logits.shape[0]:
+            self.run("sample.cu", "argmax_rows", (logits.shape[0],), (1024,), args)
+            return
+        nb = max(1, min(128, _cdiv(nvalid, 2048)))
+        self.run("sample.cu", "argmax_split", (nb, logits.shape[0]), (256,), (*args, work))
 
     def advance(self, pos, n):
         self.run("sample.cu", "advance_positions", (_cdiv(n, 256),), (256,), (pos, i32(n)))

@@ -60,6 +60,8 @@ class StateMixin:
             arr.fill(0)
         self._alloc_meta(max(self.max_rows, 64))
         self.counter = cp.zeros(max(self.max_rows, 64), cp.uint32)
+        self.argmax_work = cp.zeros(2 * max(self.max_rows, 64), cp.uint64)
+        self.picks = cp.zeros(max(self.max_rows, 64), cp.int32)
         itemsize = self.ops.act_itemsize
         self.mem_scratch = Scratch(self.pool, c, itemsize, self.max_rows, slots, context)
         self.mem_workspace = Workspace(

@@ -3,6 +3,11 @@
 // graph-replayed decode loop needs no host round trip.
 #include "common.cuh"
 
+__device__ __forceinline__ unsigned okey(float f) {
+  unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 // grid (S), 1024 threads. out[s] = argmax_j<nvalid logits[s, j] (lowest index on ties).
 extern "C" __global__ void argmax_rows(const act_t* __restrict__ logits, int ldl, int nvalid,
                                        int* __restrict__ out) {
@@ -38,6 +43,48 @@ extern "C" __global__ void argmax_rows(const act_t* __restrict__ logits, int ldl
   }
 }
 
+// grid (NB, S), 256 threads: the same argmax split over NB blocks per row (a 248K vocabulary
+// is too long for one block to read quickly). Each block folds its stretch into one 64-bit key,
+// (ordered value << 32) | ~index, so the largest key is the largest value at its lowest index,
+// and merges it into work[2s] with atomicMax; the last block of the row (ticket work[2s+1])
+// writes out[s] and zeroes both words for the next call. A graph replays it as it is.
+extern "C" __global__ void __launch_bounds__(256)
+argmax_split(const act_t* __restrict__ logits, int ldl, int nvalid, int* __restrict__ out,
+             unsigned long long* __restrict__ work) {
+  pdl_start();
+  __shared__ unsigned long long sk[8];
+  const act_t* row = logits + (long)blockIdx.y * ldl;
+  const int per = (nvalid + gridDim.x - 1) / gridDim.x;
+  const int j0 = blockIdx.x * per, j1 = min(nvalid, j0 + per);
+  unsigned long long best = 0;  // below every real key (okey(-inf) > 0)
+  for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+    const float x = ld(row + j);
+    if (x == x) {  // NaN is never the largest
+      const unsigned long long k = ((unsigned long long)okey(x) << 32) | (0xffffffffu - (unsigned)j);
+      best = k > best ? k : best;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long v = __shfl_xor_sync(0xffffffffu, best, o);
+    best = v > best ? v : best;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sk[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) best = sk[w] > best ? sk[w] : best;
+    unsigned long long* slot = work + 2 * blockIdx.y;
+    if (best) atomicMax(slot, best);
+    __threadfence();
+    if (atomicAdd(slot + 1, 1ull) == gridDim.x - 1) {  // the row's last block
+      const unsigned long long k = atomicExch(slot, 0ull);
+      out[blockIdx.y] = k ? (int)(0xffffffffu - (unsigned)(k & 0xffffffffu)) : 0;
+      slot[1] = 0;
+    }
+  }
+}
+
 // Every position advances by one (decode chaining inside a graph).
 extern "C" __global__ void advance_positions(int* __restrict__ pos, int n) {
   pdl_start();
@@ -45,10 +92,6 @@ extern "C" __global__ void advance_positions(int* __restrict__ pos, int n) {
   if (i < n) pos[i] += 1;
 }
 
-__device__ __forceinline__ unsigned okey(float f) {
-  unsigned u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
 __device__ __forceinline__ unsigned long long mix64(unsigned long long x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -1,0 +1,240 @@
+// Pieces shared by the decode projection kernels for MLX 4-bit g64 weights (gemv4.cu, each
+// warp loading its own weights; gemv4s.cu, one warp streaming them into shared memory): the
+// nibble-to-half conversion, the tensor-core step per group, and the prologues that compute a
+// projection's input from the previous kernel's outputs.
+#pragma once
+#include "common.cuh"
+
+#if ACT_KIND == 1
+#define MMA_TYPE "f16"
+#define Q_MAGIC 0x64006400u
+#define Q_BASE 1024.f
+#else
+#define MMA_TYPE "bf16"
+#define Q_MAGIC 0x43004300u
+#define Q_BASE 128.f
+#endif
+
+__device__ __forceinline__ unsigned qpair(unsigned w) {
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(w), "r"(0x000F000Fu), "r"(Q_MAGIC));  // (a & b) | c
+  return r;
+}
+
+__device__ __forceinline__ void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+  unsigned r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// One warp's weight rows (g and g+8 of its tile, this lane's 8-byte column in each group) and
+// the one scale/bias column this lane fetches: lanes tig = 0..3 of a quad load the scale of row g,
+// its bias, the scale of row g+8, its bias; the quad shares them by shuffles.
+struct Rows {
+  const uint2 *lo, *hi;
+  const act_t* sb;
+};
+
+// UG groups of codes and (one per lane) scales or biases in registers.
+template <int UG> struct Batch {
+  uint2 a[UG], b[UG];
+  unsigned q[UG];
+};
+
+template <int UG>
+__device__ __forceinline__ void fetch(Batch<UG>& t, const Rows& r, int g0, int gb) {
+#pragma unroll
+  for (int u = 0; u < UG; ++u) {
+    const int gr = g0 + u;
+    if (gr < gb) {
+      t.a[u] = __ldcs(r.lo + gr * 4);
+      t.b[u] = __ldcs(r.hi + gr * 4);
+      t.q[u] = __ldg(r.sb + gr);
+    }
+  }
+}
+
+// ASYNC variants: the same pieces go to shared memory with cp.async (slot [u][lane] of the
+// warp's area, so each lane reads back only what it copied), which costs no registers: a warp
+// can have its whole slice in flight and more warps fit on an SM. Scales/biases are copied as
+// the aligned 4-byte pair that holds the lane's 16-bit value (ng is even).
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if (bytes == 8)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+}
+
+template <int UG>
+__device__ __forceinline__ void fetch_async(uint2* wa, uint2* wb, unsigned* wq, const Rows& r, int ga,
+                                            int gb, int lane) {
+#pragma unroll
+  for (int u = 0; u < UG; ++u) {
+    const int gr = ga + u;
+    if (gr < gb) {
+      cp_async(wa + u * 32 + lane, r.lo + gr * 4, 8);
+      cp_async(wb + u * 32 + lane, r.hi + gr * 4, 8);
+      cp_async(wq + u * 32 + lane, reinterpret_cast<const unsigned*>(r.sb) + (gr >> 1), 4);
+    }
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int UG>
+__device__ __forceinline__ void unstage(Batch<UG>& t, const uint2* wa, const uint2* wb, const unsigned* wq,
+                                        int u0, int g0, int gb, int lane) {
+#pragma unroll
+  for (int u = 0; u < UG; ++u) {
+    if (g0 + u < gb) {
+      t.a[u] = wa[(u0 + u) * 32 + lane];
+      t.b[u] = wb[(u0 + u) * 32 + lane];
+      t.q[u] = wq[(u0 + u) * 32 + lane] >> (((g0 + u) & 1) * 16);
+    }
+  }
+}
+
+template <int M, int UG>
+__device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, const uint4* xrow,
+                                        const float* sx, int g, int tig, float* acc) {
+#pragma unroll
+  for (int u = 0; u < UG; ++u) {
+    const int gr = g0 + u;
+    if (gr < gb) {
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const unsigned wa = j ? t.a[u].y : t.a[u].x, wb = j ? t.b[u].y : t.b[u].x;
+        uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+        if (g < M) xv = xrow[gr * 8 + j];
+        mma16816(c, qpair(wa), qpair(wb), qpair(wa >> 4), qpair(wb >> 4), xv.x, xv.y);
+        mma16816(c, qpair(wa >> 8), qpair(wb >> 8), qpair(wa >> 12), qpair(wb >> 12), xv.z, xv.w);
+      }
+      const float2 sxv = *reinterpret_cast<const float2*>(sx + gr * 8 + 2 * tig);
+      const int q0 = g * 4;
+      const float s0 = cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0));
+      const float s1 = cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0 + 2));
+      const float b0 = fmaf(-Q_BASE, s0, cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0 + 1)));
+      const float b1 = fmaf(-Q_BASE, s1, cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0 + 3)));
+      acc[0] = fmaf(s0, c[0], fmaf(b0, sxv.x, acc[0]));
+      acc[1] = fmaf(s0, c[1], fmaf(b0, sxv.y, acc[1]));
+      acc[2] = fmaf(s1, c[2], fmaf(b1, sxv.x, acc[2]));
+      acc[3] = fmaf(s1, c[3], fmaf(b1, sxv.y, acc[3]));
+    }
+  }
+}
+
+// Pack 8 floats into 8 activations (one 16-byte entry).
+__device__ __forceinline__ uint4 pack8(const float* f) {
+  uint4 r;
+  act_t* e = reinterpret_cast<act_t*>(&r);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) e[j] = mk(f[j]);
+  return r;
+}
+
+__device__ __forceinline__ void unpack8(uint4 v, float* f) {
+  const act_t* e = reinterpret_cast<const act_t*>(&v);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) f[j] = cv(e[j]);
+}
+
+// What the block stages as its activations (PRO):
+//   0  x itself;
+//   1  rms_norm(h) * nw with h = x + d (d may be null; block 0 stores h to H when H is set):
+//      the residual add and norm that precede every projection, fused into it;
+//   2  rms_norm_head(o) * nw * silu(x) per head of `hd` values (o fp32 [M, in], rows of in):
+//      the DeltaNet output norm gated by z (x = z), fused into out_proj.
+struct Pro {
+  const act_t* d;
+  const float* nw;
+  act_t* h;
+  const float* o;
+  int hd;
+  float eps;
+};
+
+// Phase 1 of PRO 1/2: per-row (1) or per-head (2) sums of squares into pss; for PRO 1 the
+// unnormalised h is parked in xs (raw order) for phase 2.
+template <int M, int PRO>
+__device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, const Pro& pr, uint4* xs,
+                                         int xstride, int nw, int in, float* pss, int tid, int NT) {
+  const int lane = tid & 31;
+  for (int base = tid - lane; base < M * nw; base += NT) {
+    const int it = base + lane;
+    const bool ok = it < M * nw;
+    const int m = ok ? it / nw : 0, p = it - m * nw;
+    float s = 0.f, f[8];
+    if (ok) {
+      if constexpr (PRO == 1) {
+        uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+        unpack8(hv, f);
+        if (pr.d != nullptr) {
+          float dd[8];
+          unpack8(__ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p), dd);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) f[j] += dd[j];
+          hv = pack8(f);
+          unpack8(hv, f);  // the residual stream is stored rounded
+        }
+        xs[m * xstride + p] = hv;
+        if (pr.h != nullptr && blockIdx.x == 0) reinterpret_cast<uint4*>(pr.h + (long)m * in)[p] = hv;
+      } else {
+        const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+        const float4 a = __ldg(op), b = __ldg(op + 1);
+        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s = fmaf(f[j], f[j], s);
+    }
+    if constexpr (PRO == 1) {
+      const int m0 = __shfl_sync(0xffffffffu, m, 0);
+      if (__all_sync(0xffffffffu, !ok || m == m0)) {
+        s = warp_sum(s);
+        if (lane == 0) atomicAdd(pss + m0, s);
+      } else if (ok) {
+        atomicAdd(pss + m, s);
+      }
+    } else {
+      const int seg = pr.hd >> 3;  // entries per head: a power of two <= 32 (the wrapper checks)
+      for (int off = seg >> 1; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (ok && (p & (seg - 1)) == 0) atomicAdd(pss + m * (in / pr.hd) + p / seg, s);
+    }
+  }
+}
+
+// Phase 2: the staged entry (raw order) of row m, entry p.
+template <int PRO>
+__device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx, const Pro& pr,
+                                           const uint4* xs, int xstride, int in, const float* pss,
+                                           int m, int p) {
+  if constexpr (PRO == 0) {
+    return __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+  } else if constexpr (PRO == 1) {
+    float f[8];
+    unpack8(xs[m * xstride + p], f);
+    const float inv = rsqrtf(pss[m] / in + pr.eps);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = f[j] * inv * pr.nw[8 * p + j];
+    return pack8(f);
+  } else {
+    float f[8], z[8];
+    const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+    const float4 a = __ldg(op), b = __ldg(op + 1);
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    unpack8(__ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p), z);
+    const int seg = pr.hd >> 3, c0 = (8 * p) % pr.hd;
+    const float inv = rsqrtf(pss[m * (in / pr.hd) + p / seg] / pr.hd + pr.eps);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = f[j] * inv * pr.nw[c0 + j] * silu_f(z[j]);
+    return pack8(f);
+  }
+}

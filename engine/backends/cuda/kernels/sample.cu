@@ -114,39 +114,83 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   const act_t* row = logits + (long)blockIdx.x * ldl;
   const int tid = threadIdx.x;
   const int k = max(1, min(top_k, min(CAP, nvalid)));
-  unsigned prefix = 0, mask = 0, krem = k;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
-    __syncthreads();
-    for (int j = tid; j < nvalid; j += blockDim.x) {
-      unsigned key = okey(ld(row + j));
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
-    }
-    __syncthreads();
-    if (tid == 0) {
-      unsigned cum = 0;
-      for (int b = 255; b >= 0; --b) {
-        if (cum + hist[b] >= krem) { sh_prefix = prefix | ((unsigned)b << shift); sh_krem = krem - cum; break; }
-        cum += hist[b];
-      }
-      sh_n = 0;
-    }
-    __syncthreads();
-    prefix = sh_prefix; krem = sh_krem; mask |= 255u << shift;
-    __syncthreads();
+  // Fast path: one histogram of the keys' top 11 bits (counts aggregated per warp: most
+  // logits share a few bins), then every logit in the bins at and above the one holding the
+  // k-th largest goes straight into cv_/ci when they fit (CAP); the sort below orders them.
+  // Two reads of the row. Where more than CAP share those bins, the radix select after it
+  // narrows down to exactly k (four more reads).
+  __shared__ unsigned wide[2048];
+  __shared__ unsigned sh_bin, sh_taken;
+  const float qnan = __int_as_float(0x7fffffff);
+  const int lane = tid & 31;
+  for (int b = tid; b < 2048; b += blockDim.x) wide[b] = 0;
+  __syncthreads();
+  for (int base = tid - lane; base < nvalid; base += blockDim.x) {  // warp-uniform
+    const int j = base + lane;
+    const float x = j < nvalid ? ld(row + j) : qnan;
+    const bool ok = x == x;  // NaN is never drawn
+    const unsigned bin = ok ? okey(x) >> 21 : 2048u;
+    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+    if (ok && lane == __ffs(peers) - 1) atomicAdd(&wide[bin], (unsigned)__popc(peers));
   }
-  // prefix is the k-th largest key: take every key above it and krem keys equal to it.
-  __shared__ unsigned sh_eq;
-  if (tid == 0) sh_eq = 0;
+  __syncthreads();
+  if (tid == 0) {
+    unsigned cum = 0;
+    int b = 2047;
+    for (; b > 0 && cum + wide[b] < (unsigned)k; --b) cum += wide[b];
+    sh_bin = b;
+    sh_taken = 0;
+  }
   cv_[tid] = -INFINITY; ci[tid] = 0x7fffffff;
   __syncthreads();
-  for (int j = tid; j < nvalid; j += blockDim.x) {
-    float x = ld(row + j);
-    unsigned key = okey(x);
-    bool take = key > prefix;
-    if (key == prefix) take = atomicAdd(&sh_eq, 1u) < krem;
-    if (take) { unsigned p = atomicAdd(&sh_n, 1u); if (p < CAP) { cv_[p] = x; ci[p] = j; } }
+  const unsigned bstar = sh_bin;
+  for (int base = tid - lane; base < nvalid; base += blockDim.x) {
+    const int j = base + lane;
+    const float x = j < nvalid ? ld(row + j) : qnan;
+    const bool take = x == x && (okey(x) >> 21) >= bstar;
+    const unsigned votes = __ballot_sync(0xffffffffu, take);
+    unsigned first = 0;
+    if (lane == 0 && votes) first = atomicAdd(&sh_taken, (unsigned)__popc(votes));
+    first = __shfl_sync(0xffffffffu, first, 0);
+    const unsigned pos = first + __popc(votes & ((1u << lane) - 1u));
+    if (take && pos < CAP) { cv_[pos] = x; ci[pos] = j; }
   }
+  __syncthreads();
+  if (sh_taken > CAP) {
+    unsigned prefix = 0, mask = 0, krem = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
+      __syncthreads();
+      for (int j = tid; j < nvalid; j += blockDim.x) {
+        unsigned key = okey(ld(row + j));
+        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+      }
+      __syncthreads();
+      if (tid == 0) {
+        unsigned cum = 0;
+        for (int b = 255; b >= 0; --b) {
+          if (cum + hist[b] >= krem) { sh_prefix = prefix | ((unsigned)b << shift); sh_krem = krem - cum; break; }
+          cum += hist[b];
+        }
+        sh_n = 0;
+      }
+      __syncthreads();
+      prefix = sh_prefix; krem = sh_krem; mask |= 255u << shift;
+      __syncthreads();
+    }
+    // prefix is the k-th largest key: take every key above it and krem keys equal to it.
+    __shared__ unsigned sh_eq;
+    if (tid == 0) sh_eq = 0;
+    cv_[tid] = -INFINITY; ci[tid] = 0x7fffffff;
+    __syncthreads();
+    for (int j = tid; j < nvalid; j += blockDim.x) {
+      float x = ld(row + j);
+      unsigned key = okey(x);
+      bool take = key > prefix;
+      if (key == prefix) take = atomicAdd(&sh_eq, 1u) < krem;
+      if (take) { unsigned p = atomicAdd(&sh_n, 1u); if (p < CAP) { cv_[p] = x; ci[p] = j; } }
+    }
+  }  // radix select
   __syncthreads();
   // Bitonic sort, descending by value (ties: lower index first).
   for (int size = 2; size <= CAP; size <<= 1) {

@@ -72,6 +72,29 @@ def test_cuda_fp32_engine_matches_numpy_engine(model_dir):
     lazy.unload()
 
 
+def test_sampled_replies_are_drawn_on_the_device(model_dir, monkeypatch):
+    """Top-k / top-p requests draw on the device (sample_rows), a seed repeats its reply,
+    and two streams sampled together each get their own draws."""
+    engine = Engine.load(model_dir, cuda("bfloat16"), context=1024, streams=2, max_rows=128)
+    be, draws = engine.backend, []
+    real = be.sample_rows
+
+    def spy(logits, greedy, rows):
+        draws.append(rows)
+        return real(logits, greedy, rows)
+
+    monkeypatch.setattr(be, "sample_rows", spy)
+    params = GenerationParams(max_new_tokens=16, temperature=1.0, top_k=20, top_p=0.9, seed=7)
+    first = tokens(engine, prompt(30, seed=3), params)
+    assert tokens(engine, prompt(30, seed=3), params) == first
+    assert len(draws) == 2 * (len(first) - 1) and all(len(r) == 1 for r in draws)
+    assert all(0 <= t < engine.real_vocab for t in first)
+    pair = engine.generate_many([prompt(30, seed=3), prompt(12, seed=4)], params)
+    assert any(len(r) == 2 for r in draws)
+    assert all(0 <= t < engine.real_vocab for reply in pair for t in reply)
+    engine.unload()
+
+
 def test_concurrent_equals_solo_on_the_gpu(model_dir):
     engine = Engine.load(model_dir, cuda(), context=1024, streams=3, max_rows=128)
     prompts = [prompt(n, seed=n) for n in (5, 150, 40)]

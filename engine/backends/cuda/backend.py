@@ -523,7 +523,7 @@ class CudaBackend(StateMixin, Backend):
                     top_p,
                     temperature,
                     seed,
-                    self.counter[i : i + 1],
+                    None,  # every draw is seeded: nothing carried between calls
                     picks[i : i + 1],
                 )
         return picks

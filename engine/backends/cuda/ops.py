@@ -428,7 +428,7 @@ class Ops(GemvMixin):
                 f32(top_p),
                 f32(temperature),
                 np.uint64(seed),
-                counter,
+                np.uint64(0) if counter is None else counter,
                 out,
             ),
         )

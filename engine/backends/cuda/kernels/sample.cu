@@ -101,7 +101,8 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long x) {
 
 #define CAP 1024
 // grid (S), 1024 threads. Keeps the top_k (1..1024) logits, scales by 1/temperature, keeps the
-// smallest prefix whose probability reaches top_p, draws one. counter[s] advances per call.
+// smallest prefix whose probability reaches top_p, draws one. counter[s] advances per call;
+// with counter null the draw depends on the seed alone (a caller that seeds every call).
 extern "C" __global__ void __launch_bounds__(1024)
 sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_k, float top_p,
                  float temperature, unsigned long long seed, unsigned* __restrict__ counter,
@@ -225,11 +226,11 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   if (tid < k && cv_[tid] >= top_p * total && (tid == 0 || cv_[tid - 1] < top_p * total)) sh_n = tid + 1;
   __syncthreads();
   const int n = sh_n;
-  unsigned c = counter[blockIdx.x];
+  const unsigned c = counter != nullptr ? counter[blockIdx.x] : 0u;
   unsigned long long h = mix64(seed ^ mix64(((unsigned long long)blockIdx.x << 32) | c));
   float u = (float)((h >> 40) * (1.0 / 16777216.0)) * cv_[n - 1];
   float lo = tid == 0 ? 0.f : cv_[tid - 1];
   if (tid < n && u >= lo && (u < cv_[tid] || tid == n - 1)) out[blockIdx.x] = ci[tid];
   __syncthreads();
-  if (tid == 0) counter[blockIdx.x] = c + 1;
+  if (tid == 0 && counter != nullptr) counter[blockIdx.x] = c + 1;
 }

@@ -6,8 +6,9 @@ to 248320 columns); they are masked before anything else so they can never be sa
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,6 +43,21 @@ class SamplingParams:
         return self.greedy or self.temperature == 0
 
 
+class Draw(NamedTuple):
+    """One row's draw on the device (`sample_rows`): top-k, temperature, top-p, one seeded
+    draw; `penalty` off the logits of the ids the slot's bitmap marks (the reply so far),
+    after clearing it (`clear`) and marking `mark`. The draw marks its own pick."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    penalty: float = 0.0
+    slot: int = 0
+    mark: tuple[int, ...] = ()
+    clear: bool = False
+
+
 class Sampler:
     """One request's sampler: owns its random generator so a seed reproduces a reply."""
 
@@ -49,6 +65,7 @@ class Sampler:
         self.params = params
         self.real_vocab = real_vocab
         self.rng = np.random.default_rng(params.seed)
+        self._marked: int | None = None  # ids of the reply the device bitmap holds
 
     def __call__(self, logits: np.ndarray, generated: Iterable[int] = ()) -> int:
         """Pick one token id from `logits [V]` given the ids generated so far."""
@@ -86,12 +103,25 @@ class Sampler:
     @property
     def on_device(self) -> bool:
         """Whether the device's sampler does what this one does: top-k (at most 1024 of
-        them), temperature, top-p; not greedy, min-p or a presence penalty."""
+        them), temperature, top-p and the presence penalty, or greedy with a penalty (top-k
+        1); not min-p. (Plain greedy takes the step's own argmax.)"""
         p = self.params
-        return not (p.is_greedy or p.min_p > 0 or p.presence_penalty) and 0 < p.top_k <= 1024
+        if p.min_p > 0:
+            return False
+        return bool(p.presence_penalty) if p.is_greedy else 0 < p.top_k <= 1024
 
-    def device_params(self) -> tuple[float, int, float, int]:
-        """(temperature, top_k, top_p, seed) for one draw on the device. The seed comes from
-        this request's generator, so a seeded request still repeats itself."""
+    def device_draw(self, generated: Sequence[int], slot: int) -> Draw:
+        """The next draw on the device for the stream in `slot`, whose reply so far is
+        `generated`. The seed comes from this request's generator, so a seeded request still
+        repeats itself; with a presence penalty, the ids the slot's bitmap lacks are marked
+        (all of them, after a clear, on the request's first device draw)."""
         p = self.params
-        return p.temperature, p.top_k, p.top_p, int(self.rng.integers(1 << 62))
+        seed = int(self.rng.integers(1 << 62))
+        mark, clear = (), False
+        if p.presence_penalty:
+            clear = self._marked is None
+            mark = tuple(int(t) for t in generated[0 if clear else self._marked :])
+            self._marked = len(generated) + 1  # the draw marks its own pick
+        if p.is_greedy:
+            return Draw(1.0, 1, 1.0, seed, p.presence_penalty, slot, mark, clear)
+        return Draw(p.temperature, p.top_k, p.top_p, seed, p.presence_penalty, slot, mark, clear)

@@ -305,8 +305,8 @@ class Engine:
         outputs: list[list[int]],
     ) -> list[int]:
         """Decode one step and pick each stream's next token. Greedy requests without a
-        presence penalty take the device's argmax, and top-k sampling without min-p or a
-        presence penalty draws on the device (4 bytes back, not the logits)."""
+        presence penalty take the device's argmax, and what the device sampler does (top-k,
+        top-p, presence penalty; not min-p) draws there: 4 bytes come back, not the logits."""
         logits, greedy = self._step_device(streams, ids)
         plain = [s.params.is_greedy and not s.params.presence_penalty for s in samplers]
         if greedy is not None and all(plain):
@@ -316,8 +316,10 @@ class Engine:
             if all(p or s.on_device for p, s in zip(plain, samplers, strict=True)):
                 # Top-k / top-p draws on the device too: 4 bytes per row come back, not the
                 # logits (a 248K vocabulary costs milliseconds on the host).
-                pairs = zip(plain, samplers, strict=True)
-                rows = [None if p else s.device_params() for p, s in pairs]
+                rows = [
+                    None if p else s.device_draw(out, st.slot)
+                    for p, s, out, st in zip(plain, samplers, outputs, streams, strict=True)
+                ]
                 return [int(t) for t in sample_rows(logits, greedy, rows).get()]
         host = self.backend.to_host(logits).astype(np.float32)
         return [

@@ -9,6 +9,7 @@ from engine.backends.base import Batch
 from engine.backends.numpy_backend import NumpyBackend, silu
 from engine.checkpoint.quantized import QuantizedTensor
 from engine.config import parse_config
+from engine.sampling import Draw
 
 SIZES = [1, 2, 17, 31, 33, 256, 2048]
 TOL = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 4e-3}
@@ -361,10 +362,24 @@ def test_sampling(V):
     be.picks = cupy.zeros(8, cupy.int32)
     greedy = cupy.asarray(np.array([5, 6, 7], np.int32))
     for seed in range(5):
-        rows = [None, (1.0, 1, 1.0, seed), (2.0, 5, 1.0, seed)]
+        rows = [None, Draw(1.0, 1, 1.0, seed), Draw(2.0, 5, 1.0, seed)]
         picks = cupy.asnumpy(be.sample_rows(dl, greedy, rows))
         assert picks[0] == 5 and picks[1] == logits[1].argmax()
         assert picks[2] in np.argsort(-logits[2], kind="stable")[: min(5, V)]
+    # Presence penalty: a top-1 draw of the penalised logits walks down the ranking, each
+    # pick marked in the slot's bitmap so the next draw skips it.
+    if V >= 4:
+        be.seen = cupy.zeros((2, -(-V // 32)), cupy.uint32)
+        order = np.argsort(-logits[1], kind="stable")
+        gap = float(logits[1, order[0]] - logits[1, order[3]]) + 1.0
+        want, got = [int(order[0])], []
+        for step in range(3):
+            draw = Draw(1.0, 1, 1.0, step, gap, 1, (want[0],) if step == 0 else (), step == 0)
+            got.append(int(cupy.asnumpy(be.sample_rows(dl[1:2], greedy, [draw]))[0]))
+        assert got == [int(order[1]), int(order[2]), int(order[3])]
+        marked = np.unpackbits(cupy.asnumpy(be.seen[1]).view(np.uint8), bitorder="little")
+        assert set(np.flatnonzero(marked)) == set(order[:4].tolist())
+        assert not be.seen[0].any()
     for k, p in [(1, 1.0), (5, 1.0), (50, 0.9), (0, 0.5)]:
         seen = set()
         for _ in range(20):

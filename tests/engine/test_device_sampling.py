@@ -1,8 +1,8 @@
-"""Which decode steps sample on the device: the session hands top-k / top-p draws to the
-backend's `sample_rows` (4 bytes per row come back) and keeps the host sampler for what the
-device does not do (min-p, a presence penalty, no top-k cut). The backend here is numpy with
-the two device methods stood in, so the session's choice is what is tested; the CUDA kernel
-itself is tested in tests/device (test_sampling)."""
+"""Which decode steps sample on the device: the session hands top-k / top-p draws (with a
+presence penalty too) to the backend's `sample_rows` (4 bytes per row come back) and keeps
+the host sampler for what the device does not do (min-p, no top-k cut within 1024). The
+backend here is numpy with the two device methods stood in, so the session's choice is what
+is tested; the CUDA kernel itself is tested in tests/device (test_sampling)."""
 
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def test_top_k_sampling_draws_on_the_device(engine):
     assert tokens[1:] == [MARK] * 4  # the first token comes from the prompt's logits
     assert len(engine.device_rows) == 4
     for (row,) in engine.device_rows:
-        temperature, top_k, top_p, seed = row
-        assert (temperature, top_k, top_p) == (0.7, 20, 0.8)
+        assert (row.temperature, row.top_k, row.top_p, row.penalty) == (0.7, 20, 0.8, 0.0)
+        assert row.mark == () and not row.clear
     assert engine.host_reads - reads == 1  # the prompt's last logits only
     # A seeded request hands the device the same seeds again.
     first = engine.device_rows[:]
@@ -74,9 +74,21 @@ def test_top_k_sampling_draws_on_the_device(engine):
     assert engine.device_rows == first
 
 
-@pytest.mark.parametrize(
-    "kw", [{"min_p": 0.05}, {"presence_penalty": 0.5}, {"top_k": 0}, {"top_k": 2000}]
-)
+def test_presence_penalty_marks_the_reply_on_the_device(engine):
+    """The first device draw clears the slot's bitmap and marks the reply so far (the token
+    picked from the prompt); later draws mark nothing new (each marks its own pick)."""
+    tokens = _reply(engine, temperature=0.7, presence_penalty=1.5, seed=5)
+    rows = [r for (r,) in engine.device_rows]
+    assert len(rows) == 4 and all(r.penalty == 1.5 and r.slot == 0 for r in rows)
+    assert rows[0].clear and rows[0].mark == (tokens[0],)
+    assert all(not r.clear and r.mark == () for r in rows[1:])
+    # Greedy with a penalty is a top-1 draw of the penalised logits.
+    engine.device_rows.clear()
+    _reply(engine, greedy=True, presence_penalty=1.0)
+    assert [(r.top_k, r.penalty) for (r,) in engine.device_rows] == [(1, 1.0)] * 4
+
+
+@pytest.mark.parametrize("kw", [{"min_p": 0.05}, {"top_k": 0}, {"top_k": 2000}])
 def test_what_the_device_sampler_lacks_stays_on_the_host(engine, kw):
     reads = engine.host_reads
     tokens = _reply(engine, temperature=0.7, seed=4, **kw)

@@ -78,6 +78,7 @@ class CudaBackend(StateMixin, Backend):
         self.counter: Any = None
         self.argmax_work: Any = None  # greedy picks split over blocks (Ops.argmax)
         self.picks: Any = None  # each decode row's next token (sample_rows)
+        self.seen: Any = None  # per slot, a bitmap of the ids its reply has (presence penalty)
         # Invariant 7: when the plan has no room for an untied embedding table on the card,
         # it stays in host memory; each forward's rows are gathered on the host and copied
         # into `emb_rows` with the batch layout (so a captured graph reads them too).
@@ -97,7 +98,7 @@ class CudaBackend(StateMixin, Backend):
         small = 0
         if self.meta is not None:
             small = self.meta.nbytes + self.counter.nbytes + self.argmax_work.nbytes
-            small += self.picks.nbytes
+            small += self.picks.nbytes + self.seen.nbytes
         return self.pool.held_bytes + small
 
     def weight_bytes(self, checkpoint: Any) -> dict[str, int]:
@@ -509,23 +510,32 @@ class CudaBackend(StateMixin, Backend):
 
     def sample_rows(self, logits: Any, greedy: Any, rows: list) -> Any:
         """The next token of each row of a decode step, on the device: rows[i] None takes
-        greedy[i] (the step's argmax), else (temperature, top_k, top_p, seed) draws from
-        logits[i]. Returns int32 [len(rows)] on the device."""
+        greedy[i] (the step's argmax), else the `engine.sampling.Draw` draws from logits[i]
+        (with a presence penalty, the slot's bitmap of seen ids updated first). Returns int32
+        [len(rows)] on the device."""
         picks = self.picks[: len(rows)]
         picks[...] = greedy[: len(rows)]
-        for i, row in enumerate(rows):
-            if row is not None:
-                temperature, top_k, top_p, seed = row
-                self.ops.sample(
-                    logits[i : i + 1],
-                    min(self.nvalid, logits.shape[1]),
-                    top_k,
-                    top_p,
-                    temperature,
-                    seed,
-                    None,  # every draw is seeded: nothing carried between calls
-                    picks[i : i + 1],
-                )
+        for i, d in enumerate(rows):
+            if d is None:
+                continue
+            seen = None
+            if d.penalty:
+                seen = self.seen[d.slot]
+                if d.clear or d.mark:
+                    ids = self.cp.asarray(np.asarray(d.mark, np.int32)) if d.mark else None
+                    self.ops.mark_seen(seen, ids, d.clear)
+            self.ops.sample(
+                logits[i : i + 1],
+                min(self.nvalid, logits.shape[1]),
+                d.top_k,
+                d.top_p,
+                d.temperature,
+                d.seed,
+                None,  # every draw is seeded: nothing carried between calls
+                picks[i : i + 1],
+                seen,
+                d.penalty,
+            )
         return picks
 
     def sample(

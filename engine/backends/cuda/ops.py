@@ -414,7 +414,15 @@ class Ops(GemvMixin):
     def advance(self, pos, n):
         self.run("sample.cu", "advance_positions", (_cdiv(n, 256),), (256,), (pos, i32(n)))
 
-    def sample(self, logits, nvalid, top_k, top_p, temperature, seed, counter, out):
+    def mark_seen(self, seen, ids, clear: bool) -> None:
+        """Clear `seen` (one row's bitmap of ids) if asked, then set the bits of `ids`."""
+        n = 0 if ids is None else ids.size
+        args = (seen, i32(seen.size), np.uint64(0) if ids is None else ids, i32(n), i32(clear))
+        self.run("sample.cu", "mark_seen", (1,), (1024,), args)
+
+    def sample(
+        self, logits, nvalid, top_k, top_p, temperature, seed, counter, out, seen=None, penalty=0.0
+    ):
         self.run(
             "sample.cu",
             "sample_topk_topp",
@@ -430,5 +438,7 @@ class Ops(GemvMixin):
                 np.uint64(seed),
                 np.uint64(0) if counter is None else counter,
                 out,
+                np.uint64(0) if seen is None else seen,
+                f32(penalty),
             ),
         )

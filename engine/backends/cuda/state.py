@@ -62,6 +62,7 @@ class StateMixin:
         self.counter = cp.zeros(max(self.max_rows, 64), cp.uint32)
         self.argmax_work = cp.zeros(2 * max(self.max_rows, 64), cp.uint64)
         self.picks = cp.zeros(max(self.max_rows, 64), cp.int32)
+        self.seen = cp.zeros((slots, -(-c.vocab_size // 32)), cp.uint32)
         itemsize = self.ops.act_itemsize
         self.mem_scratch = Scratch(self.pool, c, itemsize, self.max_rows, slots, context)
         self.mem_workspace = Workspace(

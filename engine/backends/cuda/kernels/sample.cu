@@ -100,14 +100,31 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long x) {
 }
 
 #define CAP 1024
+// grid (1), 1024 threads: clear a row's bitmap of seen ids (when `clear`), then set the bits of
+// ids[0..n). The presence penalty's memory of what a reply has said, kept on the device.
+extern "C" __global__ void mark_seen(unsigned* __restrict__ seen, int words, const int* __restrict__ ids,
+                                     int n, int clear) {
+  pdl_start();
+  if (clear)
+    for (int i = threadIdx.x; i < words; i += blockDim.x) seen[i] = 0u;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) atomicOr(seen + (ids[i] >> 5), 1u << (ids[i] & 31));
+}
+
 // grid (S), 1024 threads. Keeps the top_k (1..1024) logits, scales by 1/temperature, keeps the
 // smallest prefix whose probability reaches top_p, draws one. counter[s] advances per call;
 // with counter null the draw depends on the seed alone (a caller that seeds every call).
 extern "C" __global__ void __launch_bounds__(1024)
 sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_k, float top_p,
                  float temperature, unsigned long long seed, unsigned* __restrict__ counter,
-                 int* __restrict__ out) {
+                 int* __restrict__ out, unsigned* __restrict__ seen, float penalty) {
   pdl_start();
+  // The presence penalty, in fp32 as the logit is read: `penalty` off every id whose bit is set
+  // in `seen` (this row's bitmap; null: none). The drawn id's bit is set at the end.
+  auto val = [&](const act_t* row, int j) -> float {
+    const float x = ld(row + j);
+    return seen != nullptr && ((seen[j >> 5] >> (j & 31)) & 1u) ? x - penalty : x;
+  };
   __shared__ unsigned hist[256];
   __shared__ unsigned sh_prefix, sh_krem, sh_n;
   __shared__ float cv_[CAP];
@@ -128,7 +145,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   __syncthreads();
   for (int base = tid - lane; base < nvalid; base += blockDim.x) {  // warp-uniform
     const int j = base + lane;
-    const float x = j < nvalid ? ld(row + j) : qnan;
+    const float x = j < nvalid ? val(row, j) : qnan;
     const bool ok = x == x;  // NaN is never drawn
     const unsigned bin = ok ? okey(x) >> 21 : 2048u;
     const unsigned peers = __match_any_sync(0xffffffffu, bin);
@@ -147,7 +164,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   const unsigned bstar = sh_bin;
   for (int base = tid - lane; base < nvalid; base += blockDim.x) {
     const int j = base + lane;
-    const float x = j < nvalid ? ld(row + j) : qnan;
+    const float x = j < nvalid ? val(row, j) : qnan;
     const bool take = x == x && (okey(x) >> 21) >= bstar;
     const unsigned votes = __ballot_sync(0xffffffffu, take);
     unsigned first = 0;
@@ -163,7 +180,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
       for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
       __syncthreads();
       for (int j = tid; j < nvalid; j += blockDim.x) {
-        unsigned key = okey(ld(row + j));
+        unsigned key = okey(val(row, j));
         if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
       }
       __syncthreads();
@@ -185,7 +202,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
     cv_[tid] = -INFINITY; ci[tid] = 0x7fffffff;
     __syncthreads();
     for (int j = tid; j < nvalid; j += blockDim.x) {
-      float x = ld(row + j);
+      float x = val(row, j);
       unsigned key = okey(x);
       bool take = key > prefix;
       if (key == prefix) take = atomicAdd(&sh_eq, 1u) < krem;
@@ -230,7 +247,10 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   unsigned long long h = mix64(seed ^ mix64(((unsigned long long)blockIdx.x << 32) | c));
   float u = (float)((h >> 40) * (1.0 / 16777216.0)) * cv_[n - 1];
   float lo = tid == 0 ? 0.f : cv_[tid - 1];
-  if (tid < n && u >= lo && (u < cv_[tid] || tid == n - 1)) out[blockIdx.x] = ci[tid];
+  if (tid < n && u >= lo && (u < cv_[tid] || tid == n - 1)) {
+    out[blockIdx.x] = ci[tid];
+    if (seen != nullptr) atomicOr(seen + (ci[tid] >> 5), 1u << (ci[tid] & 31));
+  }
   __syncthreads();
   if (tid == 0 && counter != nullptr) counter[blockIdx.x] = c + 1;
 }

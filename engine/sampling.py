@@ -61,6 +61,11 @@ class Draw(NamedTuple):
 class Sampler:
     """One request's sampler: owns its random generator so a seed reproduces a reply."""
 
+    # The presence penalty on the device (`Draw.penalty`, a bitmap of the reply) has not run
+    # on a GPU yet: until tests/device (test_sampling, test_presence_penalty_on_the_device_
+    # matches_numpy) pass there, a request with a penalty samples on the host.
+    device_penalty = False
+
     def __init__(self, params: SamplingParams, real_vocab: int):
         self.params = params
         self.real_vocab = real_vocab
@@ -106,7 +111,7 @@ class Sampler:
         them), temperature, top-p and the presence penalty, or greedy with a penalty (top-k
         1); not min-p. (Plain greedy takes the step's own argmax.)"""
         p = self.params
-        if p.min_p > 0:
+        if p.min_p > 0 or (p.presence_penalty and not self.device_penalty):
             return False
         return bool(p.presence_penalty) if p.is_greedy else 0 < p.top_k <= 1024
 

@@ -249,7 +249,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   float lo = tid == 0 ? 0.f : cv_[tid - 1];
   if (tid < n && u >= lo && (u < cv_[tid] || tid == n - 1)) {
     out[blockIdx.x] = ci[tid];
-    if (seen != nullptr) atomicOr(seen + (ci[tid] >> 5), 1u << (ci[tid] & 31));
+    if (seen != nullptr && ci[tid] < nvalid) atomicOr(seen + (ci[tid] >> 5), 1u << (ci[tid] & 31));
   }
   __syncthreads();
   if (tid == 0 && counter != nullptr) counter[blockIdx.x] = c + 1;

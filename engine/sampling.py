@@ -75,7 +75,9 @@ class Sampler:
     def __call__(self, logits: np.ndarray, generated: Iterable[int] = ()) -> int:
         """Pick one token id from `logits [V]` given the ids generated so far."""
         p = self.params
-        x = np.array(logits[: self.real_vocab], dtype=np.float64)  # a copy, padding dropped
+        # A float32 copy, padding dropped (logits arrive as float32 or narrower, so nothing is
+        # rounded); the probabilities below are computed in float64 on the candidates.
+        x = np.array(logits[: self.real_vocab], dtype=np.float32)
         if p.presence_penalty:
             seen = np.fromiter(set(generated), dtype=np.int64)
             seen = seen[seen < self.real_vocab]
@@ -89,7 +91,7 @@ class Sampler:
             cand = np.flatnonzero(x >= kth)
         else:
             cand = np.arange(x.size)
-        xc = x[cand] / p.temperature
+        xc = x[cand].astype(np.float64) / p.temperature
         probs = np.exp(xc - xc.max())
         probs /= probs.sum()
         if p.min_p > 0:

@@ -321,7 +321,7 @@ class Engine:
                     for p, s, out, st in zip(plain, samplers, outputs, streams, strict=True)
                 ]
                 return [int(t) for t in sample_rows(logits, greedy, rows).get()]
-        host = self.backend.to_host(logits).astype(np.float32)
+        host = np.asarray(self.backend.to_host(logits), dtype=np.float32)
         return [
             sampler(row, out) for sampler, row, out in zip(samplers, host, outputs, strict=True)
         ]

@@ -70,24 +70,31 @@ _SCALARS = {
 
 
 @functools.cache
-def _driver_launch() -> Any:
-    """`cuLaunchKernelEx` from the driver library, or None where it does not exist."""
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+def driver_function(name: str) -> Any:
+    """Entry point `name` of the CUDA driver library (ctypes), or None where the library or
+    the entry point does not exist. The caller sets its argument types."""
+    for lib_name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
         try:
-            lib = ctypes.CDLL(name)
+            lib = ctypes.CDLL(lib_name)
         except OSError:
             continue
-        fn = getattr(lib, "cuLaunchKernelEx", None)
-        if fn is not None:
-            fn.restype = ctypes.c_int
-            fn.argtypes = [
-                ctypes.POINTER(_Config),
-                ctypes.c_void_p,
-                ctypes.POINTER(ctypes.c_void_p),
-                ctypes.c_void_p,
-            ]
-            return fn
+        return getattr(lib, name, None)
     return None
+
+
+@functools.cache
+def _driver_launch() -> Any:
+    """`cuLaunchKernelEx` from the driver library, or None where it does not exist."""
+    fn = driver_function("cuLaunchKernelEx")
+    if fn is not None:
+        fn.restype = ctypes.c_int
+        fn.argtypes = [
+            ctypes.POINTER(_Config),
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_void_p,
+        ]
+    return fn
 
 
 def pdl_available() -> bool:

@@ -14,6 +14,8 @@ import ctypes
 import functools
 from typing import Any
 
+from engine.backends.cuda.launch import driver_function
+
 _UINT32 = 2  # CUtensorMapDataType
 _SWIZZLE_128B = 3  # CUtensorMapSwizzle
 _L2_256B = 3  # CUtensorMapL2promotion
@@ -21,31 +23,25 @@ _L2_256B = 3  # CUtensorMapL2promotion
 
 @functools.cache
 def _encode() -> Any:
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        fn = getattr(lib, "cuTensorMapEncodeTiled", None)
-        if fn is not None:
-            u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
-            fn.restype = ctypes.c_int
-            fn.argtypes = [
-                ctypes.c_void_p,  # CUtensorMap*
-                ctypes.c_int,  # data type
-                ctypes.c_uint32,  # rank
-                ctypes.c_void_p,  # global address
-                u64p,  # global dims
-                u64p,  # global strides (bytes), rank - 1 of them
-                u32p,  # box dims
-                u32p,  # element strides
-                ctypes.c_int,  # interleave
-                ctypes.c_int,  # swizzle
-                ctypes.c_int,  # L2 promotion
-                ctypes.c_int,  # out-of-bounds fill
-            ]
-            return fn
-    return None
+    fn = driver_function("cuTensorMapEncodeTiled")
+    if fn is not None:
+        u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [
+            ctypes.c_void_p,  # CUtensorMap*
+            ctypes.c_int,  # data type
+            ctypes.c_uint32,  # rank
+            ctypes.c_void_p,  # global address
+            u64p,  # global dims
+            u64p,  # global strides (bytes), rank - 1 of them
+            u32p,  # box dims
+            u32p,  # element strides
+            ctypes.c_int,  # interleave
+            ctypes.c_int,  # swizzle
+            ctypes.c_int,  # L2 promotion
+            ctypes.c_int,  # out-of-bounds fill
+        ]
+    return fn
 
 
 def available() -> bool:

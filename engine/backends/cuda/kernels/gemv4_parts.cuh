@@ -238,3 +238,38 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
     return pack8(f);
   }
 }
+
+// Stage the activations of M rows (threads tid of NT, whole warps): entry p of row m holds
+// x[8p..8p+7] (after the prologue PRO) as pairs (0,4) (1,5) (2,6) (3,7), the order the code
+// words' nibbles come out of qpair(); sx[group * 8 + m] is the group's sum of x (0 for rows
+// m >= M). The caller synchronises afterwards.
+template <int M, int PRO>
+__device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, const Pro& pr, uint4* xs,
+                                        int xstride, float* sx, int nw, int in, const float* pss, int tid,
+                                        int NT) {
+  const int lane = tid & 31, ng = nw >> 3;
+  for (int base = tid - lane; base < M * nw; base += NT) {
+    const int it = base + lane;
+    float s = 0.f;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (it < M * nw) {
+      const int m = it / nw, p = it - m * nw;
+      v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
+      const act_t* e = reinterpret_cast<const act_t*>(&v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s += cv(e[j]);
+      xs[m * xstride + p] = make_uint4(prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632),
+                                       prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632));
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s += __shfl_xor_sync(0xffffffffu, s, 4);
+    if (it < M * nw && (lane & 7) == 0) {
+      const int m = it / nw, p = it - m * nw;
+      sx[(p >> 3) * 8 + m] = s;
+    }
+  }
+  if (M < 8)
+    for (int i = tid; i < ng * 8; i += NT)
+      if ((i & 7) >= M) sx[i] = 0.f;
+}

@@ -165,33 +165,7 @@ gemv4s(const __grid_constant__ TMap map0, const __grid_constant__ TMap map1,
     pro_sums<M, PRO>(X, ldx, pr, xs, xstride, nw, in, pss, ct, CT);
     consumers_sync(CT);
   }
-  for (int base = ct - lane; base < M * nw; base += CT) {
-    const int it = base + lane;
-    float s = 0.f;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (it < M * nw) {
-      const int m = it / nw, p = it - m * nw;
-      v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);
-      const act_t* e = reinterpret_cast<const act_t*>(&v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s += cv(e[j]);
-    }
-    if (it < M * nw) {
-      const int m = it / nw, p = it - m * nw;
-      xs[m * xstride + p] = make_uint4(prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632),
-                                       prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632));
-    }
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    s += __shfl_xor_sync(0xffffffffu, s, 4);
-    if (it < M * nw && (lane & 7) == 0) {
-      const int m = it / nw, p = it - m * nw;
-      sx[(p >> 3) * 8 + m] = s;
-    }
-  }
-  if (M < 8)
-    for (int i = ct; i < ng * 8; i += CT)
-      if ((i & 7) >= M) sx[i] = 0.f;
+  stage_x<M, PRO>(X, ldx, pr, xs, xstride, sx, nw, in, pss, ct, CT);
   consumers_sync(CT);
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;

@@ -61,10 +61,9 @@ class Draw(NamedTuple):
 class Sampler:
     """One request's sampler: owns its random generator so a seed reproduces a reply."""
 
-    # The presence penalty on the device (`Draw.penalty`, a bitmap of the reply) has not run
-    # on a GPU yet: until tests/device (test_sampling, test_presence_penalty_on_the_device_
-    # matches_numpy) pass there, a request with a penalty samples on the host.
-    device_penalty = False
+    # The presence penalty on the device (`Draw.penalty`, a bitmap of the reply). Off: a
+    # request with a penalty samples on the host (tests compare the two paths).
+    device_penalty = True
 
     def __init__(self, params: SamplingParams, real_vocab: int):
         self.params = params

@@ -95,13 +95,10 @@ def test_sampled_replies_are_drawn_on_the_device(model_dir, monkeypatch):
     engine.unload()
 
 
-def test_presence_penalty_on_the_device_matches_numpy(model_dir, monkeypatch):
+def test_presence_penalty_on_the_device_matches_numpy(model_dir):
     """Greedy with a presence penalty runs on the device as a top-1 draw of the penalised
     logits (the reply's ids in a bitmap); fp32, it picks what the numpy engine's host
     sampler picks."""
-    from engine.sampling import Sampler
-
-    monkeypatch.setattr(Sampler, "device_penalty", True)
     ids = prompt(60, seed=8)
     params = GenerationParams(max_new_tokens=24, greedy=True, presence_penalty=2.0)
     host = Engine.load(model_dir, EngineSettings(backend="numpy"), context=1024)

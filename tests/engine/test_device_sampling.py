@@ -74,17 +74,17 @@ def test_top_k_sampling_draws_on_the_device(engine):
     assert engine.device_rows == first
 
 
-def test_presence_penalty_stays_on_the_host_until_switched_on(engine):
+def test_presence_penalty_samples_on_the_host_when_switched_off(engine, monkeypatch):
+    from engine.sampling import Sampler
+
+    monkeypatch.setattr(Sampler, "device_penalty", False)
     _reply(engine, temperature=0.7, presence_penalty=1.5, seed=5)
     assert engine.device_rows == []
 
 
-def test_presence_penalty_marks_the_reply_on_the_device(engine, monkeypatch):
+def test_presence_penalty_marks_the_reply_on_the_device(engine):
     """The first device draw clears the slot's bitmap and marks the reply so far (the token
     picked from the prompt); later draws mark nothing new (each marks its own pick)."""
-    from engine.sampling import Sampler
-
-    monkeypatch.setattr(Sampler, "device_penalty", True)
     tokens = _reply(engine, temperature=0.7, presence_penalty=1.5, seed=5)
     rows = [r for (r,) in engine.device_rows]
     assert len(rows) == 4 and all(r.penalty == 1.5 and r.slot == 0 for r in rows)

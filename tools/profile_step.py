@@ -54,11 +54,10 @@ def cupti_trace(work, be, csv_path: str) -> None:
                 w.writerow([round(float(e["ts"]) * 1e3), round(float(e["dur"]) * 1e3), e["name"]])
 
 
-def run_step(
-    shape: str, fmt: str, prompt: int, workdir: str, replays: int = 0, torch_trace: str = ""
-) -> None:
-    import cupy
-
+def prepared_step(shape: str, fmt: str, prompt: int, workdir: str, steps: int) -> tuple:
+    """(backend, model, prompt ids): a random checkpoint at a real shape, loaded on the GPU,
+    after a prompt and two eager steps (every kernel compiled and tuned), with room for
+    `steps` more."""
     from engine.backends.base import Batch
     from engine.backends.cuda.backend import CudaBackend
     from engine.backends.cuda.synth import write_checkpoint
@@ -69,20 +68,39 @@ def run_step(
     ck = Checkpoint.open(path)
     be = CudaBackend(dtype="bfloat16")
     model = Qwen35Model(ck.config, be, be.load_weights(ck, ck.config))
-    be.alloc_state(ck.config, 1, prompt + 8 + replays)
+    be.alloc_state(ck.config, 1, prompt + 8 + steps)
     ids = np.random.default_rng(1).integers(0, 1000, prompt)
     model.forward(Batch.window(0, 0, prompt), ids)
     for i in range(2):
         model.forward(Batch.step([(0, prompt + i)]), np.array([5]))
     be.stream.synchronize()
-    if replays:
-        from engine.backends.cuda.graphs import DecodeGraphs
+    return be, model, ids
 
-        graphs = DecodeGraphs(be, model)
-        graphs.capture(1)  # its warm-up step zeroes slot 0: run the prompt again
-        model.forward(Batch.window(0, 0, prompt), ids)
-        graphs.replay(Batch.step([(0, prompt)]), np.array([5]))
-        be.stream.synchronize()
+
+def captured_step(be, model, ids) -> object:
+    """The decode graph of one stream, captured, after the prompt again (capture's warm-up
+    step zeroes slot 0) and one replay; `replay_next(1)` then decodes on."""
+    from engine.backends.base import Batch
+    from engine.backends.cuda.graphs import DecodeGraphs
+
+    graphs = DecodeGraphs(be, model)
+    graphs.capture(1)
+    model.forward(Batch.window(0, 0, len(ids)), ids)
+    graphs.replay(Batch.step([(0, len(ids))]), np.array([5]))
+    be.stream.synchronize()
+    return graphs
+
+
+def run_step(
+    shape: str, fmt: str, prompt: int, workdir: str, replays: int = 0, torch_trace: str = ""
+) -> None:
+    import cupy
+
+    from engine.backends.base import Batch
+
+    be, model, ids = prepared_step(shape, fmt, prompt, workdir, replays)
+    if replays:
+        graphs = captured_step(be, model, ids)
         if torch_trace:
             cupti_trace(lambda: [graphs.replay_next(1) for _ in range(replays)], be, torch_trace)
             return

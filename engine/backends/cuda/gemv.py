@@ -107,6 +107,8 @@ class GemvMixin:
     # gemv4s among the tuner's candidates. Off: measured slower than gemv4 alone and in a
     # chain so far (docs/benchmarks.md); tools/bench_chain.py and bench_decode.py turn it on.
     streamed_gemv = False
+    # Extra -D flags for gemv4.cu (tools/stamp_step.py compiles its timing records in).
+    gemv4_defines: tuple[str, ...] = ()
 
     @staticmethod
     def _wargs(w: Any) -> tuple[Any, Any, Any]:
@@ -353,6 +355,7 @@ class GemvMixin:
         if mod is None:
             names = [self._gemv4_sym(R, swiglu, c, kind) for c in GEMV4_VARIANTS]
             opts = ("-std=c++17", f"-DACT_KIND={ACT_KINDS[self.dtype]}")
+            opts += tuple(f"-D{d}" for d in self.gemv4_defines)
             mod = cupy.RawModule(code=_source("gemv4.cu"), options=opts, name_expressions=names)
             self._gemv4_mods[(R, swiglu, kind)] = mod
         fn = self._gemv4_mods[sym] = mod.get_function(sym)

@@ -15,6 +15,7 @@
 // with sum(x) per group and activation row computed once per block. Warps that share a tile
 // (KS slices of the columns) are summed through shared memory at the end.
 #include "gemv4_parts.cuh"
+#include "stamps.cuh"
 
 // KS = blockDim.x / (32 * TPB) warps share a tile (each takes a contiguous slice of the groups),
 // TPB tiles per block, UG groups loaded per step. PIPE: the next UG groups are fetched while the
@@ -32,6 +33,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
       const float* __restrict__ po, int phd, float peps) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
+  Stamps stamps;
+  stamps.at(0, threadIdx.x);
   constexpr int ROWS = SWIGLU ? 8 : 16;
   extern __shared__ uint4 smem[];
   __shared__ float pss[PRO ? 256 : 1];
@@ -80,6 +83,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
   pdl_start();  // from here on, activations of the previous kernel are readable
+  stamps.at(1, tid);
 
   if constexpr (PRO != 0) {
     __syncthreads();
@@ -88,6 +92,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   }
   stage_x<M, PRO>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
   __syncthreads();
+  stamps.at(2, tid);
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
   for (; vb < VB; vb += gridDim.x) {
@@ -114,6 +119,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       }
     }
 
+    if (vb == static_cast<int>(blockIdx.x)) stamps.at(3, tid);
     // Next tile's first weights (nothing is fetched past the last tile).
     const int nvb = vb + gridDim.x;
     if (nvb < VB) {
@@ -140,4 +146,5 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     }
     __syncthreads();  // red is rewritten by the next tile
   }
+  stamps.write(W0, out, in, (SWIGLU ? 16u : 0u) | PRO, tid);
 }

@@ -1,0 +1,37 @@
+"""The arithmetic of tools/stamp_step.py on records built by hand (the records themselves
+come from a GPU: tests/device and the device runs)."""
+
+import numpy as np
+
+from tools.stamp_step import kernels, label, phases
+
+
+def _record(w, out, cols, flags, block, t):
+    return [w, (out << 32) | cols, (flags << 40) | block, *t]
+
+
+def test_launches_are_ordered_and_their_phases_measured_from_the_previous_exit():
+    recs = np.array(
+        [
+            # second projection (2560x4096, prologue 2), two blocks, listed first
+            _record(200, 2560, 4096, 2, 0, [900, 1100, 1500, 2500, 3000]),
+            _record(200, 2560, 4096, 2, 1, [950, 1100, 1700, 2700, 3400]),
+            # first projection (9216x2560 SwiGLU, prologue 1), one block
+            _record(100, 9216, 2560, 17, 0, [0, 100, 300, 600, 1000]),
+        ],
+        np.uint64,
+    )
+    ks = kernels(recs)
+    assert [k["label"] for k in ks] == ["9216x2560 swiglu pro1", "2560x4096 pro2"]
+    agg = phases(ks)
+    assert list(agg) == ["2560x4096 pro2"]
+    a = agg["2560x4096 pro2"]
+    assert a["entry"] == [-100]  # entered before the first one's last exit at 1000
+    assert a["release"] == [100]
+    assert a["stage"] == [500]  # median 1600 - 1100
+    assert a["first"] == [1000]
+    assert a["finish"] == [3400 - 2600]
+    assert a["tail"] == [3400 - 3200]
+    assert a["span"] == [2400]
+    assert a["blocks"] == [2]
+    assert label(2560, 9216, 0) == "2560x9216"

@@ -94,6 +94,50 @@ def test_gated_norm_linear_fused(dtype, rows):
     assert _rel(be.to_host(out), y @ ref_w.T) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("rows", [1, 8])
+def test_every_variant_with_each_prologue(dtype, rows):
+    """Each gemv4 variant (staged ones too: the prologue's inputs sit after their weight
+    area) with the residual add and norm, and with the gated per-head norm, at 4B shapes."""
+    import cupy
+
+    from engine.backends.cuda.gemv import Pro
+
+    be = _backend(dtype)
+    be.ops.staged_gemv = True
+    rng = np.random.default_rng(60 + rows)
+    eps, H, Hv, dv = 1e-6, 2560, 32, 128
+    w, ref_w = _quant_weight(be, 1040, H, 4, rng)
+    x = _round(be, rng.standard_normal((rows, H)).astype(np.float32))
+    d = _round(be, rng.standard_normal((rows, H)).astype(np.float32))
+    nw = (1 + 0.1 * rng.standard_normal(H)).astype(np.float32)
+    u, h_ref = _norm_ref(be, x, d, nw, eps)
+    xd, dd, nwd = _up(be, x), _up(be, d), cupy.asarray(nw)
+    tried = 0
+    for choice in be.ops.gemv_candidates(xd, w, pro=Pro(1, nwd, eps, delta=dd)):
+        h = cupy.zeros((rows, H), be.ops.act_dtype)
+        out = cupy.empty((rows, 1040), be.ops.act_dtype)
+        be.ops.gemv_run(choice, xd, w, out, pro=Pro(1, nwd, eps, delta=dd, h=h))
+        assert np.array_equal(be.to_host(h), h_ref), choice
+        assert _rel(be.to_host(out), u @ ref_w.T) < TOL[dtype], choice
+        tried += 1
+    w, ref_w = _quant_weight(be, H, Hv * dv, 4, rng)
+    o = rng.standard_normal((rows, Hv * dv)).astype(np.float32)
+    z = _round(be, rng.standard_normal((rows, Hv * dv)).astype(np.float32))
+    nw = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
+    oh = o.reshape(rows, Hv, dv)
+    inv = 1.0 / np.sqrt((oh.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
+    y = _round(be, (oh * inv * nw).reshape(rows, Hv * dv).astype(np.float32) * silu(z))
+    pro = Pro(2, cupy.asarray(nw), eps, o=cupy.asarray(o), head_dim=dv)
+    zd = _up(be, z)
+    for choice in be.ops.gemv_candidates(zd, w, pro=pro):
+        out = cupy.empty((rows, H), be.ops.act_dtype)
+        be.ops.gemv_run(choice, zd, w, out, pro=pro)
+        assert _rel(be.to_host(out), y @ ref_w.T) < TOL[dtype], choice
+        tried += 1
+    assert tried >= 12
+
+
 def _run(model, graphs=None):
     """Logits of a prompt window, 6 eager steps, then 4 graph replays (if graphs)."""
     be = model.backend
@@ -157,12 +201,14 @@ def test_step_conv_state_update_matches_window(tiny_dirs):
 )
 @pytest.mark.parametrize("rows", [1, 3])
 def test_every_gemv_variant(dtype, bits, rows):
-    """The tuner may pick any candidate, so each one is checked, at real 4B shapes."""
+    """The tuner may pick any candidate, so each one is checked, at real 4B shapes (with
+    the variants it leaves out by default, which the benchmarks still run)."""
     import cupy
 
     from engine.backends.cuda.weights import DWeight
 
     be = _backend(dtype)
+    be.ops.staged_gemv = True
     rng = np.random.default_rng(rows + bits)
     for n_out, cols, swiglu in [(9216, 2560, True), (2560, 9216, False), (12352, 2560, False)]:
         if bits:

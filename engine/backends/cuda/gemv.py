@@ -107,6 +107,11 @@ class GemvMixin:
     # gemv4s among the tuner's candidates. Off: measured slower than gemv4 alone and in a
     # chain so far (docs/benchmarks.md); tools/bench_chain.py and bench_decode.py turn it on.
     streamed_gemv = False
+    # gemv4's variants that stage each warp's weights in shared memory, and the SIMT kernel
+    # beside gemv4, among the tuner's candidates. Off: they win some shapes timed alone but
+    # not whole decode steps (tools/bench_decode.py's "registers" row: 512 against 480 tok/s
+    # at b0ecf60, level or better in every run before).
+    staged_gemv = False
     # Extra -D flags for gemv4.cu (tools/stamp_step.py compiles its timing records in).
     gemv4_defines: tuple[str, ...] = ()
 
@@ -171,7 +176,10 @@ class GemvMixin:
         old = [("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS)]
         cands = mma if pro is not None else (mma + old[:1] if mma else old)
         if self.variant_filter is not None:
-            cands = [c for c in cands if self.variant_filter(c)] or cands
+            return [c for c in cands if self.variant_filter(c)] or cands
+        if not self.staged_gemv:
+            kept = [c for c in cands if c[0] == "ws" or (c[0] == "mma" and not c[5])]
+            cands = kept or cands
         return cands
 
     def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None) -> None:

@@ -404,7 +404,7 @@ class CudaBackend(StateMixin, Backend):
         f = cp.float32
         step = batch.is_step
         segs = self._segs(S)
-        if step and ops.gdn_step_shape(Hk, Hv, dk, dv):
+        if step and K <= 4 and ops.gdn_step_shape(Hk, Hv, dk, dv):
             o = self.take((R, Hv * dv), f)
             ops.gdn_step(
                 mixed,

@@ -339,7 +339,7 @@ class Ops(GemvMixin):
 
     def gdn_step(self, mixed, conv_w, cstate, a, b, A_log, dt_bias, state, segs, n_segs, o, dims):
         """A decode step's conv, gates and delta rule in one launch (`gdn_step` in gdn.cu);
-        the caller has checked `gdn_step_shape`."""
+        the caller has checked `gdn_step_shape` and a conv of at most 4 taps."""
         Hk, Hv, dk, dv, K = dims
         nc, threads = self.gdn_step_shape(Hk, Hv, dk, dv)
         self.run(

@@ -50,21 +50,41 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
 // (s+1)*split) of the row's len = pos + 1 keys; splits past the end exit. Writes partial o and
 // (max, sum). Each warp takes KU keys at a time: their K and V rows are requested together
 // (one memory latency per KU keys, not per key), then the KU scores of each of the gq <= GM
-// query heads sharing this KV head are folded into the running (max, sum, o) at once.
+// query heads sharing this KV head are folded into the running (max, sum, o) at once. A
+// warp's first KU keys are requested before the wait for the previous kernel (attn_prep),
+// except the newest one, which attn_prep writes.
 template <int DPL, int GM, int KU>
 __global__ void __launch_bounds__(128)
 attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act_t* __restrict__ vc,
             const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
             float* __restrict__ pml, int Hq, int Hkv, int ctx, int split, int nsmax, float scale) {
-  pdl_start();
   constexpr int HD = DPL * 32, NW = 4;
   __shared__ float sm_o[NW][GM][HD];
   __shared__ float sm_m[NW][GM], sm_l[NW][GM];
   const int s = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
-  const int len = pos[r] + 1, k0 = s * split;
-  if (k0 >= len) return;
+  const int len = pos[r] + 1, k0 = s * split;  // positions and slots: written before the step
+  if (k0 >= len) {
+    pdl_start();
+    return;
+  }
   const int k1 = min(len, k0 + split);
   const int gq = Hq / Hkv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long base = ((long)row_slot[r] * Hkv + kvh) * ctx * HD;
+  const int jfirst = k0 + warp * KU;
+  float kv[KU][DPL], vv[KU][DPL];
+  auto load_keys = [&](int j0, bool older) {  // older: all but the newest key; else only it
+#pragma unroll
+    for (int u = 0; u < KU; ++u) {
+      const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
+      if (older ? j < len - 1 : j == len - 1) {
+        load_acts<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
+        load_acts<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
+      }
+    }
+  };
+  if (jfirst < k1) load_keys(jfirst, true);
+  pdl_start();
+  if (jfirst < k1) load_keys(jfirst, false);
   float qv[GM][DPL], o[GM][DPL], m[GM], l[GM];
 #pragma unroll
   for (int g = 0; g < GM; ++g) {
@@ -77,14 +97,14 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
       for (int i = 0; i < DPL; ++i) qv[g][i] *= scale;
     }
   }
-  const long base = ((long)row_slot[r] * Hkv + kvh) * ctx * HD;
-  for (int j0 = k0 + warp * KU; j0 < k1; j0 += NW * KU) {
-    float kv[KU][DPL], vv[KU][DPL];
+  for (int j0 = jfirst; j0 < k1; j0 += NW * KU) {
+    if (j0 != jfirst) {
 #pragma unroll
-    for (int u = 0; u < KU; ++u) {
-      const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
-      load_acts<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
-      load_acts<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
+      for (int u = 0; u < KU; ++u) {
+        const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
+        load_acts<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
+        load_acts<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
+      }
     }
 #pragma unroll
     for (int g = 0; g < GM; ++g) {

@@ -162,7 +162,9 @@ extern "C" __global__ void gdn_out(const float* __restrict__ o, const act_t* __r
 // segment. grid (Hk, S), (Hv/Hk)*dv/NC warps (at most 32): the block takes one key head, its
 // Hv/Hk value heads and all their value columns, so it is the only reader of every conv-state
 // channel it uses and can shift them in place, and its recurrent state is requested before
-// the wait for the previous kernel. Needs dk = 128, 2*128 + (Hv/Hk)*dv + Hv/Hk <= threads.
+// the wait for the previous kernel, with everything else no earlier kernel of this step writes
+// (the conv taps and their weights, the gate parameters). Needs dk = 128, K <= 4 and
+// 2*128 + (Hv/Hk)*dv + Hv/Hk <= threads.
 // The arithmetic is gdn_prep's and gdn_scan's: the states come out bit for bit the same, the
 // outputs to rounding (the delta rule takes one column at a time here).
 template <int NC>
@@ -171,7 +173,7 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
          const act_t* __restrict__ a, const act_t* __restrict__ b, const float* __restrict__ A_log,
          const float* __restrict__ dt_bias, float* __restrict__ state, const int* __restrict__ seg_slot,
          const int* __restrict__ seg_row0, float* __restrict__ o, int Hk, int Hv, int dv, int K) {
-  constexpr int DK = 128, MAXC = 256, MAXG = 8;
+  constexpr int DK = 128, MAXC = 256, MAXG = 8, MAXK = 4;
   __shared__ float sq[DK], sk[DK], sv[MAXC], sg[MAXG], sb[MAXG], red[32];
   const int kh = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gv = Hv / Hk, cols = gv * dv, KD = Hk * DK, VD = Hv * dv, C = 2 * KD + VD;
@@ -183,27 +185,46 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
   float4 S[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) S[c] = reinterpret_cast<float4*>(sp + c * DK)[lane];
+  // This thread's conv channel c: its K weights and K-1 older taps (the previous step's
+  // gdn_step wrote them); or, for the gate threads, the head's A_log and dt_bias.
+  const bool conv = tid < 2 * DK + cols, gate = !conv && tid < 2 * DK + cols + gv;
+  const int c = tid < DK       ? kh * DK + tid                 // q
+                : tid < 2 * DK ? KD + kh * DK + tid - DK       // k
+                               : 2 * KD + kh * cols + tid - 2 * DK;  // v of this key head's value heads
+  const int hh = tid - 2 * DK - cols, hg = kh * gv + hh;
+  act_t* cs = cstate + (long)slot * (K - 1) * C;
+  float wk[MAXK - 1], tap[MAXK - 1], a_log = 0.f, dtb = 0.f;
+  const float wnew = conv ? conv_w[(long)c * K + K - 1] : 0.f;
+#pragma unroll
+  for (int j = 0; j + 1 < MAXK; ++j) {
+    wk[j] = conv && j + 1 < K ? conv_w[(long)c * K + j] : 0.f;
+    tap[j] = conv && j + 1 < K ? ld(cs + (long)j * C + c) : 0.f;
+  }
+  if (gate) {
+    a_log = A_log[hg];
+    dtb = dt_bias[hg];
+  }
   pdl_start();
 
   // Conv (K taps: K-1 from the state, the newest from mixed) + SiLU for q, k and v channels.
   float val = 0.f;
-  if (tid < 2 * DK + cols) {
-    const int c = tid < DK       ? kh * DK + tid                 // q
-                  : tid < 2 * DK ? KD + kh * DK + tid - DK       // k
-                                 : 2 * KD + kh * cols + tid - 2 * DK;  // v of this key head's value heads
-    act_t* cs = cstate + (long)slot * (K - 1) * C;
+  if (conv) {
+    const act_t newest = mixed[r * C + c];
     float acc = 0.f;
-    for (int j = 0; j + 1 < K; ++j) acc = fmaf(conv_w[(long)c * K + j], ld(cs + (long)j * C + c), acc);
-    acc = fmaf(conv_w[(long)c * K + K - 1], ld(mixed + r * C + c), acc);
-    for (int j = 0; j + 2 < K; ++j) cs[(long)j * C + c] = cs[(long)(j + 1) * C + c];
-    cs[(long)(K - 2) * C + c] = mixed[r * C + c];
+#pragma unroll
+    for (int j = 0; j + 1 < MAXK; ++j)
+      if (j + 1 < K) acc = fmaf(wk[j], tap[j], acc);
+    acc = fmaf(wnew, cv(newest), acc);
+#pragma unroll
+    for (int j = 0; j + 2 < MAXK; ++j)
+      if (j + 2 < K) cs[(long)j * C + c] = mk(tap[j + 1]);
+    cs[(long)(K - 2) * C + c] = newest;
     val = silu_f(acc);
-  } else if (tid < 2 * DK + cols + gv) {
-    const int hh = tid - 2 * DK - cols, hg = kh * gv + hh;
+  } else if (gate) {
     sb[hh] = sigmoid_f(ld(b + r * Hv + hg));
-    const float x = ld(a + r * Hv + hg) + dt_bias[hg];
+    const float x = ld(a + r * Hv + hg) + dtb;
     const float sp1 = x > 20.f ? x : log1pf(expf(x));
-    sg[hh] = -expf(A_log[hg]) * sp1;
+    sg[hh] = -expf(a_log) * sp1;
   }
   // l2 norms of q (warps 0-3) and k (warps 4-7), summed as gdn_prep's block_sum sums them.
   const float ss = warp_sum(val * val);

@@ -134,6 +134,11 @@ def _nbytes(obj: Any) -> int:
 class Engine:
     """A loaded model with its tokenizer, backend state slots and generate loop."""
 
+    # A reply's decode steps go in one ahead of the host on a backend that can launch them
+    # without waiting (`launch_step`): the GPU computes token t + 1 while the host streams
+    # token t. Off: each step waits for its token (tests compare the two).
+    pipelined_decode = True
+
     def __init__(
         self,
         model_dir: Path,
@@ -351,15 +356,18 @@ class Engine:
             token = sampler(logits, generated)
             t_first = time.perf_counter()
             reason = None
+            launch = self._launcher(sampler)
+            pending = None  # a launched step that reads `token`; its pick is the next one
             while True:
                 generated.append(token)
+                fed = pending is not None  # `token` is in stream.ids already
                 if token in self.eos_ids:
                     reason = "stop"
                 elif len(generated) >= params.max_new_tokens:
                     reason = "length"
                 elif cancel is not None and cancel.is_set():
                     reason = "cancelled"
-                elif len(stream.ids) + 1 > self.context:
+                elif len(stream.ids) + (0 if fed else 1) > self.context:
                     reason = "length"
                 text = "" if token in self.eos_ids else decoder.push(token)
                 if reason is not None:
@@ -369,11 +377,45 @@ class Engine:
                     yield TokenEvent(token, text, True, reason, stats)
                     return
                 yield TokenEvent(token, text)
-                token = self._next_tokens([stream], [token], [sampler], [generated])[0]
+                if launch is None:
+                    token = self._next_tokens([stream], [token], [sampler], [generated])[0]
+                    continue
+                if pending is None:
+                    self._check_room(stream, 1)
+                    batch = Batch.step([(stream.slot, len(stream.ids))])
+                    pending = launch(batch, [token], [self._draw(sampler, generated, stream)])
+                    stream.ids.append(token)
+                # The step after it goes in before the host waits for its token, unless the
+                # reply ends there anyway; a stop seen now leaves that token in the state
+                # (and in stream.ids), as if the stream had been fed it.
+                ahead = None
+                if len(generated) + 1 < params.max_new_tokens and len(stream.ids) < self.context:
+                    ahead = launch(None, None, [self._draw(sampler, generated, stream)])
+                token = pending.tokens()[0]
+                if ahead is not None:
+                    stream.ids.append(token)
+                pending = ahead
         finally:
             if completed:
                 self._save(stream)
             self._close_stream(stream)
+
+    def _launcher(self, sampler: Sampler) -> Any:
+        """The backend's `launch_step` where this request's steps can run without the host
+        waiting for each token (their picks made on the device), else None."""
+        launch = getattr(self.backend, "launch_step", None) if self.pipelined_decode else None
+        p = sampler.params
+        if launch is None or not (sampler.on_device or (p.is_greedy and not p.presence_penalty)):
+            return None
+        return launch
+
+    @staticmethod
+    def _draw(sampler: Sampler, generated: list[int], stream: _Stream) -> Any:
+        """A launched step's pick: None for the step's greedy token, else a device draw."""
+        p = sampler.params
+        if p.is_greedy and not p.presence_penalty:
+            return None
+        return sampler.device_draw(generated, stream.slot)
 
     def _resume(self, stream: _Stream, prompt_ids: list[int]) -> list[int]:
         """Restore the longest saved state that the prompt extends; return the ids left."""

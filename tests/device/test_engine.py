@@ -111,6 +111,24 @@ def test_presence_penalty_on_the_device_matches_numpy(model_dir):
     engine.unload()
 
 
+def test_pipelined_replies_equal_waiting_ones_on_the_gpu(model_dir, monkeypatch):
+    """Each step launched before the host reads the token before it (`launch_step`): the
+    same greedy and seeded sampled replies (presence penalty on the device) as the loop
+    that waits for every token, and the same state kept for a follow-up turn."""
+    engine = Engine.load(model_dir, cuda(), context=1024, max_rows=128)
+    ids = prompt(50, seed=9)
+    sampled = GenerationParams(max_new_tokens=24, temperature=0.7, presence_penalty=1.5, seed=4)
+    replies = {}
+    for piped in (False, True):
+        monkeypatch.setattr(Engine, "pipelined_decode", piped)
+        engine.prompt_cache.clear()
+        first = tokens(engine, ids, sampled)
+        follow = tokens(engine, ids + first + prompt(10, seed=3))  # resumes the kept state
+        replies[piped] = (tokens(engine, ids), first, follow)
+    assert replies[True] == replies[False]
+    engine.unload()
+
+
 def test_concurrent_equals_solo_on_the_gpu(model_dir):
     engine = Engine.load(model_dir, cuda(), context=1024, streams=3, max_rows=128)
     prompts = [prompt(n, seed=n) for n in (5, 150, 40)]

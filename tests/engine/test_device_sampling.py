@@ -109,3 +109,81 @@ def test_greedy_takes_the_device_argmax(engine):
     _reply(engine, greedy=True)
     assert engine.device_rows == []
     assert engine.host_reads - reads == 1  # the prompt's last logits; steps read 4 bytes
+
+
+class _Pending:
+    def __init__(self, tokens):
+        self._tokens = tokens
+
+    def tokens(self):
+        return list(self._tokens)
+
+
+@pytest.fixture
+def piped(engine, monkeypatch):
+    """The same engine with a stand-in `launch_step`: a step fed by host ids, or (batch
+    None) by the previous launch's pick at the next position, as the decode graph does.
+    `force` maps a launch number to the token it picks."""
+    from engine.backends.base import Batch
+
+    be = engine.backend
+    engine.launches, engine.force = [], {}
+    last = {}
+
+    def launch_step(batch, ids, rows):
+        if batch is None:
+            slot, pos, ids = last["slot"], last["pos"] + 1, [last["pick"]]
+        else:
+            slot, pos = batch.segments[0].slot, batch.segments[0].start
+        logits, greedy = be.decode_step(Batch.step([(slot, pos)]), ids)
+        drawn = any(r is not None for r in rows)
+        pick = int((be.sample_rows(logits, greedy, rows) if drawn else greedy).get()[0])
+        pick = engine.force.get(len(engine.launches), pick)
+        engine.launches.append(batch is None)
+        last.update(slot=slot, pos=pos, pick=pick)
+        return _Pending([pick])
+
+    monkeypatch.setattr(be, "launch_step", launch_step, raising=False)
+    return engine
+
+
+def _cached_ids(engine, ids):
+    entry = engine.prompt_cache.lookup(list(ids) + [0])
+    return None if entry is None else list(entry.ids)
+
+
+@pytest.mark.parametrize("kw", [{"greedy": True}, {"temperature": 0.7, "top_k": 20, "seed": 3}])
+def test_pipelined_reply_equals_the_waiting_one(piped, monkeypatch, kw):
+    """One step with host ids, then each next step launched before the host reads the
+    token before it; the reply, the draws handed to the device and the state kept for the
+    next turn are those of the loop that waits for every token."""
+    from engine.session import Engine
+
+    ids = prompt(20, 400, seed=2)
+    params = GenerationParams(max_new_tokens=6, **kw)
+    monkeypatch.setattr(Engine, "pipelined_decode", False)
+    want = [e.token_id for e in piped.generate(ids, params)]
+    want_rows, want_cache = piped.device_rows[:], _cached_ids(piped, ids + want)
+    assert piped.launches == []
+    monkeypatch.setattr(Engine, "pipelined_decode", True)
+    piped.device_rows.clear()
+    piped.prompt_cache.clear()
+    got = [e.token_id for e in piped.generate(ids, params)]
+    assert got == want
+    assert piped.launches == [False] + [True] * 4  # no step past the reply's last token
+    seeds = [(r.seed, r.temperature, r.top_k) for (r,) in piped.device_rows]
+    assert seeds == [(r.seed, r.temperature, r.top_k) for (r,) in want_rows]
+    assert want_cache == ids + want[:-1]  # the last token was never fed
+    assert _cached_ids(piped, ids + got) == want_cache
+
+
+def test_a_stop_seen_one_step_late_stays_in_the_state(piped):
+    """The step after an end-of-sequence token was launched before the host saw it: the
+    stream was fed that token, and what is kept for the next turn says so."""
+    eos = sorted(piped.eos_ids)[0]
+    piped.force[2] = eos  # the third launch picks the stop token
+    ids = prompt(20, 400, seed=2)
+    reply = [e.token_id for e in piped.generate(ids, GenerationParams(max_new_tokens=10))]
+    assert reply[-1] == eos and len(reply) == 4
+    assert piped.launches == [False, True, True, True]  # the last one read the stop token
+    assert _cached_ids(piped, ids + reply) == ids + reply

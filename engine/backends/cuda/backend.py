@@ -485,6 +485,14 @@ class CudaBackend(StateMixin, Backend):
         graphs = self.graphs or DecodeGraphs(self, self.model)
         return graphs.replay(batch, ids)
 
+    def launch_step(self, batch: Batch | None, ids: Any, rows: list) -> Any:
+        """A decode step that does not wait (`DecodeGraphs.launch`; batch None: the step
+        after the last one, fed by its picks on the device)."""
+        from engine.backends.cuda.graphs import DecodeGraphs
+
+        graphs = self.graphs or DecodeGraphs(self, self.model)
+        return graphs.launch(batch, ids, rows)
+
     def release(self) -> None:
         """Free graphs, scratch, workspace, state and weights (unload)."""
         self._teardown_graphs()

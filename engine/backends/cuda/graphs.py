@@ -8,6 +8,10 @@ in `meta` and are written before launch. The graph ends with greedy selection in
 row of `meta` and advances every position by one, so `replay_next` decodes the next token
 with no host round trip.
 
+`launch()` runs a step without waiting for it: the picked tokens (greedy, or drawn on the
+device) are copied to pinned host memory as the GPU gets to them, and the next step can be
+launched, fed by those picks on the device, before the host reads them (`Pending.tokens`).
+
 `teardown()` drops every graph; the backend calls it before freeing or moving a buffer a
 graph points into (scratch growth, meta growth, new state) and graphs are captured again
 on next use.
@@ -22,6 +26,18 @@ import numpy as np
 
 from engine.backends.base import Batch
 from engine.backends.cuda.launch import on_stream
+
+
+class Pending:
+    """A launched decode step's picks, on their way to host memory."""
+
+    def __init__(self, event: Any, host: np.ndarray):
+        self.event, self.host = event, host
+
+    def tokens(self) -> list[int]:
+        """Wait for the copy; each row's picked token."""
+        self.event.synchronize()
+        return [int(t) for t in self.host]
 
 
 @dataclass
@@ -39,6 +55,8 @@ class DecodeGraphs:
         self.model = model
         self.graphs: dict[int, _Captured] = {}
         self.warmed: set[int] = set()  # batch sizes whose kernels are compiled and tuned
+        self._pinned: list[np.ndarray] = []  # host rings for `launch`, one slot per step
+        self._launched = 0
         backend.graphs = self
 
     def teardown(self) -> None:
@@ -100,6 +118,34 @@ class DecodeGraphs:
         cap = self.graphs[B]
         cap.graph.launch(be.stream)
         return cap.logits, cap.tokens
+
+    def launch(self, batch: Batch | None, ids: Any, rows: list) -> Pending:
+        """Run one decode step without waiting for it. `batch` and `ids` as in `replay`, or
+        None: the step after the last one launched for the same streams, fed by its picks on
+        the device. rows[i] is None (the step's greedy token) or an `engine.sampling.Draw`
+        (`CudaBackend.sample_rows`); a drawn pick replaces the greedy one as the next step's
+        input."""
+        import cupy
+
+        be = self.be
+        B = len(rows)
+        if batch is None:
+            be.stream.use()
+            logits, picks = self.replay_next(B)
+        else:
+            logits, picks = self.replay(batch, ids)
+        if any(r is not None for r in rows):
+            drawn = be.sample_rows(logits, picks, rows)
+            picks[...] = drawn  # what the next step reads as its input ids
+        if not self._pinned or len(self._pinned[0]) < B:  # four slots: two steps in flight
+            mem = cupy.cuda.alloc_pinned_memory(4 * 4 * B)
+            self._pinned = list(np.frombuffer(mem, np.int32, 4 * B).reshape(4, B))
+        host = self._pinned[self._launched % 4][:B]
+        self._launched += 1
+        picks.get(stream=be.stream, out=host, blocking=False)
+        event = cupy.cuda.Event()
+        event.record(be.stream)
+        return Pending(event, host)
 
     def replay_next(self, batch_size: int) -> tuple[Any, Any]:
         """The next step of the same streams, fed by the previous step's greedy tokens.

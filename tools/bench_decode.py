@@ -240,6 +240,10 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     # The app's reply loop: each step launched before the host reads the previous token.
     res["decode_tok_s_app_greedy"] = pipelined_rate(model, be, n, sampled=False)
     res["decode_tok_s_app_defaults"] = pipelined_rate(model, be, n, sampled=True)
+    wide = be.ops.wide_sampler  # the draw reading 32 logits a thread at a time, or not
+    be.ops.wide_sampler = not wide
+    res[f"decode_tok_s_app_defaults_wide_{not wide}"] = pipelined_rate(model, be, n, True)
+    be.ops.wide_sampler = wide
 
     if be.ops.pdl:  # the same step with plain launches, for what the overlap gains
         be.ops.pdl = False
@@ -408,6 +412,11 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     f"the app's defaults {r['decode_tok_s_app_defaults']:.0f} tok/s"
                     if "decode_tok_s_app_defaults" in r
                     else ""
+                )
+                + "".join(
+                    f" ({'with' if k.endswith('True') else 'without'} the wide draw: {v:.0f})"
+                    for k, v in r.items()
+                    if k.startswith("decode_tok_s_app_defaults_wide_")
                 )
                 + (
                     f"; with plain launches (no programmatic dependent launch) "

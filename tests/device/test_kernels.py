@@ -326,11 +326,13 @@ def test_chunked_delta_rule_matches_the_scan(chunk):
         assert _rel(s_chunk[slot].transpose(0, 2, 1), st) < 1e-4, seg
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("V", [1, 2, 17, 33, 2048, 248320])
-def test_sampling(V):
+def test_sampling(V, wide):
     import cupy
 
     be = _backend("float32")
+    be.ops.wide_sampler = wide
     rng = np.random.default_rng(V)
     logits = rng.standard_normal((3, V)).astype(np.float32) * 3
     be.nvalid = V
@@ -391,6 +393,43 @@ def test_sampling(V):
                 seen.add(int(i))
         if k == 1:
             assert seen <= set(logits.argmax(1).tolist())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("V", [40, 1001, 4096, 248320])
+def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
+    """The draw reading 32 logits a thread at a time keeps the same candidates as the one
+    reading one, so the same seeds give the same picks: with and without a presence penalty
+    (each draw marking its pick), at temperatures that spread the draw, and where the top
+    bins hold more than 1024 logits (the radix select). At 1001 the last chunk of eight is
+    cut short (and the second row, not 16-byte aligned, takes the narrow kernel)."""
+    import cupy
+
+    be = _backend(dtype)
+    rng = np.random.default_rng(V)
+    logits = rng.standard_normal((2, V)).astype(np.float32) * 2
+    if V == 4096:
+        logits[1] = np.round(logits[1] * 0.1)  # thousands of ties: the radix select
+    dl = _up(be, _round(be, logits))
+    be.nvalid = V
+    be.picks = cupy.zeros(8, cupy.int32)
+    greedy = cupy.zeros(2, cupy.int32)
+    runs = []
+    for wide in (False, True):
+        be.ops.wide_sampler = wide
+        be.seen = cupy.zeros((2, -(-V // 32)), cupy.uint32)
+        picks = []
+        for step in range(12):
+            rows = [
+                Draw(1.5, 50, 0.95, step),
+                Draw(0.8, 1024, 0.9, step, 0.7, 1, (3,) if step == 0 else (), step == 0),
+            ]
+            picks.append(cupy.asnumpy(be.sample_rows(dl, greedy, rows)).tolist())
+        runs.append((picks, cupy.asnumpy(be.seen)))
+    assert runs[0][0] == runs[1][0]
+    assert np.array_equal(runs[0][1], runs[1][1])
+    assert all(0 <= i < V for p in runs[0][0] for i in p)
+    assert len({p[0] for p in runs[0][0]}) > 1  # the draws spread
 
 
 @pytest.mark.parametrize("Hk,Hv", [(2, 4), (2, 2), (16, 32)])

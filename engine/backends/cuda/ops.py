@@ -59,6 +59,10 @@ class Ops(GemvMixin):
         # A decode step's DeltaNet in one launch (gdn_step); off: gdn_prep and gdn_scan
         # (benchmarks compare both).
         self.fused_deltanet_step = True
+        # The draw's two reads of the row with 32 logits a thread in flight (sample.cu, WIDE)
+        # instead of one. Off until tests/device/test_kernels.py's test_wide_sampler_draws_
+        # what_the_narrow_one_draws has passed on a GPU (not run on one yet).
+        self.wide_sampler = False
         self.graphing = False
 
     def k(self, file: str, symbol: str) -> Any:
@@ -423,9 +427,10 @@ class Ops(GemvMixin):
     def sample(
         self, logits, nvalid, top_k, top_p, temperature, seed, counter, out, seen=None, penalty=0.0
     ):
+        wide = self.wide_sampler and logits.data.ptr % 16 == 0 and logits.strides[0] % 16 == 0
         self.run(
             "sample.cu",
-            "sample_topk_topp",
+            f"sample_topk_topp<{'true' if wide else 'false'}>",
             (logits.shape[0],),
             (1024,),
             (

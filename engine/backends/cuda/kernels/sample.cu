@@ -111,10 +111,33 @@ extern "C" __global__ void mark_seen(unsigned* __restrict__ seen, int words, con
   for (int i = threadIdx.x; i < n; i += blockDim.x) atomicOr(seen + (ids[i] >> 5), 1u << (ids[i] & 31));
 }
 
+// Logits j0..j0+7 of a row, the presence penalty taken off (seen null: none), NaN past
+// nvalid: one 16-byte load (two in fp32) where all eight are there. j0 is a multiple of 8,
+// so the eight share one word of the bitmap.
+__device__ __forceinline__ void chunk8(const act_t* __restrict__ row, int j0, int nvalid,
+                                       const unsigned* __restrict__ seen, float penalty, float* x) {
+  if (j0 + 8 <= nvalid) {
+    load_vec<8>(row + j0, x);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = j0 + e < nvalid ? ld(row + j0 + e) : __int_as_float(0x7fffffff);
+  }
+  if (seen != nullptr) {
+    const unsigned w = seen[j0 >> 5] >> (j0 & 31);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if ((w >> e) & 1u) x[e] -= penalty;
+  }
+}
+
 // grid (S), 1024 threads. Keeps the top_k (1..1024) logits, scales by 1/temperature, keeps the
 // smallest prefix whose probability reaches top_p, draws one. counter[s] advances per call;
 // with counter null the draw depends on the seed alone (a caller that seeds every call).
-extern "C" __global__ void __launch_bounds__(1024)
+// WIDE: the two reads of the row take 32 logits a thread at a time (four 16-byte loads in
+// flight, rows 16-byte aligned: the wrapper checks), not one, so each read waits for memory
+// 8 times on a 248K vocabulary instead of 243; the same candidates come out, so the same draw.
+template <bool WIDE>
+__global__ void __launch_bounds__(1024, 1)
 sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_k, float top_p,
                  float temperature, unsigned long long seed, unsigned* __restrict__ counter,
                  int* __restrict__ out, unsigned* __restrict__ seen, float penalty) {
@@ -143,13 +166,40 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   const int lane = tid & 31;
   for (int b = tid; b < 2048; b += blockDim.x) wide[b] = 0;
   __syncthreads();
-  for (int base = tid - lane; base < nvalid; base += blockDim.x) {  // warp-uniform
-    const int j = base + lane;
-    const float x = j < nvalid ? val(row, j) : qnan;
-    const bool ok = x == x;  // NaN is never drawn
+  auto count = [&](float x) {  // warp-aggregated: most logits share a few bins
+    const bool ok = x == x;    // NaN is never drawn
     const unsigned bin = ok ? okey(x) >> 21 : 2048u;
     const unsigned peers = __match_any_sync(0xffffffffu, bin);
     if (ok && lane == __ffs(peers) - 1) atomicAdd(&wide[bin], (unsigned)__popc(peers));
+  };
+  constexpr int U = 4;  // WIDE: chunks of 8 logits a thread per round
+  const int nch = (nvalid + 7) >> 3, NT = blockDim.x;
+  auto chunks = [&](int c0, float (&x)[U][8]) {  // chunks c0 + lane + u * NT, all loads issued
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + lane + u * NT;
+      if (c < nch) {
+        chunk8(row, 8 * c, nvalid, seen, penalty, x[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[u][e] = qnan;
+      }
+    }
+  };
+  if constexpr (WIDE) {
+    for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {  // warp-uniform
+      float x[U][8];
+      chunks(c0, x);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) count(x[u][e]);
+    }
+  } else {
+    for (int base = tid - lane; base < nvalid; base += NT) {  // warp-uniform
+      const int j = base + lane;
+      count(j < nvalid ? val(row, j) : qnan);
+    }
   }
   __syncthreads();
   if (tid == 0) {
@@ -162,9 +212,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   cv_[tid] = -INFINITY; ci[tid] = 0x7fffffff;
   __syncthreads();
   const unsigned bstar = sh_bin;
-  for (int base = tid - lane; base < nvalid; base += blockDim.x) {
-    const int j = base + lane;
-    const float x = j < nvalid ? val(row, j) : qnan;
+  auto gather = [&](float x, int j) {  // the logits in the bins at and above bstar
     const bool take = x == x && (okey(x) >> 21) >= bstar;
     const unsigned votes = __ballot_sync(0xffffffffu, take);
     unsigned first = 0;
@@ -172,6 +220,21 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
     first = __shfl_sync(0xffffffffu, first, 0);
     const unsigned pos = first + __popc(votes & ((1u << lane) - 1u));
     if (take && pos < CAP) { cv_[pos] = x; ci[pos] = j; }
+  };
+  if constexpr (WIDE) {
+    for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {
+      float x[U][8];
+      chunks(c0, x);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) gather(x[u][e], 8 * (c0 + lane + u * NT) + e);
+    }
+  } else {
+    for (int base = tid - lane; base < nvalid; base += NT) {
+      const int j = base + lane;
+      gather(j < nvalid ? val(row, j) : qnan, j);
+    }
   }
   __syncthreads();
   if (sh_taken > CAP) {

@@ -249,6 +249,11 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
         be.ops.pdl = False
         res["decode_tok_s_plain_launches"] = decode_rate(model, be, graphs, n)
         be.ops.pdl = True
+    # The same step with each projection's first weights requested after its activations
+    # are staged, not before it waits for the previous kernel.
+    be.ops.gemv_weights_late = True
+    res["decode_tok_s_weights_late"] = decode_rate(model, be, graphs, n)
+    be.ops.gemv_weights_late = False
     # The same step with the DeltaNet as two kernels (gdn_prep, gdn_scan).
     be.ops.fused_deltanet_step = False
     res["decode_tok_s_deltanet_two_kernels"] = decode_rate(model, be, graphs, n)
@@ -422,6 +427,12 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     f"; with plain launches (no programmatic dependent launch) "
                     f"{r['decode_tok_s_plain_launches']:.0f} tok/s"
                     if "decode_tok_s_plain_launches" in r
+                    else ""
+                )
+                + (
+                    f"; first weights requested after staging "
+                    f"{r['decode_tok_s_weights_late']:.0f} tok/s"
+                    if "decode_tok_s_weights_late" in r
                     else ""
                 )
                 + (

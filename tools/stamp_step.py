@@ -16,9 +16,11 @@ projection (shape, SwiGLU, prologue), the mean over the step of:
     tail     last exit - median exit (blocks waiting on the slowest)
     span     last exit - the previous projection's last exit: its share of the step
 
-It also times the floor under all of that: a graph of 200 kernels that each wait for the
-previous one and copy one value per block, launched overlapped and plainly, at grids of one
-and two blocks per SM.
+With --late it measures the step again with every projection requesting its first weights
+after staging its activations (`Ops.gemv_weights_late`), which tells whether the staging
+waits behind those weights. It also times the floor under all of that: a graph of 200
+kernels that each wait for the previous one and copy one value per block, launched
+overlapped and plainly, at grids of one and two blocks per SM.
 
     PYTHONPATH=. python3 tools/stamp_step.py --out $OUT   # prints tables, writes stamps.json
 """
@@ -138,25 +140,12 @@ def boundary_floor(n: int = 200) -> dict[str, float]:
     return res
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="4B")
-    ap.add_argument("--format", default="mlx4", choices=("mlx4", "bf16"))
-    ap.add_argument("--prompt", type=int, default=512)
-    ap.add_argument("--replays", type=int, default=10)
-    ap.add_argument("--workdir", default="/tmp/snug-profile")
-    ap.add_argument("--out", default=".")
-    args = ap.parse_args()
-
-    from engine.backends.cuda.gemv import GemvMixin
-
-    GemvMixin.gemv4_defines = ("SNUG_STAMPS",)
-    be, model, ids = prepared_step(args.shape, args.format, args.prompt, args.workdir, args.replays)
-    graphs = captured_step(be, model, ids)
-    views = _counters(be.ops)
+def measure(be, graphs, views, replays: int) -> tuple[list[float], dict]:
+    """Replay the captured step `replays` times; print and return (first entry to last exit
+    per replay in us, the mean phases per kind of projection)."""
     agg: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     steps, ticks = [], set()
-    for _ in range(args.replays):
+    for _ in range(replays):
         for _, n in views:
             n.fill(0)
         be.stream.synchronize()
@@ -169,9 +158,10 @@ def main() -> None:
         for name, fields in phases(ks).items():
             for f, v in fields.items():
                 agg[name][f].extend(v)
+    late = " (first weights requested late)" if be.ops.gemv_weights_late else ""
     print(
-        f"{args.shape} {args.format}: {len(ks)} projections per step; first entry to last "
-        f"exit {np.median(steps):.1f} us (median of {len(steps)} replays); clock values seen "
+        f"\n{len(ks)} projections per step{late}; first entry to last exit "
+        f"{np.median(steps):.1f} us (median of {len(steps)} replays); clock values seen "
         f"modulo 1 us: {len(ticks)} distinct"
     )
     head = "| projection | launches/step | blocks | " + " | ".join(FIELDS) + " |"
@@ -179,22 +169,48 @@ def main() -> None:
     table = {}
     for name, fields in sorted(agg.items(), key=lambda kv: -sum(kv[1]["span"])):
         row = {f: float(np.mean(fields[f])) / 1e3 for f in FIELDS}
-        row["launches_per_step"] = len(fields["span"]) / args.replays
+        row["launches_per_step"] = len(fields["span"]) / replays
         row["blocks"] = float(np.mean(fields["blocks"]))
         table[name] = row
         cells = " | ".join(f"{row[f]:.2f}" for f in FIELDS)
         print(f"| {name} | {row['launches_per_step']:.0f} | {row['blocks']:.0f} | {cells} |")
+    return steps, table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="4B")
+    ap.add_argument("--format", default="mlx4", choices=("mlx4", "bf16"))
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--workdir", default="/tmp/snug-profile")
+    ap.add_argument("--out", default=".")
+    ap.add_argument(
+        "--late", action="store_true", help="again with the first weights requested late"
+    )
+    args = ap.parse_args()
+
+    from engine.backends.cuda.gemv import GemvMixin
+
+    GemvMixin.gemv4_defines = ("SNUG_STAMPS",)
+    be, model, ids = prepared_step(args.shape, args.format, args.prompt, args.workdir, args.replays)
+    graphs = captured_step(be, model, ids)
+    views = _counters(be.ops)
+    report = {"shape": args.shape, "format": args.format}
+    print(f"{args.shape} {args.format}")
+    for late in (False, True) if args.late else (False,):
+        if late:  # the same step with each projection's first weights requested late
+            be.ops.gemv_weights_late = True
+            graphs.teardown()
+            graphs.capture(1)
+        steps, table = measure(be, graphs, views, args.replays)
+        report["weights_late" if late else "step_us"] = steps
+        report["phases_weights_late" if late else "phases"] = table
     floor = boundary_floor()
     cells = ", ".join(f"{k} {v:.2f}" for k, v in floor.items())
     print(f"\nus per near-empty dependent kernel: {cells}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    report = {
-        "shape": args.shape,
-        "format": args.format,
-        "step_us": steps,
-        "phases": table,
-        "floor_us": floor,
-    }
+    report["floor_us"] = floor
     (Path(args.out) / "stamps.json").write_text(json.dumps(report, indent=1))
 
 

@@ -138,6 +138,31 @@ def test_every_variant_with_each_prologue(dtype, rows):
     assert tried >= 12
 
 
+def test_first_weights_late_give_the_same_products():
+    """`Ops.gemv_weights_late` (a measurement) only moves when the first weights are
+    requested: every variant's output is bit for bit the same, with and without a prologue."""
+    import cupy
+
+    from engine.backends.cuda.gemv import Pro
+
+    be = _backend("bfloat16")
+    be.ops.staged_gemv = True
+    rng = np.random.default_rng(70)
+    H = 2560
+    w, _ = _quant_weight(be, 1040, H, 4, rng)
+    x = _up(be, _round(be, rng.standard_normal((2, H)).astype(np.float32)))
+    pro = Pro(1, cupy.asarray((1 + 0.1 * rng.standard_normal(H)).astype(np.float32)), 1e-6)
+    for p in (None, pro):
+        for choice in be.ops.gemv_candidates(x, w, pro=p):
+            outs = []
+            for late in (False, True):
+                be.ops.gemv_weights_late = late
+                out = cupy.empty((2, 1040), be.ops.act_dtype)
+                be.ops.gemv_run(choice, x, w, out, pro=p)
+                outs.append(out.get())
+            assert np.array_equal(outs[0], outs[1]), (choice, p is None)
+
+
 def _run(model, graphs=None):
     """Logits of a prompt window, 6 eager steps, then 4 graph replays (if graphs)."""
     be = model.backend

@@ -112,6 +112,9 @@ class GemvMixin:
     # not whole decode steps (tools/bench_decode.py's "registers" row: 512 against 480 tok/s
     # at b0ecf60, level or better in every run before).
     staged_gemv = False
+    # A measurement (tools/stamp_step.py --late): gemv4 requests its first weights after
+    # staging its activations instead of before waiting for the previous kernel.
+    gemv_weights_late = False
     # Extra -D flags for gemv4.cu (tools/stamp_step.py compiles its timing records in).
     gemv4_defines: tuple[str, ...] = ()
 
@@ -246,7 +249,8 @@ class GemvMixin:
         b = self._wargs(up) if swiglu else a
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
-        self.launch(fn, grid, (threads,), (*args, *self._pro_args(pro)), smem)
+        args += (*self._pro_args(pro), i32(self.gemv_weights_late))
+        self.launch(fn, grid, (threads,), args, smem)
 
     @staticmethod
     def _pro_args(pro: Pro | None) -> tuple:

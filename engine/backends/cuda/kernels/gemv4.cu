@@ -31,7 +31,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps) {
+      const float* __restrict__ po, int phd, float peps, int late) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
@@ -74,11 +74,16 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   uint2* const wa = wbase + wid * UG * 32;
   uint2* const wb = wbase + (NT / 32 + wid) * UG * 32;
   unsigned* const wq = reinterpret_cast<unsigned*>(wbase + 2 * (NT / 32) * UG * 32) + wid * UG * 32;
-  if constexpr (ASYNC) {
-    fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);  // the whole slice in flight
-  } else {
-    fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
-  }
+  // late (a measurement, Ops.gemv_weights_late): the first weights are requested after the
+  // activations are staged, not before the wait, so the staging does not queue behind them.
+  auto first_weights = [&]() {
+    if constexpr (ASYNC) {
+      fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);  // the whole slice in flight
+    } else {
+      fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
+    }
+  };
+  if (!late) first_weights();
   const Pro pr{pd, pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
@@ -93,6 +98,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   stage_x<M, PRO>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
   __syncthreads();
   stamps.at(2, tid);
+  if (late) first_weights();
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
   for (; vb < VB; vb += gridDim.x) {

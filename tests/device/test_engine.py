@@ -129,6 +129,32 @@ def test_pipelined_replies_equal_waiting_ones_on_the_gpu(model_dir, monkeypatch)
     engine.unload()
 
 
+def test_warm_up_can_tune_the_step_by_its_own_time(model_dir, monkeypatch):
+    """With Ops.tune_in_step, an eager load re-chooses the one-row step's projections in
+    the captured graph (DecodeGraphs.tune) and leaves the slots as it found them: the graphs
+    are there, and two identical requests get the same reply."""
+    import engine.backends.cuda.graphs as graphs_mod
+    from engine.backends.cuda.ops import Ops
+
+    monkeypatch.setattr(Ops, "tune_in_step", True)
+    monkeypatch.setattr(graphs_mod, "TUNE_MAX_STEP_S", 1.0)  # the tiny model's step qualifies
+    tuned = []
+    tune = graphs_mod.DecodeGraphs.tune
+
+    def spy(self, *a, **kw):
+        tuned.append(tune(self, *a, **kw))
+        return tuned[-1]
+
+    monkeypatch.setattr(graphs_mod.DecodeGraphs, "tune", spy)
+    engine = Engine.load(model_dir, cuda("bfloat16"), context=1024, streams=2, max_rows=128)
+    assert len(tuned) == 1 and engine.backend.graphs.keys[1]
+    assert set(engine.backend.graphs.graphs) == {1, 2}
+    print(f"\n[step tuning] {tuned[0][0] * 1e3:.3f} -> {tuned[0][1] * 1e3:.3f} ms")
+    ids = prompt(40, seed=12)
+    assert tokens(engine, ids) == tokens(engine, ids)
+    engine.unload()
+
+
 def test_concurrent_equals_solo_on_the_gpu(model_dir):
     engine = Engine.load(model_dir, cuda(), context=1024, streams=3, max_rows=128)
     prompts = [prompt(n, seed=n) for n in (5, 150, 40)]

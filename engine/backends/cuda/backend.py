@@ -473,6 +473,10 @@ class CudaBackend(StateMixin, Backend):
             graphs.warm(batch_size)  # compiles and tunes the step kernels for this size
             if eager:
                 graphs.capture(batch_size)
+        if eager and self.ops.tune_in_step:
+            from engine.backends.cuda.graphs import TUNE_MAX_STEP_S
+
+            graphs.tune(1, max_step_s=TUNE_MAX_STEP_S)
         for slot in range(self.slots):
             self.reset_slot(slot)
         self.stream.synchronize()

@@ -77,6 +77,9 @@ class Pro:
 
 
 _GEMV_CHOICES: dict[str, dict[tuple, tuple]] = {}
+# Per dtype: each tuned key's candidates, fastest alone first (DecodeGraphs.tune tries the
+# closest ones in the whole step).
+_GEMV_RANKED: dict[str, dict[tuple, list]] = {}
 
 
 def best_replay_s(graph: Any, stream: Any, reps: int) -> float:
@@ -161,6 +164,8 @@ class GemvMixin:
         choice = self.gemv_choice.get(key)
         if choice is None:
             choice = self._tune_gemv(key, x, w, out, up, pro)
+        if self.graphing:
+            self.step_keys.append(key)
         self.gemv_run(choice, x, w, out, up, pro)
 
     @staticmethod
@@ -401,9 +406,10 @@ class GemvMixin:
         if pro is not None and pro.h is not None:
             pro = replace(pro, h=cupy.empty(pro.h.shape, pro.h.dtype))
         times = [self.time_gemv(c, x, w, own_out, up, pro=pro) for c in cands]
-        best = cands[times.index(min(times))]
-        self.gemv_choice[key] = best
-        return best
+        ranked = [c for _, c in sorted(zip(times, cands, strict=True), key=lambda tc: tc[0])]
+        self.gemv_ranked[key] = ranked
+        self.gemv_choice[key] = ranked[0]
+        return ranked[0]
 
     def time_gemv(self, choice: tuple, x, w, out, up=None, n: int = 8, pro=None) -> float:
         """GPU ms of n launches, each after a write that evicts the L2 (weights come from

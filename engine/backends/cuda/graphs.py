@@ -12,6 +12,9 @@ with no host round trip.
 device) are copied to pinned host memory as the GPU gets to them, and the next step can be
 launched, fed by those picks on the device, before the host reads them (`Pending.tokens`).
 
+`tune()` re-chooses the projections' kernel variants by the captured step's own time (the
+per-shape tuner times each one alone, where the overlap with its neighbours is missing).
+
 `teardown()` drops every graph; the backend calls it before freeing or moving a buffer a
 graph points into (scratch growth, meta growth, new state) and graphs are captured again
 on next use.
@@ -26,6 +29,10 @@ import numpy as np
 
 from engine.backends.base import Batch
 from engine.backends.cuda.launch import on_stream
+
+# Warm-up tunes the step by its own time only where a step is this short (a large GPU, where
+# the kernels' overlap decides); on a small card the step is bound by memory bandwidth.
+TUNE_MAX_STEP_S = 0.006
 
 
 class Pending:
@@ -56,6 +63,7 @@ class DecodeGraphs:
         self.graphs: dict[int, _Captured] = {}
         self.warmed: set[int] = set()  # batch sizes whose kernels are compiled and tuned
         self._pinned: list[np.ndarray] = []  # host rings for `launch`, one slot per step
+        self.keys: dict[int, list[tuple]] = {}  # batch size -> projection choice keys used
         self._launched = 0
         backend.graphs = self
 
@@ -88,6 +96,7 @@ class DecodeGraphs:
         be.capturing = True
         be.scratch.capturing = True
         be.ops.graphing = True
+        be.ops.step_keys = []
         stream = be.stream
         try:
             with on_stream(stream):
@@ -105,6 +114,7 @@ class DecodeGraphs:
             be.ops.graphing = False
         graph.upload(stream)
         self.graphs[B] = _Captured(graph, logits, tokens)
+        self.keys[B] = list(dict.fromkeys(be.ops.step_keys))
 
     def replay(self, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
         """Run one decode step for `batch` (one row per stream); return (logits, tokens)."""
@@ -146,6 +156,68 @@ class DecodeGraphs:
         event = cupy.cuda.Event()
         event.record(be.stream)
         return Pending(event, host)
+
+    def step_seconds(self, batch_size: int, replays: int = 20, rounds: int = 2) -> float:
+        """Seconds per step of `batch_size` rows: the best of `rounds` runs of `replays`
+        chained replays from position 0 of slots 0.. (warm-up and tools only: it writes
+        those slots' state)."""
+        import cupy
+
+        B, stream = batch_size, self.be.stream
+        best = float("inf")
+        for _ in range(rounds):
+            self.replay(Batch.step([(s, 0) for s in range(B)]), np.zeros(B, np.int32))
+            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+            e0.record(stream)
+            for _ in range(replays):
+                self.replay_next(B)
+            e1.record(stream)
+            e1.synchronize()
+            best = min(best, cupy.cuda.get_elapsed_time(e0, e1) / 1e3 / replays)
+        return best
+
+    def tune(
+        self,
+        batch_size: int,
+        keep: int | None = 3,
+        passes: int = 1,
+        gain: float = 0.005,
+        max_step_s: float | None = None,
+    ) -> tuple[float, float]:
+        """Re-choose the step's projection variants by the step's own time: for each choice
+        key the step uses, in order, its `keep` fastest candidates alone (None: all) are
+        tried in the captured step, and a change stays where the step gets faster by more
+        than `gain` (coordinate descent, `passes` rounds). Skipped where the step takes more
+        than `max_step_s`. Writes slots 0.. (the caller resets them). Returns the step's
+        seconds before and after."""
+        B, ops = batch_size, self.be.ops
+        if B not in self.graphs:
+            self.capture(B)
+        base = best = self.step_seconds(B)
+        if max_step_s is not None and base > max_step_s:
+            return base, base
+        for _ in range(passes):
+            for key in self.keys.get(B, []):
+                for cand in ops.gemv_ranked.get(key, [])[:keep]:
+                    kept = ops.gemv_choice[key]
+                    if cand == kept:
+                        continue
+                    ops.gemv_choice[key] = cand
+                    self._recapture(B)
+                    t = self.step_seconds(B)
+                    if t < best * (1 - gain):
+                        best = t
+                    else:
+                        ops.gemv_choice[key] = kept
+        self._recapture(B)
+        return base, self.step_seconds(B)
+
+    def _recapture(self, B: int) -> None:
+        """Capture the B-row step again after its choices changed (an eager step first sets
+        up any variant the capture has not launched before)."""
+        self.model.forward(Batch.step([(s, 0) for s in range(B)]), np.zeros(B, np.int32))
+        self.graphs.pop(B, None)
+        self.capture(B)
 
     def replay_next(self, batch_size: int) -> tuple[Any, Any]:
         """The next step of the same streams, fed by the previous step's greedy tokens.

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda import blas, tma
-from engine.backends.cuda.gemv import _GEMV_CHOICES, GRID_CAP, GemvMixin, _cdiv
+from engine.backends.cuda.gemv import _GEMV_CHOICES, _GEMV_RANKED, GRID_CAP, GemvMixin, _cdiv
 from engine.backends.cuda.launch import launch_pdl, pdl_available
 from engine.backends.cuda.modules import function
 from engine.backends.cuda.weights import DWeight, QWeight
@@ -27,6 +27,12 @@ def _chunk_smem(gc: int) -> int:
 
 
 class Ops(GemvMixin):
+    # Warm-up re-chooses the one-row step's projections by the step's own time
+    # (DecodeGraphs.tune) where a step takes under TUNE_MAX_STEP_S. Off until it has run on
+    # a GPU inside the engine (tools/tune_step.py measured the same search over every
+    # candidate: 4B 1.956 -> 1.883 ms on an H200).
+    tune_in_step = False
+
     def __init__(self, dtype: str, overlap: bool = True):
         import cupy
 
@@ -43,6 +49,8 @@ class Ops(GemvMixin):
         # Shared by every backend of the process: two backends (eager and graphed, or a
         # reload) then sum in the same order and give the same tokens.
         self.gemv_choice: dict[tuple, tuple] = _GEMV_CHOICES.setdefault(dtype, {})
+        self.gemv_ranked: dict[tuple, list] = _GEMV_RANKED.setdefault(dtype, {})
+        self.step_keys: list[tuple] = []  # the choice keys a capture looked up, in order
         self._smem_optin: int | None = None
         self._smem_set: dict[tuple, int] = {}
         self._l2_flush: Any = None

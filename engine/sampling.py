@@ -42,6 +42,11 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0
 
+    @property
+    def takes_argmax(self) -> bool:
+        """Greedy with nothing to take off the logits: the decode step's own argmax."""
+        return self.is_greedy and not self.presence_penalty
+
 
 class Draw(NamedTuple):
     """One row's draw on the device (`sample_rows`): top-k, temperature, top-p, one seeded

@@ -313,7 +313,7 @@ class Engine:
         presence penalty take the device's argmax, and what the device sampler does (top-k,
         top-p, presence penalty; not min-p) draws there: 4 bytes come back, not the logits."""
         logits, greedy = self._step_device(streams, ids)
-        plain = [s.params.is_greedy and not s.params.presence_penalty for s in samplers]
+        plain = [s.params.takes_argmax for s in samplers]
         if greedy is not None and all(plain):
             return [int(t) for t in greedy.get()]
         sample_rows = getattr(self.backend, "sample_rows", None)
@@ -404,16 +404,14 @@ class Engine:
         """The backend's `launch_step` where this request's steps can run without the host
         waiting for each token (their picks made on the device), else None."""
         launch = getattr(self.backend, "launch_step", None) if self.pipelined_decode else None
-        p = sampler.params
-        if launch is None or not (sampler.on_device or (p.is_greedy and not p.presence_penalty)):
+        if launch is None or not (sampler.on_device or sampler.params.takes_argmax):
             return None
         return launch
 
     @staticmethod
     def _draw(sampler: Sampler, generated: list[int], stream: _Stream) -> Any:
         """A launched step's pick: None for the step's greedy token, else a device draw."""
-        p = sampler.params
-        if p.is_greedy and not p.presence_penalty:
+        if sampler.params.takes_argmax:
             return None
         return sampler.device_draw(generated, stream.slot)
 

@@ -21,6 +21,15 @@ def _norm_ref(be, x, d, w, eps):
     return _round(be, (h * inv * w).astype(np.float32)), h
 
 
+def _gated_ref(be, o, z, nw, dv, eps):
+    """What out_proj's prologue 2 stages: rms_norm per head of dv values of o, times nw,
+    times silu(z), rounded to the activation type."""
+    rows = o.shape[0]
+    oh = o.reshape(rows, -1, dv)
+    inv = 1.0 / np.sqrt((oh.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
+    return _round(be, (oh * inv * nw).reshape(rows, -1).astype(np.float32) * silu(z))
+
+
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("with_delta", [True, False])
@@ -88,9 +97,7 @@ def test_gated_norm_linear_fused(dtype, rows):
     out = cupy.empty((rows, H), be.ops.act_dtype)
     pro = Pro(2, cupy.asarray(nw), eps, o=cupy.asarray(o), head_dim=dv)
     be.ops.gemv(z, w, out, pro=pro)
-    oh = o.reshape(rows, Hv, dv)
-    inv = 1.0 / np.sqrt((oh.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
-    y = _round(be, (oh * inv * nw).reshape(rows, VD).astype(np.float32) * silu(z_host))
+    y = _gated_ref(be, o, z_host, nw, dv, eps)
     assert _rel(be.to_host(out), y @ ref_w.T) < TOL[dtype]
 
 
@@ -125,9 +132,7 @@ def test_every_variant_with_each_prologue(dtype, rows):
     o = rng.standard_normal((rows, Hv * dv)).astype(np.float32)
     z = _round(be, rng.standard_normal((rows, Hv * dv)).astype(np.float32))
     nw = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
-    oh = o.reshape(rows, Hv, dv)
-    inv = 1.0 / np.sqrt((oh.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
-    y = _round(be, (oh * inv * nw).reshape(rows, Hv * dv).astype(np.float32) * silu(z))
+    y = _gated_ref(be, o, z, nw, dv, eps)
     pro = Pro(2, cupy.asarray(nw), eps, o=cupy.asarray(o), head_dim=dv)
     zd = _up(be, z)
     for choice in be.ops.gemv_candidates(zd, w, pro=pro):

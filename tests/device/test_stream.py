@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.backends.numpy_backend import silu
-from tests.device.test_fused import HALF, _norm_ref
+from tests.device.test_fused import HALF, _gated_ref, _norm_ref
 from tests.device.test_kernels import TOL, _backend, _quant_weight, _rel, _round, _up
 
 
@@ -82,9 +82,7 @@ def test_streamed_prologues(dtype, rows):
     o = rng.standard_normal((rows, VD)).astype(np.float32)
     z = _round(be, rng.standard_normal((rows, VD)).astype(np.float32))
     nw = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
-    oh = o.reshape(rows, Hv, dv)
-    inv = 1.0 / np.sqrt((oh.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
-    y = _round(be, (oh * inv * nw).reshape(rows, VD).astype(np.float32) * silu(z))
+    y = _gated_ref(be, o, z, nw, dv, eps)
     zd = _up(be, z)
     for choice in _ws(be, zd, w):
         out = cupy.empty((rows, H), be.ops.act_dtype)

@@ -460,10 +460,10 @@ class CudaBackend(StateMixin, Backend):
         (`eager`), allocate scratch and workspace at max rows and capture the decode graph
         of every batch size up to the stream count, so no request pays for an allocation or
         a capture (invariant 4). Runs on the hidden spare slot; live streams are untouched."""
-        from engine.backends.cuda.graphs import DecodeGraphs
+        from engine.backends.cuda.graphs import TUNE_MAX_STEP_S
 
         self.model = model
-        graphs = self.graphs or DecodeGraphs(self, model)
+        graphs = self._decode_graphs()
         if eager:
             self.mem_scratch.ensure(self.mem_scratch.max_rows)
             self.mem_workspace.ensure(self.mem_workspace.max_rows)
@@ -474,8 +474,6 @@ class CudaBackend(StateMixin, Backend):
             if eager:
                 graphs.capture(batch_size)
         if eager and self.ops.tune_in_step:
-            from engine.backends.cuda.graphs import TUNE_MAX_STEP_S
-
             graphs.tune(1, max_step_s=TUNE_MAX_STEP_S)
         for slot in range(self.slots):
             self.reset_slot(slot)
@@ -484,18 +482,18 @@ class CudaBackend(StateMixin, Backend):
     def decode_step(self, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
         """One decode row per stream through the captured graph (captured on first use);
         returns (logits [B, V], greedy tokens [B] int32) on the device."""
-        from engine.backends.cuda.graphs import DecodeGraphs
-
-        graphs = self.graphs or DecodeGraphs(self, self.model)
-        return graphs.replay(batch, ids)
+        return self._decode_graphs().replay(batch, ids)
 
     def launch_step(self, batch: Batch | None, ids: Any, rows: list) -> Any:
         """A decode step that does not wait (`DecodeGraphs.launch`; batch None: the step
         after the last one, fed by its picks on the device)."""
+        return self._decode_graphs().launch(batch, ids, rows)
+
+    def _decode_graphs(self) -> Any:
+        """The model's DecodeGraphs, made on first use (it registers itself as self.graphs)."""
         from engine.backends.cuda.graphs import DecodeGraphs
 
-        graphs = self.graphs or DecodeGraphs(self, self.model)
-        return graphs.launch(batch, ids, rows)
+        return self.graphs or DecodeGraphs(self, self.model)
 
     def release(self) -> None:
         """Free graphs, scratch, workspace, state and weights (unload)."""

@@ -72,19 +72,20 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
   const long base = ((long)row_slot[r] * Hkv + kvh) * ctx * HD;
   const int jfirst = k0 + warp * KU;
   float kv[KU][DPL], vv[KU][DPL];
-  auto load_keys = [&](int j0, bool older) {  // older: all but the newest key; else only it
+  // Keys j0..j0+KU-1 of the split: which = 0 all of them, 1 all but the newest, 2 only it.
+  auto load_keys = [&](int j0, int which) {
 #pragma unroll
     for (int u = 0; u < KU; ++u) {
       const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
-      if (older ? j < len - 1 : j == len - 1) {
+      if (which == 0 || (which == 1 ? j < len - 1 : j == len - 1)) {
         load_acts<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
         load_acts<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
       }
     }
   };
-  if (jfirst < k1) load_keys(jfirst, true);
+  if (jfirst < k1) load_keys(jfirst, 1);
   pdl_start();
-  if (jfirst < k1) load_keys(jfirst, false);
+  if (jfirst < k1) load_keys(jfirst, 2);
   float qv[GM][DPL], o[GM][DPL], m[GM], l[GM];
 #pragma unroll
   for (int g = 0; g < GM; ++g) {
@@ -98,14 +99,7 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
     }
   }
   for (int j0 = jfirst; j0 < k1; j0 += NW * KU) {
-    if (j0 != jfirst) {
-#pragma unroll
-      for (int u = 0; u < KU; ++u) {
-        const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
-        load_acts<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
-        load_acts<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
-      }
-    }
+    if (j0 != jfirst) load_keys(j0, 0);
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       if (g < gq) {

@@ -50,15 +50,9 @@ GEMV4_VARIANTS = (
 GEMV4S_VARIANTS = ((100, 16), (100, 8), (200, 16), (200, 8))
 GEMV4S_MAX_STAGES = 8  # MAX_STAGES in gemv4s.cu
 # gemv4_mlp, the down projection fused behind gate/up (one launch, one virtual block of 64
-# intermediate rows per block): (warps per tile, groups per load step, next step prefetched,
-# down tiles in flight per warp, the first of them requested before the gate/up reduction)
-GEMV4_MLP_VARIANTS = (
-    (1, 4, True, 2, False),
-    (1, 4, True, 2, True),
-    (1, 4, True, 4, False),
-    (2, 2, True, 2, False),
-    (1, 8, False, 2, False),
-)
+# intermediate rows per 256-thread block): (groups per load step, next step prefetched)
+GEMV4_MLP_VARIANTS = ((4, True), (2, True), (8, False))
+SM_SHARED = 233472  # shared memory of an SM on compute capability 9.0 (two gemv4_mlp blocks)
 GEMV4_MAXT = 768  # largest block of the auto-sized variants (512 when staged: 64 registers)
 GRID_CAP = 132 * 16  # blocks for grid-stride kernels
 # A prologue is recomputed by every block: above this many output rows (the LM head) the
@@ -140,6 +134,7 @@ class GemvMixin:
     streamed_gemv = False
     # The down projection fused behind gate/up (`gemv_mlp`): off until it has run on a GPU.
     fused_mlp = False
+    mlp_min_blocks: int | None = None
     # gemv4's variants that stage each warp's weights in shared memory, and the SIMT kernel
     # beside gemv4, among the tuner's candidates. Off: they win some shapes timed alone but
     # not whole decode steps (tools/bench_decode.py's "registers" row: 512 against 480 tok/s
@@ -221,21 +216,38 @@ class GemvMixin:
         return cands
 
     def mlp_ok(self, x: Any, gate: Any, up: Any, down: Any, delta: Any = None) -> bool:
-        """Whether `gemv_mlp` can run this MLP (`fused_mlp` on, 4-bit g64 weights, whole
-        64-row groups, a delta that is not itself fixed point)."""
-        if not self.fused_mlp or isinstance(delta, Fixed):
+        """Whether `gemv_mlp` runs this MLP: `fused_mlp` on, a delta that is not itself fixed
+        point, `mlp_fits`, and at least `mlp_min_blocks` blocks (None: one per SM), since each
+        block takes 64 intermediate rows and fewer would leave SMs idle."""
+        if not self.fused_mlp or isinstance(delta, Fixed) or not self.mlp_fits(x, gate, up, down):
             return False
+        if self.mlp_min_blocks is None:
+            import cupy
+
+            self.mlp_min_blocks = cupy.cuda.Device().attributes["MultiProcessorCount"]
+        return gate.shape[0] // 64 >= self.mlp_min_blocks
+
+    def mlp_fits(self, x: Any, gate: Any, up: Any, down: Any) -> bool:
+        """Whether gemv4_mlp can run it: 4-bit g64 weights, an even number of 64-row groups
+        (the down scales are copied in aligned pairs), and two blocks in an SM's shared
+        memory (every block resident at once)."""
         if not all(isinstance(w, QWeight) for w in (gate, up, down)):
             return False
         inter, hidden = gate.shape
-        return (
+        ok = (
             up.shape == gate.shape
             and tuple(down.shape) == (hidden, inter)
-            and inter % 64 == 0
+            and inter % 128 == 0
             and hidden % 16 == 0
             and self.pro_ok(x, gate, 1)
             and self._gemv4_ok(x, down)
         )
+        return ok and 2 * (self._mlp_smem(x.shape[0], hidden) + 2048) <= SM_SHARED
+
+    def _mlp_smem(self, rows: int, hidden: int) -> int:
+        """gemv4_mlp's dynamic shared memory: gemv4's at 256 threads, the down group of every
+        row (32 bytes of codes, 8 of scale and bias pairs), h, h staged, its sums."""
+        return self._gemv4_smem(rows, hidden, 256) + hidden * 40 + rows * 256 + 1024 + 32
 
     def gemv_mlp(
         self, x: Any, gate: Any, up: Any, down: Any, acc: Any, zero: Any, pro: Pro
@@ -268,8 +280,6 @@ class GemvMixin:
 
         R, cols = x.shape
         inter, hidden = gate.shape
-        _, ks, ug, pipe, dt, early = choice
-        threads = 32 * ks * 8
         sym = self._mlp_sym(R, choice)
         fn = self._gemv4_mods.get(sym)
         if fn is None:  # one module per row count with every variant
@@ -279,21 +289,19 @@ class GemvMixin:
             for name in names:
                 self._gemv4_mods[name] = mod.get_function(name)
             fn = self._gemv4_mods[sym]
-        # beside gemv4's: h of the block's rows, h staged (8 rows of 8 entries), its sums
-        smem = self._gemv4_smem(R, cols, threads) + R * 64 * 4 + 64 * 16 + 32
+        smem = self._mlp_smem(R, hidden)
         self.allow_smem(fn, ("mlp", sym), smem)
         null = np.uint64(0)
         args = (*self._wargs(gate), *self._wargs(up), x, i32(x.strides[0] // x.itemsize))
         args += (i32(inter), i32(cols), null if pro.delta is None else pro.delta, pro.norm)
         args += (null if pro.h is None else pro.h, f32(pro.eps), *self._wargs(down), acc)
         args += (i32(hidden), zero, i32(zero.size))
-        self.launch(fn, (inter // 64,), (threads,), args, smem)
+        self.launch(fn, (inter // 64,), (256,), args, smem)
 
     @staticmethod
     def _mlp_sym(R: int, choice: tuple) -> str:
-        _, ks, ug, pipe, dt, early = choice
-        b = ("false", "true")
-        return f"gemv4_mlp<{R},{ug},{b[pipe]},{32 * ks * 8},{dt},{b[early]}>"
+        _, ug, pipe = choice
+        return f"gemv4_mlp<{R},{ug},{'true' if pipe else 'false'}>"
 
     def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None) -> None:
         if choice[0] == "mma":

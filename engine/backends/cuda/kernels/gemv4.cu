@@ -48,10 +48,7 @@ __device__ __forceinline__ void red_fix(long long* p, float v) {
             static_cast<unsigned long long>(__float2ll_rn(v * 4294967296.f)));
 }
 
-// DT: down tiles (16 rows each) a warp has in flight; EARLY: the first are requested before
-// the gate/up products are reduced (more registers) rather than after h is staged.
-template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int PRO, bool ASYNC, bool DOWN, int DT = 1,
-          bool EARLY = false>
+template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int PRO, bool ASYNC, bool DOWN>
 __device__ __forceinline__ void
 gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
            const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
@@ -69,9 +66,13 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
   uint4* xs = smem;
   float* sx = reinterpret_cast<float*>(xs + M * xstride);
   float* red = sx + ng * 8;
-  float* hs = red + NT * 4;  // DOWN: h of the block's 64 rows, [M][64]
-  uint4* xd = reinterpret_cast<uint4*>(hs + M * 64);  // h staged as x is, [8][8]
-  float* sxd = reinterpret_cast<float*>(xd + 64);  // sum of h per activation row, [8]
+  // DOWN: the block's column group of every down row (codes, then the aligned 4-byte pairs
+  // that hold its scale and its bias), h of its 64 rows, h staged as x is, sums of h.
+  uint2* dcode = reinterpret_cast<uint2*>(red + NT * 4);  // [dn.out][4]
+  unsigned* dsb = reinterpret_cast<unsigned*>(dcode + (DOWN ? dn.out * 4 : 0));  // [dn.out][2]
+  float* hs = reinterpret_cast<float*>(dsb + (DOWN ? dn.out * 2 : 0));  // [M][64]
+  uint4* xd = reinterpret_cast<uint4*>(hs + M * 64);  // [8][8]
+  float* sxd = reinterpret_cast<float*>(xd + 64);  // [8]
 
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const int wid = tid >> 5, tl = wid / KS, ks = wid % KS;
@@ -114,6 +115,16 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
     }
   };
   if (!late) first_weights();
+  if constexpr (DOWN) {  // weights: no earlier kernel writes them, so before the wait
+    const int gi = blockIdx.x, nwd = dn.in >> 3, ngd = dn.in >> 6;
+    for (int i = tid; i < dn.out * 2; i += NT) {
+      const int row = i >> 1;
+      cp_async16(reinterpret_cast<uint4*>(dcode) + i,
+                 reinterpret_cast<const uint4*>(dn.W + (long)row * nwd + gi * 8) + (i & 1));
+      cp_async(dsb + i, ((i & 1) ? dn.B : dn.S) + (long)row * ngd + (gi & ~1), 4);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
   const Pro pr{pd, pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
@@ -165,24 +176,6 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
       if constexpr (ASYNC) fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);
       else fetch(A, rw, ga, gb);
     }
-    // DOWN: this block's column group of the down weights, first tiles in flight while the
-    // gate/up products are reduced.
-    const int NWP = NT >> 5, gi = vb, nwd = dn.in >> 3, ngd = dn.in >> 6, TD = dn.out >> 4;
-    auto down_rows = [&](int tile) {
-      const int rlo = tile * 16 + g, rhi = rlo + 8;
-      const uint2* lo = reinterpret_cast<const uint2*>(dn.W + (long)rlo * nwd) + gi * 4 + tig;
-      const uint2* hi = reinterpret_cast<const uint2*>(dn.W + (long)rhi * nwd) + gi * 4 + tig;
-      const act_t* sb = (tig == 0 ? dn.S + (long)rlo * ngd : tig == 1 ? dn.B + (long)rlo * ngd
-                         : tig == 2 ? dn.S + (long)rhi * ngd : dn.B + (long)rhi * ngd) + gi;
-      return Rows{lo, hi, sb};
-    };
-    Batch<1> D[DT];
-    auto fetch_down = [&](int t0) {
-#pragma unroll
-      for (int u = 0; u < DT; ++u)
-        if (t0 + u * NWP < TD) fetch(D[u], down_rows(t0 + u * NWP), 0, 1);
-    };
-    if constexpr (DOWN && EARLY) fetch_down(wid);
     // c layout: acc[i] is row g + 8*(i>>1) of the tile, activation row 2*tig + (i&1).
     *reinterpret_cast<float4*>(red + (wid * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
@@ -219,27 +212,26 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
         s += __shfl_xor_sync(0xffffffffu, s, 4);
         if (p == 0) sxd[m] = s;
       }
+      asm volatile("cp.async.wait_all;" ::: "memory");
       __syncthreads();
-      if constexpr (!EARLY) fetch_down(wid);
       const uint4* hrow = xd + (g < M ? g : 0) * 8 + 2 * tig;
-      for (int t0 = wid; t0 < TD; t0 += DT * NWP) {
-#pragma unroll
-        for (int u = 0; u < DT; ++u) {
-          const int tile = t0 + u * NWP;
-          if (tile >= TD) continue;
-          float c[4] = {0.f, 0.f, 0.f, 0.f};
-          compute<M>(D[u], 0, 1, hrow, sxd, g, tig, c);
-          const int rlo = tile * 16 + g, m0 = 2 * tig;
-          if (m0 < M) {
-            red_fix(dn.acc + (long)m0 * dn.out + rlo, c[0]);
-            red_fix(dn.acc + (long)m0 * dn.out + rlo + 8, c[2]);
-          }
-          if (m0 + 1 < M) {
-            red_fix(dn.acc + (long)(m0 + 1) * dn.out + rlo, c[1]);
-            red_fix(dn.acc + (long)(m0 + 1) * dn.out + rlo + 8, c[3]);
-          }
+      const int shift = (vb & 1) * 16;  // the scale's half of its aligned pair
+      for (int tile = wid; tile < (dn.out >> 4); tile += NT >> 5) {
+        const int rlo = tile * 16 + g, m0 = 2 * tig;
+        Batch<1> D;
+        D.a[0] = dcode[rlo * 4 + tig];
+        D.b[0] = dcode[(rlo + 8) * 4 + tig];
+        D.q[0] = dsb[(tig < 2 ? rlo : rlo + 8) * 2 + (tig & 1)] >> shift;
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        compute<M>(D, 0, 1, hrow, sxd, g, tig, c);
+        if (m0 < M) {
+          red_fix(dn.acc + (long)m0 * dn.out + rlo, c[0]);
+          red_fix(dn.acc + (long)m0 * dn.out + rlo + 8, c[2]);
         }
-        if (t0 + DT * NWP < TD) fetch_down(t0 + DT * NWP);
+        if (m0 + 1 < M) {
+          red_fix(dn.acc + (long)(m0 + 1) * dn.out + rlo, c[1]);
+          red_fix(dn.acc + (long)(m0 + 1) * dn.out + rlo + 8, c[3]);
+        }
       }
       __syncthreads();  // xd and hs are rewritten by the next virtual block
     }
@@ -259,17 +251,17 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
 }
 
 // The gate/up projection with SwiGLU and the down projection after it in one launch (DOWN
-// above). The 144 (4B) virtual blocks should all be resident at once: blocks of 256 threads
-// get up to 85 registers (three an SM), larger ones 64 (two an SM).
-template <int M, int UG, bool PIPE, int MAXT, int DT, bool EARLY>
-__global__ void __launch_bounds__(MAXT, MAXT <= 256 ? 3 : 1024 / MAXT)
+// above): one warp per 16-row tile, 256 threads, one virtual block per block; the wrapper
+// runs it where every block is resident at once (two an SM).
+template <int M, int UG, bool PIPE>
+__global__ void __launch_bounds__(256, 2)
 gemv4_mlp(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
           const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
           const act_t* __restrict__ X, int ldx, int out, int in, const act_t* __restrict__ pd,
           const float* __restrict__ pnw, act_t* __restrict__ ph, float peps, const unsigned* __restrict__ Wd,
           const act_t* __restrict__ Sd, const act_t* __restrict__ Bd, long long* __restrict__ acc, int dout,
           long long* __restrict__ zero, int nzero) {
-  gemv4_body<M, true, 8, UG, PIPE, 1, false, true, DT, EARLY>(W0, S0, B0, W1, S1, B1, X, ldx, nullptr, 0, out, in, pd,
+  gemv4_body<M, true, 8, UG, PIPE, 1, false, true>(W0, S0, B0, W1, S1, B1, X, ldx, nullptr, 0, out, in, pd,
                                                    pnw, ph, nullptr, 0, peps, 0,
                                                    Down{Wd, Sd, Bd, acc, dout, out, zero, nzero});
 }

@@ -74,6 +74,11 @@ __device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) 
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
 }
 
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
 template <int UG>
 __device__ __forceinline__ void fetch_async(uint2* wa, uint2* wb, unsigned* wq, const Rows& r, int ga,
                                             int gb, int lane) {

@@ -21,7 +21,7 @@ def _unfix(be, acc):
 
 
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("rows", [1, 2])
 def test_every_fused_mlp_variant(dtype, rows):
     """Each variant the tuner may pick, on 4B's hidden size and on small and odd ones (a
     hidden size whose down tiles do not fill every warp; 17 column groups): the sums equal

@@ -285,6 +285,7 @@ class GemvMixin:
         if fn is None:  # one module per row count with every variant
             names = [self._mlp_sym(R, ("mlp", *v)) for v in GEMV4_MLP_VARIANTS]
             opts = ("-std=c++17", f"-DACT_KIND={ACT_KINDS[self.dtype]}")
+            opts += tuple(f"-D{d}" for d in self.gemv4_defines)
             mod = cupy.RawModule(code=_source("gemv4.cu"), options=opts, name_expressions=names)
             for name in names:
                 self._gemv4_mods[name] = mod.get_function(name)

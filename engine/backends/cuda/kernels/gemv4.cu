@@ -44,6 +44,10 @@ struct Down {
 };
 
 __device__ __forceinline__ void red_fix(long long* p, float v) {
+#ifdef SNUG_PROBE_NO_RED
+  if (v == 12345.f) *p = 1;
+  return;
+#endif
   atomicAdd(reinterpret_cast<unsigned long long*>(p),
             static_cast<unsigned long long>(__float2ll_rn(v * 4294967296.f)));
 }
@@ -117,7 +121,11 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
   if (!late) first_weights();
   if constexpr (DOWN) {  // weights: no earlier kernel writes them, so before the wait
     const int gi = blockIdx.x, nwd = dn.in >> 3, ngd = dn.in >> 6;
+#ifdef SNUG_PROBE_NO_COPY
+    for (int i = tid; i < 0; i += NT) {
+#else
     for (int i = tid; i < dn.out * 2; i += NT) {
+#endif
       const int row = i >> 1;
       cp_async16(reinterpret_cast<uint4*>(dcode) + i,
                  reinterpret_cast<const uint4*>(dn.W + (long)row * nwd + gi * 8) + (i & 1));

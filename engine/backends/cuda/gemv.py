@@ -49,10 +49,6 @@ GEMV4_VARIANTS = (
 # fits beside it and fills its ring while this one computes.
 GEMV4S_VARIANTS = ((100, 16), (100, 8), (200, 16), (200, 8))
 GEMV4S_MAX_STAGES = 8  # MAX_STAGES in gemv4s.cu
-# gemv4_mlp, the down projection fused behind gate/up (one launch, one virtual block of 64
-# intermediate rows per 256-thread block): (groups per load step, next step prefetched)
-GEMV4_MLP_VARIANTS = ((4, True), (2, True), (8, False))
-SM_SHARED = 233472  # shared memory of an SM on compute capability 9.0 (two gemv4_mlp blocks)
 GEMV4_MAXT = 768  # largest block of the auto-sized variants (512 when staged: 64 registers)
 GRID_CAP = 132 * 16  # blocks for grid-stride kernels
 # A prologue is recomputed by every block: above this many output rows (the LM head) the
@@ -68,8 +64,7 @@ def _cdiv(a: int, b: int) -> int:
 @dataclass(frozen=True)
 class Pro:
     """A gemv4 prologue. kind 1: stage `rms_norm(x + delta) * norm` (delta may be None) and
-    store `x + delta` to `h` (None: not stored); kind 3: the same with a `Fixed` delta's
-    accumulator. kind 2: stage
+    store `x + delta` to `h` (None: not stored). kind 2: stage
     `rms_norm_per_head(o) * norm * silu(x)` with heads of `head_dim` values (o fp32)."""
 
     kind: int
@@ -79,23 +74,6 @@ class Pro:
     h: Any = None
     o: Any = None
     head_dim: int = 0
-
-
-class Fixed:
-    """A projection's output held as fixed-point sums with 32 fraction bits (int64
-    `acc`, `gemv4_mlp`'s accumulator): the next prologue (kind 3) or `add_rms_norm`
-    reads it as the activations a separate down projection would have stored."""
-
-    def __init__(self, acc: Any):
-        self.acc = acc
-        self.shape = acc.shape
-
-
-def pro_add_norm(norm: Any, eps: float, delta: Any, h: Any) -> Pro:
-    """The residual add and norm before a projection, for a delta of either kind."""
-    if isinstance(delta, Fixed):
-        return Pro(3, norm, eps, delta=delta.acc, h=h)
-    return Pro(1, norm, eps, delta=delta, h=h)
 
 
 _GEMV_CHOICES: dict[str, dict[tuple, tuple]] = {}
@@ -132,9 +110,6 @@ class GemvMixin:
     # gemv4s among the tuner's candidates. Off: measured slower than gemv4 alone and in a
     # chain so far (docs/benchmarks.md); tools/bench_chain.py and bench_decode.py turn it on.
     streamed_gemv = False
-    # The down projection fused behind gate/up (`gemv_mlp`): off until it has run on a GPU.
-    fused_mlp = False
-    mlp_min_blocks: int | None = None
     # gemv4's variants that stage each warp's weights in shared memory, and the SIMT kernel
     # beside gemv4, among the tuner's candidates. Off: they win some shapes timed alone but
     # not whole decode steps (tools/bench_decode.py's "registers" row: 512 against 480 tok/s
@@ -167,7 +142,7 @@ class GemvMixin:
             return False
         if x.strides[1] != x.itemsize or x.strides[0] % 16:
             return False
-        if kind in (1, 3):
+        if kind == 1:
             return w.shape[0] <= PRO_MAX_OUT and R <= PRO_SUMS
         seg = head_dim // 8
         return (
@@ -214,95 +189,6 @@ class GemvMixin:
             kept = [c for c in cands if c[0] == "ws" or (c[0] == "mma" and not c[5])]
             cands = kept or cands
         return cands
-
-    def mlp_ok(self, x: Any, gate: Any, up: Any, down: Any, delta: Any = None) -> bool:
-        """Whether `gemv_mlp` runs this MLP: `fused_mlp` on, a delta that is not itself fixed
-        point, `mlp_fits`, and at least `mlp_min_blocks` blocks (None: one per SM), since each
-        block takes 64 intermediate rows and fewer would leave SMs idle."""
-        if not self.fused_mlp or isinstance(delta, Fixed) or not self.mlp_fits(x, gate, up, down):
-            return False
-        if self.mlp_min_blocks is None:
-            import cupy
-
-            self.mlp_min_blocks = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        return gate.shape[0] // 64 >= self.mlp_min_blocks
-
-    def mlp_fits(self, x: Any, gate: Any, up: Any, down: Any) -> bool:
-        """Whether gemv4_mlp can run it: 4-bit g64 weights, an even number of 64-row groups
-        (the down scales are copied in aligned pairs), and two blocks in an SM's shared
-        memory (every block resident at once)."""
-        if not all(isinstance(w, QWeight) for w in (gate, up, down)):
-            return False
-        inter, hidden = gate.shape
-        ok = (
-            up.shape == gate.shape
-            and tuple(down.shape) == (hidden, inter)
-            and inter % 128 == 0
-            and hidden % 16 == 0
-            and self.pro_ok(x, gate, 1)
-            and self._gemv4_ok(x, down)
-        )
-        return ok and 2 * (self._mlp_smem(x.shape[0], hidden) + 2048) <= SM_SHARED
-
-    def _mlp_smem(self, rows: int, hidden: int) -> int:
-        """gemv4_mlp's dynamic shared memory: gemv4's at 256 threads, the down group of every
-        row (32 bytes of codes, 8 of scale and bias pairs), h, h staged, its sums."""
-        return self._gemv4_smem(rows, hidden, 256) + hidden * 40 + rows * 256 + 1024 + 32
-
-    def gemv_mlp(
-        self, x: Any, gate: Any, up: Any, down: Any, acc: Any, zero: Any, pro: Pro
-    ) -> None:
-        """acc[m] += down(silu(gate(u)) * up(u)) (fixed point, `Fixed`) with u the prologue
-        `pro` (kind 1) of x[m], in one launch that also clears `zero`, the previous layer's
-        accumulator. Tuned per shape like `gemv`."""
-        key = ("mlp", *self.gemv_key(x, gate, up, pro))
-        choice = self.gemv_choice.get(key)
-        if choice is None:
-            import cupy
-
-            def timer(c: tuple) -> float:
-                own_acc, own_zero = cupy.zeros_like(acc), cupy.zeros_like(zero)
-                own = replace(pro, h=None if pro.h is None else cupy.empty_like(pro.h))
-                launch = self._mlp_launch
-                return self.time_launches(
-                    lambda: launch(c, x, gate, up, down, own_acc, own_zero, own)
-                )
-
-            choice = self._rank(key, [("mlp", *v) for v in GEMV4_MLP_VARIANTS], timer)
-        if self.graphing:
-            self.step_keys.append(key)
-        self._mlp_launch(choice, x, gate, up, down, acc, zero, pro)
-
-    def _mlp_launch(self, choice, x, gate, up, down, acc, zero, pro: Pro) -> None:
-        import cupy
-
-        from engine.backends.cuda.modules import ACT_KINDS, _source
-
-        R, cols = x.shape
-        inter, hidden = gate.shape
-        sym = self._mlp_sym(R, choice)
-        fn = self._gemv4_mods.get(sym)
-        if fn is None:  # one module per row count with every variant
-            names = [self._mlp_sym(R, ("mlp", *v)) for v in GEMV4_MLP_VARIANTS]
-            opts = ("-std=c++17", f"-DACT_KIND={ACT_KINDS[self.dtype]}")
-            opts += tuple(f"-D{d}" for d in self.gemv4_defines)
-            mod = cupy.RawModule(code=_source("gemv4.cu"), options=opts, name_expressions=names)
-            for name in names:
-                self._gemv4_mods[name] = mod.get_function(name)
-            fn = self._gemv4_mods[sym]
-        smem = self._mlp_smem(R, hidden)
-        self.allow_smem(fn, ("mlp", sym), smem)
-        null = np.uint64(0)
-        args = (*self._wargs(gate), *self._wargs(up), x, i32(x.strides[0] // x.itemsize))
-        args += (i32(inter), i32(cols), null if pro.delta is None else pro.delta, pro.norm)
-        args += (null if pro.h is None else pro.h, f32(pro.eps), *self._wargs(down), acc)
-        args += (i32(hidden), zero, i32(zero.size))
-        self.launch(fn, (inter // 64,), (256,), args, smem)
-
-    @staticmethod
-    def _mlp_sym(R: int, choice: tuple) -> str:
-        _, ug, pipe = choice
-        return f"gemv4_mlp<{R},{ug},{'true' if pipe else 'false'}>"
 
     def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None) -> None:
         if choice[0] == "mma":
@@ -509,40 +395,27 @@ class GemvMixin:
     def _tune_gemv(self, key, x, w, out, up, pro=None) -> tuple:
         import cupy
 
-        def timer(c: tuple) -> float:  # into buffers of its own: nothing the forward uses
-            own_out = cupy.empty(out.shape, out.dtype)
-            own = pro
-            if pro is not None and pro.h is not None:
-                own = replace(pro, h=cupy.empty(pro.h.shape, pro.h.dtype))
-            return self.time_gemv(c, x, w, own_out, up, pro=own)
-
-        return self._rank(key, self.gemv_candidates(x, w, up, pro), timer)
-
-    def _rank(self, key: tuple, cands: list, timer: Any) -> tuple:
-        """Time each candidate (`timer`), rank them, keep the fastest as the key's choice.
-        The candidates run on the caller's stream once its queue is empty: timing never
-        races with what the forward is doing. During a capture the first one is taken."""
-        import cupy
-
+        cands = self.gemv_candidates(x, w, up, pro)
         current = cupy.cuda.get_current_stream()
         if current.is_capturing() or len(cands) == 1:
             return cands[0]
+        # The candidates run on the caller's stream once its queue is empty, into buffers of
+        # their own: timing never races with, or writes into, what the forward is using.
         current.synchronize()
-        times = [timer(c) for c in cands]
+        own_out = cupy.empty(out.shape, out.dtype)
+        if pro is not None and pro.h is not None:
+            pro = replace(pro, h=cupy.empty(pro.h.shape, pro.h.dtype))
+        times = [self.time_gemv(c, x, w, own_out, up, pro=pro) for c in cands]
         ranked = [c for _, c in sorted(zip(times, cands, strict=True), key=lambda tc: tc[0])]
         self.gemv_ranked[key] = ranked
         self.gemv_choice[key] = ranked[0]
         return ranked[0]
 
     def time_gemv(self, choice: tuple, x, w, out, up=None, n: int = 8, pro=None) -> float:
-        """GPU ms of n launches of `choice` (`time_launches`). A prologue that stores the
+        """GPU ms of n launches, each after a write that evicts the L2 (weights come from
+        memory, as in a decode step), replayed as one CUDA graph; the writes cost the same for
+        every candidate, so only the ranking means anything. A prologue that stores the
         residual stores the same values every time, so timing it changes nothing."""
-        return self.time_launches(lambda: self.gemv_run(choice, x, w, out, up, pro), n)
-
-    def time_launches(self, run: Any, n: int = 8) -> float:
-        """GPU ms of n calls of `run` (one launch each), each after a write that evicts the
-        L2 (weights come from memory, as in a decode step), replayed as one CUDA graph; the
-        writes cost the same for every candidate, so only the ranking means anything."""
         import cupy
 
         if self._l2_flush is None:
@@ -553,11 +426,11 @@ class GemvMixin:
         if stream.ptr == 0:  # the legacy default stream cannot be captured
             stream = cupy.cuda.Stream(non_blocking=True)
         with on_stream(stream):
-            run()  # compile, set attributes, warm
+            self.gemv_run(choice, x, w, out, up, pro)  # compile, set attributes, warm
             stream.begin_capture()
             for _ in range(n):
                 self._l2_flush.fill(0)
-                run()
+                self.gemv_run(choice, x, w, out, up, pro)
             graph = stream.end_capture()
             graph.launch(stream)
             return best_replay_s(graph, stream, 2) * 1e3

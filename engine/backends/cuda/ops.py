@@ -12,14 +12,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda import blas, tma
-from engine.backends.cuda.gemv import (
-    _GEMV_CHOICES,
-    _GEMV_RANKED,
-    GRID_CAP,
-    Fixed,
-    GemvMixin,
-    _cdiv,
-)
+from engine.backends.cuda.gemv import _GEMV_CHOICES, _GEMV_RANKED, GRID_CAP, GemvMixin, _cdiv
 from engine.backends.cuda.launch import launch_pdl, pdl_available
 from engine.backends.cuda.modules import function
 from engine.backends.cuda.weights import DWeight, QWeight
@@ -35,10 +28,10 @@ def _chunk_smem(gc: int) -> int:
 
 class Ops(GemvMixin):
     # Warm-up re-chooses the one-row step's projections by the step's own time
-    # (DecodeGraphs.tune) where a step takes under TUNE_MAX_STEP_S. Off until it has run on
-    # a GPU inside the engine (tools/tune_step.py measured the same search over every
-    # candidate: 4B 1.956 -> 1.883 ms on an H200).
-    tune_in_step = False
+    # (DecodeGraphs.tune) where a step takes under TUNE_MAX_STEP_S (a large card; on a small
+    # one the step is longer and the per-shape choices stand). On the H200, 4B MLX 4-bit:
+    # 522 -> 529, 529 -> 539 and 527 -> 534 tok/s in three runs, for 1.6 to 2.0 s at load.
+    tune_in_step = True
 
     def __init__(self, dtype: str, overlap: bool = True):
         import cupy
@@ -187,14 +180,10 @@ class Ops(GemvMixin):
         )
 
     def add_rms_norm(self, x: Any, d: Any, w: Any, out: Any, h: Any, eps: float) -> None:
-        """h = x + d, out = rms_norm(h) * w; d may be `Fixed` (gemv4_mlp's output)."""
         R, n = x.shape
-        fixed = isinstance(d, Fixed)
-        if fixed:
-            d = d.acc
         self.run(
             "norm.cu",
-            "add_rms_norm_fix" if fixed else "add_rms_norm",
+            "add_rms_norm",
             (R,),
             (min(1024, _cdiv(n, 32) * 32),),
             (x, d, w, out, h, i32(n), f32(eps)),

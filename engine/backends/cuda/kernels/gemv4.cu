@@ -25,41 +25,13 @@
 // Register cap from MAXT (the largest block launched): 64 for pipelined UG <= 2 and for ASYNC,
 // else 85. Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte
 // entries; sx, 8 floats per group; red, 4 floats per thread; ASYNC: 20 bytes per lane and group.
-// DOWN (gemv4_mlp): the down projection is fused behind the SwiGLU gate/up. A virtual block's
-// 8 * TPB = 64 intermediate rows are one column group of the down weights, so the block
-// multiplies its own slice of h = silu(gate) * up (rounded to the activation type, as the
-// separate kernels store it) by that group of every down row and adds the products into
-// `acc`, fixed point with 32 fraction bits: integer sums do not depend on the order the
-// blocks arrive in, so the result is the same on every run. The consumer (prologue PRO 3,
-// add_rms_norm_fix) reads it back. Each launch also clears `zero`, the previous layer's
-// accumulator, whose reader has finished by the time this kernel's wait returns.
-struct Down {
-  const unsigned* W;
-  const act_t* S;
-  const act_t* B;
-  long long* acc;  // [M, out] rows `out` apart
-  int out, in;     // the down weights' shape (hidden, intermediate)
-  long long* zero;
-  int nzero;
-};
-
-__device__ __forceinline__ void red_fix(long long* p, float v) {
-#ifdef SNUG_PROBE_NO_RED
-  if (v == 12345.f) *p = 1;
-  return;
-#endif
-  atomicAdd(reinterpret_cast<unsigned long long*>(p),
-            static_cast<unsigned long long>(__float2ll_rn(v * 4294967296.f)));
-}
-
-template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int PRO, bool ASYNC, bool DOWN>
-__device__ __forceinline__ void
-gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
-           const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
-           const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
-           const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-           const float* __restrict__ po, int phd, float peps, int late, const Down& dn) {
-  static_assert(!DOWN || (SWIGLU && TPB == 8 && !ASYNC), "a fused down projection takes 64-row blocks");
+template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO, bool ASYNC>
+__global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2) || ASYNC ? 1024 : 768) / MAXT)
+gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
+      const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
+      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
+      const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
+      const float* __restrict__ po, int phd, float peps, int late) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
@@ -70,13 +42,6 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
   uint4* xs = smem;
   float* sx = reinterpret_cast<float*>(xs + M * xstride);
   float* red = sx + ng * 8;
-  // DOWN: the block's column group of every down row (codes, then the aligned 4-byte pairs
-  // that hold its scale and its bias), h of its 64 rows, h staged as x is, sums of h.
-  uint2* dcode = reinterpret_cast<uint2*>(red + NT * 4);  // [dn.out][4]
-  unsigned* dsb = reinterpret_cast<unsigned*>(dcode + (DOWN ? dn.out * 4 : 0));  // [dn.out][2]
-  float* hs = reinterpret_cast<float*>(dsb + (DOWN ? dn.out * 2 : 0));  // [M][64]
-  uint4* xd = reinterpret_cast<uint4*>(hs + M * 64);  // [8][8]
-  float* sxd = reinterpret_cast<float*>(xd + 64);  // [8]
 
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const int wid = tid >> 5, tl = wid / KS, ks = wid % KS;
@@ -119,27 +84,11 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
     }
   };
   if (!late) first_weights();
-  if constexpr (DOWN) {  // weights: no earlier kernel writes them, so before the wait
-    const int gi = blockIdx.x, nwd = dn.in >> 3, ngd = dn.in >> 6;
-#ifdef SNUG_PROBE_NO_COPY
-    for (int i = tid; i < 0; i += NT) {
-#else
-    for (int i = tid; i < dn.out * 2; i += NT) {
-#endif
-      const int row = i >> 1;
-      cp_async16(reinterpret_cast<uint4*>(dcode) + i,
-                 reinterpret_cast<const uint4*>(dn.W + (long)row * nwd + gi * 8) + (i & 1));
-      cp_async(dsb + i, ((i & 1) ? dn.B : dn.S) + (long)row * ngd + (gi & ~1), 4);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  }
   const Pro pr{pd, pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
   pdl_start();  // from here on, activations of the previous kernel are readable
   stamps.at(1, tid);
-  if constexpr (DOWN)
-    for (int i = blockIdx.x * NT + tid; i < dn.nzero; i += gridDim.x * NT) dn.zero[i] = 0;
 
   if constexpr (PRO != 0) {
     __syncthreads();
@@ -152,7 +101,7 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
   if (late) first_weights();
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
-  for (; vb < VB; vb += DOWN ? VB : gridDim.x) {
+  for (; vb < VB; vb += gridDim.x) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (ASYNC) {
       asm volatile("cp.async.wait_all;" ::: "memory");
@@ -178,7 +127,7 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
 
     if (vb == static_cast<int>(blockIdx.x)) stamps.at(3, tid);
     // Next tile's first weights (nothing is fetched past the last tile).
-    const int nvb = DOWN ? VB : vb + gridDim.x;  // DOWN: one virtual block per block
+    const int nvb = vb + gridDim.x;
     if (nvb < VB) {
       rw = rows_of(nvb);
       if constexpr (ASYNC) fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);
@@ -199,77 +148,9 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
         v0 += r[k * 128 + src + (lr >> 3) * 2];
         if (SWIGLU) v1 += r[k * 128 + src + 2];
       }
-      if constexpr (DOWN) hs[m * 64 + t * ROWS + lr] = cv(mk(silu_f(v0) * v1));
-      else st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
+      st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
     }
     __syncthreads();  // red is rewritten by the next tile
-    if constexpr (DOWN) {
-      // Stage the block's h like stage_x stages x: one group of 64 per activation row.
-      if (tid < 64) {
-        const int m = tid >> 3, p = tid & 7;
-        float f[8], s = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) f[j] = m < M ? hs[m * 64 + 8 * p + j] : 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) s += f[j];
-        const uint4 v = pack8(f);
-        xd[m * 8 + p] = make_uint4(prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632),
-                                   prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632));
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        s += __shfl_xor_sync(0xffffffffu, s, 4);
-        if (p == 0) sxd[m] = s;
-      }
-      asm volatile("cp.async.wait_all;" ::: "memory");
-      __syncthreads();
-      const uint4* hrow = xd + (g < M ? g : 0) * 8 + 2 * tig;
-      const int shift = (vb & 1) * 16;  // the scale's half of its aligned pair
-      for (int tile = wid; tile < (dn.out >> 4); tile += NT >> 5) {
-        const int rlo = tile * 16 + g, m0 = 2 * tig;
-        Batch<1> D;
-        D.a[0] = dcode[rlo * 4 + tig];
-        D.b[0] = dcode[(rlo + 8) * 4 + tig];
-        D.q[0] = dsb[(tig < 2 ? rlo : rlo + 8) * 2 + (tig & 1)] >> shift;
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-        compute<M>(D, 0, 1, hrow, sxd, g, tig, c);
-        if (m0 < M) {
-          red_fix(dn.acc + (long)m0 * dn.out + rlo, c[0]);
-          red_fix(dn.acc + (long)m0 * dn.out + rlo + 8, c[2]);
-        }
-        if (m0 + 1 < M) {
-          red_fix(dn.acc + (long)(m0 + 1) * dn.out + rlo, c[1]);
-          red_fix(dn.acc + (long)(m0 + 1) * dn.out + rlo + 8, c[3]);
-        }
-      }
-      __syncthreads();  // xd and hs are rewritten by the next virtual block
-    }
   }
   stamps.write(W0, out, in, (SWIGLU ? 16u : 0u) | PRO, tid);
-}
-
-template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO, bool ASYNC>
-__global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2) || ASYNC ? 1024 : 768) / MAXT)
-gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
-      const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
-      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
-      const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int late) {
-  gemv4_body<M, SWIGLU, TPB, UG, PIPE, PRO, ASYNC, false>(W0, S0, B0, W1, S1, B1, X, ldx, Y, ldy, out,
-                                                          in, pd, pnw, ph, po, phd, peps, late, Down{});
-}
-
-// The gate/up projection with SwiGLU and the down projection after it in one launch (DOWN
-// above): one warp per 16-row tile, 256 threads, one virtual block per block; the wrapper
-// runs it where every block is resident at once (two an SM).
-template <int M, int UG, bool PIPE>
-__global__ void __launch_bounds__(256, 2)
-gemv4_mlp(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
-          const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
-          const act_t* __restrict__ X, int ldx, int out, int in, const act_t* __restrict__ pd,
-          const float* __restrict__ pnw, act_t* __restrict__ ph, float peps, const unsigned* __restrict__ Wd,
-          const act_t* __restrict__ Sd, const act_t* __restrict__ Bd, long long* __restrict__ acc, int dout,
-          long long* __restrict__ zero, int nzero) {
-  gemv4_body<M, true, 8, UG, PIPE, 1, false, true>(W0, S0, B0, W1, S1, B1, X, ldx, nullptr, 0, out, in, pd,
-                                                   pnw, ph, nullptr, 0, peps, 0,
-                                                   Down{Wd, Sd, Bd, acc, dout, out, zero, nzero});
 }

@@ -132,11 +132,14 @@ def test_pipelined_replies_equal_waiting_ones_on_the_gpu(model_dir, monkeypatch)
 def test_warm_up_can_tune_the_step_by_its_own_time(model_dir, monkeypatch):
     """With Ops.tune_in_step, an eager load re-chooses the one-row step's projections in
     the captured graph (DecodeGraphs.tune) and leaves the slots as it found them: the graphs
-    are there, and two identical requests get the same reply."""
+    are there, and two identical requests get the same reply. A second load of the same
+    shapes keeps the choices (the same request then gets the same tokens)."""
+    import engine.backends.cuda.gemv as gemv_mod
     import engine.backends.cuda.graphs as graphs_mod
     from engine.backends.cuda.ops import Ops
 
     monkeypatch.setattr(Ops, "tune_in_step", True)
+    monkeypatch.setitem(gemv_mod._STEP_TUNED, "bfloat16", set())  # as in a fresh process
     monkeypatch.setattr(graphs_mod, "TUNE_MAX_STEP_S", 1.0)  # the tiny model's step qualifies
     tuned = []
     tune = graphs_mod.DecodeGraphs.tune
@@ -153,6 +156,9 @@ def test_warm_up_can_tune_the_step_by_its_own_time(model_dir, monkeypatch):
     ids = prompt(40, seed=12)
     assert tokens(engine, ids) == tokens(engine, ids)
     engine.unload()
+    again = Engine.load(model_dir, cuda("bfloat16"), context=1024, streams=2, max_rows=128)
+    assert len(tuned) == 1  # the same shapes again: the step keeps the choices it had
+    again.unload()
 
 
 def test_concurrent_equals_solo_on_the_gpu(model_dir):

@@ -473,8 +473,10 @@ class CudaBackend(StateMixin, Backend):
             graphs.warm(batch_size)  # compiles and tunes the step kernels for this size
             if eager:
                 graphs.capture(batch_size)
-        if eager and self.ops.tune_in_step:
+        step = tuple(graphs.keys.get(1, ()))
+        if eager and self.ops.tune_in_step and step not in self.ops.step_tuned:
             graphs.tune(1, max_step_s=TUNE_MAX_STEP_S)
+            self.ops.step_tuned.add(step)  # later loads of these shapes keep the choices
         for slot in range(self.slots):
             self.reset_slot(slot)
         self.stream.synchronize()

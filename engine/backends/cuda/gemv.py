@@ -80,6 +80,10 @@ _GEMV_CHOICES: dict[str, dict[tuple, tuple]] = {}
 # Per dtype: each tuned key's candidates, fastest alone first (DecodeGraphs.tune tries the
 # closest ones in the whole step).
 _GEMV_RANKED: dict[str, dict[tuple, list]] = {}
+# Per dtype: the decode steps (their choice keys, in order) whose variants the whole-step
+# tuning has already chosen: a later load of the same shapes keeps those choices, so the
+# same request gets the same tokens in one process.
+_STEP_TUNED: dict[str, set[tuple]] = {}
 
 
 def best_replay_s(graph: Any, stream: Any, reps: int) -> float:

@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda import blas, tma
-from engine.backends.cuda.gemv import _GEMV_CHOICES, _GEMV_RANKED, GRID_CAP, GemvMixin, _cdiv
+from engine.backends.cuda.gemv import (
+    _GEMV_CHOICES,
+    _GEMV_RANKED,
+    _STEP_TUNED,
+    GRID_CAP,
+    GemvMixin,
+    _cdiv,
+)
 from engine.backends.cuda.launch import launch_pdl, pdl_available
 from engine.backends.cuda.modules import function
 from engine.backends.cuda.weights import DWeight, QWeight
@@ -50,6 +57,7 @@ class Ops(GemvMixin):
         # reload) then sum in the same order and give the same tokens.
         self.gemv_choice: dict[tuple, tuple] = _GEMV_CHOICES.setdefault(dtype, {})
         self.gemv_ranked: dict[tuple, list] = _GEMV_RANKED.setdefault(dtype, {})
+        self.step_tuned: set[tuple] = _STEP_TUNED.setdefault(dtype, set())
         self.step_keys: list[tuple] = []  # the choice keys a capture looked up, in order
         self._smem_optin: int | None = None
         self._smem_set: dict[tuple, int] = {}

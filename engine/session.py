@@ -402,9 +402,12 @@ class Engine:
 
     def _launcher(self, sampler: Sampler) -> Any:
         """The backend's `launch_step` where this request's steps can run without the host
-        waiting for each token (their picks made on the device), else None."""
+        waiting for each token (their picks made on the device, and a step able to take its
+        input from them: `steps_read_picks`), else None."""
         launch = getattr(self.backend, "launch_step", None) if self.pipelined_decode else None
-        if launch is None or not (sampler.on_device or sampler.params.takes_argmax):
+        if launch is None or not getattr(self.backend, "steps_read_picks", True):
+            return None
+        if not (sampler.on_device or sampler.params.takes_argmax):
             return None
         return launch
 

@@ -252,11 +252,6 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
         be.ops.pdl = False
         res["decode_tok_s_plain_launches"] = decode_rate(model, be, graphs, n)
         be.ops.pdl = True
-    # The same step with the down projections split over column slices (or not).
-    split = be.ops.split_down
-    be.ops.split_down = not split
-    res[f"decode_tok_s_split_down_{not split}"] = decode_rate(model, be, graphs, n)
-    be.ops.split_down = split
     # The same step with the DeltaNet as two kernels (gdn_prep, gdn_scan).
     be.ops.fused_deltanet_step = False
     res["decode_tok_s_deltanet_two_kernels"] = decode_rate(model, be, graphs, n)
@@ -445,12 +440,6 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     f"{r['decode_tok_s_step_tuned']:.0f} tok/s ({r['step_tune_s']:.1f} s)"
                     if "decode_tok_s_step_tuned" in r
                     else ""
-                )
-                + "".join(
-                    f"; {'with' if k.endswith('True') else 'without'} the down projections "
-                    f"split {v:.0f} tok/s"
-                    for k, v in r.items()
-                    if k.startswith("decode_tok_s_split_down_")
                 )
                 + (
                     f"; DeltaNet step as two kernels (prep, scan) "

@@ -187,3 +187,17 @@ def test_a_stop_seen_one_step_late_stays_in_the_state(piped):
     assert reply[-1] == eos and len(reply) == 4
     assert piped.launches == [False, True, True, True]  # the last one read the stop token
     assert _cached_ids(piped, ids + reply) == ids + reply
+
+
+def test_no_pipelined_steps_where_a_step_cannot_read_the_picks(piped, monkeypatch):
+    """A backend whose steps need their ids on the host first (embedding rows gathered on
+    the host) gets the loop that waits for every token, with the same reply."""
+    ids = prompt(20, 400, seed=2)
+    params = GenerationParams(max_new_tokens=5, greedy=True)
+    want = [e.token_id for e in piped.generate(ids, params)]
+    assert piped.launches
+    piped.launches.clear()
+    piped.prompt_cache.clear()
+    monkeypatch.setattr(piped.backend, "steps_read_picks", False, raising=False)
+    assert [e.token_id for e in piped.generate(ids, params)] == want
+    assert piped.launches == []

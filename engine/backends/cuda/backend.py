@@ -24,7 +24,6 @@ from engine.backends.cuda.gemv import Pro
 from engine.backends.cuda.modules import use_cache_dir
 from engine.backends.cuda.prefill import prefill_attention
 from engine.backends.cuda.scratch import RegionCarver
-from engine.backends.cuda.split import Fixed, pro_add_norm
 from engine.backends.cuda.state import StateMixin
 from engine.backends.cuda.weights import DWeight, QWeight, plan_bytes, upload
 from engine.config import ModelConfig
@@ -79,9 +78,6 @@ class CudaBackend(StateMixin, Backend):
         self.counter: Any = None
         self.argmax_work: Any = None  # greedy picks split over blocks (Ops.argmax)
         self.picks: Any = None  # each decode row's next token (sample_rows)
-        self.mlp_acc: Any = None  # split down projections' sums (StateMixin._mlp_buffers)
-        self._mlp_dirty = False
-        self._layer = 0
         self.seen: Any = None  # per slot, a bitmap of the ids its reply has (presence penalty)
         # Invariant 7: when the plan has no room for an untied embedding table on the card,
         # it stays in host memory; each forward's rows are gathered on the host and copied
@@ -102,7 +98,7 @@ class CudaBackend(StateMixin, Backend):
         small = 0
         if self.meta is not None:
             small = self.meta.nbytes + self.counter.nbytes + self.argmax_work.nbytes
-            small += self.picks.nbytes + self.seen.nbytes + self.mlp_acc.nbytes
+            small += self.picks.nbytes + self.seen.nbytes
         return self.pool.held_bytes + small
 
     def weight_bytes(self, checkpoint: Any) -> dict[str, int]:
@@ -188,19 +184,14 @@ class CudaBackend(StateMixin, Backend):
                     self.mem_workspace.ensure(min(batch.rows, self.mem_workspace.max_rows))
             self.write_batch(batch, np.asarray(ids, np.int32))
             self.workspace.reset("ws")
-            if self._mlp_dirty:  # a forward stopped between layers: start from clean sums
-                self.mlp_acc.fill(0)
-                self._mlp_dirty = False
         self.scratch.reset("r1")  # the embedding output is layer -1's
         self.batch = batch
         return self.meta[0, : batch.rows]
 
     def begin_layer(self, index: int) -> None:
-        self._layer = index
         self.scratch.begin(f"r{index % 2}")
 
     def begin_head(self) -> None:
-        self._mlp_dirty = False  # every layer ran: the accumulators are as the invariant says
         self.scratch.begin("head")
 
     def _meta_rows(self, R: int) -> tuple[Any, Any, Any, Any]:
@@ -280,7 +271,7 @@ class CudaBackend(StateMixin, Backend):
             return super().norm_linear_many(x, delta, weight, eps, weights)
         h = x if delta is None else self.take(x.shape)
         out = self.take((x.shape[0], product.shape[0]))
-        pro = pro_add_norm(weight, eps, delta, None if delta is None else h)
+        pro = Pro(1, weight, eps, delta=delta, h=None if delta is None else h)
         self.ops.gemv(x, product, out, pro=pro)
         return self._parts(out, weights), h
 
@@ -291,12 +282,7 @@ class CudaBackend(StateMixin, Backend):
             return super().norm_mlp(x, delta, weight, eps, gate, up, down)
         h = self.take(x.shape)
         act = self.take((x.shape[0], gate.shape[0]))
-        self.ops.gemv(x, gate, act, up=up, pro=pro_add_norm(weight, eps, delta, h))
-        layers = self.config.num_hidden_layers if self.config is not None else 0
-        if self.mlp_acc is not None and layers > 1 and self.ops.split_ok(act, down):
-            acc, zero = self._mlp_buffers(x.shape[0])
-            self.ops.gemv_split(act, down, acc, zero)
-            return Fixed(acc), h
+        self.ops.gemv(x, gate, act, up=up, pro=Pro(1, weight, eps, delta=delta, h=h))
         return self.linear(act, down), h
 
     def _linear_into(self, x: Any, weight: Any, out: Any) -> None:
@@ -325,10 +311,6 @@ class CudaBackend(StateMixin, Backend):
         rows = np.asarray(rows, np.int32)
         if len(rows) == x.shape[0] and np.array_equal(rows, np.arange(len(rows))):
             return x
-        if isinstance(x, Fixed):
-            acc = self.take((len(rows), x.shape[1]), self.cp.int64)
-            self.cp.take(x.acc, self.cp.asarray(rows), axis=0, out=acc)
-            return Fixed(acc)
         out = self.take((len(rows), x.shape[1]))
         self.ops.gather_rows(x, self.cp.asarray(rows), out)
         return out
@@ -503,6 +485,13 @@ class CudaBackend(StateMixin, Backend):
         """One decode row per stream through the captured graph (captured on first use);
         returns (logits [B, V], greedy tokens [B] int32) on the device."""
         return self._decode_graphs().replay(batch, ids)
+
+    @property
+    def steps_read_picks(self) -> bool:
+        """Whether a step can take its input ids from the previous step's picks on the
+        device (`launch_step` with no batch): not where embedding rows are gathered on the
+        host from ids the host must know first (invariant 7)."""
+        return not self.host_embeddings
 
     def launch_step(self, batch: Batch | None, ids: Any, rows: list) -> Any:
         """A decode step that does not wait (`DecodeGraphs.launch`; batch None: the step

@@ -64,8 +64,7 @@ def _cdiv(a: int, b: int) -> int:
 @dataclass(frozen=True)
 class Pro:
     """A gemv4 prologue. kind 1: stage `rms_norm(x + delta) * norm` (delta may be None) and
-    store `x + delta` to `h` (None: not stored); kind 3: the same with the accumulator of a
-    `split.Fixed` delta. kind 2: stage
+    store `x + delta` to `h` (None: not stored). kind 2: stage
     `rms_norm_per_head(o) * norm * silu(x)` with heads of `head_dim` values (o fp32)."""
 
     kind: int
@@ -147,7 +146,7 @@ class GemvMixin:
             return False
         if x.strides[1] != x.itemsize or x.strides[0] % 16:
             return False
-        if kind in (1, 3):
+        if kind == 1:
             return w.shape[0] <= PRO_MAX_OUT and R <= PRO_SUMS
         seg = head_dim // 8
         return (
@@ -400,40 +399,27 @@ class GemvMixin:
     def _tune_gemv(self, key, x, w, out, up, pro=None) -> tuple:
         import cupy
 
-        def timer(c: tuple) -> float:  # into buffers of its own: nothing the forward uses
-            own_out = cupy.empty(out.shape, out.dtype)
-            own = pro
-            if pro is not None and pro.h is not None:
-                own = replace(pro, h=cupy.empty(pro.h.shape, pro.h.dtype))
-            return self.time_gemv(c, x, w, own_out, up, pro=own)
-
-        return self.rank(key, self.gemv_candidates(x, w, up, pro), timer)
-
-    def rank(self, key: tuple, cands: list, timer: Any) -> tuple:
-        """Time each candidate (`timer`), rank them, keep the fastest as the key's choice.
-        The candidates run on the caller's stream once its queue is empty: timing never
-        races with what the forward is doing. During a capture the first one is taken."""
-        import cupy
-
+        cands = self.gemv_candidates(x, w, up, pro)
         current = cupy.cuda.get_current_stream()
         if current.is_capturing() or len(cands) == 1:
             return cands[0]
+        # The candidates run on the caller's stream once its queue is empty, into buffers of
+        # their own: timing never races with, or writes into, what the forward is using.
         current.synchronize()
-        times = [timer(c) for c in cands]
+        own_out = cupy.empty(out.shape, out.dtype)
+        if pro is not None and pro.h is not None:
+            pro = replace(pro, h=cupy.empty(pro.h.shape, pro.h.dtype))
+        times = [self.time_gemv(c, x, w, own_out, up, pro=pro) for c in cands]
         ranked = [c for _, c in sorted(zip(times, cands, strict=True), key=lambda tc: tc[0])]
         self.gemv_ranked[key] = ranked
         self.gemv_choice[key] = ranked[0]
         return ranked[0]
 
     def time_gemv(self, choice: tuple, x, w, out, up=None, n: int = 8, pro=None) -> float:
-        """GPU ms of n launches of `choice` (`time_launches`). A prologue that stores the
+        """GPU ms of n launches, each after a write that evicts the L2 (weights come from
+        memory, as in a decode step), replayed as one CUDA graph; the writes cost the same for
+        every candidate, so only the ranking means anything. A prologue that stores the
         residual stores the same values every time, so timing it changes nothing."""
-        return self.time_launches(lambda: self.gemv_run(choice, x, w, out, up, pro), n)
-
-    def time_launches(self, run: Any, n: int = 8) -> float:
-        """GPU ms of n calls of `run` (a launch each), each after a write that evicts the L2
-        (weights come from memory, as in a decode step), replayed as one CUDA graph; the
-        writes cost the same for every candidate, so only the ranking means anything."""
         import cupy
 
         if self._l2_flush is None:
@@ -444,11 +430,11 @@ class GemvMixin:
         if stream.ptr == 0:  # the legacy default stream cannot be captured
             stream = cupy.cuda.Stream(non_blocking=True)
         with on_stream(stream):
-            run()  # compile, set attributes, warm
+            self.gemv_run(choice, x, w, out, up, pro)  # compile, set attributes, warm
             stream.begin_capture()
             for _ in range(n):
                 self._l2_flush.fill(0)
-                run()
+                self.gemv_run(choice, x, w, out, up, pro)
             graph = stream.end_capture()
             graph.launch(stream)
             return best_replay_s(graph, stream, 2) * 1e3

@@ -22,7 +22,6 @@ from engine.backends.cuda.gemv import (
 )
 from engine.backends.cuda.launch import launch_pdl, pdl_available
 from engine.backends.cuda.modules import function
-from engine.backends.cuda.split import Fixed, SplitMixin
 from engine.backends.cuda.weights import DWeight, QWeight
 
 i32, f32 = np.int32, np.float32
@@ -34,7 +33,7 @@ def _chunk_smem(gc: int) -> int:
     return 4 * (2 * gc * ldk + 2 * gc * ldv + 2 * gc * ldc + 128 * ldv + 4 * gc)
 
 
-class Ops(GemvMixin, SplitMixin):
+class Ops(GemvMixin):
     # Warm-up re-chooses the one-row step's projections by the step's own time
     # (DecodeGraphs.tune) where a step takes under TUNE_MAX_STEP_S (a large card; on a small
     # one the step is longer and the per-shape choices stand). On the H200, 4B MLX 4-bit:
@@ -189,14 +188,10 @@ class Ops(GemvMixin, SplitMixin):
         )
 
     def add_rms_norm(self, x: Any, d: Any, w: Any, out: Any, h: Any, eps: float) -> None:
-        """h = x + d, out = rms_norm(h) * w; d may be `Fixed` (a split projection's sums)."""
         R, n = x.shape
-        fixed = isinstance(d, Fixed)
-        if fixed:
-            d = d.acc
         self.run(
             "norm.cu",
-            "add_rms_norm_fix" if fixed else "add_rms_norm",
+            "add_rms_norm",
             (R,),
             (min(1024, _cdiv(n, 32) * 32),),
             (x, d, w, out, h, i32(n), f32(eps)),

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.cuda.gemv import GEMV_MAX_ROWS
 from engine.backends.cuda.launch import on_stream
 from engine.backends.cuda.scratch import ALIGN
 from engine.config import ModelConfig
@@ -63,7 +62,6 @@ class StateMixin:
         self.counter = cp.zeros(max(self.max_rows, 64), cp.uint32)
         self.argmax_work = cp.zeros(2 * max(self.max_rows, 64), cp.uint64)
         self.picks = cp.zeros(max(self.max_rows, 64), cp.int32)
-        self.mlp_acc = cp.zeros((3, GEMV_MAX_ROWS, c.hidden_size), cp.int64)
         self.seen = cp.zeros((slots, -(-c.vocab_size // 32)), cp.uint32)
         itemsize = self.ops.act_itemsize
         self.mem_scratch = Scratch(self.pool, c, itemsize, self.max_rows, slots, context)
@@ -150,17 +148,3 @@ class StateMixin:
             self.emb_host[:R] = rows.astype(self.ops.act_dtype)
         nbytes = R * H * self.ops.act_itemsize
         self.emb_rows.data.copy_from_host_async(self.emb_host.ctypes.data, nbytes, self.stream)
-
-    def _mlp_buffers(self, rows: int) -> tuple[Any, Any]:
-        """This layer's down-projection accumulator (its first `rows` rows) and the one to clear:
-        the previous layer's, whose reader has run by then (the last layer's is cleared by
-        the next forward's first). Layers alternate between two, and the last of an odd
-        count takes a third, so replaying a captured step keeps every one clean.
-        Invariant: between forwards, every accumulator but the last layer's is zero."""
-        n, i = self.config.num_hidden_layers, self._layer
-
-        def which(j: int) -> int:
-            return 2 if n % 2 and j == n - 1 else j % 2
-
-        self._mlp_dirty = True
-        return self.mlp_acc[which(i)][:rows], self.mlp_acc[which((i - 1) % n)]

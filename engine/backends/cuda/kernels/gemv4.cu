@@ -25,33 +25,13 @@
 // Register cap from MAXT (the largest block launched): 64 for pipelined UG <= 2 and for ASYNC,
 // else 85. Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte
 // entries; sx, 8 floats per group; red, 4 floats per thread; ASYNC: 20 bytes per lane and group.
-// SPLIT (gemv4_split): the columns are cut into gridDim.y slices of `in` columns each (a
-// whole number of groups); block (x, y) takes slice y of its tiles and adds its products into
-// `acc` as fixed point with 32 fraction bits. Integer sums do not depend on the order the
-// slices arrive in, so the result is the same on every run; the consumer (prologue 3,
-// add_rms_norm_fix) reads them back as activations. More blocks, each with a shorter stream
-// and a shorter input to stage, for a projection with few rows and long ones (down_proj).
-// Each launch also clears `zero` (the previous layer's accumulator, whose reader has
-// finished by the time this kernel's wait returns).
-struct Split {
-  long long* acc;  // [M, out], rows `out` apart
-  int ldw;         // 32-bit code words per weight row (the whole row)
-  long long* zero;
-  int nzero;
-};
-
-__device__ __forceinline__ void red_fix(long long* p, float v) {
-  atomicAdd(reinterpret_cast<unsigned long long*>(p),
-            static_cast<unsigned long long>(__float2ll_rn(v * 4294967296.f)));
-}
-
-template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int PRO, bool ASYNC, bool SPLIT>
-__device__ __forceinline__ void
-gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
-           const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
-           const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
-           const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-           const float* __restrict__ po, int phd, float peps, int late, const Split& sp) {
+template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO, bool ASYNC>
+__global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2) || ASYNC ? 1024 : 768) / MAXT)
+gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
+      const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
+      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
+      const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
+      const float* __restrict__ po, int phd, float peps, int late) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
@@ -59,14 +39,6 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
   extern __shared__ uint4 smem[];
   __shared__ float pss[PRO ? 256 : 1];
   const int ng = in >> 6, nw = in >> 3, xstride = nw + 1;
-  // SPLIT: this block's slice of every row (weights keep their whole-row strides) and of x
-  const int wst = SPLIT ? sp.ldw : nw, gst = wst >> 3;
-  if constexpr (SPLIT) {
-    W0 += (long)blockIdx.y * nw;
-    S0 += (long)blockIdx.y * ng;
-    B0 += (long)blockIdx.y * ng;
-    X += (long)blockIdx.y * in;
-  }
   uint4* xs = smem;
   float* sx = reinterpret_cast<float*>(xs + M * xstride);
   float* red = sx + ng * 8;
@@ -81,12 +53,12 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
     const int tile = vb * TPB + tl;
     const int rlo = min(tile * ROWS + g, out - 1);
     const int rhi = SWIGLU ? rlo : min(tile * ROWS + g + 8, out - 1);
-    const uint2* wlo = reinterpret_cast<const uint2*>(W0 + (long)rlo * wst) + tig;
-    const uint2* whi = reinterpret_cast<const uint2*>((SWIGLU ? W1 : W0) + (long)rhi * wst) + tig;
-    const act_t* sb = tig == 0 ? S0 + (long)rlo * gst
-                    : tig == 1 ? B0 + (long)rlo * gst
-                    : tig == 2 ? (SWIGLU ? S1 : S0) + (long)rhi * gst
-                               : (SWIGLU ? B1 : B0) + (long)rhi * gst;
+    const uint2* wlo = reinterpret_cast<const uint2*>(W0 + (long)rlo * nw) + tig;
+    const uint2* whi = reinterpret_cast<const uint2*>((SWIGLU ? W1 : W0) + (long)rhi * nw) + tig;
+    const act_t* sb = tig == 0 ? S0 + (long)rlo * ng
+                    : tig == 1 ? B0 + (long)rlo * ng
+                    : tig == 2 ? (SWIGLU ? S1 : S0) + (long)rhi * ng
+                               : (SWIGLU ? B1 : B0) + (long)rhi * ng;
     return Rows{wlo, whi, sb};
   };
   int vb = blockIdx.x;
@@ -117,10 +89,6 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
   pdl_start();  // from here on, activations of the previous kernel are readable
   stamps.at(1, tid);
-  if constexpr (SPLIT) {
-    const int nb = gridDim.x * gridDim.y, b = blockIdx.y * gridDim.x + blockIdx.x;
-    for (int i = b * NT + tid; i < sp.nzero; i += nb * NT) sp.zero[i] = 0;
-  }
 
   if constexpr (PRO != 0) {
     __syncthreads();
@@ -180,33 +148,9 @@ gemv4_body(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const 
         v0 += r[k * 128 + src + (lr >> 3) * 2];
         if (SWIGLU) v1 += r[k * 128 + src + 2];
       }
-      if constexpr (SPLIT) red_fix(sp.acc + (long)m * out + row, v0);
-      else st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
+      st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
     }
     __syncthreads();  // red is rewritten by the next tile
   }
   stamps.write(W0, out, in, (SWIGLU ? 16u : 0u) | PRO, tid);
-}
-
-template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO, bool ASYNC>
-__global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2) || ASYNC ? 1024 : 768) / MAXT)
-gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
-      const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
-      const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
-      const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int late) {
-  gemv4_body<M, SWIGLU, TPB, UG, PIPE, PRO, ASYNC, false>(W0, S0, B0, W1, S1, B1, X, ldx, Y, ldy, out,
-                                                          in, pd, pnw, ph, po, phd, peps, late, Split{});
-}
-
-// A projection without prologue, its columns split over gridDim.y (SPLIT above); `in` is the
-// slice's width, `ldw` the whole row's code words.
-template <int M, int TPB, int UG, bool PIPE, int MAXT>
-__global__ void __launch_bounds__(MAXT, (PIPE && UG <= 2 ? 1024 : 768) / MAXT)
-gemv4_split(const unsigned* __restrict__ W, const act_t* __restrict__ S, const act_t* __restrict__ B,
-            const act_t* __restrict__ X, int ldx, int out, int in, int ldw, long long* __restrict__ acc,
-            long long* __restrict__ zero, int nzero) {
-  gemv4_body<M, false, TPB, UG, PIPE, 0, false, true>(W, S, B, W, S, B, X, ldx, nullptr, 0, out, in,
-                                                      nullptr, nullptr, nullptr, nullptr, 0, 0.f, 0,
-                                                      Split{acc, ldw, zero, nzero});
 }

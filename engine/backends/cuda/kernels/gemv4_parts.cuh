@@ -147,23 +147,10 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
   for (int j = 0; j < 8; ++j) f[j] = cv(e[j]);
 }
 
-// 8 fixed-point sums (32 fraction bits, a split projection's accumulator, gemv4 SPLIT) as
-// the activations a whole projection would have stored.
-__device__ __forceinline__ void unfix8(const long long* __restrict__ d, float* f) {
-  const longlong2* v = reinterpret_cast<const longlong2*>(d);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const longlong2 e = __ldg(v + k);
-    f[2 * k] = cv(mk(__ll2float_rn(e.x) * 2.3283064365386963e-10f));
-    f[2 * k + 1] = cv(mk(__ll2float_rn(e.y) * 2.3283064365386963e-10f));
-  }
-}
-
 // What the block stages as its activations (PRO):
 //   0  x itself;
 //   1  rms_norm(h) * nw with h = x + d (d may be null; block 0 stores h to H when H is set):
 //      the residual add and norm that precede every projection, fused into it;
-//   3  as 1, with d the fixed-point output of a split projection (unfix8);
 //   2  rms_norm_head(o) * nw * silu(x) per head of `hd` values (o fp32 [M, in], rows of in):
 //      the DeltaNet output norm gated by z (x = z), fused into out_proj.
 struct Pro {
@@ -187,16 +174,12 @@ __device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, c
     const int m = ok ? it / nw : 0, p = it - m * nw;
     float s = 0.f, f[8];
     if (ok) {
-      if constexpr (PRO == 1 || PRO == 3) {
+      if constexpr (PRO == 1) {
         uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
         unpack8(hv, f);
         if (pr.d != nullptr) {
           float dd[8];
-          if constexpr (PRO == 3) {
-            unfix8(reinterpret_cast<const long long*>(pr.d) + (long)m * in + 8 * p, dd);
-          } else {
-            unpack8(__ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p), dd);
-          }
+          unpack8(__ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p), dd);
 #pragma unroll
           for (int j = 0; j < 8; ++j) f[j] += dd[j];
           hv = pack8(f);
@@ -212,7 +195,7 @@ __device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, c
 #pragma unroll
       for (int j = 0; j < 8; ++j) s = fmaf(f[j], f[j], s);
     }
-    if constexpr (PRO == 1 || PRO == 3) {
+    if constexpr (PRO == 1) {
       const int m0 = __shfl_sync(0xffffffffu, m, 0);
       if (__all_sync(0xffffffffu, !ok || m == m0)) {
         s = warp_sum(s);
@@ -235,7 +218,7 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
                                            int m, int p) {
   if constexpr (PRO == 0) {
     return __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
-  } else if constexpr (PRO == 1 || PRO == 3) {
+  } else if constexpr (PRO == 1) {
     float f[8];
     unpack8(xs[m * xstride + p], f);
     const float inv = rsqrtf(pss[m] / in + pr.eps);

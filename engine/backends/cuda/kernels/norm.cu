@@ -33,26 +33,6 @@ extern "C" __global__ void add_rms_norm(const act_t* __restrict__ x, const act_t
   for (int j = threadIdx.x; j < n; j += blockDim.x) st(y + base + j, cv(h[base + j]) * inv * w[j]);
 }
 
-// add_rms_norm with d held as fixed-point sums (32 fraction bits; a split projection's
-// accumulator, gemv4.cu), read as the activations a whole projection would have stored.
-extern "C" __global__ void add_rms_norm_fix(const act_t* __restrict__ x, const long long* __restrict__ d,
-                                            const float* __restrict__ w, act_t* __restrict__ y,
-                                            act_t* __restrict__ h, int n, float eps) {
-  pdl_start();
-  __shared__ float red[32];
-  const long base = (long)blockIdx.x * n;
-  float ss = 0.f;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float dv = cv(mk(__ll2float_rn(d[base + j]) * 2.3283064365386963e-10f));
-    act_t hv = mk(ld(x + base + j) + dv);
-    h[base + j] = hv;
-    float v = cv(hv);
-    ss += v * v;
-  }
-  float inv = rsqrtf(block_sum(ss, red) / n + eps);
-  for (int j = threadIdx.x; j < n; j += blockDim.x) st(y + base + j, cv(h[base + j]) * inv * w[j]);
-}
-
 // y = silu(g) * u, elementwise over n values (g and u may have row strides: ld).
 extern "C" __global__ void swiglu(const act_t* __restrict__ g, const act_t* __restrict__ u,
                                   act_t* __restrict__ y, long n) {

@@ -322,8 +322,8 @@ class Engine:
                 # Top-k / top-p draws on the device too: 4 bytes per row come back, not the
                 # logits (a 248K vocabulary costs milliseconds on the host).
                 rows = [
-                    None if p else s.device_draw(out, st.slot)
-                    for p, s, out, st in zip(plain, samplers, outputs, streams, strict=True)
+                    self._draw(s, out, st)
+                    for s, out, st in zip(samplers, outputs, streams, strict=True)
                 ]
                 return [int(t) for t in sample_rows(logits, greedy, rows).get()]
         host = np.asarray(self.backend.to_host(logits), dtype=np.float32)

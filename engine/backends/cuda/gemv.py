@@ -203,8 +203,13 @@ class GemvMixin:
             assert pro is None, "the SIMT kernel has no prologue"
             self._gemv_launch(x, w, out, up, *choice[1:])
 
-    def _gemv4_smem(self, rows: int, cols: int, threads: int, async_ug: int = 0) -> int:
-        return rows * (cols // 8 + 1) * 16 + cols // 64 * 32 + threads * (16 + 20 * async_ug)
+    def _gemv4_smem(
+        self, rows: int, cols: int, threads: int, async_ug: int = 0, kind: int = 1
+    ) -> int:
+        """Dynamic shared bytes of gemv4 (gemv4.cu's layout); a prologue (kind != 0) keeps
+        its norm weight there too."""
+        xs_sx_red = rows * (cols // 8 + 1) * 16 + cols // 64 * 32 + threads * 16
+        return xs_sx_red + threads * 20 * async_ug + (cols * 4 if kind else 0)
 
     @staticmethod
     def _gemv4_shape(cols: int, v: tuple) -> tuple[int, int]:
@@ -249,7 +254,7 @@ class GemvMixin:
         _, tpb, ug, _, staged = v
         ks, threads = self._gemv4_shape(cols, v)
         assert not staged or _cdiv(cols // 64, ks) <= ug, "a staged slice must fit"
-        smem = self._gemv4_smem(R, cols, threads, ug if staged else 0)
+        smem = self._gemv4_smem(R, cols, threads, ug if staged else 0, kind)
         self.allow_smem(fn, (R, swiglu, v, kind), smem)  # beside 1 KiB of prologue sums
         rows = 8 if swiglu else 16
         blocks = _cdiv(_cdiv(n_out, rows), tpb)

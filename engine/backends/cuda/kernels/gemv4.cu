@@ -24,7 +24,8 @@
 // under programmatic dependent launch, before the previous kernel has finished).
 // Register cap from MAXT (the largest block launched): 64 for pipelined UG <= 2 and for ASYNC,
 // else 85. Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte
-// entries; sx, 8 floats per group; red, 4 floats per thread; ASYNC: 20 bytes per lane and group.
+// entries; sx, 8 floats per group; red, 4 floats per thread; ASYNC: 20 bytes per lane and
+// group; PRO != 0: the norm weight, up to `in` floats.
 template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO, bool ASYNC>
 __global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2) || ASYNC ? 1024 : 768) / MAXT)
 gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
@@ -83,14 +84,30 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
     }
   };
+  // The prologue's norm weight goes to shared memory before the wait (nothing writes it),
+  // so the staging needs no read from device memory after the previous kernel: read there,
+  // it cost a round trip to memory busy with weights (about 3 us of the 4 a prologue took).
+  float* const nws = reinterpret_cast<float*>(wbase) + (ASYNC ? NT * UG * 5 : 0);
+  if constexpr (PRO != 0) {
+    const int nn = PRO == 1 ? in : phd;
+    if ((reinterpret_cast<unsigned long>(pnw) & 15) == 0)
+      for (int i = 4 * tid; i < nn; i += 4 * NT) cp_async(nws + i, pnw + i, 16);
+    else
+      for (int i = tid; i < nn; i += NT) cp_async(nws + i, pnw + i, 4);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
   if (!late) first_weights();
-  const Pro pr{pd, pnw, ph, po, phd, peps};
+  const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
   pdl_start();  // from here on, activations of the previous kernel are readable
   stamps.at(1, tid);
 
   if constexpr (PRO != 0) {
+    if (ASYNC && !late)  // the newest group is the weights'
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
     pro_sums<M, PRO>(X, ldx, pr, xs, xstride, nw, in, pss, tid, NT);
     __syncthreads();

@@ -68,7 +68,9 @@ __device__ __forceinline__ void fetch(Batch<UG>& t, const Rows& r, int g0, int g
 // the aligned 4-byte pair that holds the lane's 16-bit value (ng is even).
 __device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  if (bytes == 8)
+  if (bytes == 16)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  else if (bytes == 8)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");

@@ -37,6 +37,9 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   Stamps stamps;
   stamps.at(0, threadIdx.x);
   constexpr int ROWS = SWIGLU ? 8 : 16;
+  // bf16: prologue 1 stages h * nw in one pass and the norm's scale multiplies the products
+  // (prologue 4). fp16 keeps two passes: h * nw could leave its range.
+  constexpr int SP = PRO == 1 && ACT_KIND != 1 ? 4 : PRO;
   extern __shared__ uint4 smem[];
   __shared__ float pss[PRO ? 256 : 1];
   const int ng = in >> 6, nw = in >> 3, xstride = nw + 1;
@@ -109,10 +112,12 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     else
       asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
-    pro_sums<M, PRO>(X, ldx, pr, xs, xstride, nw, in, pss, tid, NT);
-    __syncthreads();
+    if constexpr (SP != 4) {
+      pro_sums<M, PRO>(X, ldx, pr, xs, xstride, nw, in, pss, tid, NT);
+      __syncthreads();
+    }
   }
-  stage_x<M, PRO>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
+  stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
   __syncthreads();
   stamps.at(2, tid);
   if (late) first_weights();
@@ -164,6 +169,11 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       for (int k = 0; k < KS; ++k) {
         v0 += r[k * 128 + src + (lr >> 3) * 2];
         if (SWIGLU) v1 += r[k * 128 + src + 2];
+      }
+      if constexpr (SP == 4) {
+        const float inv = rsqrtf(pss[m] / in + peps);
+        v0 *= inv;
+        v1 *= inv;
       }
       st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
     }

@@ -149,12 +149,24 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
   for (int j = 0; j < 8; ++j) f[j] = cv(e[j]);
 }
 
+// Add each lane's q into pss[m] of its row m (whole warps; rows may change within a warp).
+__device__ __forceinline__ void row_sums(float q, bool ok, int m, float* pss) {
+  const int m0 = __shfl_sync(0xffffffffu, m, 0);
+  if (__all_sync(0xffffffffu, !ok || m == m0)) {
+    q = warp_sum(q);
+    if ((threadIdx.x & 31) == 0) atomicAdd(pss + m0, q);
+  } else if (ok) {
+    atomicAdd(pss + m, q);
+  }
+}
+
 // What the block stages as its activations (PRO):
 //   0  x itself;
 //   1  rms_norm(h) * nw with h = x + d (d may be null; block 0 stores h to H when H is set):
 //      the residual add and norm that precede every projection, fused into it;
 //   2  rms_norm_head(o) * nw * silu(x) per head of `hd` values (o fp32 [M, in], rows of in):
-//      the DeltaNet output norm gated by z (x = z), fused into out_proj.
+//      the DeltaNet output norm gated by z (x = z), fused into out_proj;
+//   4  prologue 1 with the norm's scale left to the caller (fold_value below).
 struct Pro {
   const act_t* d;
   const float* nw;
@@ -198,13 +210,7 @@ __device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, c
       for (int j = 0; j < 8; ++j) s = fmaf(f[j], f[j], s);
     }
     if constexpr (PRO == 1) {
-      const int m0 = __shfl_sync(0xffffffffu, m, 0);
-      if (__all_sync(0xffffffffu, !ok || m == m0)) {
-        s = warp_sum(s);
-        if (lane == 0) atomicAdd(pss + m0, s);
-      } else if (ok) {
-        atomicAdd(pss + m, s);
-      }
+      row_sums(s, ok, m, pss);
     } else {
       const int seg = pr.hd >> 3;  // entries per head: a power of two <= 32 (the wrapper checks)
       for (int off = seg >> 1; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
@@ -241,28 +247,60 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
   }
 }
 
+// PRO 4 (prologue 1 with the norm's scale left to the caller): the staged entry is
+// h * nw with h = x + d (rounded, as the residual stream is stored; block 0 stores it to H);
+// q gets the entry's sum of squares of h. The products come out scaled by
+// rsqrt(mean(h^2) + eps) per row, which the caller applies: one pass over the input, where
+// prologue 1 needs the sums before it can stage anything.
+__device__ __forceinline__ uint4 fold_value(const act_t* __restrict__ X, int ldx, const Pro& pr, int in,
+                                            int m, int p, float& q) {
+  float f[8];
+  uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+  unpack8(hv, f);
+  if (pr.d != nullptr) {
+    float dd[8];
+    unpack8(__ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p), dd);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] += dd[j];
+    hv = pack8(f);
+    unpack8(hv, f);
+  }
+  if (pr.h != nullptr && blockIdx.x == 0) reinterpret_cast<uint4*>(pr.h + (long)m * in)[p] = hv;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    q = fmaf(f[j], f[j], q);
+    f[j] *= pr.nw[8 * p + j];
+  }
+  return pack8(f);
+}
+
 // Stage the activations of M rows (threads tid of NT, whole warps): entry p of row m holds
 // x[8p..8p+7] (after the prologue PRO) as pairs (0,4) (1,5) (2,6) (3,7), the order the code
 // words' nibbles come out of qpair(); sx[group * 8 + m] is the group's sum of x (0 for rows
 // m >= M). The caller synchronises afterwards.
 template <int M, int PRO>
 __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, const Pro& pr, uint4* xs,
-                                        int xstride, float* sx, int nw, int in, const float* pss, int tid,
+                                        int xstride, float* sx, int nw, int in, float* pss, int tid,
                                         int NT) {
   const int lane = tid & 31, ng = nw >> 3;
   for (int base = tid - lane; base < M * nw; base += NT) {
     const int it = base + lane;
-    float s = 0.f;
+    float s = 0.f, q = 0.f;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    const int mi = it < M * nw ? it / nw : 0;
     if (it < M * nw) {
-      const int m = it / nw, p = it - m * nw;
-      v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
+      const int m = mi, p = it - m * nw;
+      if constexpr (PRO == 4)
+        v = fold_value(X, ldx, pr, in, m, p, q);
+      else
+        v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
       const act_t* e = reinterpret_cast<const act_t*>(&v);
 #pragma unroll
       for (int j = 0; j < 8; ++j) s += cv(e[j]);
       xs[m * xstride + p] = make_uint4(prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632),
                                        prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632));
     }
+    if constexpr (PRO == 4) row_sums(q, it < M * nw, mi, pss);
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     s += __shfl_xor_sync(0xffffffffu, s, 2);
     s += __shfl_xor_sync(0xffffffffu, s, 4);

@@ -41,7 +41,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   // (prologue 4). fp16 keeps two passes: h * nw could leave its range.
   constexpr int SP = PRO == 1 && ACT_KIND != 1 ? 4 : PRO;
   extern __shared__ uint4 smem[];
-  __shared__ float pss[PRO ? 256 : 1];
+  __shared__ float pss[PRO ? 256 : 1], invs[8];
   const int ng = in >> 6, nw = in >> 3, xstride = nw + 1;
   uint4* xs = smem;
   float* sx = reinterpret_cast<float*>(xs + M * xstride);
@@ -119,6 +119,13 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   }
   stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
   __syncthreads();
+  if constexpr (SP == 4) {  // read after the next barrier (the one before the tile's sums)
+    if (tid < M) {
+      float ss = 0.f;
+      for (int w = 0; w < NT / 32; ++w) ss += pss[w * 8 + tid];
+      invs[tid] = rsqrtf(ss / in + peps);
+    }
+  }
   stamps.at(2, tid);
   if (late) first_weights();
 
@@ -171,9 +178,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
         if (SWIGLU) v1 += r[k * 128 + src + 2];
       }
       if constexpr (SP == 4) {
-        const float inv = rsqrtf(pss[m] / in + peps);
-        v0 *= inv;
-        v1 *= inv;
+        v0 *= invs[m];
+        v1 *= invs[m];
       }
       st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
     }

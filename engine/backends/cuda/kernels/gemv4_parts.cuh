@@ -249,9 +249,10 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
 
 // PRO 4 (prologue 1 with the norm's scale left to the caller): the staged entry is
 // h * nw with h = x + d (rounded, as the residual stream is stored; block 0 stores it to H);
-// q gets the entry's sum of squares of h. The products come out scaled by
-// rsqrt(mean(h^2) + eps) per row, which the caller applies: one pass over the input, where
-// prologue 1 needs the sums before it can stage anything.
+// q gets the entry's sum of squares of h (stage_x leaves each warp's sums per row in pss,
+// 8 slots a warp, summed by the caller in a fixed order: the same result every run). The
+// products come out scaled by rsqrt(mean(h^2) + eps) per row, which the caller applies: one
+// pass over the input, where prologue 1 needs the sums before it can stage anything.
 __device__ __forceinline__ uint4 fold_value(const act_t* __restrict__ X, int ldx, const Pro& pr, int in,
                                             int m, int p, float& q) {
   float f[8];
@@ -283,6 +284,9 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
                                         int xstride, float* sx, int nw, int in, float* pss, int tid,
                                         int NT) {
   const int lane = tid & 31, ng = nw >> 3;
+  float qa[M];
+#pragma unroll
+  for (int r = 0; r < M; ++r) qa[r] = 0.f;
   for (int base = tid - lane; base < M * nw; base += NT) {
     const int it = base + lane;
     float s = 0.f, q = 0.f;
@@ -300,7 +304,17 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
       xs[m * xstride + p] = make_uint4(prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632),
                                        prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632));
     }
-    if constexpr (PRO == 4) row_sums(q, it < M * nw, mi, pss);
+    if constexpr (PRO == 4) {  // this warp's sums per row, in a fixed order
+      const bool ok = it < M * nw;
+      const int mlo = __shfl_sync(0xffffffffu, mi, 0);
+      const int mhi = static_cast<int>(__reduce_max_sync(0xffffffffu, ok ? mi : 0));
+      for (int mm = mlo; mm <= mhi; ++mm) {
+        const float t = warp_sum(ok && mi == mm ? q : 0.f);
+#pragma unroll
+        for (int r = 0; r < M; ++r)
+          if (r == mm) qa[r] += t;
+      }
+    }
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     s += __shfl_xor_sync(0xffffffffu, s, 2);
     s += __shfl_xor_sync(0xffffffffu, s, 4);
@@ -309,6 +323,10 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
       sx[(p >> 3) * 8 + m] = s;
     }
   }
+  if constexpr (PRO == 4)  // slot (warp, row): the caller sums the warps' slots in order
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < M; ++r) pss[(tid >> 5) * 8 + r] = qa[r];
   if (M < 8)
     for (int i = tid; i < ng * 8; i += NT)
       if ((i & 7) >= M) sx[i] = 0.f;

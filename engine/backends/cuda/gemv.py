@@ -110,6 +110,7 @@ class GemvMixin:
     variant_filter: Any = None
     gemv_wave_fraction = 1.0
     _sms: int | None = None
+    _mma_ok = True  # the GPU runs gemv4 (compute capability 8.0+; set with _smem_optin)
     tma = False  # tensor maps available (Ops sets it): gemv4s can run
     # gemv4s among the tuner's candidates. Off: measured slower than gemv4 alone and in a
     # chain so far (docs/benchmarks.md); tools/bench_chain.py and bench_decode.py turn it on.
@@ -241,8 +242,13 @@ class GemvMixin:
         if self._smem_optin is None:
             import cupy
 
-            dev = cupy.cuda.Device().id
-            self._smem_optin = cupy.cuda.runtime.deviceGetAttribute(97, dev)  # opt-in max
+            dev = cupy.cuda.Device()
+            self._smem_optin = cupy.cuda.runtime.deviceGetAttribute(97, dev.id)  # opt-in max
+            # mma.m16n8k16 on half types and cp.async need compute capability 8.0: older
+            # cards (GTX 16xx, RTX 20xx, in fp16) run the SIMT kernel and separate norms.
+            self._mma_ok = int(dev.compute_capability) >= 80
+        if not self._mma_ok:
+            return False
         return self._gemv4_smem(x.shape[0], w.shape[1], 1024) <= self._smem_optin
 
     def _gemv4_launch(self, x, w, out, up, pro, *v) -> None:

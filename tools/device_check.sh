@@ -47,8 +47,10 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
 fi
 if [ "$mode" = profile ]; then
   ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout "${PROFILE_TIMEOUT:-300}" "$ncu" --profile-from-start off --cache-control none \
-    --metrics gpu__time_duration.sum --csv python3 tools/profile_step.py "$@" \
+  # NCU_CACHE=all flushes the caches before each kernel (and each replay pass of its metrics).
+  timeout "${PROFILE_TIMEOUT:-300}" "$ncu" --profile-from-start off --cache-control "${NCU_CACHE:-none}" \
+    --metrics "${NCU_METRICS:-gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct}" \
+    --csv python3 tools/profile_step.py "$@" \
     > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
   status=$?
   python3 tools/profile_step.py --summary "$OUT/ncu.csv" | tee "$OUT/profile.md"

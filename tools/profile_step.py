@@ -9,6 +9,9 @@ a table of kernel families (launches, total and mean microseconds).
         --csv python3 tools/profile_step.py > ncu.csv
     python3 tools/profile_step.py --summary ncu.csv
 
+`--metrics` may also ask for the memory metrics in METRICS below; the table then gains their
+columns (tools/device_check.sh profile asks for all of them).
+
 With `--graph N` the profiled range is N replays of the captured decode graph instead, as a
 decode runs; Nsight Systems traces each kernel node where it really starts and ends (with
 overlapped launches, kernels overlap), and `--timeline` folds its trace into the same table
@@ -126,23 +129,78 @@ def family(name: str) -> str:
     return base
 
 
-def summary(csv_path: str) -> None:
-    rows = defaultdict(list)
+# Memory metrics `summary` reads besides the time, where the CSV has them
+# (tools/device_check.sh profile asks for all of them): what each kernel read from device
+# memory, its DRAM throughput as a share of the peak, and its L2 hit rate.
+METRICS = (
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__t_sector_hit_rate.pct",
+)
+_SCALE = {
+    "ns": 1e-3,
+    "nsecond": 1e-3,
+    "us": 1.0,
+    "usecond": 1.0,
+    "ms": 1e3,
+    "msecond": 1e3,
+    "byte": 1.0,
+    "Kbyte": 1e3,
+    "Mbyte": 1e6,
+    "Gbyte": 1e9,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "%": 1.0,
+}
+
+
+def summary(csv_path: str) -> str:
+    """The table of kernel families from an `ncu --csv` file (printed and returned): with
+    the memory metrics, also MB read per launch, the GB/s that makes, the DRAM throughput's
+    share of its peak and the L2 hit rate (means over launches)."""
+    launches: dict[str, dict] = defaultdict(dict)
     with open(csv_path, newline="") as f:
         lines = [line for line in f if line.startswith('"')]
     for rec in csv.DictReader(lines):
-        if rec.get("Metric Name") != "gpu__time_duration.sum":
+        metric = rec.get("Metric Name")
+        if metric not in METRICS:
             continue
-        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[
-            rec["Metric Unit"]
-        ]
-        us = float(rec["Metric Value"].replace(",", "")) * scale
-        rows[family(rec["Kernel Name"])].append(us)
-    total = sum(sum(v) for v in rows.values())
-    print("| kernel | launches | total us | mean us | share |\n|---|---|---|---|---|")
-    for name, v in sorted(rows.items(), key=lambda kv: -sum(kv[1])):
-        print(f"| {name} | {len(v)} | {sum(v):.1f} | {np.mean(v):.2f} | {sum(v) / total:.1%} |")
-    print(f"| all | {sum(len(v) for v in rows.values())} | {total:.1f} | - | - |")
+        value = float(rec["Metric Value"].replace(",", "")) * _SCALE[rec["Metric Unit"]]
+        launch = launches[rec["ID"]]
+        launch["family"] = family(rec["Kernel Name"])
+        launch[metric] = value
+    rows = defaultdict(list)
+    for launch in launches.values():
+        if METRICS[0] in launch:
+            rows[launch["family"]].append(launch)
+    mem = any(METRICS[1] in ln for v in rows.values() for ln in v)
+    total = sum(ln[METRICS[0]] for v in rows.values() for ln in v)
+    head = "| kernel | launches | total us | mean us | share |"
+    if mem:
+        head += " MB read | GB/s | DRAM % of peak | L2 hit % |"
+    out = [head, "|" + "---|" * head.count(" | ")]
+
+    def mean(v: list, key: str) -> float:
+        return float(np.mean([ln.get(key, np.nan) for ln in v]))
+
+    for name, v in sorted(rows.items(), key=lambda kv: -sum(ln[METRICS[0]] for ln in kv[1])):
+        us = sum(ln[METRICS[0]] for ln in v)
+        line = f"| {name} | {len(v)} | {us:.1f} | {us / len(v):.2f} | {us / total:.1%} |"
+        if mem:
+            nbytes = sum(ln.get(METRICS[1], 0.0) for ln in v)
+            line += (
+                f" {nbytes / len(v) / 1e6:.2f} | {nbytes / us / 1e3:.0f} |"
+                f" {mean(v, METRICS[2]):.1f} | {mean(v, METRICS[3]):.1f} |"
+            )
+        out.append(line)
+    out.append(f"| all | {sum(len(v) for v in rows.values())} | {total:.1f} | - | - |")
+    if mem:
+        out[-1] += " - | - | - | - |"
+    text = "\n".join(out)
+    print(text)
+    return text
 
 
 def write_sequence(named: list, replays: int, path: str) -> None:

@@ -57,6 +57,17 @@ def cupti_trace(work, be, csv_path: str) -> None:
                 w.writerow([round(float(e["ts"]) * 1e3), round(float(e["dur"]) * 1e3), e["name"]])
 
 
+def step_args(description: str) -> argparse.ArgumentParser:
+    """A parser with the arguments every decode-step tool takes: the model's shape and
+    format, the prompt length and where its random checkpoint is written."""
+    ap = argparse.ArgumentParser(description=description.splitlines()[0])
+    ap.add_argument("--shape", default="4B")
+    ap.add_argument("--format", default="mlx4", choices=("mlx4", "bf16"))
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--workdir", default="/tmp/snug-profile")
+    return ap
+
+
 def prepared_step(shape: str, fmt: str, prompt: int, workdir: str, steps: int) -> tuple:
     """(backend, model, prompt ids): a random checkpoint at a real shape, loaded on the GPU,
     after a prompt and two eager steps (every kernel compiled and tuned), with room for
@@ -256,11 +267,7 @@ def timeline(csv_path: str, replays: int, sequence: str | None = None) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="4B")
-    ap.add_argument("--format", default="mlx4", choices=("mlx4", "bf16"))
-    ap.add_argument("--prompt", type=int, default=512)
-    ap.add_argument("--workdir", default="/tmp/snug-profile")
+    ap = step_args(__doc__)
     ap.add_argument("--summary", metavar="CSV")
     ap.add_argument("--graph", type=int, default=0, help="profile N replays of the decode graph")
     ap.add_argument("--cupti", metavar="CSV", help="with --graph: trace through torch's profiler")

@@ -27,14 +27,13 @@ overlapped and plainly, at grids of one and two blocks per SM.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from tools.profile_step import captured_step, prepared_step
+from tools.profile_step import captured_step, prepared_step, step_args
 
 RECORDS = 1 << 16  # SNUG_STAMP_RECORDS in stamps.cuh
 FIELDS = ("entry", "release", "stage", "first", "finish", "tail", "span")
@@ -178,12 +177,8 @@ def measure(be, graphs, views, replays: int) -> tuple[list[float], dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="4B")
-    ap.add_argument("--format", default="mlx4", choices=("mlx4", "bf16"))
-    ap.add_argument("--prompt", type=int, default=512)
+    ap = step_args(__doc__)
     ap.add_argument("--replays", type=int, default=10)
-    ap.add_argument("--workdir", default="/tmp/snug-profile")
     ap.add_argument("--out", default=".")
     ap.add_argument(
         "--late", action="store_true", help="again with the first weights requested late"

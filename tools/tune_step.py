@@ -15,22 +15,17 @@ each shape's choice before and after and the step time; writes tune_step.json to
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
-from tools.profile_step import captured_step, prepared_step
+from tools.profile_step import captured_step, prepared_step, step_args
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="4B")
-    ap.add_argument("--format", default="mlx4", choices=("mlx4", "bf16"))
-    ap.add_argument("--prompt", type=int, default=512)
+    ap = step_args(__doc__)
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--keep", type=int, default=0, help="candidates per shape (0: all)")
-    ap.add_argument("--workdir", default="/tmp/snug-profile")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
 

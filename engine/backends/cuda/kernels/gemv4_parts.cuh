@@ -176,6 +176,24 @@ struct Pro {
   float eps;
 };
 
+// Entry p (8 values) of row m of h = x + d (d may be null) into f, rounded as the residual
+// stream is stored; block 0 stores it to H when H is set. Returns the packed entry.
+__device__ __forceinline__ uint4 residual_entry(const act_t* __restrict__ X, int ldx, const Pro& pr,
+                                                int in, int m, int p, float* f) {
+  uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+  unpack8(hv, f);
+  if (pr.d != nullptr) {
+    float dd[8];
+    unpack8(__ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p), dd);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] += dd[j];
+    hv = pack8(f);
+    unpack8(hv, f);
+  }
+  if (pr.h != nullptr && blockIdx.x == 0) reinterpret_cast<uint4*>(pr.h + (long)m * in)[p] = hv;
+  return hv;
+}
+
 // Phase 1 of PRO 1/2: per-row (1) or per-head (2) sums of squares into pss; for PRO 1 the
 // unnormalised h is parked in xs (raw order) for phase 2.
 template <int M, int PRO>
@@ -189,18 +207,7 @@ __device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, c
     float s = 0.f, f[8];
     if (ok) {
       if constexpr (PRO == 1) {
-        uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
-        unpack8(hv, f);
-        if (pr.d != nullptr) {
-          float dd[8];
-          unpack8(__ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p), dd);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) f[j] += dd[j];
-          hv = pack8(f);
-          unpack8(hv, f);  // the residual stream is stored rounded
-        }
-        xs[m * xstride + p] = hv;
-        if (pr.h != nullptr && blockIdx.x == 0) reinterpret_cast<uint4*>(pr.h + (long)m * in)[p] = hv;
+        xs[m * xstride + p] = residual_entry(X, ldx, pr, in, m, p, f);
       } else {
         const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
         const float4 a = __ldg(op), b = __ldg(op + 1);
@@ -256,17 +263,7 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
 __device__ __forceinline__ uint4 fold_value(const act_t* __restrict__ X, int ldx, const Pro& pr, int in,
                                             int m, int p, float& q) {
   float f[8];
-  uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
-  unpack8(hv, f);
-  if (pr.d != nullptr) {
-    float dd[8];
-    unpack8(__ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p), dd);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] += dd[j];
-    hv = pack8(f);
-    unpack8(hv, f);
-  }
-  if (pr.h != nullptr && blockIdx.x == 0) reinterpret_cast<uint4*>(pr.h + (long)m * in)[p] = hv;
+  residual_entry(X, ldx, pr, in, m, p, f);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     q = fmaf(f[j], f[j], q);

@@ -64,17 +64,29 @@ def from_act(ops: Ops, a):
 
 
 def make_weight(ops: Ops, out: int, cols: int, seed: int) -> QWeight:
+    """Random codes, scales and biases, in 8-row blocks where the loader would store them."""
     import cupy
+
+    from engine.backends.cuda.weights import blocked_copy
 
     rs = cupy.random.RandomState(seed)
     codes = (rs.random_sample((out, cols // 8)) * 2.0**32).astype(cupy.uint32)
     s = (0.004 + 0.01 * rs.random_sample((out, cols // 64))).astype(cupy.float32)
     b = (-8.0 * s + 0.002 * rs.standard_normal((out, cols // 64))).astype(cupy.float32)
-    return QWeight(codes, to_act(ops, s), to_act(ops, b), 4, 64, (out, cols))
+    w = QWeight(codes, to_act(ops, s), to_act(ops, b), 4, 64, (out, cols))
+    return blocked_copy(ops, w) if ops.blocks_ok(4, 64, cols) else w
 
 
 def copy_weight(w: QWeight) -> QWeight:
-    return QWeight(w.packed.copy(), w.scales.copy(), w.biases.copy(), 4, 64, w.shape)
+    """A copy in new memory (blocks: with the rows up to the next multiple of 8)."""
+    import cupy
+
+    rows = -(-w.shape[0] // 8) * 8 if w.blocked else w.shape[0]
+    parts = []
+    for a in (w.packed, w.scales, w.biases):
+        whole = cupy.ndarray((rows, a.shape[1]), a.dtype, memptr=a.data)
+        parts.append(whole.copy()[: w.shape[0]])
+    return QWeight(*parts, 4, 64, w.shape, blocked=w.blocked)
 
 
 def reference(ops: Ops, x32, w: QWeight, up: QWeight | None):
@@ -82,6 +94,10 @@ def reference(ops: Ops, x32, w: QWeight, up: QWeight | None):
     import cupy
 
     def one(q: QWeight):
+        if q.blocked:  # the device's own dequantization reads the blocks (half-rounded weights)
+            dense = cupy.empty(q.shape, ops.act_dtype)
+            ops.dequant(q, dense)
+            return x32 @ from_act(ops, dense).T
         out = cupy.empty((x32.shape[0], q.shape[0]), cupy.float32)
         shifts = cupy.arange(0, 32, 4, dtype=cupy.uint32)
         for r0 in range(0, q.shape[0], 16384):

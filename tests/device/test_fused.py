@@ -225,6 +225,32 @@ def test_step_conv_state_update_matches_window(tiny_dirs):
         assert np.allclose(a, b, rtol=1e-4, atol=1e-5), layer
 
 
+@pytest.mark.parametrize("dtype", HALF)
+def test_each_weight_order_gets_its_kernel(dtype):
+    """4-bit g64 weights in 8-row blocks go to gemv4 (prologues included), the same weights
+    in MLX's row order to the SIMT kernel; both give the reference's products, and the
+    prompt path (dequantized blocks) and the embedding gather read the blocks too."""
+    import cupy
+
+    be = _backend(dtype)
+    rng = np.random.default_rng(11)
+    x = _round(be, rng.standard_normal((3, 2560)).astype(np.float32))
+    for blocked in (True, False):
+        w, ref_w = _quant_weight(be, 1027, 2560, 4, rng, blocked=blocked)
+        assert w.blocked is blocked
+        kinds = {c[0] for c in be.ops.gemv_candidates(_up(be, x), w)}
+        assert kinds == ({"mma"} if blocked else {"old"}), kinds
+        for rows in (3, 40):  # 40: dequantized for cuBLAS
+            xr = _round(be, rng.standard_normal((rows, 2560)).astype(np.float32))
+            be.scratch.reset()
+            y = be.to_host(be.linear(_up(be, xr), w))
+            assert _rel(y, xr @ ref_w.T) < TOL[dtype], (blocked, rows)
+        ids = np.array([0, 1026, 7, 8, 1024, 513], np.int32)
+        be.scratch.reset()
+        got = be.to_host(be.embedding(w, cupy.asarray(ids)))
+        assert _rel(got, ref_w[ids]) < TOL[dtype], blocked
+
+
 @pytest.mark.parametrize(
     "dtype,bits",
     [("float32", 0), ("float32", 4), ("bfloat16", 0), ("bfloat16", 4), ("float16", 4)],

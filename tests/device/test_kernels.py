@@ -32,11 +32,14 @@ def _up(be, x):
     return cupy.asarray(x.astype(be.ops.act_dtype))
 
 
-def _quant_weight(be, out, cols, bits, rng):
+def _quant_weight(be, out, cols, bits, rng, blocked=None):
+    """A random quantized matrix on the device and its dequantized float32 reference; in
+    8-row blocks where the checkpoint loader would put it in them (blocked=None), or as
+    asked."""
     import cupy
 
     from engine.backends.cuda.synth import from_bf16, quantize_affine
-    from engine.backends.cuda.weights import QWeight
+    from engine.backends.cuda.weights import QWeight, blocked_copy
 
     w = rng.standard_normal((out, cols)).astype(np.float32) * 0.1
     p, s, b = quantize_affine(w, bits, 64)
@@ -45,7 +48,10 @@ def _quant_weight(be, out, cols, bits, rng):
     biases = cupy.empty(s.shape, be.ops.act_dtype)
     be.ops.convert("from_bf16", cupy.asarray(s).reshape(-1), scales.reshape(-1))
     be.ops.convert("from_bf16", cupy.asarray(b).reshape(-1), biases.reshape(-1))
-    return QWeight(cupy.asarray(p), scales, biases, bits, 64, (out, cols)), ref.dequantize()
+    q = QWeight(cupy.asarray(p), scales, biases, bits, 64, (out, cols))
+    if blocked is None:
+        blocked = be.ops.blocks_ok(bits, 64, cols)
+    return (blocked_copy(be.ops, q) if blocked else q), ref.dequantize()
 
 
 def _rel(a, b):

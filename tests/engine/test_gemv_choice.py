@@ -1,6 +1,7 @@
 """Which projection kernel a GPU may run, decided without one: the tensor-core kernel
 (gemv4) needs compute capability 8.0, so older cards get the SIMT kernel and separate norm
-kernels instead of a module that cannot compile."""
+kernels instead of a module that cannot compile. gemv4 reads 4-bit weights in 8-row blocks
+and the SIMT kernel in MLX's row order, so a matrix's order decides its kernel."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ class _Ops(GemvMixin):
         self.variant_filter = None
 
 
-def _weight(out: int = 256, cols: int = 2560) -> QWeight:
+def _weight(out: int = 256, cols: int = 2560, blocked: bool = True) -> QWeight:
     packed = np.zeros((out, cols // 8), np.uint32)
     sb = np.zeros((out, cols // 64), np.uint16)
-    return QWeight(packed, sb, sb, 4, 64, (out, cols))
+    return QWeight(packed, sb, sb, 4, 64, (out, cols), blocked=blocked)
 
 
 class _X:
@@ -29,9 +30,11 @@ class _X:
 
 
 def test_cards_before_ampere_do_not_get_the_tensor_core_kernel():
-    w = _weight()
-    assert _Ops("float16", mma_ok=True)._gemv4_ok(_X(), w)
+    assert _Ops("float16", mma_ok=True).blocks_ok(4, 64, 2560)
+    assert _Ops("float16", mma_ok=True)._gemv4_ok(_X(), _weight())
     old = _Ops("float16", mma_ok=False)
+    assert not old.blocks_ok(4, 64, 2560)  # so its weights stay in row order
+    w = _weight(blocked=False)
     assert not old._gemv4_ok(_X(), w)
     assert not old.pro_ok(_X(), w, 1)  # the add + norm runs as its own kernel
     cands = old.gemv_candidates(_X(), w)
@@ -39,7 +42,17 @@ def test_cards_before_ampere_do_not_get_the_tensor_core_kernel():
 
 
 def test_fp32_and_other_group_sizes_never_get_it():
-    assert not _Ops("float32", mma_ok=True)._gemv4_ok(_X(), _weight())
-    w = _weight()
-    w.group_size = 32
-    assert not _Ops("bfloat16", mma_ok=True)._gemv4_ok(_X(), w)
+    assert not _Ops("float32", mma_ok=True).blocks_ok(4, 64, 2560)
+    assert not _Ops("float32", mma_ok=True)._gemv4_ok(_X(), _weight(blocked=False))
+    for bits, group in ((4, 32), (8, 64), (2, 64)):
+        assert not _Ops("bfloat16", mma_ok=True).blocks_ok(bits, group, 2560)
+
+
+def test_each_order_gets_only_the_kernel_that_reads_it():
+    ops = _Ops("bfloat16", mma_ok=True)
+    blocked = ops.gemv_candidates(_X(), _weight())
+    assert blocked and all(c[0] == "mma" for c in blocked)
+    rows = ops.gemv_candidates(_X(), _weight(blocked=False))
+    assert rows and all(c[0] == "old" for c in rows)
+    assert not ops.pro_ok(_X(), _weight(blocked=False), 1)
+    assert ops.gemv_ok(_weight(), 8) and not ops.gemv_ok(_weight(), 9)

@@ -137,8 +137,17 @@ class GemvMixin:
             return False
         cols = w.shape[1]
         if isinstance(w, QWeight):
+            if w.blocked:  # only gemv4 reads 8-row blocks
+                return self._gemv4_room(rows, cols)
             return (cols * w.bits) % 128 == 0
         return (cols * self.act_itemsize) % 16 == 0
+
+    def blocks_ok(self, bits: int, group_size: int, cols: int) -> bool:
+        """Whether a quantized matrix is stored in 8-row blocks (weights.QWeight.blocked):
+        where gemv4 reads it (4-bit g64, half activations, compute capability 8.0+)."""
+        if self.dtype == "float32" or bits != 4 or group_size != 64 or cols % 64:
+            return False
+        return self._mma()
 
     def pro_ok(self, x: Any, w: Any, kind: int, head_dim: int = 0) -> bool:
         """Whether gemv4 can run `x @ w.T` with prologue `kind` (else: separate kernels)."""
@@ -175,9 +184,12 @@ class GemvMixin:
 
     @staticmethod
     def gemv_key(x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> tuple:
-        """What a tuned choice is cached under: (bits, rows, out, in, swiglu, prologue kind)."""
-        bits = w.bits if isinstance(w, QWeight) else 0
-        return (bits, x.shape[0], w.shape[0], x.shape[1], up is not None, pro.kind if pro else 0)
+        """What a tuned choice is cached under: (bits, rows, out, in, swiglu, prologue kind,
+        8-row blocks): the two orders of a matrix run different kernels."""
+        q = isinstance(w, QWeight)
+        bits, blocked = (w.bits, w.blocked) if q else (0, False)
+        kind = pro.kind if pro else 0
+        return (bits, x.shape[0], w.shape[0], x.shape[1], up is not None, kind, blocked)
 
     def gemv_candidates(self, x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> list:
         """Kernel variants that can run this product: ('mma', ks, tpb, ug) or ('old', rpw, u)."""
@@ -187,6 +199,8 @@ class GemvMixin:
             if self.streamed_gemv:
                 mma += [("ws", *v) for v in GEMV4S_VARIANTS if self._gemv4s_plan(x, w, up, v)]
         old = [("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS)]
+        if isinstance(w, QWeight) and w.blocked:
+            old = []  # the SIMT kernel reads MLX's row order
         cands = mma if pro is not None else (mma + old[:1] if mma else old)
         if self.variant_filter is not None:
             return [c for c in cands if self.variant_filter(c)] or cands
@@ -229,16 +243,12 @@ class GemvMixin:
         cols, ug = w.shape[1], v[2]
         ks, threads = self._gemv4_shape(cols, v)
         return (
-            (cols // 64) % 2 == 0
-            and _cdiv(cols // 64, ks) <= ug
+            _cdiv(cols // 64, ks) <= ug
             and self._gemv4_smem(x.shape[0], cols, threads, ug) <= self._smem_optin - 1024
         )
 
-    def _gemv4_ok(self, x: Any, w: Any) -> bool:
-        if self.dtype == "float32" or not isinstance(w, QWeight):
-            return False
-        if w.bits != 4 or w.group_size != 64 or w.shape[1] % 64:
-            return False
+    def _mma(self) -> bool:
+        """Whether the GPU runs gemv4 (queried once, with its shared memory limit)."""
         if self._smem_optin is None:
             import cupy
 
@@ -247,9 +257,16 @@ class GemvMixin:
             # mma.m16n8k16 on half types and cp.async need compute capability 8.0: older
             # cards (GTX 16xx, RTX 20xx, in fp16) run the SIMT kernel and separate norms.
             self._mma_ok = int(dev.compute_capability) >= 80
-        if not self._mma_ok:
+        return self._mma_ok
+
+    def _gemv4_room(self, rows: int, cols: int) -> bool:
+        """Whether gemv4's staged input of `rows` rows fits in shared memory."""
+        return self._mma() and self._gemv4_smem(rows, cols, 1024) <= self._smem_optin
+
+    def _gemv4_ok(self, x: Any, w: Any) -> bool:
+        if self.dtype == "float32" or not isinstance(w, QWeight) or not w.blocked:
             return False
-        return self._gemv4_smem(x.shape[0], w.shape[1], 1024) <= self._smem_optin
+        return self._gemv4_room(x.shape[0], w.shape[1])
 
     def _gemv4_launch(self, x, w, out, up, pro, *v) -> None:
         R, cols = x.shape
@@ -295,6 +312,8 @@ class GemvMixin:
         kib, tr = v
         R, cols = x.shape
         if not self._gemv4_ok(x, w) or cols % 256 or R > GEMV_MAX_ROWS:
+            return None
+        if w.blocked:  # its tensor maps read MLX's row order
             return None
         if up is not None and tr != 16:
             return None

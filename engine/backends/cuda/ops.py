@@ -111,22 +111,29 @@ class Ops(GemvMixin):
         self.convert("to_f32", x, out)
 
     def dequant(self, w: QWeight, out: Any) -> None:
-        nwords = w.packed.size
+        rows, cols = w.shape
+        nwords = rows * cols * w.bits // 32
         self.run(
             "quant.cu",
-            f"dequant<{w.bits}>",
+            f"dequant<{w.bits},{int(w.blocked)}>",
             (min(_cdiv(nwords, 256), GRID_CAP * 4),),
             (256,),
-            (
-                w.packed,
-                w.scales,
-                w.biases,
-                out,
-                np.int64(nwords),
-                i32(w.shape[1]),
-                i32(w.group_size),
-            ),
+            (w.packed, w.scales, w.biases, out, np.int64(rows), i32(cols), i32(w.group_size)),
         )
+
+    def to_blocks(self, packed: Any, scales: Any, biases: Any) -> None:
+        """Rearrange a 4-bit g64 matrix ([rows, in/8] codes, [rows, in/64] scales and biases,
+        rows a multiple of 8) in place into the 8-row blocks gemv4 reads (quant.cu)."""
+        rows, words = packed.shape
+        for a, sym, n, unit in (
+            (packed, "to_blocks<unsigned,8>", words, 4),
+            (scales, "to_blocks<unsigned short,1>", scales.shape[1], 2),
+            (biases, "to_blocks<unsigned short,1>", biases.shape[1], 2),
+        ):
+            fn = self.k("quant.cu", sym)
+            smem = 8 * n * unit
+            self.allow_smem(fn, ("to_blocks", sym), smem)
+            self.launch(fn, (rows // 8,), (256,), (a, i32(n)), smem)
 
     def gemm(self, x: Any, wt: Any, out: Any) -> None:
         """out[R, n] = x[R, k] @ wt[n, k].T with cuBLAS (wt dense, activation type)."""
@@ -154,7 +161,7 @@ class Ops(GemvMixin):
         if isinstance(table, QWeight):
             self.run(
                 "quant.cu",
-                f"embed_q<{table.bits}>",
+                f"embed_q<{table.bits},{int(table.blocked)}>",
                 (R,),
                 (256,),
                 (

@@ -1,8 +1,10 @@
 """Weights on the device: one arena allocated at load, carved into every tensor.
 
 Quantized matrices stay packed (uint32 codes) with scales and biases in the activation type;
-dense matrices are stored in the activation type (bf16 stays bf16); norms, conv1d, A_log and
-dt_bias are small and kept in fp32.
+4-bit g64 matrices that the tensor-core decode kernel reads are rearranged into 8-row blocks
+(`QWeight.blocked`; rows are carved to a multiple of 8). Dense matrices are stored in the
+activation type (bf16 stays bf16); norms, conv1d, A_log and dt_bias are small and kept in
+fp32.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ class QWeight:
     shape: tuple[int, int]
     fused: Any = None  # the QWeight of its group of projections, when stored as one
     row0: int = 0  # first row of this part inside `fused`
+    # Rows in blocks of 8 (kernels/quant.cu, to_blocks): per block and group of 64 columns,
+    # the 8 rows' codes one after another, and their scales (biases) likewise, so a warp
+    # reads whole lines. The arrays keep the [rows, ...] shape; memory runs to a multiple of
+    # 8 rows. An 8-aligned run of rows covers the same bytes in either order.
+    blocked: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -85,6 +92,10 @@ def _padded(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def _rows8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
 def plan_bytes(checkpoint: Any, act_itemsize: int) -> dict[str, int]:
     """Arena bytes per tensor name (what `upload` will carve), without touching the device."""
     sizes: dict[str, int] = {}
@@ -93,7 +104,7 @@ def plan_bytes(checkpoint: Any, act_itemsize: int) -> dict[str, int]:
             continue
         shape = tuple(info.shape)
         if info.quant is not None:
-            out, cols = shape
+            out, cols = _rows8(shape[0]), shape[1]  # room for the 8-row blocks
             groups = cols // info.quant.group_size
             sizes[name] = _padded(out * cols * info.quant.bits // 8) + 2 * _padded(
                 out * groups * act_itemsize
@@ -169,16 +180,7 @@ def upload(
         elif name in grouped:
             continue  # uploaded with its group
         elif info.quant is not None:
-            packed, scales, biases = checkpoint.read_raw(name)
-            out, cols = shape
-            groups = cols // info.quant.group_size
-            dp = arena.carve((out, cols * info.quant.bits // 32), cupy.uint32)
-            dp.set(np.ascontiguousarray(packed).view(np.uint32).reshape(dp.shape))
-            ds = arena.carve((out, groups), ops.act_dtype)
-            db = arena.carve((out, groups), ops.act_dtype)
-            _convert_into(ops, np.asarray(scales).reshape(out, groups), ds)
-            _convert_into(ops, np.asarray(biases).reshape(out, groups), db)
-            weights[name] = QWeight(dp, ds, db, info.quant.bits, info.quant.group_size, shape)
+            _upload_group(checkpoint, ops, arena, [name], weights)
         elif _is_small(name, shape):
             arr = np.ascontiguousarray(checkpoint.read(name), dtype=np.float32)
             dst = arena.carve(arr.shape, cupy.float32)
@@ -194,26 +196,58 @@ def upload(
 
 
 def _upload_group(checkpoint: Any, ops: Any, arena: Arena, names: list[str], weights: dict):
-    """Upload quantized projections as one [sum of out, in] matrix; each part is a row view."""
+    """Upload quantized projections as one [sum of out, in] matrix (one name: just that
+    matrix); each part is a row view. Rows are carved to a multiple of 8 (the padding zeroed)
+    and put in 8-row blocks where the decode kernel will read them (`Ops.blocks_ok`)."""
     import cupy
 
     infos = [checkpoint.tensors[n] for n in names]
     q, cols = infos[0].quant, infos[0].shape[1]
     rows = sum(t.shape[0] for t in infos)
     groups = cols // q.group_size
-    dp = arena.carve((rows, cols * q.bits // 32), cupy.uint32)
-    ds = arena.carve((rows, groups), ops.act_dtype)
-    db = arena.carve((rows, groups), ops.act_dtype)
-    fused = QWeight(dp, ds, db, q.bits, q.group_size, (rows, cols))
+    dp = arena.carve((_rows8(rows), cols * q.bits // 32), cupy.uint32)
+    ds = arena.carve((_rows8(rows), groups), ops.act_dtype)
+    db = arena.carve((_rows8(rows), groups), ops.act_dtype)
+    for a in (dp, ds, db):
+        a[rows:] = 0
     r0 = 0
-    for name, info in zip(names, infos, strict=True):
+    for info, name in zip(infos, names, strict=True):
         out = info.shape[0]
         packed, scales, biases = checkpoint.read_raw(name)
         part = slice(r0, r0 + out)
         dp[part].set(np.ascontiguousarray(packed).view(np.uint32).reshape(out, -1))
         _convert_into(ops, np.asarray(scales).reshape(out, groups), ds[part])
         _convert_into(ops, np.asarray(biases).reshape(out, groups), db[part])
+        r0 += out
+    blocked = ops.blocks_ok(q.bits, q.group_size, cols)
+    if blocked:
+        ops.to_blocks(dp, ds, db)
+    dp, ds, db = dp[:rows], ds[:rows], db[:rows]
+    whole = QWeight(dp, ds, db, q.bits, q.group_size, (rows, cols), blocked=blocked)
+    if len(names) == 1:
+        weights[names[0]] = whole
+        return
+    r0 = 0
+    for name, info in zip(names, infos, strict=True):
+        out = info.shape[0]
+        part = slice(r0, r0 + out)
         weights[name] = QWeight(
-            dp[part], ds[part], db[part], q.bits, q.group_size, (out, cols), fused, r0
+            dp[part], ds[part], db[part], q.bits, q.group_size, (out, cols), whole, r0, blocked
         )
         r0 += out
+
+
+def blocked_copy(ops: Any, w: QWeight) -> QWeight:
+    """A copy of a row-ordered 4-bit g64 matrix in 8-row blocks (for tests and benchmarks:
+    `upload` blocks the checkpoint's matrices in place)."""
+    import cupy
+
+    rows = w.shape[0]
+    padded = []
+    for a in (w.packed, w.scales, w.biases):
+        b = cupy.zeros((_rows8(rows), a.shape[1]), a.dtype)
+        b[:rows] = a
+        padded.append(b)
+    ops.to_blocks(*padded)
+    p, s, b = (a[:rows] for a in padded)
+    return QWeight(p, s, b, w.bits, w.group_size, w.shape, blocked=True)

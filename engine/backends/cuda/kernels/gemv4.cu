@@ -1,11 +1,15 @@
 // Decode-sized projections y[m, :] = x[m, :] @ W.T (1 <= m <= 8) for MLX affine 4-bit weights
 // with group size 64 and half-precision activations (bf16 or fp16), on tensor cores.
 //
-// Layout: codes uint32 [out, in/8], LSB-first nibbles; scales/biases [out, in/64]; w = s*q + b.
+// Layout: MLX's codes (LSB-first nibbles) and scales/biases, w = s*q + b, with the rows in
+// blocks of 8 (weights.py, to_blocks): per block and group, the 8 rows' 32-byte code runs
+// one after another (256 bytes), and their 8 scales (biases) likewise.
 //
 // Per warp a tile of 16 weight rows (SWIGLU: 8 gate rows over 8 up rows) times a slice of the
 // column groups. Each lane reads 8 bytes of a group of two rows (rows g and g+8, g = lane/4):
-// a quad of lanes covers one 32-byte group row, so every sector fetched is used. The nibbles are
+// each of the two loads covers one block's 256 contiguous bytes of the group, so a warp's
+// request touches two whole 128-byte lines (in MLX's row order it touched eight rows' lines
+// for 32 bytes each, and streamed about a third slower). The nibbles are
 // turned into half-precision pairs with one LOP3 each (the nibble goes under the mantissa of
 // BASE = 128 (bf16) or 1024 (fp16), which is exact) and fed to mma.m16n8k16 as the A operand;
 // the activations (the B operand, one column per activation row) are staged once per block in
@@ -53,17 +57,22 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   // the GPU at once, so the activations are staged once per block and the next tile's
   // first weights are in flight while the current tile is reduced and stored.
   const int VB = ((out + ROWS - 1) / ROWS + TPB - 1) / TPB;
+  // Weights in 8-row blocks (weights.py, to_blocks): block b, group gr holds rows 8b..8b+7
+  // of the group (32 bytes each) at word (b * ng + gr) * 64, and their scales (biases) at
+  // (b * ng + gr) * 8. A tile's rows g and g+8 are blocks 2t and 2t+1 (SWIGLU: block t of
+  // the gate and of the up weights); blocks past the last one are read again, not stored.
+  const int nb = (out + 7) >> 3;
   auto rows_of = [&](int vb) {
     const int tile = vb * TPB + tl;
-    const int rlo = min(tile * ROWS + g, out - 1);
-    const int rhi = SWIGLU ? rlo : min(tile * ROWS + g + 8, out - 1);
-    const uint2* wlo = reinterpret_cast<const uint2*>(W0 + (long)rlo * nw) + tig;
-    const uint2* whi = reinterpret_cast<const uint2*>((SWIGLU ? W1 : W0) + (long)rhi * nw) + tig;
-    const act_t* sb = tig == 0 ? S0 + (long)rlo * ng
-                    : tig == 1 ? B0 + (long)rlo * ng
-                    : tig == 2 ? (SWIGLU ? S1 : S0) + (long)rhi * ng
-                               : (SWIGLU ? B1 : B0) + (long)rhi * ng;
-    return Rows{wlo, whi, sb};
+    const int blo = min(SWIGLU ? tile : 2 * tile, nb - 1);
+    const int bhi = min(SWIGLU ? tile : 2 * tile + 1, nb - 1);
+    const uint2* wlo = reinterpret_cast<const uint2*>(W0) + (long)blo * ng * 32 + g * 4 + tig;
+    const uint2* whi = reinterpret_cast<const uint2*>(SWIGLU ? W1 : W0) + (long)bhi * ng * 32 + g * 4 + tig;
+    const act_t* sb = tig == 0 ? S0 + (long)blo * ng * 8
+                    : tig == 1 ? B0 + (long)blo * ng * 8
+                    : tig == 2 ? (SWIGLU ? S1 : S0) + (long)bhi * ng * 8
+                               : (SWIGLU ? B1 : B0) + (long)bhi * ng * 8;
+    return Rows{wlo, whi, sb + g};
   };
   int vb = blockIdx.x;
   const int slice = (ng + KS - 1) / KS;

@@ -35,9 +35,11 @@ __device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
   return r;
 }
 
-// One warp's weight rows (g and g+8 of its tile, this lane's 8-byte column in each group) and
-// the one scale/bias column this lane fetches: lanes tig = 0..3 of a quad load the scale of row g,
-// its bias, the scale of row g+8, its bias; the quad shares them by shuffles.
+// One warp's weight rows (g and g+8 of its tile, this lane's 8 bytes of each group) and the
+// one scale/bias this lane fetches: lanes tig = 0..3 of a quad load the scale of row g, its
+// bias, the scale of row g+8, its bias; the quad shares them by shuffles. Weights are in
+// 8-row blocks (gemv4.cu): from one group to the next, codes move 32 uint2 and scales 8.
+constexpr int CODE_STEP = 32, SB_STEP = 8;
 struct Rows {
   const uint2 *lo, *hi;
   const act_t* sb;
@@ -55,9 +57,9 @@ __device__ __forceinline__ void fetch(Batch<UG>& t, const Rows& r, int g0, int g
   for (int u = 0; u < UG; ++u) {
     const int gr = g0 + u;
     if (gr < gb) {
-      t.a[u] = __ldcs(r.lo + gr * 4);
-      t.b[u] = __ldcs(r.hi + gr * 4);
-      t.q[u] = __ldg(r.sb + gr);
+      t.a[u] = __ldcs(r.lo + gr * CODE_STEP);
+      t.b[u] = __ldcs(r.hi + gr * CODE_STEP);
+      t.q[u] = __ldg(r.sb + gr * SB_STEP);
     }
   }
 }
@@ -65,7 +67,7 @@ __device__ __forceinline__ void fetch(Batch<UG>& t, const Rows& r, int g0, int g
 // ASYNC variants: the same pieces go to shared memory with cp.async (slot [u][lane] of the
 // warp's area, so each lane reads back only what it copied), which costs no registers: a warp
 // can have its whole slice in flight and more warps fit on an SM. Scales/biases are copied as
-// the aligned 4-byte pair that holds the lane's 16-bit value (ng is even).
+// the aligned 4-byte pair that holds the lane's 16-bit value (rows g & ~1 and g | 1).
 __device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   if (bytes == 16)
@@ -83,9 +85,9 @@ __device__ __forceinline__ void fetch_async(uint2* wa, uint2* wb, unsigned* wq, 
   for (int u = 0; u < UG; ++u) {
     const int gr = ga + u;
     if (gr < gb) {
-      cp_async(wa + u * 32 + lane, r.lo + gr * 4, 8);
-      cp_async(wb + u * 32 + lane, r.hi + gr * 4, 8);
-      cp_async(wq + u * 32 + lane, reinterpret_cast<const unsigned*>(r.sb) + (gr >> 1), 4);
+      cp_async(wa + u * 32 + lane, r.lo + gr * CODE_STEP, 8);
+      cp_async(wb + u * 32 + lane, r.hi + gr * CODE_STEP, 8);
+      cp_async(wq + u * 32 + lane, reinterpret_cast<const unsigned*>(r.sb - ((lane >> 2) & 1)) + gr * (SB_STEP / 2), 4);
     }
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
@@ -99,7 +101,7 @@ __device__ __forceinline__ void unstage(Batch<UG>& t, const uint2* wa, const uin
     if (g0 + u < gb) {
       t.a[u] = wa[(u0 + u) * 32 + lane];
       t.b[u] = wb[(u0 + u) * 32 + lane];
-      t.q[u] = wq[(u0 + u) * 32 + lane] >> (((g0 + u) & 1) * 16);
+      t.q[u] = wq[(u0 + u) * 32 + lane] >> (((lane >> 2) & 1) * 16);
     }
   }
 }

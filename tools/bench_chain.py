@@ -91,7 +91,6 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2)
     args = ap.parse_args()
     ops = Ops("bfloat16")
-    ops.streamed_gemv = True  # gemv4s among the candidates
     layers, bufs = build(ops)
     cands = []
     tuned = []
@@ -109,18 +108,7 @@ def main() -> None:
     t0 = chain_time(ops, layers, bufs, tuned)
     report["tuned_us_per_layer"] = t0 * 1e6
     print(f"per-launch tuner's choice: {t0 * 1e6:.1f} us/layer ({ideal_bytes / t0 / 1e9:.0f} GB/s)")
-    from engine.backends.cuda.gemv import GEMV4S_VARIANTS
 
-    for kib in sorted({v[0] for v in GEMV4S_VARIANTS}):  # every position streamed (gemv4s)
-        every = []
-        for cs in cands:  # 16-row tiles where they fit, else 8
-            fits = [c for c in cs if c[0] == "ws" and c[1] == kib]
-            every.append(max(fits, key=lambda c: c[2]) if fits else None)
-        if None not in every:
-            t = chain_time(ops, layers, bufs, every)
-            report[f"streamed_{kib}k_us"] = t * 1e6
-            gbs = ideal_bytes / t / 1e9
-            print(f"all streamed {every}: {t * 1e6:.1f} us/layer ({gbs:.0f} GB/s)")
     best, best_t = list(tuned), t0
     trials = []
     start = time.perf_counter()

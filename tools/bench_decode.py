@@ -38,7 +38,6 @@ HF_MAX_PREFILL = 8192  # transformers runs its reference DeltaNet path; longer p
 FAMILIES = {
     "staged": lambda c: c[0] == "mma" and c[5],
     "registers": lambda c: c[0] == "mma" and not c[5],
-    "streamed": lambda c: c[0] == "ws",
 }
 CHUNK = 2048
 
@@ -270,10 +269,8 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     for family, keep in FAMILIES.items():
         be.ops.gemv_choice.clear()
         type(be.ops).variant_filter = staticmethod(keep)
-        be.ops.streamed_gemv = family == "streamed"
         res[f"decode_tok_s_{family}"] = decode_rate(model, be, graphs, n)
     type(be.ops).variant_filter = None
-    be.ops.streamed_gemv = False
     be.ops.gemv_choice.clear()
     be.ops.gemv_choice.update(chosen)
     graphs.teardown()

@@ -44,11 +44,6 @@ GEMV4_VARIANTS = (
     (0, 1, 4, False, True),
     (0, 2, 4, False, True),
 )
-# Weights streamed into shared memory by a producer warp (gemv4s.cu): (dynamic shared memory
-# per block in KiB, rows per tile). One block per SM; at 100 KiB the next projection's block
-# fits beside it and fills its ring while this one computes.
-GEMV4S_VARIANTS = ((100, 16), (100, 8), (200, 16), (200, 8))
-GEMV4S_MAX_STAGES = 8  # MAX_STAGES in gemv4s.cu
 GEMV4_MAXT = 768  # largest block of the auto-sized variants (512 when staged: 64 registers)
 GRID_CAP = 132 * 16  # blocks for grid-stride kernels
 # A prologue is recomputed by every block: above this many output rows (the LM head) the
@@ -109,16 +104,11 @@ class GemvMixin:
 
     variant_filter: Any = None
     gemv_wave_fraction = 1.0
-    _sms: int | None = None
     _mma_ok = True  # the GPU runs gemv4 (compute capability 8.0+; set with _smem_optin)
-    tma = False  # tensor maps available (Ops sets it): gemv4s can run
-    # gemv4s among the tuner's candidates. Off: measured slower than gemv4 alone and in a
-    # chain so far (docs/benchmarks.md); tools/bench_chain.py and bench_decode.py turn it on.
-    streamed_gemv = False
-    # gemv4's variants that stage each warp's weights in shared memory, and the SIMT kernel
-    # beside gemv4, among the tuner's candidates. Off: they win some shapes timed alone but
-    # not whole decode steps (tools/bench_decode.py's "registers" row: 512 against 480 tok/s
-    # at b0ecf60, level or better in every run before).
+    # gemv4's variants that stage each warp's weights in shared memory among the tuner's
+    # candidates. Off: they win some shapes timed alone but not whole decode steps
+    # (tools/bench_decode.py's "registers" row: 512 against 480 tok/s at b0ecf60, level or
+    # better in every run before).
     staged_gemv = False
     # A measurement (tools/stamp_step.py --late): gemv4 requests its first weights after
     # staging its activations instead of before waiting for the previous kernel.
@@ -192,28 +182,23 @@ class GemvMixin:
         return (bits, x.shape[0], w.shape[0], x.shape[1], up is not None, kind, blocked)
 
     def gemv_candidates(self, x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> list:
-        """Kernel variants that can run this product: ('mma', ks, tpb, ug) or ('old', rpw, u)."""
-        mma = []
+        """Kernel variants that can run this product: ('mma', ks, tpb, ug, pipe, staged) for
+        gemv4 (4-bit weights in 8-row blocks), else ('old', rpw, u) for the SIMT kernel."""
         if self._gemv4_ok(x, w):
-            mma = [("mma", *v) for v in GEMV4_VARIANTS if self._gemv4_fits(x, w, v)]
-            if self.streamed_gemv:
-                mma += [("ws", *v) for v in GEMV4S_VARIANTS if self._gemv4s_plan(x, w, up, v)]
-        old = [("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS)]
-        if isinstance(w, QWeight) and w.blocked:
-            old = []  # the SIMT kernel reads MLX's row order
-        cands = mma if pro is not None else (mma + old[:1] if mma else old)
+            cands = [("mma", *v) for v in GEMV4_VARIANTS if self._gemv4_fits(x, w, v)]
+        else:
+            assert pro is None, "only gemv4 has prologues"
+            cands = [("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up else GEMV_VARIANTS)]
         if self.variant_filter is not None:
             return [c for c in cands if self.variant_filter(c)] or cands
         if not self.staged_gemv:
-            kept = [c for c in cands if c[0] == "ws" or (c[0] == "mma" and not c[5])]
+            kept = [c for c in cands if c[0] == "mma" and not c[5]]
             cands = kept or cands
         return cands
 
     def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None) -> None:
         if choice[0] == "mma":
             self._gemv4_launch(x, w, out, up, pro, *choice[1:])
-        elif choice[0] == "ws":
-            self._gemv4s_launch(x, w, out, up, pro, choice[1:])
         else:
             assert pro is None, "the SIMT kernel has no prologue"
             self._gemv_launch(x, w, out, up, *choice[1:])
@@ -303,73 +288,6 @@ class GemvMixin:
             i32(pro.head_dim),
             f32(pro.eps),
         )
-
-    def _gemv4s_plan(self, x: Any, w: Any, up: Any, v: tuple) -> tuple[int, int, int] | None:
-        """(consumer warps, ring stages, shared bytes) of gemv4s variant v for this product,
-        or None where it cannot run: no tensor maps (before compute capability 9.0), columns
-        not a multiple of 256, misaligned weights, 8-row tiles under SwiGLU, or room for
-        fewer than two stages beside the staged input."""
-        kib, tr = v
-        R, cols = x.shape
-        if not self._gemv4_ok(x, w) or cols % 256 or R > GEMV_MAX_ROWS:
-            return None
-        if w.blocked:  # its tensor maps read MLX's row order
-            return None
-        if up is not None and tr != 16:
-            return None
-        if not self.tma or kib * 1024 > (self._smem_optin or 0) - 1024:
-            return None
-        for q in (w, up) if up is not None else (w,):
-            if any(a.data.ptr % 16 for a in (q.packed, q.scales, q.biases)):
-                return None
-        quads = cols // 256
-        cw = max((d for d in range(4, 11) if quads % d == 0), default=min(quads, 8))
-        fixed = R * (cols // 8 + 1) * 16 + cols // 64 * 32 + cw * 32 * 32 + 1024  # xs sx red
-        stage = -(-(tr // 8 * 4 * cols + cols) // 1024) * 1024
-        ns = min((kib * 1024 - fixed) // stage, GEMV4S_MAX_STAGES)
-        return (cw, ns, fixed + ns * stage) if ns >= 2 else None
-
-    def _code_map(self, w: Any) -> bytes:
-        from engine.backends.cuda import tma
-
-        key = (w.packed.data.ptr, *w.shape)
-        m = self._maps.get(key)
-        if m is None:
-            m = self._maps[key] = tma.code_map(w.packed.data.ptr, *w.shape)
-        return m
-
-    def _gemv4s_launch(self, x, w, out, up, pro, v: tuple) -> None:
-        import cupy
-
-        from engine.backends.cuda.launch import launch_pdl
-        from engine.backends.cuda.modules import ACT_KINDS, _source
-
-        R, cols = x.shape
-        swiglu, kind, tr = up is not None, pro.kind if pro else 0, v[1]
-        plan = self._gemv4s_plan(x, w, up, v)
-        assert plan is not None, f"gemv4s variant {v} cannot run {w.shape}"
-        cw, ns, smem = plan
-        sym = f"gemv4s<{R},{'true' if swiglu else 'false'},{kind},{{}}>"
-        fn = self._gemv4_mods.get(sym.format(tr))
-        if fn is None:  # one module per (rows, swiglu, prologue) with both tile heights
-            opts = ("-std=c++17", f"-DACT_KIND={ACT_KINDS[self.dtype]}")
-            names = [sym.format(t) for t in ((16,) if swiglu else (16, 8))]
-            mod = cupy.RawModule(code=_source("gemv4s.cu"), options=opts, name_expressions=names)
-            for name in names:
-                self._gemv4_mods[name] = mod.get_function(name)
-        sym = sym.format(tr)
-        fn = self._gemv4_mods[sym]
-        self.allow_smem(fn, ("ws", sym), smem)
-        tiles = _cdiv(w.shape[0], 8 if swiglu else tr)
-        if self._sms is None:
-            self._sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-        grid = (max(1, min(tiles, int(self._sms * self.gemv_wave_fraction))),)
-        ldx = x.strides[0] // x.itemsize
-        a, b = w, up if swiglu else w
-        args = (self._code_map(a), self._code_map(b), a.scales, a.biases, b.scales, b.biases)
-        args += (x, i32(ldx), out, i32(out.shape[1]), i32(w.shape[0]), i32(cols))
-        args += (*self._pro_args(pro), i32(ns))
-        launch_pdl(fn, grid, (32 * (cw + 1),), args, smem, pdl=self.pdl and self.graphing)
 
     def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:
         """Blocks of `fn` the whole GPU holds at once (times `gemv_wave_fraction`): the

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.cuda import blas, tma
+from engine.backends.cuda import blas
 from engine.backends.cuda.gemv import (
     _GEMV_CHOICES,
     _GEMV_RANKED,
@@ -68,8 +68,6 @@ class Ops(GemvMixin):
         # the launches a decode graph records (`graphing`, set while one is captured). Eager
         # launches go through CuPy, whose launch path costs less host time.
         self.pdl = overlap and pdl_available()
-        self.tma = self.pdl and tma.available()  # the streamed projections (gemv4s)
-        self._maps: dict[tuple, bytes] = {}  # (code pointer, rows, cols) -> tensor map
         self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
         self.chunked_prefill = True  # windows use gdn_chunk (benchmarks compare both)
         # A decode step's DeltaNet in one launch (gdn_step); off: gdn_prep and gdn_scan

@@ -1,7 +1,6 @@
-// Pieces shared by the decode projection kernels for MLX 4-bit g64 weights (gemv4.cu, each
-// warp loading its own weights; gemv4s.cu, one warp streaming them into shared memory): the
-// nibble-to-half conversion, the tensor-core step per group, and the prologues that compute a
-// projection's input from the previous kernel's outputs.
+// Pieces of the decode projection kernel for MLX 4-bit g64 weights in 8-row blocks (gemv4.cu):
+// the weight loads, the nibble-to-half conversion, the tensor-core step per group, and the
+// prologues that compute a projection's input from the previous kernel's outputs.
 #pragma once
 #include "common.cuh"
 

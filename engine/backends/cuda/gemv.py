@@ -258,6 +258,8 @@ class GemvMixin:
         n_out = w.shape[0]
         swiglu = up is not None
         kind = pro.kind if pro else 0
+        if kind == 2 and self.dtype == "bfloat16" and pro.head_dim % 64 == 0:
+            kind = 5  # one pass: each group's sum scaled by its head's norm (gemv4_parts.cuh)
         fn = self._gemv4_fn(R, swiglu, v, kind)
         _, tpb, ug, _, staged = v
         ks, threads = self._gemv4_shape(cols, v)

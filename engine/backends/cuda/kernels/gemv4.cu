@@ -121,13 +121,23 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     else
       asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
-    if constexpr (SP != 4) {
+    if constexpr (SP != 4 && SP != 5) {
       pro_sums<M, PRO>(X, ldx, pr, xs, xstride, nw, in, pss, tid, NT);
       __syncthreads();
     }
   }
   stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
   __syncthreads();
+  // PRO 5: one scale per (group, row) after the norm weight, read by every tile's groups.
+  float* const gs = nws + phd;
+  if constexpr (SP == 5) {
+    const int heads = in / phd;
+    for (int i = tid; i < ng * 8; i += NT) {
+      const int gr = i >> 3, m = i & 7;
+      gs[i] = m < M ? rsqrtf(pss[m * heads + gr * 64 / phd] / phd + peps) : 0.f;
+    }
+    __syncthreads();
+  }
   if constexpr (SP == 4) {  // read after the next barrier (the one before the tile's sums)
     if (tid < M) {
       float ss = 0.f;
@@ -147,19 +157,19 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       for (int g0 = ga; g0 < gb; g0 += CH) {
         Batch<CH> C;
         unstage(C, wa, wb, wq, g0 - ga, g0, gb, lane);
-        compute<M>(C, g0, gb, xrow, sx, g, tig, acc);
+        compute<M, CH, SP == 5>(C, g0, gb, xrow, sx, g, tig, acc, gs);
       }
     } else if constexpr (PIPE) {
       for (int g0 = ga; g0 < gb; g0 += 2 * UG) {
         fetch(B, rw, g0 + UG, gb);
-        compute<M>(A, g0, gb, xrow, sx, g, tig, acc);
+        compute<M, RG, SP == 5>(A, g0, gb, xrow, sx, g, tig, acc, gs);
         fetch(A, rw, g0 + 2 * UG, gb);
-        compute<M>(B, g0 + UG, gb, xrow, sx, g, tig, acc);
+        compute<M, UG, SP == 5>(B, g0 + UG, gb, xrow, sx, g, tig, acc, gs);
       }
     } else {
       for (int g0 = ga; g0 < gb; g0 += UG) {
         if (g0 != ga) fetch(A, rw, g0, gb);
-        compute<M>(A, g0, gb, xrow, sx, g, tig, acc);
+        compute<M, RG, SP == 5>(A, g0, gb, xrow, sx, g, tig, acc, gs);
       }
     }
 

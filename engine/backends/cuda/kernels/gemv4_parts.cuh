@@ -105,9 +105,11 @@ __device__ __forceinline__ void unstage(Batch<UG>& t, const uint2* wa, const uin
   }
 }
 
-template <int M, int UG>
+// SC: each group's sum is multiplied by gs[group * 8 + m] (prologue 5's per-head norm).
+template <int M, int UG, bool SC = false>
 __device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, const uint4* xrow,
-                                        const float* sx, int g, int tig, float* acc) {
+                                        const float* sx, int g, int tig, float* acc,
+                                        const float* gs = nullptr) {
 #pragma unroll
   for (int u = 0; u < UG; ++u) {
     const int gr = g0 + u;
@@ -127,10 +129,18 @@ __device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, cons
       const float s1 = cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0 + 2));
       const float b0 = fmaf(-Q_BASE, s0, cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0 + 1)));
       const float b1 = fmaf(-Q_BASE, s1, cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0 + 3)));
-      acc[0] = fmaf(s0, c[0], fmaf(b0, sxv.x, acc[0]));
-      acc[1] = fmaf(s0, c[1], fmaf(b0, sxv.y, acc[1]));
-      acc[2] = fmaf(s1, c[2], fmaf(b1, sxv.x, acc[2]));
-      acc[3] = fmaf(s1, c[3], fmaf(b1, sxv.y, acc[3]));
+      if constexpr (SC) {
+        const float2 f = *reinterpret_cast<const float2*>(gs + gr * 8 + 2 * tig);
+        acc[0] = fmaf(f.x, fmaf(s0, c[0], b0 * sxv.x), acc[0]);
+        acc[1] = fmaf(f.y, fmaf(s0, c[1], b0 * sxv.y), acc[1]);
+        acc[2] = fmaf(f.x, fmaf(s1, c[2], b1 * sxv.x), acc[2]);
+        acc[3] = fmaf(f.y, fmaf(s1, c[3], b1 * sxv.y), acc[3]);
+      } else {
+        acc[0] = fmaf(s0, c[0], fmaf(b0, sxv.x, acc[0]));
+        acc[1] = fmaf(s0, c[1], fmaf(b0, sxv.y, acc[1]));
+        acc[2] = fmaf(s1, c[2], fmaf(b1, sxv.x, acc[2]));
+        acc[3] = fmaf(s1, c[3], fmaf(b1, sxv.y, acc[3]));
+      }
     }
   }
 }
@@ -167,7 +177,8 @@ __device__ __forceinline__ void row_sums(float q, bool ok, int m, float* pss) {
 //      the residual add and norm that precede every projection, fused into it;
 //   2  rms_norm_head(o) * nw * silu(x) per head of `hd` values (o fp32 [M, in], rows of in):
 //      the DeltaNet output norm gated by z (x = z), fused into out_proj;
-//   4  prologue 1 with the norm's scale left to the caller (fold_value below).
+//   4  prologue 1 with the norm's scale left to the caller (fold_value below);
+//   5  prologue 2 with the per-head scale left to the tensor-core step (fold_gated_value).
 struct Pro {
   const act_t* d;
   const float* nw;
@@ -273,6 +284,26 @@ __device__ __forceinline__ uint4 fold_value(const act_t* __restrict__ X, int ldx
   return pack8(f);
 }
 
+// PRO 5 (prologue 2 with the per-head norm's scale left to the tensor-core step): the
+// staged entry is o * nw * silu(z); q gets the entry's sum of squares of o. Each head's sum
+// comes from one segment of lanes (stage_x stores it, no atomics), and the caller turns the
+// sums into one scale per (group, row): a group of 64 columns lies inside one head.
+__device__ __forceinline__ uint4 fold_gated_value(const act_t* __restrict__ X, int ldx, const Pro& pr,
+                                                  int in, int m, int p, float& q) {
+  float f[8], z[8];
+  const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+  const float4 a = __ldg(op), b = __ldg(op + 1);
+  f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+  unpack8(__ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p), z);
+  const int c0 = (8 * p) % pr.hd;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    q = fmaf(f[j], f[j], q);
+    f[j] = f[j] * pr.nw[c0 + j] * silu_f(z[j]);
+  }
+  return pack8(f);
+}
+
 // Stage the activations of M rows (threads tid of NT, whole warps): entry p of row m holds
 // x[8p..8p+7] (after the prologue PRO) as pairs (0,4) (1,5) (2,6) (3,7), the order the code
 // words' nibbles come out of qpair(); sx[group * 8 + m] is the group's sum of x (0 for rows
@@ -294,6 +325,8 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
       const int m = mi, p = it - m * nw;
       if constexpr (PRO == 4)
         v = fold_value(X, ldx, pr, in, m, p, q);
+      else if constexpr (PRO == 5)
+        v = fold_gated_value(X, ldx, pr, in, m, p, q);
       else
         v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
       const act_t* e = reinterpret_cast<const act_t*>(&v);
@@ -301,6 +334,12 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
       for (int j = 0; j < 8; ++j) s += cv(e[j]);
       xs[m * xstride + p] = make_uint4(prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632),
                                        prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632));
+    }
+    if constexpr (PRO == 5) {  // one segment of lanes per head: its sum, stored once
+      const int seg = pr.hd >> 3;
+      for (int off = seg >> 1; off > 0; off >>= 1) q += __shfl_xor_sync(0xffffffffu, q, off);
+      const int p = it - mi * nw;
+      if (it < M * nw && (p & (seg - 1)) == 0) pss[mi * (in / pr.hd) + p / seg] = q;
     }
     if constexpr (PRO == 4) {  // this warp's sums per row, in a fixed order
       const bool ok = it < M * nw;

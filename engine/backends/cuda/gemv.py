@@ -188,7 +188,9 @@ class GemvMixin:
             cands = [("mma", *v) for v in GEMV4_VARIANTS if self._gemv4_fits(x, w, v)]
         else:
             assert pro is None, "only gemv4 has prologues"
-            cands = [("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up else GEMV_VARIANTS)]
+            cands = [
+                ("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS)
+            ]
         if self.variant_filter is not None:
             return [c for c in cands if self.variant_filter(c)] or cands
         if not self.staged_gemv:

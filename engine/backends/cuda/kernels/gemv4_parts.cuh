@@ -86,7 +86,8 @@ __device__ __forceinline__ void fetch_async(uint2* wa, uint2* wb, unsigned* wq, 
     if (gr < gb) {
       cp_async(wa + u * 32 + lane, r.lo + gr * CODE_STEP, 8);
       cp_async(wb + u * 32 + lane, r.hi + gr * CODE_STEP, 8);
-      cp_async(wq + u * 32 + lane, reinterpret_cast<const unsigned*>(r.sb - ((lane >> 2) & 1)) + gr * (SB_STEP / 2), 4);
+      const unsigned* pair = reinterpret_cast<const unsigned*>(r.sb - ((lane >> 2) & 1));
+      cp_async(wq + u * 32 + lane, pair + gr * (SB_STEP / 2), 4);
     }
   }
   asm volatile("cp.async.commit_group;" ::: "memory");

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.backends.cuda.launch import on_stream
+
 SRC = r"""
 __device__ __forceinline__ unsigned mix(unsigned a, unsigned b) { return a ^ (b * 2654435761u); }
 
@@ -104,7 +106,7 @@ def graph_us(stream, launch, n: int = 40) -> float:
     """Microseconds per launch: a graph of n launches over the copies, best of 5 replays."""
     import cupy
 
-    with stream:
+    with on_stream(stream):
         launch(0)
         stream.synchronize()
         stream.begin_capture()

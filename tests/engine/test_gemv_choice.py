@@ -46,6 +46,8 @@ def test_fp32_and_other_group_sizes_never_get_it():
     assert not _Ops("float32", mma_ok=True)._gemv4_ok(_X(), _weight(blocked=False))
     for bits, group in ((4, 32), (8, 64), (2, 64)):
         assert not _Ops("bfloat16", mma_ok=True).blocks_ok(bits, group, 2560)
+    # rows too wide for gemv4's staged input or for one block's rearrangement stay in order
+    assert not _Ops("bfloat16", mma_ok=True).blocks_ok(4, 64, 65536)
 
 
 def test_each_order_gets_only_the_kernel_that_reads_it():

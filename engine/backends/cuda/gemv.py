@@ -134,10 +134,12 @@ class GemvMixin:
 
     def blocks_ok(self, bits: int, group_size: int, cols: int) -> bool:
         """Whether a quantized matrix is stored in 8-row blocks (weights.QWeight.blocked):
-        where gemv4 reads it (4-bit g64, half activations, compute capability 8.0+)."""
+        where gemv4 reads it (4-bit g64, half activations, compute capability 8.0+, a row's
+        input fits its shared memory) and an 8-row block fits `to_blocks`' (4 bytes a
+        column)."""
         if self.dtype == "float32" or bits != 4 or group_size != 64 or cols % 64:
             return False
-        return self._mma()
+        return self._gemv4_room(1, cols) and 4 * cols <= self._smem_optin
 
     def pro_ok(self, x: Any, w: Any, kind: int, head_dim: int = 0) -> bool:
         """Whether gemv4 can run `x @ w.T` with prologue `kind` (else: separate kernels)."""

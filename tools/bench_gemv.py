@@ -63,8 +63,9 @@ def from_act(ops: Ops, a):
     return a.astype(cupy.float32)
 
 
-def make_weight(ops: Ops, out: int, cols: int, seed: int) -> QWeight:
-    """Random codes, scales and biases, in 8-row blocks where the loader would store them."""
+def make_weight(ops: Ops, out: int, cols: int, seed: int, blocked: bool | None = None) -> QWeight:
+    """Random codes, scales and biases, in 8-row blocks where the loader would store them
+    (blocked None) or as asked; the same seed gives the same values in either order."""
     import cupy
 
     from engine.backends.cuda.weights import blocked_copy
@@ -74,7 +75,9 @@ def make_weight(ops: Ops, out: int, cols: int, seed: int) -> QWeight:
     s = (0.004 + 0.01 * rs.random_sample((out, cols // 64))).astype(cupy.float32)
     b = (-8.0 * s + 0.002 * rs.standard_normal((out, cols // 64))).astype(cupy.float32)
     w = QWeight(codes, to_act(ops, s), to_act(ops, b), 4, 64, (out, cols))
-    return blocked_copy(ops, w) if ops.blocks_ok(4, 64, cols) else w
+    if blocked is None:
+        blocked = ops.blocks_ok(4, 64, cols)
+    return blocked_copy(ops, w) if blocked else w
 
 
 def copy_weight(w: QWeight) -> QWeight:
@@ -158,14 +161,26 @@ def bench_shape(ops: Ops, spec, seed: int) -> dict:
     wbytes = w.nbytes * (2 if swiglu else 1)
     nbytes = wbytes + x.nbytes + out.nbytes
     copies = int(min(64, max(1, math.ceil(STREAM_BYTES / wbytes))))
-    ws = [w] + [copy_weight(w) for _ in range(copies - 1)]
-    ups = [up] + [copy_weight(up) for _ in range(copies - 1)] if swiglu else None
+
+    def with_copies(a, b):
+        more = [copy_weight(a) for _ in range(copies - 1)]
+        return a, b, [a] + more, [b] + [copy_weight(b) for _ in more] if swiglu else None
+
+    # gemv4 reads the blocks, the SIMT kernel MLX's row order: the same values in each
+    orders = {"mma": with_copies(w, up)}
+    if w.blocked:
+        w_rows = make_weight(ops, n_out, cols, seed, blocked=False)
+        up_rows = make_weight(ops, n_out, cols, seed + 1000, blocked=False) if swiglu else None
+        orders["old"] = with_copies(w_rows, up_rows)
+    else:
+        orders["old"] = orders["mma"]
     rows = []
     old_variants = GEMV_SWIGLU_VARIANTS if swiglu else GEMV_VARIANTS
     new_variants = [c for c in ops.gemv_candidates(x, w, up) if c[0] == "mma"]
     for choice in new_variants + [("old", *v) for v in old_variants]:
+        cw, cup, ws, ups = orders[choice[0]]
         out.fill(0)
-        ops.gemv_run(choice, x, w, out, up)
+        ops.gemv_run(choice, x, cw, out, cup)
         y = from_act(ops, out)
         err = float(cupy.abs(y - ref).max() / max(float(cupy.abs(ref).max()), 1e-6))
         t = time_variant(ops, choice, x, ws, out, ups)
@@ -180,7 +195,7 @@ def bench_shape(ops: Ops, spec, seed: int) -> dict:
             )
         )
     tuned = ops._tune_gemv(("bench", R, n_out, cols, swiglu), x, w, out, up)
-    del ws, ups
+    del orders, ws, ups
     cupy.get_default_memory_pool().free_all_blocks()
     old = min((r for r in rows if r["variant"][0] == "old"), key=lambda r: r["us"])
     new = [r for r in rows if r["variant"][0] == "mma"]

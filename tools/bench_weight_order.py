@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.backends.cuda.gemv import best_replay_s
 from engine.backends.cuda.launch import on_stream
 
 SRC = r"""
@@ -104,8 +105,6 @@ COPIES = 8
 
 def graph_us(stream, launch, n: int = 40) -> float:
     """Microseconds per launch: a graph of n launches over the copies, best of 5 replays."""
-    import cupy
-
     with on_stream(stream):
         launch(0)
         stream.synchronize()
@@ -114,15 +113,7 @@ def graph_us(stream, launch, n: int = 40) -> float:
             launch(i % COPIES)
         graph = stream.end_capture()
         graph.launch(stream)
-        best = float("inf")
-        for _ in range(5):
-            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-            e0.record(stream)
-            graph.launch(stream)
-            e1.record(stream)
-            e1.synchronize()
-            best = min(best, cupy.cuda.get_elapsed_time(e0, e1) / n)
-    return best * 1e3
+        return best_replay_s(graph, stream, 5) / n * 1e6
 
 
 def main() -> None:

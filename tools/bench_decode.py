@@ -255,6 +255,10 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     be.ops.fused_deltanet_step = False
     res["decode_tok_s_deltanet_two_kernels"] = decode_rate(model, be, graphs, n)
     be.ops.fused_deltanet_step = True
+    for p in (4, 8):  # the DeltaNet step over a cluster of p blocks a key head
+        be.ops.gdn_split = p
+        res[f"decode_tok_s_deltanet_split_{p}"] = decode_rate(model, be, graphs, n)
+    be.ops.gdn_split = 0
     # The same step with its projections re-chosen by the step's own time (what warm-up
     # does with Ops.tune_in_step), then the per-shape choices back.
     chosen = dict(be.ops.gemv_choice)
@@ -443,6 +447,11 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     f"{r['decode_tok_s_deltanet_two_kernels']:.0f} tok/s"
                     if "decode_tok_s_deltanet_two_kernels" in r
                     else ""
+                )
+                + "".join(
+                    f"; DeltaNet step over {p} blocks a key head {r[k]:.0f} tok/s"
+                    for p in (4, 8)
+                    if (k := f"decode_tok_s_deltanet_split_{p}") in r
                 )
                 + "".join(
                     f"; {fam} projection kernels only {r[f'decode_tok_s_{fam}']:.0f} tok/s"

@@ -210,6 +210,32 @@ def test_overlapped_launches_match_plain(tiny_dirs, dtype):
         assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("split", [4, 8])
+def test_split_deltanet_step_matches_one_block(tiny_dirs, split):
+    """The DeltaNet step over a cluster of blocks a key head (gdn_step_split) gives the
+    logits of one block a key head bit for bit, captured in the decode graph with overlapped
+    launches, over several steps (the conv taps each block shifts are read the next step)."""
+    from engine.backends.cuda.backend import CudaBackend
+    from engine.backends.cuda.graphs import DecodeGraphs
+    from engine.config import EngineSettings
+
+    results = []
+    for p in (0, split):
+        be = CudaBackend(EngineSettings(), dtype="bfloat16")
+        be.ops.gdn_split = p
+        model = _model(tiny_dirs["mlx4"], be, slots=1)
+        c = model.config
+        dims = (c.linear_num_key_heads, c.linear_num_value_heads, 128, c.linear_value_head_dim)
+        if p and be.ops.gdn_split_shape(*dims) is None:
+            pytest.skip("thread block clusters need compute capability 9.0")
+        graphs = DecodeGraphs(be, model)
+        graphs.capture(1)
+        be.reset_slot(0)
+        results.append(_run(model, graphs))
+    for a, b in zip(*results, strict=True):
+        assert np.array_equal(a, b)
+
+
 def test_step_conv_state_update_matches_window(tiny_dirs):
     """A step updates the conv state inside gdn_prep; a window uses gdn_conv_state. Both
     leave the same state behind (fp32; the window computes its inputs with a different

@@ -438,16 +438,22 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
     assert len({p[0] for p in runs[0][0]}) > 1  # the draws spread
 
 
+@pytest.mark.parametrize("split", [0, 4, 8])
 @pytest.mark.parametrize("Hk,Hv", [(2, 4), (2, 2), (16, 32)])
-def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv):
-    """gdn_step (conv, gates, norms and the delta rule of a decode step in one launch)
-    against gdn_prep + gdn_scan on the same inputs: three streams in slots out of order, one
-    and two value heads per key head, and the 4B's head counts. The states agree exactly and
-    the outputs to rounding (measured on an H200: states equal, outputs within 7.5e-9)."""
+def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv, split):
+    """gdn_step (conv, gates, norms and the delta rule of a decode step in one launch), and
+    gdn_step_split over 4 and 8 blocks a key head, against gdn_prep + gdn_scan on the same
+    inputs: three streams in slots out of order, one and two value heads per key head, and
+    the 4B's head counts. The states agree exactly and the outputs to rounding (measured on
+    an H200 for gdn_step: states equal, outputs within 7.5e-9)."""
     import cupy
 
     be = _backend("bfloat16")
     ops = be.ops
+    ops.gdn_split = split
+    if split and ops.gdn_split_shape(Hk, Hv, 128, 128) is None:
+        ops.gdn_split = 0
+        pytest.skip("thread block clusters need compute capability 9.0")
     rng = np.random.default_rng(Hk * 10 + Hv)
     dk = dv = 128
     K, S, slots = 4, 3, 4
@@ -483,7 +489,8 @@ def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv):
             ops.gdn_prep(mixed, conv_w, cs, a, b, A_log, dt_bias, seg[0], row_tl, outs, dims, True)
             ops.gdn_scan(*outs, st, seg, S, o, Hk, Hv, dv)
         results.append([be.to_host(x) for x in (o, st, cs)])
+    ops.gdn_split = 0
     for name, x, y in zip(("o", "state", "conv state"), *results, strict=True):
         diff = float(np.abs(x - y).max())
-        print(f"\n[gdn_step {Hk}x{Hv}] {name}: largest difference {diff:.2e}")
+        print(f"\n[gdn_step {Hk}x{Hv} split {split}] {name}: largest difference {diff:.2e}")
         assert diff <= 1e-6 * max(1.0, float(np.abs(y).max())), name

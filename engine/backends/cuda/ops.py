@@ -69,10 +69,14 @@ class Ops(GemvMixin):
         # launches go through CuPy, whose launch path costs less host time.
         self.pdl = overlap and pdl_available()
         self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
+        self._cc: int | None = None  # compute capability (major * 10 + minor), asked once
         self.chunked_prefill = True  # windows use gdn_chunk (benchmarks compare both)
         # A decode step's DeltaNet in one launch (gdn_step); off: gdn_prep and gdn_scan
         # (benchmarks compare both).
         self.fused_deltanet_step = True
+        # That launch spread over this many blocks a key head (gdn_step_split, a cluster;
+        # compute capability 9.0), 0: one block a key head. Off until measured faster.
+        self.gdn_split = 0
         # The draw's two reads of the row with 32 logits a thread in flight (sample.cu, WIDE)
         # instead of one: the same tokens (device tests at c2ee595), 4B replies with the
         # app's defaults 431 -> 453 tok/s.
@@ -362,15 +366,42 @@ class Ops(GemvMixin):
                 return nc, threads
         return None
 
+    def gdn_split_shape(self, Hk: int, Hv: int, dk: int, dv: int) -> tuple[int, int] | None:
+        """(columns per warp, threads) of `gdn_step_split` over `gdn_split` blocks a key
+        head, or None where it does not apply (then one block takes a key head)."""
+        P = self.gdn_split
+        if not P or not self.gdn_step_shape(Hk, Hv, dk, dv):
+            return None
+        if self._cc is None:
+            import cupy
+
+            self._cc = int(cupy.cuda.Device().compute_capability)
+        cols = Hv // Hk * dv
+        if self._cc < 90 or cols % P or dv % (cols // P):
+            return None
+        cb = cols // P
+        for nc in (8, 4, 2, 1):
+            threads = cb // nc * 32
+            if cb % nc == 0 and 2 * dk + cb + 1 <= threads <= 1024:
+                return nc, threads
+        return None
+
     def gdn_step(self, mixed, conv_w, cstate, a, b, A_log, dt_bias, state, segs, n_segs, o, dims):
-        """A decode step's conv, gates and delta rule in one launch (`gdn_step` in gdn.cu);
-        the caller has checked `gdn_step_shape` and a conv of at most 4 taps."""
+        """A decode step's conv, gates and delta rule in one launch (`gdn_step` in gdn.cu, or
+        `gdn_step_split` where `gdn_split_shape` allows); the caller has checked
+        `gdn_step_shape` and a conv of at most 4 taps."""
         Hk, Hv, dk, dv, K = dims
-        nc, threads = self.gdn_step_shape(Hk, Hv, dk, dv)
+        split = self.gdn_split_shape(Hk, Hv, dk, dv)
+        if split is not None:
+            (nc, threads), P = split, self.gdn_split
+            sym, grid = f"gdn_step_split<{nc},{P}>", (Hk * P, n_segs)
+        else:
+            nc, threads = self.gdn_step_shape(Hk, Hv, dk, dv)
+            sym, grid = f"gdn_step<{nc}>", (Hk, n_segs)
         self.run(
             "gdn.cu",
-            f"gdn_step<{nc}>",
-            (Hk, n_segs),
+            sym,
+            grid,
             (threads,),
             (mixed, conv_w, cstate, a, b, A_log, dt_bias, state, *segs[:2], o)
             + (i32(Hk), i32(Hv), i32(dv), i32(K)),

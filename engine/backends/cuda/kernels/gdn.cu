@@ -260,3 +260,115 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
 #pragma unroll
   for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * DK)[lane] = S[c];
 }
+
+// gdn_step spread over P blocks a key head, one thread block cluster (compute capability
+// 9.0): block p takes value columns [p * cb, (p + 1) * cb) of the key head's Hv/Hk value heads
+// (cb = (Hv/Hk) * dv / P, inside one head), so the recurrent state, the step's largest read
+// and write, spreads over P SMs instead of one. Every block convolves the key head's q and k
+// channels itself (256 of them) and its own v channels; it shifts its v channels' conv taps
+// in place, and block 0 shifts the q and k taps once every block of the cluster has read them
+// (barrier.cluster at the end). grid (Hk * P, S), cb / NC warps; needs dk = 128, K <= 4,
+// dv % cb == 0, cb % NC == 0 and 2 * 128 + cb + 1 <= threads. Same arithmetic as gdn_step.
+#if __CUDA_ARCH__ >= 900
+template <int NC, int P>
+__global__ void __cluster_dims__(P, 1, 1) __launch_bounds__(1024)
+gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
+               act_t* __restrict__ cstate, const act_t* __restrict__ a, const act_t* __restrict__ b,
+               const float* __restrict__ A_log, const float* __restrict__ dt_bias,
+               float* __restrict__ state, const int* __restrict__ seg_slot,
+               const int* __restrict__ seg_row0, float* __restrict__ o, int Hk, int Hv, int dv, int K) {
+  constexpr int DK = 128, MAXC = 256, MAXK = 4;
+  __shared__ float sq[DK], sk[DK], sv[MAXC], sgb[2], red[32];
+  const int p = blockIdx.x % P, kh = blockIdx.x / P, s = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gv = Hv / Hk, cols = gv * dv, cb = cols / P, KD = Hk * DK, VD = Hv * dv, C = 2 * KD + VD;
+  const long r = seg_row0[s];
+  const int slot = seg_slot[s];
+  // This warp's NC columns (of the key head's value columns): value head h, columns j0..
+  const int col = p * cb + warp * NC, h = kh * gv + col / dv, j0 = col % dv;
+  float* sp = state + (((long)slot * Hv + h) * dv + j0) * DK;
+  float4 S[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) S[c] = reinterpret_cast<float4*>(sp + c * DK)[lane];
+  const bool conv = tid < 2 * DK + cb, gate = tid == 2 * DK + cb;
+  const int c = tid < DK       ? kh * DK + tid
+                : tid < 2 * DK ? KD + kh * DK + tid - DK
+                               : 2 * KD + kh * cols + p * cb + tid - 2 * DK;
+  const int hg = kh * gv + p * cb / dv;  // the one value head of this block's columns
+  act_t* cs = cstate + (long)slot * (K - 1) * C;
+  float wk[MAXK - 1], tap[MAXK - 1], a_log = 0.f, dtb = 0.f;
+  const float wnew = conv ? conv_w[(long)c * K + K - 1] : 0.f;
+#pragma unroll
+  for (int j = 0; j + 1 < MAXK; ++j) {
+    wk[j] = conv && j + 1 < K ? conv_w[(long)c * K + j] : 0.f;
+    tap[j] = conv && j + 1 < K ? ld(cs + (long)j * C + c) : 0.f;
+  }
+  if (gate) {
+    a_log = A_log[hg];
+    dtb = dt_bias[hg];
+  }
+  pdl_start();
+
+  float val = 0.f;
+  act_t newest = mk(0.f);
+  if (conv) {
+    newest = mixed[r * C + c];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j + 1 < MAXK; ++j)
+      if (j + 1 < K) acc = fmaf(wk[j], tap[j], acc);
+    acc = fmaf(wnew, cv(newest), acc);
+    if (tid >= 2 * DK) {  // this block's own v channels: shifted now
+#pragma unroll
+      for (int j = 0; j + 2 < MAXK; ++j)
+        if (j + 2 < K) cs[(long)j * C + c] = mk(tap[j + 1]);
+      cs[(long)(K - 2) * C + c] = newest;
+    }
+    val = silu_f(acc);
+  } else if (gate) {
+    sgb[1] = sigmoid_f(ld(b + r * Hv + hg));
+    const float x = ld(a + r * Hv + hg) + dtb;
+    const float sp1 = x > 20.f ? x : log1pf(expf(x));
+    sgb[0] = -expf(a_log) * sp1;
+  }
+  const float ss = warp_sum(val * val);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  if (tid < DK) {
+    sq[tid] = val * (rsqrtf((red[0] + red[2]) + (red[1] + red[3]) + 1e-6f) * rsqrtf((float)DK));
+  } else if (tid < 2 * DK) {
+    sk[tid - DK] = val * rsqrtf((red[4] + red[6]) + (red[5] + red[7]) + 1e-6f);
+  } else if (tid < 2 * DK + cb) {
+    sv[tid - 2 * DK] = val;
+  }
+  __syncthreads();
+
+  const float4 kk = reinterpret_cast<const float4*>(sk)[lane];
+  const float4 qq = reinterpret_cast<const float4*>(sq)[lane];
+  const float decay = expf(sgb[0]), bt = sgb[1];
+  const float kq = warp_sum(dot4(kk, qq));
+  float out = 0.f;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const float skc = warp_sum(dot4(S[c], kk)), sqc = warp_sum(dot4(S[c], qq));
+    const float delta = bt * (sv[warp * NC + c] - decay * skc);
+    S[c].x = fmaf(kk.x, delta, decay * S[c].x);
+    S[c].y = fmaf(kk.y, delta, decay * S[c].y);
+    S[c].z = fmaf(kk.z, delta, decay * S[c].z);
+    S[c].w = fmaf(kk.w, delta, decay * S[c].w);
+    const float oc = decay * sqc + delta * kq;
+    if (lane == c) out = oc;
+  }
+  if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * DK)[lane] = S[c];
+  // Every block of the cluster has read the q and k taps (before its wait): block 0 shifts them.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (p == 0 && tid < 2 * DK) {
+#pragma unroll
+    for (int j = 0; j + 2 < MAXK; ++j)
+      if (j + 2 < K) cs[(long)j * C + c] = mk(tap[j + 1]);
+    cs[(long)(K - 2) * C + c] = newest;
+  }
+}
+#endif

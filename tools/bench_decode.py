@@ -255,10 +255,11 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     be.ops.fused_deltanet_step = False
     res["decode_tok_s_deltanet_two_kernels"] = decode_rate(model, be, graphs, n)
     be.ops.fused_deltanet_step = True
-    for p in (4, 8):  # the DeltaNet step over a cluster of p blocks a key head
+    split = be.ops.gdn_split  # the DeltaNet step over a cluster of p blocks a key head
+    for p in sorted({0, 4, 8} - {split}):  # (0: one block a key head)
         be.ops.gdn_split = p
         res[f"decode_tok_s_deltanet_split_{p}"] = decode_rate(model, be, graphs, n)
-    be.ops.gdn_split = 0
+    be.ops.gdn_split = split
     # The same step with its projections re-chosen by the step's own time (what warm-up
     # does with Ops.tune_in_step), then the per-shape choices back.
     chosen = dict(be.ops.gemv_choice)
@@ -449,8 +450,9 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     else ""
                 )
                 + "".join(
-                    f"; DeltaNet step over {p} blocks a key head {r[k]:.0f} tok/s"
-                    for p in (4, 8)
+                    f"; DeltaNet step over {p or 'one'} block{'s' * bool(p)} a key head "
+                    f"{r[k]:.0f} tok/s"
+                    for p in (0, 4, 8)
                     if (k := f"decode_tok_s_deltanet_split_{p}") in r
                 )
                 + "".join(

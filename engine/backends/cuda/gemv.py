@@ -301,7 +301,7 @@ class GemvMixin:
                 )
             self._tile_counters = cupy.zeros(256, cupy.int32)
         slot = (w.packed.data.ptr >> 12) % self._tile_counters.size
-        return self._tile_counters[slot:]
+        return self._tile_counters[slot:].data.ptr
 
     @staticmethod
     def _pro_args(pro: Pro | None) -> tuple:

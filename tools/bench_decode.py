@@ -255,9 +255,6 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     be.ops.fused_deltanet_step = False
     res["decode_tok_s_deltanet_two_kernels"] = decode_rate(model, be, graphs, n)
     be.ops.fused_deltanet_step = True
-    be.ops.gemv_dynamic = True  # tiles after a block's first claimed from a counter
-    res["decode_tok_s_claimed_tiles"] = decode_rate(model, be, graphs, n)
-    be.ops.gemv_dynamic = False
     split = be.ops.gdn_split  # the DeltaNet step over a cluster of p blocks a key head
     for p in sorted({0, 4, 8} - {split}):  # (0: one block a key head)
         be.ops.gdn_split = p
@@ -450,12 +447,6 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     f"; DeltaNet step as two kernels (prep, scan) "
                     f"{r['decode_tok_s_deltanet_two_kernels']:.0f} tok/s"
                     if "decode_tok_s_deltanet_two_kernels" in r
-                    else ""
-                )
-                + (
-                    f"; projection tiles claimed from a counter "
-                    f"{r['decode_tok_s_claimed_tiles']:.0f} tok/s"
-                    if "decode_tok_s_claimed_tiles" in r
                     else ""
                 )
                 + "".join(

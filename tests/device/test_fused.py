@@ -277,56 +277,6 @@ def test_each_weight_order_gets_its_kernel(dtype):
         assert _rel(got, ref_w[ids]) < TOL[dtype], blocked
 
 
-def test_claimed_tiles_give_the_same_products():
-    """With `Ops.gemv_dynamic` a block's tiles after its first are claimed from a counter:
-    every variant gives the fixed order's products bit for bit, launch after launch (each
-    leaves its counter at zero), and so do back-to-back launches on one counter in a graph
-    with overlapped launches (a launch claims only after the previous one has finished)."""
-    import cupy
-
-    from engine.backends.cuda.gemv import Pro
-    from engine.backends.cuda.launch import on_stream
-
-    be = _backend("bfloat16")
-    ops = be.ops
-    ops.staged_gemv = True
-    rng = np.random.default_rng(80)
-    H, n_out = 2560, 12352  # several rounds of tiles for every variant
-    w, _ = _quant_weight(be, n_out, H, 4, rng)
-    x = _up(be, _round(be, rng.standard_normal((2, H)).astype(np.float32)))
-    pro = Pro(1, cupy.asarray((1 + 0.1 * rng.standard_normal(H)).astype(np.float32)), 1e-6)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    try:
-        for p in (None, pro):
-            for choice in ops.gemv_candidates(x, w, pro=p):
-                outs = []
-                for dyn in (False, True, True):
-                    ops.gemv_dynamic = dyn
-                    out = cupy.empty((2, n_out), ops.act_dtype)
-                    ops.gemv_run(choice, x, w, out, pro=p)
-                    outs.append(out.get())
-                assert np.array_equal(outs[0], outs[1]), (choice, p is None)
-                assert np.array_equal(outs[0], outs[2]), (choice, p is None)
-                assert int(ops._tile_counters.sum()) == 0
-                graph_outs = [cupy.empty((2, n_out), ops.act_dtype) for _ in range(3)]
-                with on_stream(stream):
-                    ops.graphing = True
-                    stream.begin_capture()
-                    for o in graph_outs:
-                        ops.gemv_run(choice, x, w, o, pro=p)
-                    graph = stream.end_capture()
-                    ops.graphing = False
-                    graph.launch(stream)
-                    graph.launch(stream)
-                    stream.synchronize()
-                for o in graph_outs:
-                    assert np.array_equal(o.get(), outs[0]), (choice, p is None, "graph")
-                assert int(ops._tile_counters.sum()) == 0
-    finally:
-        ops.gemv_dynamic = False
-        ops.graphing = False
-
-
 @pytest.mark.parametrize(
     "dtype,bits",
     [("float32", 0), ("float32", 4), ("bfloat16", 0), ("bfloat16", 4), ("float16", 4)],

@@ -113,10 +113,6 @@ class GemvMixin:
     # A measurement (tools/stamp_step.py --late): gemv4 requests its first weights after
     # staging its activations instead of before waiting for the previous kernel.
     gemv_weights_late = False
-    # gemv4's blocks claim their tiles after the first from a counter (gemv4.cu, tiles)
-    # instead of striding over them in a fixed order: blocks that stream faster take more.
-    gemv_dynamic = False
-    _tile_counters: Any = None  # int32 counters, one per slot (see _tiles_arg)
     # Extra -D flags for gemv4.cu (tools/stamp_step.py compiles its timing records in).
     gemv4_defines: tuple[str, ...] = ()
 
@@ -281,27 +277,8 @@ class GemvMixin:
         b = self._wargs(up) if swiglu else a
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
-        args += (*self._pro_args(pro), i32(self.gemv_weights_late), self._tiles_arg(w))
+        args += (*self._pro_args(pro), i32(self.gemv_weights_late))
         self.launch(fn, grid, (threads,), args, smem)
-
-    def _tiles_arg(self, w: Any) -> Any:
-        """gemv4's tile counter (a null pointer when the tiles are not claimed). A launch
-        leaves its counter at zero and claims only after the previous kernel has finished, so
-        launches on one stream may share one; a slot per weight keeps two streams apart too.
-        The counters are allocated by the first launch, which must not be inside a capture."""
-        if not self.gemv_dynamic:
-            return np.uint64(0)
-        if self._tile_counters is None:
-            import cupy
-
-            if cupy.cuda.get_current_stream().is_capturing():
-                raise RuntimeError(
-                    "gemv_dynamic was switched on during a graph capture: run an eager step "
-                    "(DecodeGraphs warm-up) before capturing"
-                )
-            self._tile_counters = cupy.zeros(256, cupy.int32)
-        slot = (w.packed.data.ptr >> 12) % self._tile_counters.size
-        return self._tile_counters[slot:].data.ptr
 
     @staticmethod
     def _pro_args(pro: Pro | None) -> tuple:

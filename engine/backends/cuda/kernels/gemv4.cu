@@ -36,7 +36,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int late, int* __restrict__ tiles) {
+      const float* __restrict__ po, int phd, float peps, int late) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
@@ -126,23 +126,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       __syncthreads();
     }
   }
-  // tiles (Ops.gemv_dynamic): a block's first virtual block is its own, and each later one
-  // is claimed from the counter (grid + count), so blocks that stream faster take more of
-  // them. Thread 0 claims one virtual block ahead (the claim's latency hides behind a tile)
-  // into nxt, read by all after the next barrier. Every block stops at its first claim past
-  // the end, so a launch makes exactly VB claims; the one that gets VB - 1 resets the
-  // counter. Claims start after the wait: the previous launch on the counter has finished.
-  __shared__ int nxt[2];
-  const bool dyn = tiles != nullptr && VB > static_cast<int>(gridDim.x);
-  auto claim = [&]() {
-    const int c = atomicAdd(tiles, 1);
-    if (c == VB - 1) atomicExch(tiles, 0);
-    return static_cast<int>(gridDim.x) + c;
-  };
-  int first_claim = 0;
-  if (dyn && tid == 0) first_claim = claim();
   stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
-  if (dyn && tid == 0) nxt[0] = first_claim;
   __syncthreads();
   // PRO 5: one scale per (group, row) after the norm weight, read by every tile's groups.
   float* const gs = nws + phd;
@@ -165,10 +149,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   if (late) first_weights();
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
-  for (int it = 0; vb < VB; ++it) {
-    const int nvb = dyn ? nxt[it & 1] : vb + static_cast<int>(gridDim.x);
-    int later = 0;  // the virtual block after nvb (stored to nxt before the barrier below)
-    if (dyn && tid == 0 && nvb < VB) later = claim();
+  for (; vb < VB; vb += gridDim.x) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (ASYNC) {
       asm volatile("cp.async.wait_all;" ::: "memory");
@@ -194,6 +175,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
 
     if (vb == static_cast<int>(blockIdx.x)) stamps.at(3, tid);
     // Next tile's first weights (nothing is fetched past the last tile).
+    const int nvb = vb + gridDim.x;
     if (nvb < VB) {
       rw = rows_of(nvb);
       if constexpr (ASYNC) fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);
@@ -201,7 +183,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     }
     // c layout: acc[i] is row g + 8*(i>>1) of the tile, activation row 2*tig + (i&1).
     *reinterpret_cast<float4*>(red + (wid * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    if (dyn && tid == 0 && nvb < VB) nxt[(it + 1) & 1] = later;
     __syncthreads();
     for (int idx = tid; idx < TPB * ROWS * M; idx += NT) {
       const int t = idx / (ROWS * M), rem = idx - t * ROWS * M;
@@ -222,7 +203,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
     }
     __syncthreads();  // red is rewritten by the next tile
-    vb = nvb;
   }
   stamps.write(W0, out, in, (SWIGLU ? 16u : 0u) | PRO, tid);
 }

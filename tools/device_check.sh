@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Device check: CUDA kernel and forward tests, the decode/prefill benchmark, a per-kernel
-# profile of one decode step.
+# profile of one decode step, the per-block clock records of its projections.
 # Usage (on the GPU machine, repo root):
-#   tools/device_check.sh [tests|bench|profile|timeline|all] [pytest -k expression or bench flags...]
-# Logs, JSON and the markdown tables go to $OUT (or ./device_out). A cold kernel cache makes
-# the full test run take about 7 minutes on an H200; `tests 'attention or delta'` runs a part.
+#   tools/device_check.sh [tests|bench|profile|timeline|stamps|all] [pytest -k expression or tool flags...]
+# Logs, JSON and the markdown tables go to $OUT (or ./device_out). The projection kernels are
+# compiled first, in parallel (tools/warm_kernels.py); the full test run then takes about 3.5
+# minutes on an H200; `tests 'attention or delta'` runs a part.
 set -o pipefail
 OUT=${OUT:-./device_out}
 mkdir -p "$OUT"
@@ -27,6 +28,12 @@ pack_cache() {
   fi
 }
 trap pack_cache EXIT
+# The projection kernels compiled in parallel first (tests and benchmarks compile one by one).
+warm=(--rows "${WARM_ROWS:-1,2,3,8}")
+[ "$mode" = profile ] || [ "$mode" = timeline ] && warm=(--rows 1 --dtypes bfloat16)
+[ "$mode" = stamps ] && warm=(--rows 1 --dtypes bfloat16 --define SNUG_STAMPS)
+timeout 300 python3 tools/warm_kernels.py "${warm[@]}" > "$OUT/warm_kernels.log" 2>&1 ||
+  echo "warm_kernels failed (see $OUT/warm_kernels.log); the runs compile as they go"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 status=0
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
@@ -76,5 +83,10 @@ if [ "$mode" = timeline ]; then
   python3 tools/profile_step.py --timeline "$OUT/trace_cuda_gpu_trace.csv" --graph "$n" \
     --sequence "$OUT/sequence.csv" | tee "$OUT/timeline.md"
   rm -f "$OUT/step.sqlite"
+fi
+if [ "$mode" = stamps ]; then
+  timeout "${PROFILE_TIMEOUT:-300}" python3 tools/stamp_step.py --out "$OUT" "$@" 2>&1 |
+    tee "$OUT/stamps.md"
+  status=$?
 fi
 exit $status

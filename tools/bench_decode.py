@@ -205,7 +205,9 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     weights = be.load_weights(ck, ck.config)
     sync()
     t_load = time.perf_counter() - t0
-    context = max(args.prefill + [PROMPT + args.decode_tokens + 8]) + 8
+    # The context the state is sized for: what the prompts need, or more (--context: the app
+    # on a large card sizes it to the model's limit, which sets the decode attention's grid).
+    context = max(args.prefill + [PROMPT + args.decode_tokens + 8, args.context]) + 8
     be.alloc_state(ck.config, 1, context)
     model = Qwen35Model(ck.config, be, weights)
     t_first = prefill(model, be, PROMPT)
@@ -215,6 +217,7 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
         "shape": shape,
         "format": fmt,
         "load_s": t_load,
+        "context": context,
         "ttft_cold_s": ttft_cold,
         "first_prefill_512_s": t_first,
         "weights_gb": be.arena.nbytes / 1e9,
@@ -474,6 +477,7 @@ def main() -> None:
     ap.add_argument("--prefill", default="512,2048,8192,32768")
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--hf", default="4B", help="shapes to run transformers on ('' for none)")
+    ap.add_argument("--context", type=int, default=0, help="state sized for at least this")
     ap.add_argument("--workdir", default="/tmp/snug-bench")
     ap.add_argument("--out", default=".")
     ap.add_argument("--commit", default="unknown")

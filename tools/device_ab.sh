@@ -6,6 +6,8 @@
 #   tools/device_ab.sh --overlay wip/some-branch ab/some-branch
 # then, on the GPU machine (repo root; logs to $OUT):
 #   tools/device_ab.sh ab/some-branch [ab/other ...]
+# AB_TESTS='pytest -k expression' runs that part of tests/device in every overlay first (a
+# line each: passed / failed); BENCH_FLAGS replaces the benchmark's flags.
 set -o pipefail
 if [ "$1" = --overlay ]; then
   branch=$2 dir=$3
@@ -30,7 +32,7 @@ letter=B
 for dir in "$@"; do
   tree=/tmp/ab-$letter
   rm -rf "$tree" && mkdir -p "$tree"
-  cp -r engine tools tests "$tree"/ && cp -r "$dir"/. "$tree"/
+  cp -r engine tools tests pyproject.toml "$tree"/ && cp -r "$dir"/. "$tree"/
   [ -f "$dir/.deleted" ] && (cd "$tree" && xargs -r rm -f < .deleted)
   trees+=("$tree")
   names+=("$letter")
@@ -41,6 +43,14 @@ for i in "${!trees[@]}"; do  # the decode step's projection kernels, every tree 
     --dtypes bfloat16 --jobs 8 > "$OUT/warm_${names[$i]}.log" 2>&1) &
 done
 wait
+if [ -n "${AB_TESTS:-}" ]; then
+  for i in "${!trees[@]}"; do
+    [ "$i" = 0 ] && continue
+    (cd "${trees[$i]}" && PYTHONPATH=. timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s \
+      -p no:cacheprovider tests/device -k "$AB_TESTS" > "$OUT/tests_${names[$i]}.log" 2>&1)
+    echo "tests ${names[$i]}: $(tail -1 "$OUT/tests_${names[$i]}.log")"
+  done
+fi
 for round in 1 2; do
   for i in "${!trees[@]}"; do
     tag=${names[$i]}$round

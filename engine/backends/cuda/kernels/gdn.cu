@@ -158,6 +158,92 @@ extern "C" __global__ void gdn_out(const float* __restrict__ o, const act_t* __r
     st(y + base + i, o[base + i] * inv * w[i] * silu_f(ld(z + base + i)));
 }
 
+// Pieces of a decode step's DeltaNet shared by gdn_step and gdn_step_split.
+constexpr int STEP_DK = 128, STEP_MAXK = 4;
+
+// Conv channel c's K-1 older taps and their weights (zeros where the thread has no channel,
+// conv false); returns the newest tap's weight. Nothing earlier in the step writes them.
+__device__ __forceinline__ float conv_taps(bool conv, int c, int K, int C, const float* __restrict__ conv_w,
+                                           const act_t* cs, float (&wk)[STEP_MAXK - 1],
+                                           float (&tap)[STEP_MAXK - 1]) {
+  const float wnew = conv ? conv_w[(long)c * K + K - 1] : 0.f;
+#pragma unroll
+  for (int j = 0; j + 1 < STEP_MAXK; ++j) {
+    wk[j] = conv && j + 1 < K ? conv_w[(long)c * K + j] : 0.f;
+    tap[j] = conv && j + 1 < K ? ld(cs + (long)j * C + c) : 0.f;
+  }
+  return wnew;
+}
+
+// The conv of K taps: K-1 from the state, the newest from this row (before SiLU).
+__device__ __forceinline__ float conv_acc(const float (&wk)[STEP_MAXK - 1], const float (&tap)[STEP_MAXK - 1],
+                                          float wnew, act_t newest, int K) {
+  float acc = 0.f;
+#pragma unroll
+  for (int j = 0; j + 1 < STEP_MAXK; ++j)
+    if (j + 1 < K) acc = fmaf(wk[j], tap[j], acc);
+  return fmaf(wnew, cv(newest), acc);
+}
+
+// Channel c's conv taps shifted by one in place: the older ones down, the newest last.
+__device__ __forceinline__ void shift_taps(act_t* cs, int c, int C, int K, const float (&tap)[STEP_MAXK - 1],
+                                           act_t newest) {
+#pragma unroll
+  for (int j = 0; j + 2 < STEP_MAXK; ++j)
+    if (j + 2 < K) cs[(long)j * C + c] = mk(tap[j + 1]);
+  cs[(long)(K - 2) * C + c] = newest;
+}
+
+// A value head's gates from row entry i: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias).
+__device__ __forceinline__ void step_gates(const act_t* __restrict__ a, const act_t* __restrict__ b, long i,
+                                           float a_log, float dtb, float& g, float& beta) {
+  beta = sigmoid_f(ld(b + i));
+  const float x = ld(a + i) + dtb;
+  const float sp1 = x > 20.f ? x : log1pf(expf(x));
+  g = -expf(a_log) * sp1;
+}
+
+// The block's conv outputs to shared memory: q (threads 0-127) and k (128-255) l2-normalised
+// (q also by 1/sqrt(dk)), summed as gdn_prep's block_sum sums them; nv v channels after them.
+__device__ __forceinline__ void stage_qkv(float val, int tid, int lane, int warp, int nv, float* red, float* sq,
+                                          float* sk, float* sv) {
+  constexpr int DK = STEP_DK;
+  const float ss = warp_sum(val * val);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  if (tid < DK) {
+    sq[tid] = val * (rsqrtf((red[0] + red[2]) + (red[1] + red[3]) + 1e-6f) * rsqrtf((float)DK));
+  } else if (tid < 2 * DK) {
+    sk[tid - DK] = val * rsqrtf((red[4] + red[6]) + (red[5] + red[7]) + 1e-6f);
+  } else if (tid < 2 * DK + nv) {
+    sv[tid - 2 * DK] = val;
+  }
+  __syncthreads();
+}
+
+// The delta rule for a warp's NC value columns (their states S, their values sv[0..NC)), one
+// column at a time (fewer registers than gdn_scan's order); returns lane c's output of column c.
+template <int NC>
+__device__ __forceinline__ float delta_columns(float4 (&S)[NC], const float* sq, const float* sk, const float* sv,
+                                               float decay, float bt, int lane) {
+  const float4 kk = reinterpret_cast<const float4*>(sk)[lane];
+  const float4 qq = reinterpret_cast<const float4*>(sq)[lane];
+  const float kq = warp_sum(dot4(kk, qq));
+  float out = 0.f;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const float skc = warp_sum(dot4(S[c], kk)), sqc = warp_sum(dot4(S[c], qq));
+    const float delta = bt * (sv[c] - decay * skc);
+    S[c].x = fmaf(kk.x, delta, decay * S[c].x);
+    S[c].y = fmaf(kk.y, delta, decay * S[c].y);
+    S[c].z = fmaf(kk.z, delta, decay * S[c].z);
+    S[c].w = fmaf(kk.w, delta, decay * S[c].w);
+    const float oc = decay * sqc + delta * kq;
+    if (lane == c) out = oc;
+  }
+  return out;
+}
+
 // A decode step of one DeltaNet layer in one launch: gdn_prep and gdn_scan for one row per
 // segment. grid (Hk, S), (Hv/Hk)*dv/NC warps (at most 32): the block takes one key head, its
 // Hv/Hk value heads and all their value columns, so it is the only reader of every conv-state
@@ -173,7 +259,7 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
          const act_t* __restrict__ a, const act_t* __restrict__ b, const float* __restrict__ A_log,
          const float* __restrict__ dt_bias, float* __restrict__ state, const int* __restrict__ seg_slot,
          const int* __restrict__ seg_row0, float* __restrict__ o, int Hk, int Hv, int dv, int K) {
-  constexpr int DK = 128, MAXC = 256, MAXG = 8, MAXK = 4;
+  constexpr int DK = STEP_DK, MAXC = 256, MAXG = 8;
   __shared__ float sq[DK], sk[DK], sv[MAXC], sg[MAXG], sb[MAXG], red[32];
   const int kh = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gv = Hv / Hk, cols = gv * dv, KD = Hk * DK, VD = Hv * dv, C = 2 * KD + VD;
@@ -193,13 +279,8 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
                                : 2 * KD + kh * cols + tid - 2 * DK;  // v of this key head's value heads
   const int hh = tid - 2 * DK - cols, hg = kh * gv + hh;
   act_t* cs = cstate + (long)slot * (K - 1) * C;
-  float wk[MAXK - 1], tap[MAXK - 1], a_log = 0.f, dtb = 0.f;
-  const float wnew = conv ? conv_w[(long)c * K + K - 1] : 0.f;
-#pragma unroll
-  for (int j = 0; j + 1 < MAXK; ++j) {
-    wk[j] = conv && j + 1 < K ? conv_w[(long)c * K + j] : 0.f;
-    tap[j] = conv && j + 1 < K ? ld(cs + (long)j * C + c) : 0.f;
-  }
+  float wk[STEP_MAXK - 1], tap[STEP_MAXK - 1], a_log = 0.f, dtb = 0.f;
+  const float wnew = conv_taps(conv, c, K, C, conv_w, cs, wk, tap);
   if (gate) {
     a_log = A_log[hg];
     dtb = dt_bias[hg];
@@ -210,52 +291,17 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
   float val = 0.f;
   if (conv) {
     const act_t newest = mixed[r * C + c];
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j + 1 < MAXK; ++j)
-      if (j + 1 < K) acc = fmaf(wk[j], tap[j], acc);
-    acc = fmaf(wnew, cv(newest), acc);
-#pragma unroll
-    for (int j = 0; j + 2 < MAXK; ++j)
-      if (j + 2 < K) cs[(long)j * C + c] = mk(tap[j + 1]);
-    cs[(long)(K - 2) * C + c] = newest;
+    const float acc = conv_acc(wk, tap, wnew, newest, K);
+    shift_taps(cs, c, C, K, tap, newest);
     val = silu_f(acc);
   } else if (gate) {
-    sb[hh] = sigmoid_f(ld(b + r * Hv + hg));
-    const float x = ld(a + r * Hv + hg) + dtb;
-    const float sp1 = x > 20.f ? x : log1pf(expf(x));
-    sg[hh] = -expf(a_log) * sp1;
+    step_gates(a, b, r * Hv + hg, a_log, dtb, sg[hh], sb[hh]);
   }
-  // l2 norms of q (warps 0-3) and k (warps 4-7), summed as gdn_prep's block_sum sums them.
-  const float ss = warp_sum(val * val);
-  if (lane == 0) red[warp] = ss;
-  __syncthreads();
-  if (tid < DK) {
-    sq[tid] = val * (rsqrtf((red[0] + red[2]) + (red[1] + red[3]) + 1e-6f) * rsqrtf((float)DK));
-  } else if (tid < 2 * DK) {
-    sk[tid - DK] = val * rsqrtf((red[4] + red[6]) + (red[5] + red[7]) + 1e-6f);
-  } else if (tid < 2 * DK + cols) {
-    sv[tid - 2 * DK] = val;
-  }
-  __syncthreads();
+  stage_qkv(val, tid, lane, warp, cols, red, sq, sk, sv);
 
   // The delta-rule step for this warp's columns (gdn_scan with one row).
-  const float4 kk = reinterpret_cast<const float4*>(sk)[lane];
-  const float4 qq = reinterpret_cast<const float4*>(sq)[lane];
   const float decay = expf(sg[col / dv]), bt = sb[col / dv];
-  const float kq = warp_sum(dot4(kk, qq));
-  float out = 0.f;
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {  // one column at a time: fewer registers than gdn_scan's order
-    const float skc = warp_sum(dot4(S[c], kk)), sqc = warp_sum(dot4(S[c], qq));
-    const float delta = bt * (sv[col + c] - decay * skc);
-    S[c].x = fmaf(kk.x, delta, decay * S[c].x);
-    S[c].y = fmaf(kk.y, delta, decay * S[c].y);
-    S[c].z = fmaf(kk.z, delta, decay * S[c].z);
-    S[c].w = fmaf(kk.w, delta, decay * S[c].w);
-    const float oc = decay * sqc + delta * kq;
-    if (lane == c) out = oc;
-  }
+  const float out = delta_columns<NC>(S, sq, sk, sv + col, decay, bt, lane);
   if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
 #pragma unroll
   for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * DK)[lane] = S[c];
@@ -277,7 +323,7 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
                const float* __restrict__ A_log, const float* __restrict__ dt_bias,
                float* __restrict__ state, const int* __restrict__ seg_slot,
                const int* __restrict__ seg_row0, float* __restrict__ o, int Hk, int Hv, int dv, int K) {
-  constexpr int DK = 128, MAXC = 256, MAXK = 4;
+  constexpr int DK = STEP_DK, MAXC = 256;
   __shared__ float sq[DK], sk[DK], sv[MAXC], sgb[2], red[32];
   const int p = blockIdx.x % P, kh = blockIdx.x / P, s = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -296,13 +342,8 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
                                : 2 * KD + kh * cols + p * cb + tid - 2 * DK;
   const int hg = kh * gv + p * cb / dv;  // the one value head of this block's columns
   act_t* cs = cstate + (long)slot * (K - 1) * C;
-  float wk[MAXK - 1], tap[MAXK - 1], a_log = 0.f, dtb = 0.f;
-  const float wnew = conv ? conv_w[(long)c * K + K - 1] : 0.f;
-#pragma unroll
-  for (int j = 0; j + 1 < MAXK; ++j) {
-    wk[j] = conv && j + 1 < K ? conv_w[(long)c * K + j] : 0.f;
-    tap[j] = conv && j + 1 < K ? ld(cs + (long)j * C + c) : 0.f;
-  }
+  float wk[STEP_MAXK - 1], tap[STEP_MAXK - 1], a_log = 0.f, dtb = 0.f;
+  const float wnew = conv_taps(conv, c, K, C, conv_w, cs, wk, tap);
   if (gate) {
     a_log = A_log[hg];
     dtb = dt_bias[hg];
@@ -313,62 +354,21 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
   act_t newest = mk(0.f);
   if (conv) {
     newest = mixed[r * C + c];
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j + 1 < MAXK; ++j)
-      if (j + 1 < K) acc = fmaf(wk[j], tap[j], acc);
-    acc = fmaf(wnew, cv(newest), acc);
-    if (tid >= 2 * DK) {  // this block's own v channels: shifted now
-#pragma unroll
-      for (int j = 0; j + 2 < MAXK; ++j)
-        if (j + 2 < K) cs[(long)j * C + c] = mk(tap[j + 1]);
-      cs[(long)(K - 2) * C + c] = newest;
-    }
+    const float acc = conv_acc(wk, tap, wnew, newest, K);
+    if (tid >= 2 * DK) shift_taps(cs, c, C, K, tap, newest);  // this block's own v channels
     val = silu_f(acc);
   } else if (gate) {
-    sgb[1] = sigmoid_f(ld(b + r * Hv + hg));
-    const float x = ld(a + r * Hv + hg) + dtb;
-    const float sp1 = x > 20.f ? x : log1pf(expf(x));
-    sgb[0] = -expf(a_log) * sp1;
+    step_gates(a, b, r * Hv + hg, a_log, dtb, sgb[0], sgb[1]);
   }
-  const float ss = warp_sum(val * val);
-  if (lane == 0) red[warp] = ss;
-  __syncthreads();
-  if (tid < DK) {
-    sq[tid] = val * (rsqrtf((red[0] + red[2]) + (red[1] + red[3]) + 1e-6f) * rsqrtf((float)DK));
-  } else if (tid < 2 * DK) {
-    sk[tid - DK] = val * rsqrtf((red[4] + red[6]) + (red[5] + red[7]) + 1e-6f);
-  } else if (tid < 2 * DK + cb) {
-    sv[tid - 2 * DK] = val;
-  }
-  __syncthreads();
+  stage_qkv(val, tid, lane, warp, cb, red, sq, sk, sv);
 
-  const float4 kk = reinterpret_cast<const float4*>(sk)[lane];
-  const float4 qq = reinterpret_cast<const float4*>(sq)[lane];
   const float decay = expf(sgb[0]), bt = sgb[1];
-  const float kq = warp_sum(dot4(kk, qq));
-  float out = 0.f;
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    const float skc = warp_sum(dot4(S[c], kk)), sqc = warp_sum(dot4(S[c], qq));
-    const float delta = bt * (sv[warp * NC + c] - decay * skc);
-    S[c].x = fmaf(kk.x, delta, decay * S[c].x);
-    S[c].y = fmaf(kk.y, delta, decay * S[c].y);
-    S[c].z = fmaf(kk.z, delta, decay * S[c].z);
-    S[c].w = fmaf(kk.w, delta, decay * S[c].w);
-    const float oc = decay * sqc + delta * kq;
-    if (lane == c) out = oc;
-  }
+  const float out = delta_columns<NC>(S, sq, sk, sv + warp * NC, decay, bt, lane);
   if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
 #pragma unroll
   for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * DK)[lane] = S[c];
   // Every block of the cluster has read the q and k taps (before its wait): block 0 shifts them.
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-  if (p == 0 && tid < 2 * DK) {
-#pragma unroll
-    for (int j = 0; j + 2 < MAXK; ++j)
-      if (j + 2 < K) cs[(long)j * C + c] = mk(tap[j + 1]);
-    cs[(long)(K - 2) * C + c] = newest;
-  }
+  if (p == 0 && tid < 2 * DK) shift_taps(cs, c, C, K, tap, newest);
 }
 #endif

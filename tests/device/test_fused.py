@@ -168,6 +168,17 @@ def test_first_weights_late_give_the_same_products():
             assert np.array_equal(outs[0], outs[1]), (choice, p is None)
 
 
+def _captured_run(be, model_dir):
+    """`_run` of the tiny checkpoint on `be` with its one-row decode graph captured."""
+    from engine.backends.cuda.graphs import DecodeGraphs
+
+    model = _model(model_dir, be, slots=1)
+    graphs = DecodeGraphs(be, model)
+    graphs.capture(1)
+    be.reset_slot(0)
+    return _run(model, graphs)
+
+
 def _run(model, graphs=None):
     """Logits of a prompt window, 6 eager steps, then 4 graph replays (if graphs)."""
     be = model.backend
@@ -191,7 +202,6 @@ def test_overlapped_launches_match_plain(tiny_dirs, dtype):
     """Programmatic dependent launch changes when kernels start, never what they compute:
     the logits are bit for bit those of plain launches (a missing wait would race)."""
     from engine.backends.cuda.backend import CudaBackend
-    from engine.backends.cuda.graphs import DecodeGraphs
     from engine.backends.cuda.launch import pdl_available
     from engine.config import EngineSettings
 
@@ -201,11 +211,7 @@ def test_overlapped_launches_match_plain(tiny_dirs, dtype):
     for overlap in (True, False):
         be = CudaBackend(EngineSettings(overlap_launches=overlap), dtype=dtype)
         assert be.ops.pdl is overlap
-        model = _model(tiny_dirs["mlx4"], be, slots=1)
-        graphs = DecodeGraphs(be, model)
-        graphs.capture(1)
-        be.reset_slot(0)
-        results.append(_run(model, graphs))
+        results.append(_captured_run(be, tiny_dirs["mlx4"]))
     for a, b in zip(*results, strict=True):
         assert np.array_equal(a, b)
 
@@ -216,22 +222,17 @@ def test_split_deltanet_step_matches_one_block(tiny_dirs, split):
     logits of one block a key head bit for bit, captured in the decode graph with overlapped
     launches, over several steps (the conv taps each block shifts are read the next step)."""
     from engine.backends.cuda.backend import CudaBackend
-    from engine.backends.cuda.graphs import DecodeGraphs
     from engine.config import EngineSettings
 
     results = []
     for p in (0, split):
         be = CudaBackend(EngineSettings(), dtype="bfloat16")
         be.ops.gdn_split = p
-        model = _model(tiny_dirs["mlx4"], be, slots=1)
-        c = model.config
-        dims = (c.linear_num_key_heads, c.linear_num_value_heads, 128, c.linear_value_head_dim)
-        if p and be.ops.gdn_split_shape(*dims) is None:
-            pytest.skip("thread block clusters need compute capability 9.0")
-        graphs = DecodeGraphs(be, model)
-        graphs.capture(1)
-        be.reset_slot(0)
-        results.append(_run(model, graphs))
+        results.append(_captured_run(be, tiny_dirs["mlx4"]))
+    c = be.config
+    dims = (c.linear_num_key_heads, c.linear_num_value_heads, 128, c.linear_value_head_dim)
+    if be.ops.gdn_split_shape(*dims) is None:
+        pytest.skip("thread block clusters need compute capability 9.0")
     for a, b in zip(*results, strict=True):
         assert np.array_equal(a, b)
 

@@ -85,10 +85,17 @@ def _itemsize(dtype: str) -> int:
     return {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}[dtype]
 
 
+# Blocks a KV head of the split-KV decode attention at most: enough to stream a long context
+# at full bandwidth, few enough that a short reply in a long context launches few blocks
+# that find nothing to do.
+ATTN_SPLITS = 128
+
+
 def decode_splits(context: int) -> tuple[int, int]:
-    """(keys per split, number of splits) of the split-KV decode attention at `context`."""
-    split = max(32, 32 * -(-context // (1024 * 32)))
-    return split, -(-context // split)
+    """(least keys per split, splits at most) of the split-KV decode attention at `context`.
+    A step at length n takes max(least, ceil(n / splits)) keys per split (attention.cu), so
+    the split grows with the reply, not with the context it may reach."""
+    return 32, min(ATTN_SPLITS, -(-context // 32))
 
 
 def _layer_buffers(c: ModelConfig, R: int, step: bool, context: int, dt: str):

@@ -217,13 +217,16 @@ def test_attention(dtype, run):
         assert _rel(y, r) < TOL[dtype] * 3, [s for s in batch.segments]
 
 
+@pytest.mark.parametrize("splits", [128, 4])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("hq,hkv", [(4, 2), (16, 4), (16, 2)])
-def test_decode_attention_lengths(dtype, hq, hkv):
+def test_decode_attention_lengths(dtype, hq, hkv, splits, monkeypatch):
     """Decode steps of three streams at lengths that end inside a split, on a split boundary
-    and inside a warp's group of keys, for 2, 4 and 8 query heads per KV head."""
+    and inside a warp's group of keys, for 2, 4 and 8 query heads per KV head; with at most
+    4 splits a KV head too, so the splits grow with the length (75 keys at 300)."""
     import cupy
 
+    monkeypatch.setattr("engine.memory.scratch.ATTN_SPLITS", splits)
     c, be, ref = _pair(dtype, c=_config(hq=hq, hkv=hkv))
     rng = np.random.default_rng(hq + hkv)
     hd = c.head_dim

@@ -247,7 +247,9 @@ class Ops(GemvMixin):
             hd * 4,
         )
 
-    def attn_decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, split, nsmax):
+    def attn_decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, least, nsmax):
+        """Split-KV decode attention: nsmax splits a KV head at most, each of at least
+        `least` keys (engine.memory.scratch.decode_splits); partials to po / pml."""
         Hq, Hkv, hd = heads
         R = q.shape[0]
         group = Hq // Hkv
@@ -276,20 +278,20 @@ class Ops(GemvMixin):
                 i32(Hq),
                 i32(Hkv),
                 i32(ctx),
-                i32(split),
+                i32(least),
                 i32(nsmax),
                 f32(hd**-0.5),
             ),
         )
 
-    def attn_combine(self, po, pml, qg, pos, out, heads, split, nsmax):
+    def attn_combine(self, po, pml, qg, pos, out, heads, least, nsmax):
         Hq, _, hd = heads
         self.run(
             "attention.cu",
             "attn_combine",
             (out.shape[0], Hq),
             (hd,),
-            (po, pml, qg, pos, out, i32(Hq), i32(hd), i32(split), i32(nsmax)),
+            (po, pml, qg, pos, out, i32(Hq), i32(hd), i32(least), i32(nsmax)),
         )
 
     def softmax_causal(self, scores, probs, tq, t0, start, L):

@@ -46,8 +46,14 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
   }
 }
 
+// Keys per split of a row at len keys: at least `least`, and at most nsmax splits.
+__device__ __forceinline__ int split_keys(int len, int least, int nsmax) {
+  return max(least, (len + nsmax - 1) / nsmax);
+}
+
 // grid (nsplit_max, Hkv, R), 128 threads (NW = 4 warps). Split s covers keys [s*split,
-// (s+1)*split) of the row's len = pos + 1 keys; splits past the end exit. Writes partial o and
+// (s+1)*split) of the row's len = pos + 1 keys (split = split_keys(len, least, nsmax), so it
+// grows with the row, not with the context); splits past the end exit. Writes partial o and
 // (max, sum). Each warp takes KU keys at a time: their K and V rows are requested together
 // (one memory latency per KU keys, not per key), then the KU scores of each of the gq <= GM
 // query heads sharing this KV head are folded into the running (max, sum, o) at once. A
@@ -57,12 +63,13 @@ template <int DPL, int GM, int KU>
 __global__ void __launch_bounds__(128)
 attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act_t* __restrict__ vc,
             const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
-            float* __restrict__ pml, int Hq, int Hkv, int ctx, int split, int nsmax, float scale) {
+            float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale) {
   constexpr int HD = DPL * 32, NW = 4;
   __shared__ float sm_o[NW][GM][HD];
   __shared__ float sm_m[NW][GM], sm_l[NW][GM];
   const int s = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
-  const int len = pos[r] + 1, k0 = s * split;  // positions and slots: written before the step
+  const int len = pos[r] + 1;  // positions and slots: written before the step
+  const int split = split_keys(len, least, nsmax), k0 = s * split;
   if (k0 >= len) {
     pdl_start();
     return;
@@ -163,9 +170,10 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
 // grid (R, Hq), hd threads: merge the splits, normalise, multiply by sigmoid(gate).
 extern "C" __global__ void attn_combine(const float* __restrict__ po, const float* __restrict__ pml,
                                         const act_t* __restrict__ qg, const int* __restrict__ pos,
-                                        act_t* __restrict__ out, int Hq, int hd, int split, int nsmax) {
+                                        act_t* __restrict__ out, int Hq, int hd, int least, int nsmax) {
   pdl_start();
   const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const int split = split_keys(pos[r] + 1, least, nsmax);
   const int ns = (pos[r] + split) / split;  // ceil((pos + 1) / split)
   const long hrow = ((long)r * Hq + h) * nsmax;
   float M = -INFINITY;

@@ -212,7 +212,8 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   // WIDE, threshold path: each thread's largest logit, sorted; the k-th largest of those
   // maxima is a bound that at least k logits reach (one in each of k threads), and usually
   // few more. Every logit at or above it is kept when they fit (CAP): two reads of the row
-  // and no histogram (whose per-logit warp match cost more than the reads). Otherwise the
+  // and no histogram (its per-logit warp match and shared atomics on a few hot bins are the
+  // suspected cost of the draw; to be measured). Otherwise the
   // histogram path below runs as before. Either way the sort below orders a superset of the
   // top k by (value, index), so the draw is the same.
   bool kept = false;

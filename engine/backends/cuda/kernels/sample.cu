@@ -172,11 +172,36 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   };
   constexpr int U = 4;  // WIDE: chunks of 8 logits a thread per round
   const int nch = (nvalid + 7) >> 3, NT = blockDim.x;
-  auto chunks = [&](int c0, float (&x)[U][8]) {  // chunks c0 + lane + u * NT, all loads issued
+  // Chunks c0 + lane + u * NT: every whole chunk's 16-byte loads and bitmap word are issued
+  // before any is used (through chunk8 each load waited behind the previous chunk's branch
+  // and penalty, per the SASS); the row's last, partial chunk goes through chunk8.
+  constexpr int PV = 8 * sizeof(act_t) / 16;  // 16-byte loads a chunk
+  auto chunks = [&](int c0, float (&x)[U][8]) {
+    uint4 raw[U][PV];
+    unsigned sw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = c0 + lane + u * NT;
-      if (c < nch) {
+      const bool whole = 8 * c + 8 <= nvalid;
+#pragma unroll
+      for (int i = 0; i < PV; ++i)
+        raw[u][i] = whole ? __ldg(reinterpret_cast<const uint4*>(row + 8 * c) + i) : make_uint4(0u, 0u, 0u, 0u);
+      sw[u] = whole && seen != nullptr ? seen[c >> 2] >> ((8 * c) & 31) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + lane + u * NT;
+      if (8 * c + 8 <= nvalid) {
+#pragma unroll
+        for (int i = 0; i < PV; ++i) {
+          const act_t* e = reinterpret_cast<const act_t*>(&raw[u][i]);
+#pragma unroll
+          for (int j = 0; j < 8 / PV; ++j) x[u][i * (8 / PV) + j] = cv(e[j]);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if ((sw[u] >> e) & 1u) x[u][e] -= penalty;
+      } else if (c < nch) {
         chunk8(row, 8 * c, nvalid, seen, penalty, x[u]);
       } else {
 #pragma unroll

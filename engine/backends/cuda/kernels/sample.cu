@@ -164,8 +164,6 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   __shared__ unsigned sh_bin, sh_taken;
   const float qnan = __int_as_float(0x7fffffff);
   const int lane = tid & 31;
-  for (int b = tid; b < 2048; b += blockDim.x) wide[b] = 0;
-  __syncthreads();
   auto count = [&](float x) {  // warp-aggregated: most logits share a few bins
     const bool ok = x == x;    // NaN is never drawn
     const unsigned bin = ok ? okey(x) >> 21 : 2048u;
@@ -174,11 +172,36 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   };
   constexpr int U = 4;  // WIDE: chunks of 8 logits a thread per round
   const int nch = (nvalid + 7) >> 3, NT = blockDim.x;
-  auto chunks = [&](int c0, float (&x)[U][8]) {  // chunks c0 + lane + u * NT, all loads issued
+  // Chunks c0 + lane + u * NT: every whole chunk's 16-byte loads and bitmap word are issued
+  // before any is used (through chunk8 each load waited behind the previous chunk's branch
+  // and penalty, per the SASS); the row's last, partial chunk goes through chunk8.
+  constexpr int PV = 8 * sizeof(act_t) / 16;  // 16-byte loads a chunk
+  auto chunks = [&](int c0, float (&x)[U][8]) {
+    uint4 raw[U][PV];
+    unsigned sw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = c0 + lane + u * NT;
-      if (c < nch) {
+      const bool whole = 8 * c + 8 <= nvalid;
+#pragma unroll
+      for (int i = 0; i < PV; ++i)
+        raw[u][i] = whole ? __ldg(reinterpret_cast<const uint4*>(row + 8 * c) + i) : make_uint4(0u, 0u, 0u, 0u);
+      sw[u] = whole && seen != nullptr ? seen[c >> 2] >> ((8 * c) & 31) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + lane + u * NT;
+      if (8 * c + 8 <= nvalid) {
+#pragma unroll
+        for (int i = 0; i < PV; ++i) {
+          const act_t* e = reinterpret_cast<const act_t*>(&raw[u][i]);
+#pragma unroll
+          for (int j = 0; j < 8 / PV; ++j) x[u][i * (8 / PV) + j] = cv(e[j]);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if ((sw[u] >> e) & 1u) x[u][e] -= penalty;
+      } else if (c < nch) {
         chunk8(row, 8 * c, nvalid, seen, penalty, x[u]);
       } else {
 #pragma unroll
@@ -186,6 +209,76 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
       }
     }
   };
+  // Bitonic sort of cv_/ci, descending by value (ties: lower index first).
+  auto sort_desc = [&]() {
+    for (int size = 2; size <= CAP; size <<= 1) {
+      for (int stride = size >> 1; stride > 0; stride >>= 1) {
+        int p = tid ^ stride;
+        if (p > tid) {
+          bool desc = (tid & size) == 0;
+          float a = cv_[tid], b = cv_[p];
+          int ia = ci[tid], ib = ci[p];
+          bool a_first = a > b || (a == b && ia < ib);
+          if (desc != a_first) { cv_[tid] = b; cv_[p] = a; ci[tid] = ib; ci[p] = ia; }
+        }
+        __syncthreads();
+      }
+    }
+  };
+  // Logit x (index j) goes to cv_/ci where `take` (sh_taken counts them, even past CAP).
+  auto collect = [&](bool take, float x, int j) {
+    const unsigned votes = __ballot_sync(0xffffffffu, take);
+    unsigned first = 0;
+    if (lane == 0 && votes) first = atomicAdd(&sh_taken, (unsigned)__popc(votes));
+    first = __shfl_sync(0xffffffffu, first, 0);
+    const unsigned pos = first + __popc(votes & ((1u << lane) - 1u));
+    if (take && pos < CAP) { cv_[pos] = x; ci[pos] = j; }
+  };
+  // WIDE, threshold path: each thread's largest logit, sorted; the k-th largest of those
+  // maxima is a bound that at least k logits reach (one in each of k threads), and usually
+  // few more. Every logit at or above it is kept when they fit (CAP): two reads of the row
+  // and no histogram (its per-logit warp match and shared atomics on a few hot bins are the
+  // suspected cost of the draw; to be measured). Otherwise the
+  // histogram path below runs as before. Either way the sort below orders a superset of the
+  // top k by (value, index), so the draw is the same.
+  bool kept = false;
+  if constexpr (WIDE) {
+    float mx = -INFINITY;
+    for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {  // warp-uniform
+      float x[U][8];
+      chunks(c0, x);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) mx = x[u][e] > mx ? x[u][e] : mx;  // NaN never wins
+    }
+    cv_[tid] = mx; ci[tid] = tid;
+    if (tid == 0) sh_taken = 0;
+    __syncthreads();
+    sort_desc();
+    const float t = cv_[k - 1];
+    __syncthreads();
+    cv_[tid] = -INFINITY; ci[tid] = 0x7fffffff;
+    __syncthreads();
+    if (t > -INFINITY) {  // uniform
+      for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {
+        float x[U][8];
+        chunks(c0, x);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const float v = x[u][e];
+            collect(v == v && v >= t, v, 8 * (c0 + lane + u * NT) + e);
+          }
+      }
+    }
+    __syncthreads();
+    kept = t > -INFINITY && sh_taken <= CAP;
+  }
+  if (!kept) {  // the histogram path
+  for (int b = tid; b < 2048; b += blockDim.x) wide[b] = 0;
+  __syncthreads();
   if constexpr (WIDE) {
     for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {  // warp-uniform
       float x[U][8];
@@ -213,13 +306,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   __syncthreads();
   const unsigned bstar = sh_bin;
   auto gather = [&](float x, int j) {  // the logits in the bins at and above bstar
-    const bool take = x == x && (okey(x) >> 21) >= bstar;
-    const unsigned votes = __ballot_sync(0xffffffffu, take);
-    unsigned first = 0;
-    if (lane == 0 && votes) first = atomicAdd(&sh_taken, (unsigned)__popc(votes));
-    first = __shfl_sync(0xffffffffu, first, 0);
-    const unsigned pos = first + __popc(votes & ((1u << lane) - 1u));
-    if (take && pos < CAP) { cv_[pos] = x; ci[pos] = j; }
+    collect(x == x && (okey(x) >> 21) >= bstar, x, j);
   };
   if constexpr (WIDE) {
     for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {
@@ -272,21 +359,9 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
       if (take) { unsigned p = atomicAdd(&sh_n, 1u); if (p < CAP) { cv_[p] = x; ci[p] = j; } }
     }
   }  // radix select
+  }  // histogram path
   __syncthreads();
-  // Bitonic sort, descending by value (ties: lower index first).
-  for (int size = 2; size <= CAP; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      int p = tid ^ stride;
-      if (p > tid) {
-        bool desc = (tid & size) == 0;
-        float a = cv_[tid], b = cv_[p];
-        int ia = ci[tid], ib = ci[p];
-        bool a_first = a > b || (a == b && ia < ib);
-        if (desc != a_first) { cv_[tid] = b; cv_[p] = a; ci[tid] = ib; ci[p] = ia; }
-      }
-      __syncthreads();
-    }
-  }
+  sort_desc();
   // Probabilities (unnormalised) and their inclusive prefix sum, in place.
   float top = cv_[0];
   float pr = tid < k ? expf((cv_[tid] - top) / temperature) : 0.f;

@@ -237,8 +237,8 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   // WIDE, threshold path: each thread's largest logit, sorted; the k-th largest of those
   // maxima is a bound that at least k logits reach (one in each of k threads), and usually
   // few more. Every logit at or above it is kept when they fit (CAP): two reads of the row
-  // and no histogram (its per-logit warp match and shared atomics on a few hot bins are the
-  // suspected cost of the draw; to be measured). Otherwise the
+  // and no histogram (its per-logit warp match and shared atomics on a few hot bins: on an
+  // H200 the app's defaults went from 538 to 590 tok/s on the 4B without them). Otherwise the
   // histogram path below runs as before. Either way the sort below orders a superset of the
   // top k by (value, index), so the draw is the same.
   bool kept = false;

@@ -416,22 +416,23 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
 
     be = _backend(dtype)
     rng = np.random.default_rng(V)
-    logits = rng.standard_normal((2, V)).astype(np.float32) * 2
+    logits = rng.standard_normal((3, V)).astype(np.float32) * 2
     if V == 4096:
         logits[1] = np.round(logits[1] * 0.1)  # thousands of ties: the radix select
     dl = _up(be, _round(be, logits))
     be.nvalid = V
     be.picks = cupy.zeros(8, cupy.int32)
-    greedy = cupy.zeros(2, cupy.int32)
+    greedy = cupy.zeros(3, cupy.int32)
     runs = []
     for wide in (False, True):
         be.ops.wide_sampler = wide
-        be.seen = cupy.zeros((2, -(-V // 32)), cupy.uint32)
+        be.seen = cupy.zeros((3, -(-V // 32)), cupy.uint32)
         picks = []
         for step in range(12):
             rows = [
                 Draw(1.5, 50, 0.95, step),
                 Draw(0.8, 1024, 0.9, step, 0.7, 1, (3,) if step == 0 else (), step == 0),
+                Draw(0.7, 20, 0.8, step, 1.5, 2, (), step == 0),  # the app's defaults
             ]
             picks.append(cupy.asnumpy(be.sample_rows(dl, greedy, rows)).tolist())
         runs.append((picks, cupy.asnumpy(be.seen)))
@@ -439,6 +440,33 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
     assert np.array_equal(runs[0][1], runs[1][1])
     assert all(0 <= i < V for p in runs[0][0] for i in p)
     assert len({p[0] for p in runs[0][0]}) > 1  # the draws spread
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("top_k", [3, 20, 50])
+def test_draw_cuts_the_nucleus_in_order(top_k, wide):
+    """Three clear leaders planted out of index order in a 248K row of noise: at top-p just
+    above the first two's share of the top-k mass, every draw is one of those two, and both
+    come up (the candidates sorted by value, not by index or arrival)."""
+    import cupy
+
+    be = _backend("bfloat16")
+    be.ops.wide_sampler = wide
+    V = 248320
+    rng = np.random.default_rng(top_k)
+    logits = rng.standard_normal((1, V)).astype(np.float32)
+    lead = [200001, 17, 99000]  # largest first
+    logits[0, lead] = [12.0, 11.75, 11.25]
+    logits = _round(be, logits)
+    top = np.sort(logits[0])[::-1][:top_k]
+    prob = np.exp(top - top[0])
+    cum = np.cumsum(prob / prob.sum())
+    top_p = float(cum[1]) - 0.02  # the nucleus is the first two
+    assert cum[0] < top_p - 0.05
+    be.nvalid = V
+    dl = _up(be, logits)
+    picks = {int(cupy.asnumpy(be.sample(dl, 1.0, top_k, top_p, seed=s))[0]) for s in range(40)}
+    assert picks == set(lead[:2]), picks
 
 
 @pytest.mark.parametrize("split", [0, 4, 8])

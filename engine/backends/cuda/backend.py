@@ -527,13 +527,15 @@ class CudaBackend(StateMixin, Backend):
         self.ops.argmax(logits, min(self.nvalid, logits.shape[1]), out, self.argmax_work)
         return out
 
-    def sample_rows(self, logits: Any, greedy: Any, rows: list) -> Any:
+    def sample_rows(self, logits: Any, greedy: Any, rows: list, in_place: bool = False) -> Any:
         """The next token of each row of a decode step, on the device: rows[i] None takes
         greedy[i] (the step's argmax), else the `engine.sampling.Draw` draws from logits[i]
         (with a presence penalty, the slot's bitmap of seen ids updated first). Returns int32
-        [len(rows)] on the device."""
-        picks = self.picks[: len(rows)]
-        picks[...] = greedy[: len(rows)]
+        [len(rows)] on the device: greedy itself where in_place (the draws overwrite their
+        rows; no copies), else a copy."""
+        picks = greedy[: len(rows)] if in_place else self.picks[: len(rows)]
+        if not in_place:
+            picks[...] = greedy[: len(rows)]
         for i, d in enumerate(rows):
             if d is None:
                 continue

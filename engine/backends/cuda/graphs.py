@@ -144,9 +144,8 @@ class DecodeGraphs:
             logits, picks = self.replay_next(B)
         else:
             logits, picks = self.replay(batch, ids)
-        if any(r is not None for r in rows):
-            drawn = be.sample_rows(logits, picks, rows)
-            picks[...] = drawn  # what the next step reads as its input ids
+        if any(r is not None for r in rows):  # the draws replace their rows' greedy picks,
+            be.sample_rows(logits, picks, rows, in_place=True)  # which the next step reads
         if not self._pinned or len(self._pinned[0]) < B:  # four slots: two steps in flight
             mem = cupy.cuda.alloc_pinned_memory(4 * 4 * B)
             self._pinned = list(np.frombuffer(mem, np.int32, 4 * B).reshape(4, B))

@@ -209,21 +209,24 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
       }
     }
   };
-  // Bitonic sort of cv_/ci, descending by value (ties: lower index first).
-  auto sort_desc = [&]() {
-    for (int size = 2; size <= CAP; size <<= 1) {
-      for (int stride = size >> 1; stride > 0; stride >>= 1) {
-        int p = tid ^ stride;
-        if (p > tid) {
-          bool desc = (tid & size) == 0;
-          float a = cv_[tid], b = cv_[p];
-          int ia = ci[tid], ib = ci[p];
-          bool a_first = a > b || (a == b && ia < ib);
-          if (desc != a_first) { cv_[tid] = b; cv_[p] = a; ci[tid] = ib; ci[p] = ia; }
-        }
-        __syncthreads();
+  // cv_/ci[0, m) into descending order by (value, index), by rank: each of the first m threads
+  // counts the entries ahead of its own (broadcast reads of shared memory) and moves it there.
+  // Two barriers, where a bitonic sort of CAP entries took 55; the entries are distinct
+  // (every logit is taken at most once), so the ranks are a permutation.
+  auto rank_sort = [&](int m) {
+    float v = 0.f;
+    int i = 0, r = 0;
+    if (tid < m) {
+      v = cv_[tid];
+      i = ci[tid];
+      for (int j = 0; j < m; ++j) {
+        const float w = cv_[j];
+        r += w > v || (w == v && ci[j] < i);
       }
     }
+    __syncthreads();
+    if (tid < m) { cv_[r] = v; ci[r] = i; }
+    __syncthreads();
   };
   // Logit x (index j) goes to cv_/ci where `take` (sh_taken counts them, even past CAP).
   auto collect = [&](bool take, float x, int j) {
@@ -234,7 +237,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
     const unsigned pos = first + __popc(votes & ((1u << lane) - 1u));
     if (take && pos < CAP) { cv_[pos] = x; ci[pos] = j; }
   };
-  // WIDE, threshold path: each thread's largest logit, sorted; the k-th largest of those
+  // WIDE, threshold path: each thread's largest logit; the k-th largest of those
   // maxima is a bound that at least k logits reach (one in each of k threads), and usually
   // few more. Every logit at or above it is kept when they fit (CAP): two reads of the row
   // and no histogram (its per-logit warp match and shared atomics on a few hot bins: on an
@@ -252,12 +255,43 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
 #pragma unroll
         for (int e = 0; e < 8; ++e) mx = x[u][e] > mx ? x[u][e] : mx;  // NaN never wins
     }
-    cv_[tid] = mx; ci[tid] = tid;
+    // The k-th largest maximum without sorting all 1,024: for k <= 32 each warp sorts its
+    // maxima in registers, and the largest of the warps' k-th largest is a first bound t0
+    // (that warp has k maxima at or above it); only maxima at or above t0 are ranked (all
+    // 1,024 where k > 32).
+    __shared__ float sh_warp[32];
+    __shared__ float sh_t;
+    float t0 = -INFINITY;
+    if (k <= 32) {
+      float v = mx;  // bitonic over the warp's lanes, descending: lane l ends with the
+      for (int size = 2; size <= 32; size <<= 1)  // l-th largest
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+          const float o = __shfl_xor_sync(0xffffffffu, v, stride);
+          v = (((lane & size) == 0) == ((lane & stride) == 0)) ? fmaxf(v, o) : fminf(v, o);
+        }
+      v = __shfl_sync(0xffffffffu, v, k - 1);
+      if (lane == 0) sh_warp[tid >> 5] = v;
+    }
+    if (tid == 0) { sh_taken = 0; sh_t = -INFINITY; }
+    __syncthreads();
+    if (k <= 32)
+      for (int w = 0; w < (NT >> 5); ++w) t0 = fmaxf(t0, sh_warp[w]);
+    collect(k > 32 || mx >= t0, mx, tid);
+    __syncthreads();
+    const int c = (int)sh_taken;  // at least k
+    if (tid < c) {  // the value with fewer than k maxima above it and at least k at or above
+      const float v = cv_[tid];
+      int above = 0, reach = 0;
+      for (int j = 0; j < c; ++j) {
+        const float w = cv_[j];
+        above += w > v;
+        reach += w >= v;
+      }
+      if (above < k && reach >= k) sh_t = v;  // every such thread writes the same value
+    }
+    __syncthreads();
+    const float t = sh_t;
     if (tid == 0) sh_taken = 0;
-    __syncthreads();
-    sort_desc();
-    const float t = cv_[k - 1];
-    __syncthreads();
     cv_[tid] = -INFINITY; ci[tid] = 0x7fffffff;
     __syncthreads();
     if (t > -INFINITY) {  // uniform
@@ -361,14 +395,15 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   }  // radix select
   }  // histogram path
   __syncthreads();
-  sort_desc();
+  // The candidates: sh_taken of them (at most CAP) unless the radix select ran (sh_n, k).
+  rank_sort((int)min(sh_taken > CAP ? sh_n : sh_taken, (unsigned)CAP));
   // Probabilities (unnormalised) and their inclusive prefix sum, in place.
   float top = cv_[0];
   float pr = tid < k ? expf((cv_[tid] - top) / temperature) : 0.f;
   __syncthreads();
   cv_[tid] = pr;
   __syncthreads();
-  for (int off = 1; off < CAP; off <<= 1) {
+  for (int off = 1; off < k; off <<= 1) {  // entries from k on are never read
     float add = tid >= off ? cv_[tid - off] : 0.f;
     __syncthreads();
     cv_[tid] += add;

@@ -79,9 +79,9 @@ def test_sampled_replies_are_drawn_on_the_device(model_dir, monkeypatch):
     be, draws = engine.backend, []
     real = be.sample_rows
 
-    def spy(logits, greedy, rows):
+    def spy(logits, greedy, rows, **kw):
         draws.append(rows)
-        return real(logits, greedy, rows)
+        return real(logits, greedy, rows, **kw)
 
     monkeypatch.setattr(be, "sample_rows", spy)
     params = GenerationParams(max_new_tokens=16, temperature=1.0, top_k=20, top_p=0.9, seed=7)

@@ -411,7 +411,8 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
     reading one, so the same seeds give the same picks: with and without a presence penalty
     (each draw marking its pick), at temperatures that spread the draw, and where the top
     bins hold more than 1024 logits (the radix select). At 1001 the last chunk of eight is
-    cut short (and the second row, not 16-byte aligned, takes the narrow kernel)."""
+    cut short (and the second row, not 16-byte aligned, takes the narrow kernel). The third
+    row draws with the app's defaults (top-k 20): at 248320 the wide draw is the split one."""
     import cupy
 
     be = _backend(dtype)
@@ -422,6 +423,7 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
     dl = _up(be, _round(be, logits))
     be.nvalid = V
     be.picks = cupy.zeros(8, cupy.int32)
+    be.draw_cand = _draw_cand()  # the app's defaults take the split draw at 248320 (wide)
     greedy = cupy.zeros(3, cupy.int32)
     runs = []
     for wide in (False, True):
@@ -447,7 +449,9 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
 def test_draw_cuts_the_nucleus_in_order(top_k, wide):
     """Three clear leaders planted out of index order in a 248K row of noise: at top-p just
     above the first two's share of the top-k mass, every draw is one of those two, and both
-    come up (the candidates sorted by value, not by index or arrival)."""
+    come up (the candidates sorted by value, not by index or arrival). Wide with top-k <= 32
+    this is the split draw (draw_candidates first); a flat row overflows its blocks' slots,
+    and the draw falls back to reading the row."""
     import cupy
 
     be = _backend("bfloat16")
@@ -464,9 +468,33 @@ def test_draw_cuts_the_nucleus_in_order(top_k, wide):
     top_p = float(cum[1]) - 0.02  # the nucleus is the first two
     assert cum[0] < top_p - 0.05
     be.nvalid = V
+    be.counter = cupy.zeros(8, cupy.uint32)
+    be.draw_cand = _draw_cand()
     dl = _up(be, logits)
     picks = {int(cupy.asnumpy(be.sample(dl, 1.0, top_k, top_p, seed=s))[0]) for s in range(40)}
     assert picks == set(lead[:2]), picks
+    counts = cupy.asnumpy(be.draw_cand[2])
+    if wide and top_k <= 32:  # the split draw ran: every block kept a few, all fitted
+        assert (counts >= top_k).all() and (counts <= 64).all(), counts
+    else:
+        assert not counts.any()
+    # A flat row (every block's candidates overflow: the draw reads the row itself).
+    flat = np.zeros((1, V), np.float32)
+    flat[0, lead] = 1.0
+    dl = _up(be, flat)
+    for s in range(4):
+        assert int(cupy.asnumpy(be.sample(dl, 0.01, top_k, 1.0, seed=s))[0]) in lead
+    if wide and top_k <= 32:
+        assert (cupy.asnumpy(be.draw_cand[2]) > 64).all()
+
+
+def _draw_cand():
+    import cupy
+
+    from engine.backends.cuda.ops import DRAW_CAP, DRAW_NB
+
+    n = DRAW_NB * DRAW_CAP
+    return cupy.zeros(n, cupy.float32), cupy.zeros(n, cupy.int32), cupy.zeros(DRAW_NB, cupy.uint32)
 
 
 @pytest.mark.parametrize("split", [0, 4, 8])

@@ -79,6 +79,7 @@ class CudaBackend(StateMixin, Backend):
         self.argmax_work: Any = None  # greedy picks split over blocks (Ops.argmax)
         self.picks: Any = None  # each decode row's next token (sample_rows)
         self.seen: Any = None  # per slot, a bitmap of the ids its reply has (presence penalty)
+        self.draw_cand: Any = None  # the split draw's candidates (Ops.sample)
         # Invariant 7: when the plan has no room for an untied embedding table on the card,
         # it stays in host memory; each forward's rows are gathered on the host and copied
         # into `emb_rows` with the batch layout (so a captured graph reads them too).
@@ -99,6 +100,7 @@ class CudaBackend(StateMixin, Backend):
         if self.meta is not None:
             small = self.meta.nbytes + self.counter.nbytes + self.argmax_work.nbytes
             small += self.picks.nbytes + self.seen.nbytes
+            small += sum(a.nbytes for a in self.draw_cand)
         return self.pool.held_bytes + small
 
     def weight_bytes(self, checkpoint: Any) -> dict[str, int]:
@@ -556,6 +558,7 @@ class CudaBackend(StateMixin, Backend):
                 picks[i : i + 1],
                 seen,
                 d.penalty,
+                self.draw_cand,
             )
         return picks
 
@@ -577,5 +580,6 @@ class CudaBackend(StateMixin, Backend):
             seed,
             self.counter,
             out,
+            cand=self.draw_cand,
         )
         return out

@@ -24,6 +24,9 @@ from engine.backends.cuda.launch import launch_pdl, pdl_available
 from engine.backends.cuda.modules import function
 from engine.backends.cuda.weights import DWeight, QWeight
 
+# The split draw's grid and each block's candidate slots (DRAW_NB, DRAW_CAP in sample.cu).
+DRAW_NB, DRAW_CAP = 128, 64
+
 i32, f32 = np.int32, np.float32
 
 
@@ -82,6 +85,10 @@ class Ops(GemvMixin):
         # instead of one: the same tokens (device tests at c2ee595), 4B replies with the
         # app's defaults 431 -> 453 tok/s.
         self.wide_sampler = True
+        # A wide draw of one row with top-k <= 32 over a vocabulary of at least this many:
+        # the row's candidates found by DRAW_NB blocks first (draw_candidates), then the
+        # draw's block reads those instead of the row. 0: off.
+        self.split_draw_min = 1 << 16
         self.graphing = False
 
     def k(self, file: str, symbol: str) -> Any:
@@ -480,9 +487,39 @@ class Ops(GemvMixin):
         self.run("sample.cu", "mark_seen", (1,), (1024,), args)
 
     def sample(
-        self, logits, nvalid, top_k, top_p, temperature, seed, counter, out, seen=None, penalty=0.0
+        self,
+        logits,
+        nvalid,
+        top_k,
+        top_p,
+        temperature,
+        seed,
+        counter,
+        out,
+        seen=None,
+        penalty=0.0,
+        cand=None,
     ):
+        """The draw (sample.cu). cand: (values float32, ids int32, counts uint32) of
+        DRAW_NB * DRAW_CAP, DRAW_NB, DRAW_NB slots, for the split draw where it applies."""
         wide = self.wide_sampler and logits.data.ptr % 16 == 0 and logits.strides[0] % 16 == 0
+        split = (
+            wide
+            and cand is not None
+            and logits.shape[0] == 1
+            and top_k <= 32
+            and 0 < self.split_draw_min <= nvalid
+        )
+        none = np.uint64(0)
+        if split:
+            self.run(
+                "sample.cu",
+                "draw_candidates",
+                (DRAW_NB,),
+                (256,),
+                (logits, i32(nvalid), i32(top_k), none if seen is None else seen, f32(penalty))
+                + tuple(cand),
+            )
         self.run(
             "sample.cu",
             f"sample_topk_topp<{'true' if wide else 'false'}>",
@@ -500,5 +537,6 @@ class Ops(GemvMixin):
                 out,
                 np.uint64(0) if seen is None else seen,
                 f32(penalty),
-            ),
+            )
+            + (tuple(cand) if split else (none, none, none)),
         )

@@ -130,17 +130,104 @@ __device__ __forceinline__ void chunk8(const act_t* __restrict__ row, int j0, in
   }
 }
 
+// The k-th largest (1 <= k <= 32) of the block's values, one a thread: each warp sorts its
+// values in registers (bitonic over the lanes); the largest of the warps' k-th largest, t0, is
+// a bound (that warp has k values at or above it), and only the values at or above t0 are
+// ranked, in `vals` (shared, a float a thread). count, warp_kth and result are shared scratch.
+__device__ float kth_largest32(float v, int k, float* vals, float* warp_kth, unsigned* count,
+                               float* result) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  float s = v;
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {  // lane l ends with the l-th largest
+      const float o = __shfl_xor_sync(0xffffffffu, s, stride);
+      s = (((lane & size) == 0) == ((lane & stride) == 0)) ? fmaxf(s, o) : fminf(s, o);
+    }
+  s = __shfl_sync(0xffffffffu, s, k - 1);
+  if (lane == 0) warp_kth[tid >> 5] = s;
+  if (tid == 0) { *count = 0; *result = -INFINITY; }
+  __syncthreads();
+  float t0 = -INFINITY;
+  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t0 = fmaxf(t0, warp_kth[w]);
+  if (v >= t0) vals[atomicAdd(count, 1u)] = v;
+  __syncthreads();
+  const int c = (int)*count;  // at least k
+  if (tid < c) {  // the value with fewer than k above it and at least k at or above it
+    const float x = vals[tid];
+    int above = 0, reach = 0;
+    for (int j = 0; j < c; ++j) {
+      above += vals[j] > x;
+      reach += vals[j] >= x;
+    }
+    if (above < k && reach >= k) *result = x;  // every such thread writes the same value
+  }
+  __syncthreads();
+  return *result;
+}
+
+// The first half of a top-k draw (k <= 32) of one row, spread over the GPU: one block of 1,024
+// threads reading a 248K vocabulary took about 64 us on an H200, most of it issuing the
+// per-logit work on one SM. grid (DRAW_NB), 256 threads; the row 16-byte aligned. Block b takes
+// a stretch of chunks of eight logits (presence penalty taken off) and keeps every logit at or
+// above the k-th largest of its threads' maxima in cand_v/cand_i[b * DRAW_CAP, ...): the
+// block's top k are among them (k of its logits reach that bound), so the row's top k are
+// among all the blocks' candidates. cand_n[b] counts them, past DRAW_CAP where they did not
+// fit (then the draw reads the whole row itself).
+#define DRAW_NB 128
+#define DRAW_CAP 64
+extern "C" __global__ void __launch_bounds__(256)
+draw_candidates(const act_t* __restrict__ row, int nvalid, int k, const unsigned* __restrict__ seen,
+                float penalty, float* __restrict__ cand_v, int* __restrict__ cand_i,
+                unsigned* __restrict__ cand_n) {
+  pdl_start();
+  __shared__ float vals[256], warp_kth[8], sh_t;
+  __shared__ unsigned sh_count, sh_n;
+  const int nch = (nvalid + 7) >> 3, per = (nch + gridDim.x - 1) / gridDim.x;
+  const int c0 = blockIdx.x * per, c1 = min(nch, c0 + per);
+  float mx = -INFINITY;
+  for (int c = c0 + (int)threadIdx.x; c < c1; c += blockDim.x) {
+    float x[8];
+    chunk8(row, 8 * c, nvalid, seen, penalty, x);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) mx = x[e] > mx ? x[e] : mx;  // NaN never wins
+  }
+  const float t = kth_largest32(mx, k, vals, warp_kth, &sh_count, &sh_t);
+  if (threadIdx.x == 0) sh_n = 0;
+  __syncthreads();
+  float* bv = cand_v + blockIdx.x * DRAW_CAP;
+  int* bi = cand_i + blockIdx.x * DRAW_CAP;
+  for (int c = c0 + (int)threadIdx.x; c < c1; c += blockDim.x) {  // the stretch again (L1/L2)
+    float x[8];
+    chunk8(row, 8 * c, nvalid, seen, penalty, x);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (x[e] == x[e] && x[e] >= t) {
+        const unsigned p = atomicAdd(&sh_n, 1u);
+        if (p < DRAW_CAP) { bv[p] = x[e]; bi[p] = 8 * c + e; }
+      }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) cand_n[blockIdx.x] = sh_n;
+}
+
 // grid (S), 1024 threads. Keeps the top_k (1..1024) logits, scales by 1/temperature, keeps the
 // smallest prefix whose probability reaches top_p, draws one. counter[s] advances per call;
 // with counter null the draw depends on the seed alone (a caller that seeds every call).
 // WIDE: the two reads of the row take 32 logits a thread at a time (four 16-byte loads in
 // flight, rows 16-byte aligned: the wrapper checks), not one, so each read waits for memory
 // 8 times on a 248K vocabulary instead of 243; the same candidates come out, so the same draw.
+// cand_v non-null (WIDE, one row, k <= 32): draw_candidates ran first, and the threshold path
+// reads its candidates instead of the row (the whole row where a block's did not fit).
 template <bool WIDE>
 __global__ void __launch_bounds__(1024, 1)
 sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_k, float top_p,
                  float temperature, unsigned long long seed, unsigned* __restrict__ counter,
-                 int* __restrict__ out, unsigned* __restrict__ seen, float penalty) {
+                 int* __restrict__ out, unsigned* __restrict__ seen, float penalty,
+                 const float* __restrict__ cand_v, const int* __restrict__ cand_i,
+                 const unsigned* __restrict__ cand_n) {
+  static_assert(DRAW_NB * DRAW_CAP == 8 * CAP, "eight candidates a thread");
   pdl_start();
   // The presence penalty, in fp32 as the logit is read: `penalty` off every id whose bit is set
   // in `seen` (this row's bitmap; null: none). The drawn id's bit is set at the end.
@@ -225,6 +312,26 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
       }
     }
   };
+  // cv_/ci[0, m) into descending order by (value, index), by rank: each of the first m threads
+  // counts the entries ahead of its own (broadcast reads of shared memory) and moves it there.
+  // Two barriers where the bitonic sort takes 55, but m rounds of reads (the bitonic sort
+  // where m is large); the entries are distinct (every logit is taken at most once), so the
+  // ranks are a permutation.
+  auto rank_sort = [&](int m) {
+    float v = 0.f;
+    int i = 0, r = 0;
+    if (tid < m) {
+      v = cv_[tid];
+      i = ci[tid];
+      for (int j = 0; j < m; ++j) {
+        const float w = cv_[j];
+        r += w > v || (w == v && ci[j] < i);
+      }
+    }
+    __syncthreads();
+    if (tid < m) { cv_[r] = v; ci[r] = i; }
+    __syncthreads();
+  };
   // Logit x (index j) goes to cv_/ci where `take` (sh_taken counts them, even past CAP).
   auto collect = [&](bool take, float x, int j) {
     const unsigned votes = __ballot_sync(0xffffffffu, take);
@@ -234,7 +341,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
     const unsigned pos = first + __popc(votes & ((1u << lane) - 1u));
     if (take && pos < CAP) { cv_[pos] = x; ci[pos] = j; }
   };
-  // WIDE, threshold path: each thread's largest logit, sorted; the k-th largest of those
+  // WIDE, threshold path: each thread's largest logit; the k-th largest of those
   // maxima is a bound that at least k logits reach (one in each of k threads), and usually
   // few more. Every logit at or above it is kept when they fit (CAP): two reads of the row
   // and no histogram (its per-logit warp match and shared atomics on a few hot bins: on an
@@ -243,24 +350,64 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   // top k by (value, index), so the draw is the same.
   bool kept = false;
   if constexpr (WIDE) {
+    // candidate mode: this thread's eight of draw_candidates' DRAW_NB * DRAW_CAP slots
+    // (-inf past a block's count); `over` where some block had more than it could keep.
+    const int e0 = tid * 8;
+    const unsigned nb = cand_v != nullptr ? cand_n[e0 / DRAW_CAP] : 0u;
+    auto cands = [&](float (&x)[8], int (&j)[8]) {
+      const float4* v4 = reinterpret_cast<const float4*>(cand_v + e0);
+      const int4* i4 = reinterpret_cast<const int4*>(cand_i + e0);
+      const float4 va = v4[0], vb = v4[1];
+      const int4 ia = i4[0], ib = i4[1];
+      const float vv[8] = {va.x, va.y, va.z, va.w, vb.x, vb.y, vb.z, vb.w};
+      const int ii[8] = {ia.x, ia.y, ia.z, ia.w, ib.x, ib.y, ib.z, ib.w};
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const bool ok = (unsigned)((e0 % DRAW_CAP) + q) < nb;
+        x[q] = ok ? vv[q] : -INFINITY;
+        j[q] = ok ? ii[q] : 0x7fffffff;
+      }
+    };
     float mx = -INFINITY;
-    for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {  // warp-uniform
-      float x[U][8];
-      chunks(c0, x);
+    if (cand_v != nullptr) {
+      float x[8];
+      int j[8];
+      cands(x, j);
 #pragma unroll
-      for (int u = 0; u < U; ++u)
+      for (int q = 0; q < 8; ++q) mx = fmaxf(mx, x[q]);
+    } else {
+      for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {  // warp-uniform
+        float x[U][8];
+        chunks(c0, x);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) mx = x[u][e] > mx ? x[u][e] : mx;  // NaN never wins
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) mx = x[u][e] > mx ? x[u][e] : mx;  // NaN never wins
+      }
     }
-    cv_[tid] = mx; ci[tid] = tid;
+    const bool over = __syncthreads_or(nb > DRAW_CAP);
+    // The k-th largest of the threads' maxima (a bitonic sort of all 1,024 for k > 32).
+    __shared__ float sh_warp[32], sh_t;
+    float t = -INFINITY;
+    if (!over && k <= 32) {
+      t = kth_largest32(mx, k, cv_, sh_warp, &sh_taken, &sh_t);
+    } else if (!over) {
+      cv_[tid] = mx; ci[tid] = tid;
+      __syncthreads();
+      sort_desc();
+      t = cv_[k - 1];
+      __syncthreads();
+    }
     if (tid == 0) sh_taken = 0;
-    __syncthreads();
-    sort_desc();
-    const float t = cv_[k - 1];
-    __syncthreads();
     cv_[tid] = -INFINITY; ci[tid] = 0x7fffffff;
     __syncthreads();
-    if (t > -INFINITY) {  // uniform
+    if (t > -INFINITY && cand_v != nullptr) {  // uniform
+      float x[8];
+      int j[8];
+      cands(x, j);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) collect(x[q] >= t, x[q], j[q]);
+    } else if (t > -INFINITY) {
       for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {
         float x[U][8];
         chunks(c0, x);
@@ -361,14 +508,19 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   }  // radix select
   }  // histogram path
   __syncthreads();
-  sort_desc();
+  // The candidates: sh_taken of them (at most CAP) unless the radix select ran (sh_n, k).
+  const int m = (int)min(sh_taken > CAP ? sh_n : sh_taken, (unsigned)CAP);
+  if (m <= 128)
+    rank_sort(m);
+  else
+    sort_desc();
   // Probabilities (unnormalised) and their inclusive prefix sum, in place.
   float top = cv_[0];
   float pr = tid < k ? expf((cv_[tid] - top) / temperature) : 0.f;
   __syncthreads();
   cv_[tid] = pr;
   __syncthreads();
-  for (int off = 1; off < CAP; off <<= 1) {
+  for (int off = 1; off < k; off <<= 1) {  // entries from k on are never read
     float add = tid >= off ? cv_[tid - off] : 0.f;
     __syncthreads();
     cv_[tid] += add;

@@ -212,6 +212,29 @@ draw_candidates(const act_t* __restrict__ row, int nvalid, int k, const unsigned
   if (threadIdx.x == 0) cand_n[blockIdx.x] = sh_n;
 }
 
+// f(value, index) for every logit of the row, warp-uniform: WIDE through `chunks` (U chunks of
+// eight a thread a round), else `val` one a thread a round; NaN stands for what is past it.
+template <bool WIDE, int U, class F, class Chunks, class Val>
+__device__ __forceinline__ void each_logit(F&& f, Chunks& chunks, Val& val, const act_t* row,
+                                           int nvalid) {
+  const int lane = threadIdx.x & 31, NT = blockDim.x;
+  if constexpr (WIDE) {
+    for (int c0 = threadIdx.x - lane; c0 < (nvalid + 7) >> 3; c0 += NT * U) {
+      float x[U][8];
+      chunks(c0, x);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f(x[u][e], 8 * (c0 + lane + u * NT) + e);
+    }
+  } else {
+    for (int base = threadIdx.x - lane; base < nvalid; base += NT) {
+      const int j = base + lane;
+      f(j < nvalid ? val(row, j) : __int_as_float(0x7fffffff), j);
+    }
+  }
+}
+
 // grid (S), 1024 threads. Keeps the top_k (1..1024) logits, scales by 1/temperature, keeps the
 // smallest prefix whose probability reaches top_p, draws one. counter[s] advances per call;
 // with counter null the draw depends on the seed alone (a caller that seeds every call).
@@ -376,14 +399,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
 #pragma unroll
       for (int q = 0; q < 8; ++q) mx = fmaxf(mx, x[q]);
     } else {
-      for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {  // warp-uniform
-        float x[U][8];
-        chunks(c0, x);
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) mx = x[u][e] > mx ? x[u][e] : mx;  // NaN never wins
-      }
+      each_logit<WIDE, U>([&](float v, int) { mx = v > mx ? v : mx; }, chunks, val, row, nvalid);
     }
     const bool over = __syncthreads_or(nb > DRAW_CAP);
     // The k-th largest of the threads' maxima (a bitonic sort of all 1,024 for k > 32).
@@ -408,17 +424,8 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
 #pragma unroll
       for (int q = 0; q < 8; ++q) collect(x[q] >= t, x[q], j[q]);
     } else if (t > -INFINITY) {
-      for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {
-        float x[U][8];
-        chunks(c0, x);
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float v = x[u][e];
-            collect(v == v && v >= t, v, 8 * (c0 + lane + u * NT) + e);
-          }
-      }
+      each_logit<WIDE, U>([&](float v, int j) { collect(v == v && v >= t, v, j); }, chunks, val,
+                          row, nvalid);
     }
     __syncthreads();
     kept = t > -INFINITY && sh_taken <= CAP;
@@ -426,21 +433,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   if (!kept) {  // the histogram path
   for (int b = tid; b < 2048; b += blockDim.x) wide[b] = 0;
   __syncthreads();
-  if constexpr (WIDE) {
-    for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {  // warp-uniform
-      float x[U][8];
-      chunks(c0, x);
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) count(x[u][e]);
-    }
-  } else {
-    for (int base = tid - lane; base < nvalid; base += NT) {  // warp-uniform
-      const int j = base + lane;
-      count(j < nvalid ? val(row, j) : qnan);
-    }
-  }
+  each_logit<WIDE, U>([&](float v, int) { count(v); }, chunks, val, row, nvalid);
   __syncthreads();
   if (tid == 0) {
     unsigned cum = 0;
@@ -455,21 +448,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   auto gather = [&](float x, int j) {  // the logits in the bins at and above bstar
     collect(x == x && (okey(x) >> 21) >= bstar, x, j);
   };
-  if constexpr (WIDE) {
-    for (int c0 = tid - lane; c0 < nch; c0 += NT * U) {
-      float x[U][8];
-      chunks(c0, x);
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) gather(x[u][e], 8 * (c0 + lane + u * NT) + e);
-    }
-  } else {
-    for (int base = tid - lane; base < nvalid; base += NT) {
-      const int j = base + lane;
-      gather(j < nvalid ? val(row, j) : qnan, j);
-    }
-  }
+  each_logit<WIDE, U>(gather, chunks, val, row, nvalid);
   __syncthreads();
   if (sh_taken > CAP) {
     unsigned prefix = 0, mask = 0, krem = k;

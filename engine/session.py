@@ -92,10 +92,9 @@ def select_backend(settings: EngineSettings, max_rows: int = 512) -> Backend:
 def _device_dtype(settings: EngineSettings) -> str:
     """The compute dtype for this GPU: bf16 needs compute capability 8.0 (Ampere) or newer,
     so older cards (GTX 16xx, RTX 20xx) run in fp16 instead."""
-    import cupy
+    from engine.backends.cuda.launch import compute_capability
 
-    major = int(cupy.cuda.Device().compute_capability) // 10
-    if settings.compute_dtype == "bfloat16" and major < 8:
+    if settings.compute_dtype == "bfloat16" and compute_capability() < 80:
         return "float16"
     return settings.compute_dtype
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.cuda.launch import on_stream
+from engine.backends.cuda.launch import compute_capability, on_stream
 from engine.backends.cuda.weights import QWeight
 
 i32, f32 = np.int32, np.float32
@@ -245,7 +245,7 @@ class GemvMixin:
             self._smem_optin = cupy.cuda.runtime.deviceGetAttribute(97, dev.id)  # opt-in max
             # mma.m16n8k16 on half types and cp.async need compute capability 8.0: older
             # cards (GTX 16xx, RTX 20xx, in fp16) run the SIMT kernel and separate norms.
-            self._mma_ok = int(dev.compute_capability) >= 80
+            self._mma_ok = compute_capability() >= 80
         return self._mma_ok
 
     def _gemv4_room(self, rows: int, cols: int) -> bool:

@@ -97,12 +97,22 @@ def _driver_launch() -> Any:
     return fn
 
 
-def pdl_available() -> bool:
-    """True on a compute capability 9.0+ device whose driver has `cuLaunchKernelEx`."""
+_CAPABILITY: dict[int, int] = {}
+
+
+def compute_capability() -> int:
+    """The current device's compute capability, major * 10 + minor (asked once a device)."""
     import cupy
 
-    major = int(cupy.cuda.Device().compute_capability) // 10
-    return major >= 9 and _driver_launch() is not None
+    dev = cupy.cuda.Device()
+    if dev.id not in _CAPABILITY:
+        _CAPABILITY[dev.id] = int(dev.compute_capability)
+    return _CAPABILITY[dev.id]
+
+
+def pdl_available() -> bool:
+    """True on a compute capability 9.0+ device whose driver has `cuLaunchKernelEx`."""
+    return compute_capability() >= 90 and _driver_launch() is not None
 
 
 def _param(arg: Any) -> Any:

@@ -20,7 +20,7 @@ from engine.backends.cuda.gemv import (
     GemvMixin,
     _cdiv,
 )
-from engine.backends.cuda.launch import launch_pdl, pdl_available
+from engine.backends.cuda.launch import compute_capability, launch_pdl, pdl_available
 from engine.backends.cuda.modules import function
 from engine.backends.cuda.weights import DWeight, QWeight
 
@@ -72,7 +72,6 @@ class Ops(GemvMixin):
         # launches go through CuPy, whose launch path costs less host time.
         self.pdl = overlap and pdl_available()
         self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
-        self._cc: int | None = None  # compute capability (major * 10 + minor), asked once
         self.chunked_prefill = True  # windows use gdn_chunk (benchmarks compare both)
         # A decode step's DeltaNet in one launch (gdn_step); off: gdn_prep and gdn_scan
         # (benchmarks compare both).
@@ -382,12 +381,8 @@ class Ops(GemvMixin):
         P = self.gdn_split
         if not P or not self.gdn_step_shape(Hk, Hv, dk, dv):
             return None
-        if self._cc is None:
-            import cupy
-
-            self._cc = int(cupy.cuda.Device().compute_capability)
         cols = Hv // Hk * dv
-        if self._cc < 90 or cols % P or dv % (cols // P):
+        if compute_capability() < 90 or cols % P or dv % (cols // P):
             return None
         cb = cols // P
         for nc in (8, 4, 2, 1):

@@ -119,7 +119,20 @@ def main() -> None:
             run(f"{name} draw, top-k {k}, penalty 1.5", draw)
         run(f"{name}: sample_rows, the app's defaults, in place",
             lambda: be.sample_rows(logits, out, DEFAULTS, in_place=True))  # fmt: skip
+    # The split draw's two kernels one at a time (the draw's block reads the candidates the
+    # last draw_candidates left, as it does after it).
     be.ops.wide_sampler, be.ops.split_draw_min = True, 1 << 16
+    seen, cand = be.seen[0], be.draw_cand
+    run("split, top-k 20: draw_candidates alone",
+        lambda: be.ops.draw_candidates(logits, args.vocab, 20, seen, 1.5, cand))  # fmt: skip
+    real = be.ops.draw_candidates
+    be.ops.draw_candidates = lambda *a: None
+    try:
+        run("split, top-k 20: the draw's block alone",
+            lambda: be.ops.sample(logits, args.vocab, 20, 0.8, 0.7, 1, None, out, be.seen[0], 1.5,
+                                  be.draw_cand))  # fmt: skip
+    finally:
+        be.ops.draw_candidates = real
     meta = {"vocab": args.vocab, "dtype": args.dtype, "calls": args.calls, "reps": args.reps}
     path = Path(args.out)
     path.mkdir(parents=True, exist_ok=True)

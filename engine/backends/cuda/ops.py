@@ -481,6 +481,19 @@ class Ops(GemvMixin):
         args = (seen, i32(seen.size), np.uint64(0) if ids is None else ids, i32(n), i32(clear))
         self.run("sample.cu", "mark_seen", (1,), (1024,), args)
 
+    def draw_candidates(self, logits, nvalid, top_k, seen, penalty, cand) -> None:
+        """The split draw's first half (sample.cu): each of DRAW_NB blocks keeps its stretch's
+        candidates for the top_k of one row in `cand`."""
+        none = np.uint64(0)
+        self.run(
+            "sample.cu",
+            "draw_candidates",
+            (DRAW_NB,),
+            (256,),
+            (logits, i32(nvalid), i32(top_k), none if seen is None else seen, f32(penalty))
+            + tuple(cand),
+        )
+
     def sample(
         self,
         logits,
@@ -507,14 +520,7 @@ class Ops(GemvMixin):
         )
         none = np.uint64(0)
         if split:
-            self.run(
-                "sample.cu",
-                "draw_candidates",
-                (DRAW_NB,),
-                (256,),
-                (logits, i32(nvalid), i32(top_k), none if seen is None else seen, f32(penalty))
-                + tuple(cand),
-            )
+            self.draw_candidates(logits, nvalid, top_k, seen, penalty, cand)
         self.run(
             "sample.cu",
             f"sample_topk_topp<{'true' if wide else 'false'}>",

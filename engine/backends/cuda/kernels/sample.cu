@@ -130,27 +130,46 @@ __device__ __forceinline__ void chunk8(const act_t* __restrict__ row, int j0, in
   }
 }
 
-// The k-th largest (1 <= k <= 32) of the block's values, one a thread: each warp sorts its
-// values in registers (bitonic over the lanes); the largest of the warps' k-th largest, t0, is
-// a bound (that warp has k values at or above it), and only the values at or above t0 are
-// ranked, in `vals` (shared, a float a thread). count, warp_kth and result are shared scratch.
-__device__ float kth_largest32(float v, int k, float* vals, float* warp_kth, unsigned* count,
-                               float* result) {
-  const int tid = threadIdx.x, lane = tid & 31;
-  float s = v;
+// The lanes' values in descending order (lane l ends with the warp's l-th largest).
+__device__ __forceinline__ float sort32_desc(float s) {
+  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int size = 2; size <= 32; size <<= 1)
 #pragma unroll
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {  // lane l ends with the l-th largest
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
       const float o = __shfl_xor_sync(0xffffffffu, s, stride);
       s = (((lane & size) == 0) == ((lane & stride) == 0)) ? fmaxf(s, o) : fminf(s, o);
     }
-  s = __shfl_sync(0xffffffffu, s, k - 1);
-  if (lane == 0) warp_kth[tid >> 5] = s;
+  return s;
+}
+
+// The k-th largest (1 <= k <= 32) of the block's values, one a thread. Two bounds that at
+// least k values reach: the largest of the warps' k-th largest (that warp has k values at or
+// above it) and, where k is at most the number of warps, the k-th largest of the warps'
+// maxima (k warps have one each). Only the values at or above the higher bound are ranked, in
+// `vals` (shared, a float a thread). The second bound is what keeps that set small where
+// most values are -inf (the split draw's candidate slots: a warp there sees four blocks'
+// 20-odd candidates among 256 slots, so every warp's 20th largest was -inf, all 1,024 values
+// were ranked against each other and the draw took 43 us on an H200 instead of 6).
+// warp_kth (2 floats a warp), count and result are shared scratch.
+__device__ float kth_largest32(float v, int k, float* vals, float* warp_kth, unsigned* count,
+                               float* result) {
+  const int tid = threadIdx.x, lane = tid & 31, nw = blockDim.x >> 5;
+  const float s = sort32_desc(v);
+  const float wk = __shfl_sync(0xffffffffu, s, k - 1), wmax = __shfl_sync(0xffffffffu, s, 0);
+  if (lane == 0) {
+    warp_kth[tid >> 5] = wk;
+    warp_kth[nw + (tid >> 5)] = wmax;
+  }
   if (tid == 0) { *count = 0; *result = -INFINITY; }
   __syncthreads();
-  float t0 = -INFINITY;
-  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t0 = fmaxf(t0, warp_kth[w]);
+  if (tid < 32 && k <= nw) {  // the k-th largest of the warps' maxima
+    const float m = sort32_desc(lane < nw ? warp_kth[nw + lane] : -INFINITY);
+    if (lane == k - 1) warp_kth[2 * nw] = m;
+  }
+  __syncthreads();
+  float t0 = k <= nw ? warp_kth[2 * nw] : -INFINITY;
+  for (int w = 0; w < nw; ++w) t0 = fmaxf(t0, warp_kth[w]);
   if (v >= t0) vals[atomicAdd(count, 1u)] = v;
   __syncthreads();
   const int c = (int)*count;  // at least k
@@ -182,7 +201,7 @@ draw_candidates(const act_t* __restrict__ row, int nvalid, int k, const unsigned
                 float penalty, float* __restrict__ cand_v, int* __restrict__ cand_i,
                 unsigned* __restrict__ cand_n) {
   pdl_start();
-  __shared__ float vals[256], warp_kth[8], sh_t;
+  __shared__ float vals[256], warp_kth[2 * 8 + 1], sh_t;
   __shared__ unsigned sh_count, sh_n;
   const int nch = (nvalid + 7) >> 3, per = (nch + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(nch, c0 + per);
@@ -403,7 +422,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
     }
     const bool over = __syncthreads_or(nb > DRAW_CAP);
     // The k-th largest of the threads' maxima (a bitonic sort of all 1,024 for k > 32).
-    __shared__ float sh_warp[32], sh_t;
+    __shared__ float sh_warp[2 * 32 + 1], sh_t;
     float t = -INFINITY;
     if (!over && k <= 32) {
       t = kth_largest32(mx, k, cv_, sh_warp, &sh_taken, &sh_t);

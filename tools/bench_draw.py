@@ -129,8 +129,8 @@ def main() -> None:
     be.ops.draw_candidates = lambda *a: None
     try:
         run("split, top-k 20: the draw's block alone",
-            lambda: be.ops.sample(logits, args.vocab, 20, 0.8, 0.7, 1, None, out, be.seen[0], 1.5,
-                                  be.draw_cand))  # fmt: skip
+            lambda: be.ops.sample(logits, args.vocab, 20, 0.8, 0.7, 1, None, out, seen, 1.5,
+                                  cand))  # fmt: skip
     finally:
         be.ops.draw_candidates = real
     meta = {"vocab": args.vocab, "dtype": args.dtype, "calls": args.calls, "reps": args.reps}

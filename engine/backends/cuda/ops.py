@@ -30,6 +30,11 @@ DRAW_NB, DRAW_CAP = 128, 64
 i32, f32 = np.int32, np.float32
 
 
+def _or_null(a: Any) -> Any:
+    """A kernel argument for an optional array: the array, or a null pointer."""
+    return np.uint64(0) if a is None else a
+
+
 def _chunk_smem(gc: int) -> int:
     """Shared-memory bytes of gdn_chunk<gc> (the buffers listed at the top of gdn_chunk.cu)."""
     ldk, ldv, ldc = 129, 33, gc + 1
@@ -478,20 +483,18 @@ class Ops(GemvMixin):
     def mark_seen(self, seen, ids, clear: bool) -> None:
         """Clear `seen` (one row's bitmap of ids) if asked, then set the bits of `ids`."""
         n = 0 if ids is None else ids.size
-        args = (seen, i32(seen.size), np.uint64(0) if ids is None else ids, i32(n), i32(clear))
+        args = (seen, i32(seen.size), _or_null(ids), i32(n), i32(clear))
         self.run("sample.cu", "mark_seen", (1,), (1024,), args)
 
     def draw_candidates(self, logits, nvalid, top_k, seen, penalty, cand) -> None:
         """The split draw's first half (sample.cu): each of DRAW_NB blocks keeps its stretch's
         candidates for the top_k of one row in `cand`."""
-        none = np.uint64(0)
         self.run(
             "sample.cu",
             "draw_candidates",
             (DRAW_NB,),
             (256,),
-            (logits, i32(nvalid), i32(top_k), none if seen is None else seen, f32(penalty))
-            + tuple(cand),
+            (logits, i32(nvalid), i32(top_k), _or_null(seen), f32(penalty)) + tuple(cand),
         )
 
     def sample(
@@ -518,7 +521,6 @@ class Ops(GemvMixin):
             and top_k <= 32
             and 0 < self.split_draw_min <= nvalid
         )
-        none = np.uint64(0)
         if split:
             self.draw_candidates(logits, nvalid, top_k, seen, penalty, cand)
         self.run(
@@ -534,10 +536,10 @@ class Ops(GemvMixin):
                 f32(top_p),
                 f32(temperature),
                 np.uint64(seed),
-                np.uint64(0) if counter is None else counter,
+                _or_null(counter),
                 out,
-                np.uint64(0) if seen is None else seen,
+                _or_null(seen),
                 f32(penalty),
             )
-            + (tuple(cand) if split else (none, none, none)),
+            + (tuple(cand) if split else (_or_null(None),) * 3),
         )

@@ -107,14 +107,15 @@ __device__ __forceinline__ void unstage(Batch<UG>& t, const uint2* wa, const uin
 }
 
 // SC: each group's sum is multiplied by gs[group * 8 + m] (prologue 5's per-head norm).
-template <int M, int UG, bool SC = false>
-__device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, const uint4* xrow,
-                                        const float* sx, int g, int tig, float* acc,
-                                        const float* gs = nullptr) {
+// WHOLE: all UG groups are in the slice (no test a group, so their tensor-core chains
+// interleave); compute() picks it for whole batches.
+template <int M, int UG, bool SC, bool WHOLE>
+__device__ __forceinline__ void compute_groups(const Batch<UG>& t, int g0, int gb, const uint4* xrow,
+                                               const float* sx, int g, int tig, float* acc, const float* gs) {
 #pragma unroll
   for (int u = 0; u < UG; ++u) {
     const int gr = g0 + u;
-    if (gr < gb) {
+    if (WHOLE || gr < gb) {
       float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -144,6 +145,14 @@ __device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, cons
       }
     }
   }
+}
+
+template <int M, int UG, bool SC = false>
+__device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, const uint4* xrow,
+                                        const float* sx, int g, int tig, float* acc,
+                                        const float* gs = nullptr) {
+  if (g0 + UG <= gb) compute_groups<M, UG, SC, true>(t, g0, gb, xrow, sx, g, tig, acc, gs);
+  else compute_groups<M, UG, SC, false>(t, g0, gb, xrow, sx, g, tig, acc, gs);
 }
 
 // Pack 8 floats into 8 activations (one 16-byte entry).

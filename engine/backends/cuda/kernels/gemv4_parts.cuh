@@ -107,8 +107,8 @@ __device__ __forceinline__ void unstage(Batch<UG>& t, const uint2* wa, const uin
 }
 
 // SC: each group's sum is multiplied by gs[group * 8 + m] (prologue 5's per-head norm).
-// WHOLE: all UG groups are in the slice (no test a group, so their tensor-core chains
-// interleave); compute() picks it for whole batches.
+// WHOLE: all UG groups are in the slice (no test a group, so the compiler can interleave
+// their tensor-core chains; the same products); compute() picks it for whole batches.
 template <int M, int UG, bool SC, bool WHOLE>
 __device__ __forceinline__ void compute_groups(const Batch<UG>& t, int g0, int gb, const uint4* xrow,
                                                const float* sx, int g, int tig, float* acc, const float* gs) {

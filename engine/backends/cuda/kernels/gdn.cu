@@ -94,6 +94,25 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
   return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
+// The key head size the recurrent kernels take (dk = 128) and the most conv taps a step takes.
+constexpr int STEP_DK = 128, STEP_MAXK = 4;
+
+// This warp's NC columns' recurrent states (value head h, columns j0..: dk values each, a
+// float4 a lane) into S; returns where they live, for store_state.
+template <int NC>
+__device__ __forceinline__ float* load_state(float* state, long slot, int Hv, int h, int dv, int j0, int lane,
+                                             float4 (&S)[NC]) {
+  float* sp = state + ((slot * Hv + h) * dv + j0) * STEP_DK;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) S[c] = reinterpret_cast<float4*>(sp + c * STEP_DK)[lane];
+  return sp;
+}
+template <int NC>
+__device__ __forceinline__ void store_state(float* sp, const float4 (&S)[NC], int lane) {
+#pragma unroll
+  for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * STEP_DK)[lane] = S[c];
+}
+
 // grid (Hv*dv / (NC*4), S), 128 threads (4 warps). dk = 128: each lane holds 4 entries of each
 // of the warp's NC columns. Per token: S <- e^g S; d = beta (v - S^T k); S += k d^T; o = S^T q.
 template <int NC>
@@ -109,10 +128,8 @@ gdn_scan(const float* __restrict__ q, const float* __restrict__ k, const float* 
   const int h = col / dv, j0 = col % dv, s = blockIdx.y;
   const int kh = h / (Hv / Hk), rows = seg_rows[s];
   const long row0 = seg_row0[s];
-  float* sp = state + (((long)seg_slot[s] * Hv + h) * dv + j0) * DK;
   float4 S[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) S[c] = reinterpret_cast<float4*>(sp + c * DK)[lane];
+  float* const sp = load_state<NC>(state, seg_slot[s], Hv, h, dv, j0, lane, S);
   const int KD = Hk * DK, VD = Hv * dv;
   for (int t = 0; t < rows; ++t) {
     const long r = row0 + t;
@@ -140,8 +157,7 @@ gdn_scan(const float* __restrict__ q, const float* __restrict__ k, const float* 
     }
     if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
   }
-#pragma unroll
-  for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * DK)[lane] = S[c];
+  store_state<NC>(sp, S, lane);
 }
 
 // grid (R, Hv), 128 threads: y = rms(o) * w * silu(z) per value head.
@@ -159,7 +175,6 @@ extern "C" __global__ void gdn_out(const float* __restrict__ o, const act_t* __r
 }
 
 // Pieces of a decode step's DeltaNet shared by gdn_step and gdn_step_split.
-constexpr int STEP_DK = 128, STEP_MAXK = 4;
 
 // Conv channel c's K-1 older taps and their weights (zeros where the thread has no channel,
 // conv false); returns the newest tap's weight. Nothing earlier in the step writes them.
@@ -267,10 +282,8 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
   const int slot = seg_slot[s];
   // This warp's NC columns: value head h, columns j0.. of it.
   const int col = warp * NC, h = kh * gv + col / dv, j0 = col % dv;
-  float* sp = state + (((long)slot * Hv + h) * dv + j0) * DK;
   float4 S[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) S[c] = reinterpret_cast<float4*>(sp + c * DK)[lane];
+  float* const sp = load_state<NC>(state, slot, Hv, h, dv, j0, lane, S);
   // This thread's conv channel c: its K weights and K-1 older taps (the previous step's
   // gdn_step wrote them); or, for the gate threads, the head's A_log and dt_bias.
   const bool conv = tid < 2 * DK + cols, gate = !conv && tid < 2 * DK + cols + gv;
@@ -303,8 +316,7 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
   const float decay = expf(sg[col / dv]), bt = sb[col / dv];
   const float out = delta_columns<NC>(S, sq, sk, sv + col, decay, bt, lane);
   if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
-#pragma unroll
-  for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * DK)[lane] = S[c];
+  store_state<NC>(sp, S, lane);
 }
 
 // gdn_step spread over P blocks a key head, one thread block cluster (compute capability
@@ -332,10 +344,8 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
   const int slot = seg_slot[s];
   // This warp's NC columns (of the key head's value columns): value head h, columns j0..
   const int col = p * cb + warp * NC, h = kh * gv + col / dv, j0 = col % dv;
-  float* sp = state + (((long)slot * Hv + h) * dv + j0) * DK;
   float4 S[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) S[c] = reinterpret_cast<float4*>(sp + c * DK)[lane];
+  float* const sp = load_state<NC>(state, slot, Hv, h, dv, j0, lane, S);
   const bool conv = tid < 2 * DK + cb, gate = tid == 2 * DK + cb;
   const int c = tid < DK       ? kh * DK + tid
                 : tid < 2 * DK ? KD + kh * DK + tid - DK
@@ -365,8 +375,7 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
   const float decay = expf(sgb[0]), bt = sgb[1];
   const float out = delta_columns<NC>(S, sq, sk, sv + warp * NC, decay, bt, lane);
   if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
-#pragma unroll
-  for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * DK)[lane] = S[c];
+  store_state<NC>(sp, S, lane);
   // Every block of the cluster has read the q and k taps (before its wait): block 0 shifts them.
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
   if (p == 0 && tid < 2 * DK) shift_taps(cs, c, C, K, tap, newest);

@@ -270,6 +270,12 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     graphs.tune(1)
     res["step_tune_s"] = time.perf_counter() - t
     res["decode_tok_s_step_tuned"] = decode_rate(model, be, graphs, n)
+    if args.search:  # every candidate of every shape in the step, two rounds (tools/tune_step.py)
+        t = time.perf_counter()
+        graphs.tune(1, keep=None, passes=2, gain=0.002)
+        res["step_search_s"] = time.perf_counter() - t
+        res["decode_tok_s_step_searched"] = decode_rate(model, be, graphs, n)
+        res["step_searched_choice"] = {str(k): list(v) for k, v in be.ops.gemv_choice.items()}
     be.ops.gemv_choice.clear()
     be.ops.gemv_choice.update(chosen)
     # The same step with the projections limited to one family of kernel variants (each
@@ -447,6 +453,12 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     else ""
                 )
                 + (
+                    f"; every candidate tried in the step "
+                    f"{r['decode_tok_s_step_searched']:.0f} tok/s ({r['step_search_s']:.0f} s)"
+                    if "decode_tok_s_step_searched" in r
+                    else ""
+                )
+                + (
                     f"; DeltaNet step as two kernels (prep, scan) "
                     f"{r['decode_tok_s_deltanet_two_kernels']:.0f} tok/s"
                     if "decode_tok_s_deltanet_two_kernels" in r
@@ -481,6 +493,9 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/snug-bench")
     ap.add_argument("--out", default=".")
     ap.add_argument("--commit", default="unknown")
+    ap.add_argument(
+        "--search", action="store_true", help="a row with every projection candidate tried"
+    )
     args = ap.parse_args()
     args.prefill = [int(x) for x in args.prefill.split(",") if x]
     import subprocess

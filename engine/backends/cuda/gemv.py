@@ -350,6 +350,17 @@ class GemvMixin:
         args = (*a, *b, x, i32(cols), out, i32(out.shape[1]), i32(n_out), i32(cols), i32(g))
         self.launch(self.k("gemv.cu", sym), grid, (256,), args)
 
+    def step_candidates(self, key: tuple, keep: int | None) -> list:
+        """What the decode step's own tuning (DecodeGraphs.tune) tries for a choice key: the
+        `keep` fastest alone (None: all), then every tensor-core variant that requests its
+        whole slice at once, before the wait (not pipelined, not staged). Timed alone, with
+        nothing before them, those rank low; in the step, where each launch's weights are
+        requested while the previous kernel ends, they won every decode projection of the 4B
+        when all candidates were tried (tools/bench_decode.py --search)."""
+        ranked = self.gemv_ranked.get(key, [])
+        at_once = [c for c in ranked if c[0] == "mma" and not c[4] and not c[5]]
+        return list(dict.fromkeys(ranked[:keep] + at_once))
+
     def _tune_gemv(self, key, x, w, out, up, pro=None) -> tuple:
         import cupy
 

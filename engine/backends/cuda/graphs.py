@@ -184,9 +184,11 @@ class DecodeGraphs:
         max_step_s: float | None = None,
     ) -> tuple[float, float]:
         """Re-choose the step's projection variants by the step's own time: for each choice
-        key the step uses, in order, its `keep` fastest candidates alone (None: all) are
-        tried in the captured step, and a change stays where the step gets faster by more
-        than `gain` (coordinate descent, `passes` rounds). Skipped where the step takes more
+        key the step uses, in order, its candidates (Ops.step_candidates: the `keep` fastest
+        alone, None: all, and the variants that request their weights at once) are tried in
+        the captured step, and a change stays where the step gets faster by more
+        than `gain` (coordinate descent, `passes` rounds, after trying every key's first
+        variant of those at once together). Skipped where the step takes more
         than `max_step_s`. Writes slots 0.. (the caller resets them). Returns the step's
         seconds before and after."""
         B, ops = batch_size, self.be.ops
@@ -195,9 +197,21 @@ class DecodeGraphs:
         base = best = self.step_seconds(B)
         if max_step_s is not None and base > max_step_s:
             return base, base
+        # First every key at once to its fastest variant (alone) of those that request their
+        # weights at once: together they gain more than one key at a time shows.
+        seed = {k: c[0] for k in self.keys.get(B, []) if (c := ops.step_candidates(k, 0))}
+        kept = {k: ops.gemv_choice[k] for k in seed}
+        if seed != kept:
+            ops.gemv_choice.update(seed)
+            self._recapture(B)
+            t = self.step_seconds(B)
+            if t < best * (1 - gain):
+                best = t
+            else:
+                ops.gemv_choice.update(kept)
         for _ in range(passes):
             for key in self.keys.get(B, []):
-                for cand in ops.gemv_ranked.get(key, [])[:keep]:
+                for cand in ops.step_candidates(key, keep):
                     kept = ops.gemv_choice[key]
                     if cand == kept:
                         continue

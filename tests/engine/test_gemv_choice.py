@@ -58,3 +58,24 @@ def test_each_order_gets_only_the_kernel_that_reads_it():
     assert rows and all(c[0] == "old" for c in rows)
     assert not ops.pro_ok(_X(), _weight(blocked=False), 1)
     assert ops.gemv_ok(_weight(), 8) and not ops.gemv_ok(_weight(), 9)
+
+
+def test_step_tuning_tries_the_fastest_alone_and_every_variant_requested_at_once():
+    """The decode step's own tuning (DecodeGraphs.tune) takes the `keep` fastest alone, then
+    the tensor-core variants that request a warp's whole slice before the wait (neither
+    pipelined nor staged), once each; the SIMT kernel has no such family."""
+    ops = _Ops("bfloat16", mma_ok=True)
+    ranked = ops.gemv_candidates(_X(), _weight())
+    at_once = [c for c in ranked if not c[4] and not c[5]]
+    assert at_once and len(at_once) < len(ranked)
+    ops.gemv_ranked = {"k": ranked[::-1]}  # the at-once ones now rank first or last alike
+    cands = ops.step_candidates("k", 3)
+    assert cands[:3] == ranked[::-1][:3]
+    assert set(cands) == set(ranked[::-1][:3]) | set(at_once)
+    assert len(cands) == len(set(cands))
+    assert ops.step_candidates("k", 0) == [c for c in ranked[::-1] if c in at_once]
+    assert ops.step_candidates("k", None) == ranked[::-1]
+    assert ops.step_candidates("missing", 3) == []
+    old = ops.gemv_candidates(_X(), _weight(blocked=False))
+    ops.gemv_ranked = {"old": old}
+    assert ops.step_candidates("old", 2) == old[:2]

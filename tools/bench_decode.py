@@ -270,6 +270,9 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     graphs.tune(1)
     res["step_tune_s"] = time.perf_counter() - t
     res["decode_tok_s_step_tuned"] = decode_rate(model, be, graphs, n)
+    # The app's reply loop with those choices: what a chat on a large card runs.
+    res["decode_tok_s_app_greedy_tuned"] = pipelined_rate(model, be, n, sampled=False)
+    res["decode_tok_s_app_defaults_tuned"] = pipelined_rate(model, be, n, sampled=True)
     if args.search:  # every candidate of every shape in the step, two rounds (tools/tune_step.py)
         t = time.perf_counter()
         graphs.tune(1, keep=None, passes=2, gain=0.002)
@@ -450,6 +453,13 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
                     f"; projections re-chosen by the step's own time "
                     f"{r['decode_tok_s_step_tuned']:.0f} tok/s ({r['step_tune_s']:.1f} s)"
                     if "decode_tok_s_step_tuned" in r
+                    else ""
+                )
+                + (
+                    f", and with them the app's reply loop greedy "
+                    f"{r['decode_tok_s_app_greedy_tuned']:.0f} tok/s, with the app's defaults "
+                    f"{r['decode_tok_s_app_defaults_tuned']:.0f} tok/s"
+                    if "decode_tok_s_app_greedy_tuned" in r
                     else ""
                 )
                 + (

@@ -462,7 +462,7 @@ class CudaBackend(StateMixin, Backend):
         (`eager`), allocate scratch and workspace at max rows and capture the decode graph
         of every batch size up to the stream count, so no request pays for an allocation or
         a capture (invariant 4). Runs on the hidden spare slot; live streams are untouched."""
-        from engine.backends.cuda.graphs import TUNE_MAX_STEP_S
+        from engine.backends.cuda.graphs import TUNE_BUDGET_S, TUNE_MAX_STEP_S
 
         self.model = model
         graphs = self._decode_graphs()
@@ -477,7 +477,7 @@ class CudaBackend(StateMixin, Backend):
                 graphs.capture(batch_size)
         step = tuple(graphs.keys.get(1, ()))
         if eager and self.ops.tune_in_step and step not in self.ops.step_tuned:
-            graphs.tune(1, max_step_s=TUNE_MAX_STEP_S)
+            graphs.tune(1, max_step_s=TUNE_MAX_STEP_S, budget_s=TUNE_BUDGET_S)
             self.ops.step_tuned.add(step)  # later loads of these shapes keep the choices
         for slot in range(self.slots):
             self.reset_slot(slot)

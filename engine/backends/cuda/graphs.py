@@ -22,6 +22,7 @@ on next use.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,9 @@ from engine.backends.cuda.launch import on_stream
 # Warm-up tunes the step by its own time only where a step is this short (a large GPU, where
 # the kernels' overlap decides); on a small card the step is bound by memory bandwidth.
 TUNE_MAX_STEP_S = 0.006
+# ...and for at most this long (on the H200 the 4B's tuning takes about 3.5 s; a card with a
+# slower step stops early, with the choices that made the step faster so far).
+TUNE_BUDGET_S = 6.0
 
 
 class Pending:
@@ -182,6 +186,7 @@ class DecodeGraphs:
         passes: int = 1,
         gain: float = 0.005,
         max_step_s: float | None = None,
+        budget_s: float | None = None,
     ) -> tuple[float, float]:
         """Re-choose the step's projection variants by the step's own time: for each choice
         key the step uses, in order, its candidates (Ops.step_candidates: the `keep` fastest
@@ -189,9 +194,10 @@ class DecodeGraphs:
         the captured step, and a change stays where the step gets faster by more
         than `gain` (coordinate descent, `passes` rounds, after trying every key's first
         variant of those at once together). Skipped where the step takes more
-        than `max_step_s`. Writes slots 0.. (the caller resets them). Returns the step's
-        seconds before and after."""
+        than `max_step_s`; no candidate is tried once `budget_s` seconds have gone. Writes
+        slots 0.. (the caller resets them). Returns the step's seconds before and after."""
         B, ops = batch_size, self.be.ops
+        start = time.perf_counter()
         if B not in self.graphs:
             self.capture(B)
         base = best = self.step_seconds(B)
@@ -215,6 +221,8 @@ class DecodeGraphs:
                     kept = ops.gemv_choice[key]
                     if cand == kept:
                         continue
+                    if budget_s is not None and time.perf_counter() - start > budget_s:
+                        break
                     ops.gemv_choice[key] = cand
                     self._recapture(B)
                     t = self.step_seconds(B)

@@ -1,0 +1,83 @@
+"""The decode step's own tuning (`DecodeGraphs.tune`), its search run without a GPU: the
+step's time comes from a table of each shape's cost under each variant, and capturing is
+counted, not done."""
+
+from __future__ import annotations
+
+from engine.backends.cuda.gemv import GemvMixin
+from engine.backends.cuda.graphs import DecodeGraphs
+
+PIPED = ("mma", 4, 2, 2, True, False)  # the fastest alone
+PIPED2 = ("mma", 8, 1, 4, True, False)
+PIPED3 = ("mma", 16, 1, 2, True, False)
+AT_ONCE = ("mma", 0, 2, 8, False, False)  # requests its whole slice before the wait
+AT_ONCE2 = ("mma", 0, 1, 8, False, False)
+STAGED = ("mma", 0, 2, 8, False, True)
+
+
+class _Ops:
+    step_candidates = GemvMixin.step_candidates
+
+    def __init__(self, keys: list[str]) -> None:
+        # Alone, the at-once ones rank last.
+        ranked = [PIPED, PIPED2, PIPED3, STAGED, AT_ONCE2, AT_ONCE]
+        self.gemv_ranked = {k: list(ranked) for k in keys}
+        self.gemv_choice = {k: PIPED for k in keys}
+
+
+class _Graphs(DecodeGraphs):
+    """A step of the given shapes whose time is the sum of each shape's cost."""
+
+    def __init__(self, cost: dict[str, dict[tuple, float]]) -> None:
+        self.be = type("Be", (), {"ops": _Ops(list(cost))})()
+        self.keys = {1: list(cost)}
+        self.graphs = {1: object()}
+        self.cost, self.timed, self.captures = cost, [], 0
+
+    def step_seconds(self, batch_size: int, replays: int = 20, rounds: int = 2) -> float:
+        t = sum(c[self.be.ops.gemv_choice[k]] for k, c in self.cost.items())
+        self.timed.append(dict(self.be.ops.gemv_choice))
+        return t
+
+    def _recapture(self, B: int) -> None:
+        self.captures += 1
+
+
+def _cost(piped: float, piped2: float, at_once: float, at_once2: float) -> dict:
+    return {PIPED: piped, PIPED2: piped2, PIPED3: 1.5, AT_ONCE: at_once, AT_ONCE2: at_once2}
+
+
+def test_every_shape_moves_to_its_at_once_variant_first_then_one_at_a_time():
+    # Each shape's first at-once variant saves 0.25% of the step on its own, under `gain`, so
+    # one shape at a time would never take it; the four together save 1%.
+    cost = {k: _cost(1.0, 1.01, 0.995, 0.99) for k in ("a", "b", "c", "d")}
+    g = _Graphs(cost)
+    base, after = g.tune(1, gain=0.005)
+    assert base == 4.0 and abs(after - 3.96) < 1e-12
+    assert g.timed[1] == {k: AT_ONCE2 for k in cost}  # the seed: all at once
+    assert g.be.ops.gemv_choice == {k: AT_ONCE2 for k in cost}
+    tried = {c for t in g.timed for c in t.values()}
+    assert tried == {PIPED, PIPED2, PIPED3, AT_ONCE, AT_ONCE2}  # the staged one is not
+
+
+def test_a_seed_that_loses_is_undone_and_the_shapes_are_tried_one_at_a_time():
+    cost = {"a": _cost(1.0, 0.9, 1.2, 1.5), "b": _cost(1.0, 1.1, 1.0, 1.3)}
+    g = _Graphs(cost)
+    base, after = g.tune(1, gain=0.005)
+    assert g.timed[1] == {"a": AT_ONCE2, "b": AT_ONCE2}  # the seed, 2.8 against 2.0
+    assert g.be.ops.gemv_choice == {"a": PIPED2, "b": PIPED}  # b: no gain beyond 0.5%
+    assert (base, after) == (2.0, 1.9)
+
+
+def test_a_slow_step_is_left_alone_and_the_budget_stops_the_search():
+    cost = {k: _cost(1.0, 0.5, 2.0, 2.0) for k in ("a", "b")}
+    g = _Graphs(cost)
+    assert g.tune(1, max_step_s=1.0) == (2.0, 2.0)
+    assert g.be.ops.gemv_choice == {"a": PIPED, "b": PIPED} and g.captures == 0
+    g = _Graphs(cost)
+    g.tune(1, budget_s=0.0)  # the seed is tried (4.0: undone), then nothing
+    assert g.be.ops.gemv_choice == {"a": PIPED, "b": PIPED}
+    assert len(g.timed) == 3  # before, the seed, after
+    g = _Graphs(cost)
+    g.tune(1)
+    assert g.be.ops.gemv_choice == {"a": PIPED2, "b": PIPED2}

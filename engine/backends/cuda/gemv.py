@@ -355,7 +355,7 @@ class GemvMixin:
         `keep` fastest alone (None: all), then every tensor-core variant that requests its
         whole slice at once, before the wait (not pipelined, not staged). Timed alone, with
         nothing before them, those rank low; in the step, where each launch's weights are
-        requested while the previous kernel ends, they won every decode projection of the 4B
+        requested while the previous kernel ends, they won every layer projection of the 4B
         when all candidates were tried (tools/bench_decode.py --search)."""
         ranked = self.gemv_ranked.get(key, [])
         at_once = [c for c in ranked if c[0] == "mma" and not c[4] and not c[5]]

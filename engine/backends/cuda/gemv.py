@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.cuda.launch import compute_capability, on_stream
+from engine.backends.cuda.launch import compute_capability, on_stream, or_null
 from engine.backends.cuda.weights import QWeight
 
 i32, f32 = np.int32, np.float32
@@ -283,14 +283,13 @@ class GemvMixin:
     @staticmethod
     def _pro_args(pro: Pro | None) -> tuple:
         """The prologue's kernel arguments (d, nw, h, o, hd, eps), null pointers where unused."""
-        null = np.uint64(0)
         if pro is None:
-            return (null, null, null, null, i32(0), f32(0))
+            return (*(or_null(None),) * 4, i32(0), f32(0))
         return (
-            null if pro.delta is None else pro.delta,
+            or_null(pro.delta),
             pro.norm,
-            null if pro.h is None else pro.h,
-            null if pro.o is None else pro.o,
+            or_null(pro.h),
+            or_null(pro.o),
             i32(pro.head_dim),
             f32(pro.eps),
         )

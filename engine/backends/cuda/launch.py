@@ -115,6 +115,11 @@ def pdl_available() -> bool:
     return compute_capability() >= 90 and _driver_launch() is not None
 
 
+def or_null(a: Any) -> Any:
+    """A kernel argument for an optional array: the array, or a null pointer."""
+    return np.uint64(0) if a is None else a
+
+
 def _param(arg: Any) -> Any:
     import cupy
 

@@ -20,7 +20,7 @@ from engine.backends.cuda.gemv import (
     GemvMixin,
     _cdiv,
 )
-from engine.backends.cuda.launch import compute_capability, launch_pdl, pdl_available
+from engine.backends.cuda.launch import compute_capability, launch_pdl, or_null, pdl_available
 from engine.backends.cuda.modules import function
 from engine.backends.cuda.weights import DWeight, QWeight
 
@@ -28,11 +28,6 @@ from engine.backends.cuda.weights import DWeight, QWeight
 DRAW_NB, DRAW_CAP = 128, 64
 
 i32, f32 = np.int32, np.float32
-
-
-def _or_null(a: Any) -> Any:
-    """A kernel argument for an optional array: the array, or a null pointer."""
-    return np.uint64(0) if a is None else a
 
 
 def _chunk_smem(gc: int) -> int:
@@ -483,7 +478,7 @@ class Ops(GemvMixin):
     def mark_seen(self, seen, ids, clear: bool) -> None:
         """Clear `seen` (one row's bitmap of ids) if asked, then set the bits of `ids`."""
         n = 0 if ids is None else ids.size
-        args = (seen, i32(seen.size), _or_null(ids), i32(n), i32(clear))
+        args = (seen, i32(seen.size), or_null(ids), i32(n), i32(clear))
         self.run("sample.cu", "mark_seen", (1,), (1024,), args)
 
     def draw_candidates(self, logits, nvalid, top_k, seen, penalty, cand) -> None:
@@ -494,7 +489,7 @@ class Ops(GemvMixin):
             "draw_candidates",
             (DRAW_NB,),
             (256,),
-            (logits, i32(nvalid), i32(top_k), _or_null(seen), f32(penalty)) + tuple(cand),
+            (logits, i32(nvalid), i32(top_k), or_null(seen), f32(penalty)) + tuple(cand),
         )
 
     def sample(
@@ -536,10 +531,10 @@ class Ops(GemvMixin):
                 f32(top_p),
                 f32(temperature),
                 np.uint64(seed),
-                _or_null(counter),
+                or_null(counter),
                 out,
-                _or_null(seen),
+                or_null(seen),
                 f32(penalty),
             )
-            + (tuple(cand) if split else (_or_null(None),) * 3),
+            + (tuple(cand) if split else (or_null(None),) * 3),
         )

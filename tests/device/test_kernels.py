@@ -415,6 +415,8 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
     row draws with the app's defaults (top-k 20): at 248320 the wide draw is the split one."""
     import cupy
 
+    from engine.backends.cuda.ops import draw_buffers
+
     be = _backend(dtype)
     rng = np.random.default_rng(V)
     logits = rng.standard_normal((3, V)).astype(np.float32) * 2
@@ -423,7 +425,7 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
     dl = _up(be, _round(be, logits))
     be.nvalid = V
     be.picks = cupy.zeros(8, cupy.int32)
-    be.draw_cand = _draw_cand()  # the app's defaults take the split draw at 248320 (wide)
+    be.draw_cand = draw_buffers()  # the app's defaults take the split draw at 248320 (wide)
     greedy = cupy.zeros(3, cupy.int32)
     runs = []
     for wide in (False, True):
@@ -454,6 +456,8 @@ def test_draw_cuts_the_nucleus_in_order(top_k, wide):
     and the draw falls back to reading the row."""
     import cupy
 
+    from engine.backends.cuda.ops import draw_buffers
+
     be = _backend("bfloat16")
     be.ops.wide_sampler = wide
     V = 248320
@@ -469,7 +473,7 @@ def test_draw_cuts_the_nucleus_in_order(top_k, wide):
     assert cum[0] < top_p - 0.05
     be.nvalid = V
     be.counter = cupy.zeros(8, cupy.uint32)
-    be.draw_cand = _draw_cand()
+    be.draw_cand = draw_buffers()
     dl = _up(be, logits)
     picks = {int(cupy.asnumpy(be.sample(dl, 1.0, top_k, top_p, seed=s))[0]) for s in range(40)}
     assert picks == set(lead[:2]), picks
@@ -486,15 +490,6 @@ def test_draw_cuts_the_nucleus_in_order(top_k, wide):
         assert int(cupy.asnumpy(be.sample(dl, 0.01, top_k, 1.0, seed=s))[0]) in lead
     if wide and top_k <= 32:
         assert (cupy.asnumpy(be.draw_cand[2]) > 64).all()
-
-
-def _draw_cand():
-    import cupy
-
-    from engine.backends.cuda.ops import DRAW_CAP, DRAW_NB
-
-    n = DRAW_NB * DRAW_CAP
-    return cupy.zeros(n, cupy.float32), cupy.zeros(n, cupy.int32), cupy.zeros(DRAW_NB, cupy.uint32)
 
 
 @pytest.mark.parametrize("split", [0, 4, 8])

@@ -27,6 +27,16 @@ from engine.backends.cuda.weights import DWeight, QWeight
 # The split draw's grid and each block's candidate slots (DRAW_NB, DRAW_CAP in sample.cu).
 DRAW_NB, DRAW_CAP = 128, 64
 
+
+def draw_buffers() -> tuple:
+    """The split draw's candidates (one row at a time), zeroed: values float32 and ids int32
+    of DRAW_NB * DRAW_CAP slots, and each block's count (uint32, DRAW_NB); Ops.sample's cand."""
+    import cupy
+
+    n = DRAW_NB * DRAW_CAP
+    return cupy.zeros(n, cupy.float32), cupy.zeros(n, cupy.int32), cupy.zeros(DRAW_NB, cupy.uint32)
+
+
 i32, f32 = np.int32, np.float32
 
 

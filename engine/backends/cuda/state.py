@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.launch import on_stream
-from engine.backends.cuda.ops import DRAW_CAP, DRAW_NB
+from engine.backends.cuda.ops import draw_buffers
 from engine.backends.cuda.scratch import ALIGN
 from engine.config import ModelConfig
 
@@ -64,12 +64,7 @@ class StateMixin:
         self.argmax_work = cp.zeros(2 * max(self.max_rows, 64), cp.uint64)
         self.picks = cp.zeros(max(self.max_rows, 64), cp.int32)
         self.seen = cp.zeros((slots, -(-c.vocab_size // 32)), cp.uint32)
-        cand = DRAW_NB * DRAW_CAP  # the split draw's candidates (one row at a time)
-        self.draw_cand = (
-            cp.zeros(cand, cp.float32),
-            cp.zeros(cand, cp.int32),
-            cp.zeros(DRAW_NB, cp.uint32),
-        )
+        self.draw_cand = draw_buffers()  # the split draw's candidates
         itemsize = self.ops.act_itemsize
         self.mem_scratch = Scratch(self.pool, c, itemsize, self.max_rows, slots, context)
         self.mem_workspace = Workspace(

@@ -270,6 +270,7 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     graphs.tune(1)
     res["step_tune_s"] = time.perf_counter() - t
     res["decode_tok_s_step_tuned"] = decode_rate(model, be, graphs, n)
+    res["step_tuned_choice"] = {str(k): list(v) for k, v in be.ops.gemv_choice.items()}
     # The app's reply loop with those choices: what a chat on a large card runs.
     res["decode_tok_s_app_greedy_tuned"] = pipelined_rate(model, be, n, sampled=False)
     res["decode_tok_s_app_defaults_tuned"] = pipelined_rate(model, be, n, sampled=True)

@@ -57,6 +57,6 @@ for round in 1 2; do
     # shellcheck disable=SC2086
     (cd "${trees[$i]}" && PYTHONPATH=. timeout "${BENCH_TIMEOUT:-200}" python3 \
       tools/bench_decode.py $flags --commit "$tag" --out "$OUT/$tag" > "$OUT/$tag.log" 2>&1)
-    echo "$tag: $(grep -h '^| 4B\|^| 0.8B\|^| 9B' "$OUT/$tag.log" | cut -d'|' -f2,3,6,8 | tr '\n' ' ')"
+    echo "$tag: $(grep -h '^| 4B\|^| 0.8B\|^| 9B' "$OUT/$tag.log" | cut -d'|' -f2,3,6,9 | tr '\n' ' ')"
   done
 done

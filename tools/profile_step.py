@@ -65,6 +65,9 @@ def step_args(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--format", default="mlx4", choices=("mlx4", "bf16"))
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--workdir", default="/tmp/snug-profile")
+    ap.add_argument(
+        "--tuned", action="store_true", help="projections re-chosen by the step's own time first"
+    )
     return ap
 
 
@@ -91,14 +94,18 @@ def prepared_step(shape: str, fmt: str, prompt: int, workdir: str, steps: int) -
     return be, model, ids
 
 
-def captured_step(be, model, ids) -> object:
-    """The decode graph of one stream, captured, after the prompt again (capture's warm-up
-    step zeroes slot 0) and one replay; `replay_next(1)` then decodes on."""
+def captured_step(be, model, ids, tuned: bool = False) -> object:
+    """The decode graph of one stream, captured (tuned: with the projections the app runs on
+    a large card, re-chosen by the step's own time), after the prompt again (capture's
+    warm-up step and the tuning write slot 0) and one replay; `replay_next(1)` then decodes
+    on."""
     from engine.backends.base import Batch
     from engine.backends.cuda.graphs import DecodeGraphs
 
     graphs = DecodeGraphs(be, model)
     graphs.capture(1)
+    if tuned:
+        graphs.tune(1)
     model.forward(Batch.window(0, 0, len(ids)), ids)
     graphs.replay(Batch.step([(0, len(ids))]), np.array([5]))
     be.stream.synchronize()
@@ -106,7 +113,13 @@ def captured_step(be, model, ids) -> object:
 
 
 def run_step(
-    shape: str, fmt: str, prompt: int, workdir: str, replays: int = 0, torch_trace: str = ""
+    shape: str,
+    fmt: str,
+    prompt: int,
+    workdir: str,
+    replays: int = 0,
+    torch_trace: str = "",
+    tuned: bool = False,
 ) -> None:
     import cupy
 
@@ -114,7 +127,7 @@ def run_step(
 
     be, model, ids = prepared_step(shape, fmt, prompt, workdir, replays)
     if replays:
-        graphs = captured_step(be, model, ids)
+        graphs = captured_step(be, model, ids, tuned)
         if torch_trace:
             cupti_trace(lambda: [graphs.replay_next(1) for _ in range(replays)], be, torch_trace)
             return
@@ -281,7 +294,9 @@ def main() -> None:
     elif args.timeline:
         timeline(args.timeline, max(1, args.graph), args.sequence)
     else:
-        run_step(args.shape, args.format, args.prompt, args.workdir, args.graph, args.cupti)
+        run_step(
+            args.shape, args.format, args.prompt, args.workdir, args.graph, args.cupti, args.tuned
+        )
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def main() -> None:
 
     GemvMixin.gemv4_defines = ("SNUG_STAMPS",)
     be, model, ids = prepared_step(args.shape, args.format, args.prompt, args.workdir, args.replays)
-    graphs = captured_step(be, model, ids)
+    graphs = captured_step(be, model, ids, args.tuned)
     views = _counters(be.ops)
     report = {"shape": args.shape, "format": args.format}
     print(f"{args.shape} {args.format}")

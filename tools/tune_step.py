@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
 
     be, model, ids = prepared_step(args.shape, args.format, args.prompt, args.workdir, 8)
-    graphs = captured_step(be, model, ids)
+    graphs = captured_step(be, model, ids, args.tuned)
     ops = be.ops
     keys = graphs.keys[1]
     start = {k: ops.gemv_choice[k] for k in keys}

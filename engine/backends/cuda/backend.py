@@ -385,19 +385,20 @@ class CudaBackend(StateMixin, Backend):
         dv = c.linear_value_head_dim
         if not self.ops.pro_ok(z, out_proj, 2, head_dim=dv):
             return super().gated_delta_out(layer, mixed, z, b, a, weights, out_proj, batch)
-        o = self._gated_delta_core(layer, mixed, b, a, weights, batch)
+        o = self._gated_delta_core(layer, mixed, b, a, weights, batch, ahead=out_proj)
         out = self.take((mixed.shape[0], out_proj.shape[0]))
         pro = Pro(2, weights["norm"], c.rms_norm_eps, o=o, head_dim=dv)
         self.ops.gemv(z, out_proj, out, pro=pro)
         return out
 
     def _gated_delta_core(
-        self, layer: int, mixed: Any, b: Any, a: Any, weights: dict, batch: Batch
+        self, layer: int, mixed: Any, b: Any, a: Any, weights: dict, batch: Batch, ahead=None
     ) -> Any:
         """Conv, gates and the delta-rule scan; returns the fp32 output `o` [R, VD] before
         its gated norm. A step (one row per stream) runs all of it in one `gdn_step` launch
-        where the head sizes allow, else the prep kernel updates the conv state itself; a
-        window needs the separate pass after every row has read it."""
+        (which brings `ahead`, a quantized weight, toward L2) where the head sizes allow, else
+        the prep kernel updates the conv state itself; a window needs the separate pass after
+        every row has read it."""
         c, cp, ops = self.config, self.cp, self.ops
         R, S = mixed.shape[0], len(batch.segments)
         Hk, Hv = c.linear_num_key_heads, c.linear_num_value_heads
@@ -421,6 +422,7 @@ class CudaBackend(StateMixin, Backend):
                 S,
                 o,
                 (Hk, Hv, dk, dv, K),
+                ahead=ahead if isinstance(ahead, QWeight) else None,
             )
             return o
         outs = (

@@ -120,6 +120,17 @@ def or_null(a: Any) -> Any:
     return np.uint64(0) if a is None else a
 
 
+def byte_span(w: Any) -> tuple:
+    """(pointer, bytes) kernel arguments for the device memory that a quantized weight's
+    codes, scales and biases span (carved one after another from the arena); null: none."""
+    if w is None:
+        return (or_null(None), np.int64(0))
+    parts = (w.packed, w.scales, w.biases)
+    lo = min(int(a.data.ptr) for a in parts)
+    hi = max(int(a.data.ptr) + a.nbytes for a in parts)
+    return (np.uint64(lo), np.int64((hi - lo) & ~15))
+
+
 def _param(arg: Any) -> Any:
     import cupy
 

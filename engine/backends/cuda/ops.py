@@ -20,7 +20,13 @@ from engine.backends.cuda.gemv import (
     GemvMixin,
     _cdiv,
 )
-from engine.backends.cuda.launch import compute_capability, launch_pdl, or_null, pdl_available
+from engine.backends.cuda.launch import (
+    byte_span,
+    compute_capability,
+    launch_pdl,
+    or_null,
+    pdl_available,
+)
 from engine.backends.cuda.modules import function
 from engine.backends.cuda.weights import DWeight, QWeight
 
@@ -90,6 +96,11 @@ class Ops(GemvMixin):
         # compute capability 9.0), 0: one block a key head. 4B decode on one H200: 608 / 618
         # tok/s with one block, 627 / 635 with 4, 626 / 632 with 8.
         self.gdn_split = 4
+        # The decode graph's DeltaNet step brings out_proj's weights toward L2 while it leaves
+        # memory idle. 4B decode on one H200, step-tuned: 682 / 682 tok/s against 678 / 678
+        # (and 655 / 656 against 650 / 649 at an earlier commit). The same for o_proj from
+        # the attention's split-KV kernel was slower (679 / 673), so that one does not.
+        self.l2_ahead = True
         # The draw's two reads of the row with 32 logits a thread in flight (sample.cu, WIDE)
         # instead of one: the same tokens (device tests at c2ee595), 4B replies with the
         # app's defaults 431 -> 453 tok/s.
@@ -401,10 +412,13 @@ class Ops(GemvMixin):
                 return nc, threads
         return None
 
-    def gdn_step(self, mixed, conv_w, cstate, a, b, A_log, dt_bias, state, segs, n_segs, o, dims):
+    def gdn_step(
+        self, mixed, conv_w, cstate, a, b, A_log, dt_bias, state, segs, n_segs, o, dims, ahead=None
+    ):
         """A decode step's conv, gates and delta rule in one launch (`gdn_step` in gdn.cu, or
         `gdn_step_split` where `gdn_split_shape` allows); the caller has checked
-        `gdn_step_shape` and a conv of at most 4 taps."""
+        `gdn_step_shape` and a conv of at most 4 taps. `ahead`: weights (QWeight) the launch
+        brings toward L2 for the kernel after it (`l2_ahead`)."""
         Hk, Hv, dk, dv, K = dims
         split = self.gdn_split_shape(Hk, Hv, dk, dv)
         if split is not None:
@@ -419,7 +433,8 @@ class Ops(GemvMixin):
             grid,
             (threads,),
             (mixed, conv_w, cstate, a, b, A_log, dt_bias, state, *segs[:2], o)
-            + (i32(Hk), i32(Hv), i32(dv), i32(K)),
+            + (i32(Hk), i32(Hv), i32(dv), i32(K))
+            + byte_span(ahead if self.l2_ahead else None),
         )
 
     def gdn_conv_state(self, mixed, cstate, segs, n_segs, C, K):

@@ -116,6 +116,21 @@ __device__ __forceinline__ void pdl_start() { pdl_wait(); pdl_launch(); }
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
+// This block's share (part `part` of `parts`) of [p, p + bytes) brought toward L2 by bulk
+// prefetches of up to 8 KiB, one a thread at a time (p 16-byte aligned, bytes a multiple of 16;
+// compute capability 9.0, else nothing). For weights a later kernel will read, issued by a
+// kernel that leaves memory idle (the DeltaNet step).
+__device__ __forceinline__ void prefetch_share(const unsigned char* p, long long bytes, int part, int parts) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p == nullptr || bytes <= 0) return;
+  const long long per = ((bytes + parts - 1) / parts + 15) & ~15LL;
+  const long long hi = min(bytes, (part + 1) * per);
+  for (long long o = part * per + threadIdx.x * 8192LL; o < hi; o += blockDim.x * 8192LL) {
+    const unsigned n = static_cast<unsigned>(min(8192LL, hi - o));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(n) : "memory");
+  }
+#endif
+}
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }

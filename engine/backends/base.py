@@ -195,8 +195,11 @@ class Backend(ABC):
         weights: dict,
         out_proj: Any,
         batch: Batch,
+        ahead: tuple = (),
     ) -> Any:
-        """`linear(gated_delta(...), out_proj)`: the DeltaNet mixer and its output projection."""
+        """`linear(gated_delta(...), out_proj)`: the DeltaNet mixer and its output projection.
+        `ahead`: the weights read after out_proj (the MLP's gate and up), which a backend may
+        start bringing toward its cache while the mixer leaves memory idle."""
         return self.linear(self.gated_delta(layer, mixed, z, b, a, weights, batch), out_proj)
 
     # ----- scratch regions (optional) -----------------------------------------------------

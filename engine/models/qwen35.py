@@ -72,5 +72,7 @@ class Qwen35Model:
         names = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
         (mixed, z, b, a), x = be.norm_linear_many(x, delta, norm, eps, [w[p + n] for n in names])
         params = {name: w[p + name] for name in ("conv1d", "A_log", "dt_bias", "norm")}
-        out = be.gated_delta_out(layer, mixed, z, b, a, params, w[p + "out_proj"], batch)
+        mlp = p.replace("linear_attn.", "mlp.")
+        ahead = (w[mlp + "gate_proj"], w[mlp + "up_proj"])  # read after out_proj
+        out = be.gated_delta_out(layer, mixed, z, b, a, params, w[p + "out_proj"], batch, ahead)
         return out, x  # [R, H] each

@@ -379,24 +379,27 @@ class CudaBackend(StateMixin, Backend):
         weights: dict,
         out_proj: Any,
         batch: Batch,
+        ahead: tuple = (),
     ) -> Any:
-        """At decode sizes the gated output norm runs inside out_proj's launch (`Pro` 2)."""
+        """At decode sizes the gated output norm runs inside out_proj's launch (`Pro` 2), and
+        a step's DeltaNet launch brings out_proj's weights and the heads of `ahead`'s toward
+        L2 (`Ops.l2_ahead`)."""
         c = self.config
         dv = c.linear_value_head_dim
         if not self.ops.pro_ok(z, out_proj, 2, head_dim=dv):
             return super().gated_delta_out(layer, mixed, z, b, a, weights, out_proj, batch)
-        o = self._gated_delta_core(layer, mixed, b, a, weights, batch, ahead=out_proj)
+        o = self._gated_delta_core(layer, mixed, b, a, weights, batch, (out_proj, *ahead))
         out = self.take((mixed.shape[0], out_proj.shape[0]))
         pro = Pro(2, weights["norm"], c.rms_norm_eps, o=o, head_dim=dv)
         self.ops.gemv(z, out_proj, out, pro=pro)
         return out
 
     def _gated_delta_core(
-        self, layer: int, mixed: Any, b: Any, a: Any, weights: dict, batch: Batch, ahead=None
+        self, layer: int, mixed: Any, b: Any, a: Any, weights: dict, batch: Batch, ahead=()
     ) -> Any:
         """Conv, gates and the delta-rule scan; returns the fp32 output `o` [R, VD] before
         its gated norm. A step (one row per stream) runs all of it in one `gdn_step` launch
-        (which brings `ahead`, a quantized weight, toward L2) where the head sizes allow, else
+        (which brings the weights read next, `ahead`, toward L2) where the head sizes allow, else
         the prep kernel updates the conv state itself; a window needs the separate pass after
         every row has read it."""
         c, cp, ops = self.config, self.cp, self.ops
@@ -422,7 +425,7 @@ class CudaBackend(StateMixin, Backend):
                 S,
                 o,
                 (Hk, Hv, dk, dv, K),
-                ahead=ahead if isinstance(ahead, QWeight) else None,
+                ahead=ahead,
             )
             return o
         outs = (

@@ -101,6 +101,9 @@ class Ops(GemvMixin):
         # (and 655 / 656 against 650 / 649 at an earlier commit). The same for o_proj from
         # the attention's split-KV kernel was slower (679 / 673), so that one does not.
         self.l2_ahead = True
+        # ... and the first 30% of the next gate's and up's codes after them: 687 / 682
+        # against 682 / 677 (60%: 676 / 675; o_proj's weights from attn_combine: 675 / 670).
+        self.l2_mlp_fraction = 0.3
         # The draw's two reads of the row with 32 logits a thread in flight (sample.cu, WIDE)
         # instead of one: the same tokens (device tests at c2ee595), 4B replies with the
         # app's defaults 431 -> 453 tok/s.
@@ -413,12 +416,25 @@ class Ops(GemvMixin):
         return None
 
     def gdn_step(
-        self, mixed, conv_w, cstate, a, b, A_log, dt_bias, state, segs, n_segs, o, dims, ahead=None
+        self,
+        mixed,
+        conv_w,
+        cstate,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state,
+        segs,
+        n_segs,
+        o,
+        dims,
+        ahead=(),
     ):
         """A decode step's conv, gates and delta rule in one launch (`gdn_step` in gdn.cu, or
         `gdn_step_split` where `gdn_split_shape` allows); the caller has checked
-        `gdn_step_shape` and a conv of at most 4 taps. `ahead`: weights (QWeight) the launch
-        brings toward L2 for the kernel after it (`l2_ahead`)."""
+        `gdn_step_shape` and a conv of at most 4 taps. `ahead`: the weights read next
+        (out_proj, gate, up), which the launch brings toward L2 (`_ahead_spans`)."""
         Hk, Hv, dk, dv, K = dims
         split = self.gdn_split_shape(Hk, Hv, dk, dv)
         if split is not None:
@@ -434,8 +450,24 @@ class Ops(GemvMixin):
             (threads,),
             (mixed, conv_w, cstate, a, b, A_log, dt_bias, state, *segs[:2], o)
             + (i32(Hk), i32(Hv), i32(dv), i32(K))
-            + byte_span(ahead if self.l2_ahead else None),
+            + self._ahead_spans(ahead),
         )
+
+    def _ahead_spans(self, ahead: tuple) -> tuple:
+        """gdn_step's three (pointer, bytes) arguments for what it brings toward L2: all of
+        the first weight (out_proj), the first `l2_mlp_fraction` of the next two's codes
+        (gate and up); null where `l2_ahead` is off or a weight is not quantized."""
+        out = ()
+        for i in range(3):
+            w = ahead[i] if self.l2_ahead and i < len(ahead) else None
+            if not isinstance(w, QWeight):
+                out += byte_span(None)
+            elif i == 0:
+                out += byte_span(w)
+            else:
+                n = int(w.packed.nbytes * self.l2_mlp_fraction) & ~15
+                out += (np.uint64(w.packed.data.ptr), np.int64(n))
+        return out
 
     def gdn_conv_state(self, mixed, cstate, segs, n_segs, C, K):
         self.run(

@@ -267,7 +267,8 @@ __device__ __forceinline__ float delta_columns(float4 (&S)[NC], const float* sq,
 // (the conv taps and their weights, the gate parameters). Needs dk = 128, K <= 4 and
 // 2*128 + (Hv/Hk)*dv + Hv/Hk <= threads. `ahead` (null: none): the blocks also bring
 // [ahead, ahead + ahead_bytes), the next projection's weights, toward L2 before the wait,
-// while memory is otherwise idle (the step reads little beside its state).
+// while memory is otherwise idle (the step reads little beside its state), then likewise
+// ahead2 and ahead3 (the heads of the MLP's gate and up codes; Ops._ahead_spans).
 // The arithmetic is gdn_prep's and gdn_scan's: the states come out bit for bit the same, the
 // outputs to rounding (the delta rule takes one column at a time here).
 template <int NC>
@@ -276,7 +277,9 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
          const act_t* __restrict__ a, const act_t* __restrict__ b, const float* __restrict__ A_log,
          const float* __restrict__ dt_bias, float* __restrict__ state, const int* __restrict__ seg_slot,
          const int* __restrict__ seg_row0, float* __restrict__ o, int Hk, int Hv, int dv, int K,
-         const unsigned char* __restrict__ ahead, long long ahead_bytes) {
+         const unsigned char* __restrict__ ahead, long long ahead_bytes,
+         const unsigned char* __restrict__ ahead2, long long bytes2,
+         const unsigned char* __restrict__ ahead3, long long bytes3) {
   constexpr int DK = STEP_DK, MAXC = 256, MAXG = 8;
   __shared__ float sq[DK], sk[DK], sv[MAXC], sg[MAXG], sb[MAXG], red[32];
   const int kh = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -302,6 +305,8 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
     dtb = dt_bias[hg];
   }
   prefetch_share(ahead, ahead_bytes, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
+  prefetch_share(ahead2, bytes2, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
+  prefetch_share(ahead3, bytes3, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
   pdl_start();
 
   // Conv (K taps: K-1 from the state, the newest from mixed) + SiLU for q, k and v channels.
@@ -339,7 +344,9 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
                const float* __restrict__ A_log, const float* __restrict__ dt_bias,
                float* __restrict__ state, const int* __restrict__ seg_slot,
                const int* __restrict__ seg_row0, float* __restrict__ o, int Hk, int Hv, int dv, int K,
-               const unsigned char* __restrict__ ahead, long long ahead_bytes) {
+               const unsigned char* __restrict__ ahead, long long ahead_bytes,
+               const unsigned char* __restrict__ ahead2, long long bytes2,
+               const unsigned char* __restrict__ ahead3, long long bytes3) {
   constexpr int DK = STEP_DK, MAXC = 256;
   __shared__ float sq[DK], sk[DK], sv[MAXC], sgb[2], red[32];
   const int p = blockIdx.x % P, kh = blockIdx.x / P, s = blockIdx.y;
@@ -364,6 +371,8 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
     dtb = dt_bias[hg];
   }
   prefetch_share(ahead, ahead_bytes, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
+  prefetch_share(ahead2, bytes2, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
+  prefetch_share(ahead3, bytes3, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
   pdl_start();
 
   float val = 0.f;

@@ -499,8 +499,12 @@ def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv, split):
     gdn_step_split over 4 and 8 blocks a key head, against gdn_prep + gdn_scan on the same
     inputs: three streams in slots out of order, one and two value heads per key head, and
     the 4B's head counts. The states agree exactly and the outputs to rounding (measured on
-    an H200 for gdn_step: states equal, outputs within 7.5e-9)."""
+    an H200 for gdn_step: states equal, outputs within 7.5e-9). The fused launch also brings
+    three quantized weights toward L2 (`ahead`, as the decode step does), which must change
+    nothing."""
     import cupy
+
+    from engine.backends.cuda.weights import QWeight
 
     be = _backend("bfloat16")
     ops = be.ops
@@ -535,7 +539,17 @@ def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv, split):
         cs, st = _up(be, cs0), cupy.asarray(st0)
         o = cupy.zeros((S, VD), cupy.float32)
         if fused:
-            ops.gdn_step(mixed, conv_w, cs, a, b, A_log, dt_bias, st, seg, S, o, dims)
+            # [n, 576] 4-bit weights, codes (288 bytes a row), scales and biases (18 bytes)
+            # carved one after another from one buffer, as the arena does
+            buf, act = cupy.ones(2320 * 324, cupy.uint8), be.ops.act_dtype
+            ahead, at = (), 0
+            for n in (304, 1008, 1008):
+                parts = []
+                for width, dt in ((288, cupy.uint32), (18, act), (18, act)):
+                    parts.append(buf[at : at + n * width].view(dt).reshape(n, -1))
+                    at += n * width
+                ahead += (QWeight(*parts, 4, 64, (n, 576)),)
+            ops.gdn_step(mixed, conv_w, cs, a, b, A_log, dt_bias, st, seg, S, o, dims, ahead)
         else:
             f = cupy.float32
             outs = tuple(cupy.zeros((S, n), f) for n in (KD, KD, VD, Hv, Hv))

@@ -1,18 +1,32 @@
-"""What the decode step's DeltaNet launch brings toward L2 (`Ops._ahead_spans`): the
-kernel's three (pointer, bytes) arguments, worked out without a GPU."""
+"""What the decode step's DeltaNet launch brings toward L2 (`launch.byte_span`,
+`Ops._ahead_spans`): the kernel's (pointer, bytes) arguments, worked out without a GPU."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from engine.backends.cuda import launch
 from engine.backends.cuda.ops import Ops
 from engine.backends.cuda.weights import QWeight
 
 
 class _Dev:
+    """An array's device side as the spans read it: a pointer and a size."""
+
     def __init__(self, ptr: int, nbytes: int) -> None:
         self.data = type("P", (), {"ptr": ptr})()
         self.nbytes = nbytes
+
+
+def test_byte_span_covers_codes_scales_and_biases():
+    w = type("W", (), {})()
+    # Carved one after another, codes first; the span ends on a 16-byte multiple.
+    w.packed, w.scales, w.biases = _Dev(4096, 1000), _Dev(5120, 200), _Dev(5376, 203)
+    ptr, n = launch.byte_span(w)
+    assert (int(ptr), int(n)) == (4096, (5376 + 203 - 4096) // 16 * 16)
+    assert ptr.dtype == np.uint64 and n.dtype == np.int64  # the kernel's pointer, long long
+    ptr, n = launch.byte_span(None)
+    assert (int(ptr), int(n)) == (0, 0)
 
 
 def _qweight(base: int, codes: int) -> QWeight:

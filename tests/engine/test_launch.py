@@ -68,22 +68,3 @@ def test_no_code_uses_cupys_stream_context_manager():
         for m in pattern.finditer(path.read_text())
     ]
     assert not offenders, offenders
-
-
-class _Dev:
-    """An array's device side as byte_span reads it: a pointer and a size."""
-
-    def __init__(self, ptr: int, nbytes: int) -> None:
-        self.data = type("P", (), {"ptr": ptr})()
-        self.nbytes = nbytes
-
-
-def test_byte_span_covers_codes_scales_and_biases():
-    w = type("W", (), {})()
-    # Carved one after another, codes first; the span ends on a 16-byte multiple.
-    w.packed, w.scales, w.biases = _Dev(4096, 1000), _Dev(5120, 200), _Dev(5376, 203)
-    ptr, n = launch.byte_span(w)
-    assert (int(ptr), int(n)) == (4096, (5376 + 203 - 4096) // 16 * 16)
-    assert ptr.dtype == np.uint64 and n.dtype == np.int64  # the kernel's pointer, long long
-    ptr, n = launch.byte_span(None)
-    assert (int(ptr), int(n)) == (0, 0)

@@ -58,5 +58,13 @@ for round in 1 2; do
     (cd "${trees[$i]}" && PYTHONPATH=. timeout "${BENCH_TIMEOUT:-200}" python3 \
       tools/bench_decode.py $flags --commit "$tag" --out "$OUT/$tag" > "$OUT/$tag.log" 2>&1)
     echo "$tag: $(grep -h '^| 4B\|^| 0.8B\|^| 9B' "$OUT/$tag.log" | cut -d'|' -f2,3,6,9 | tr '\n' ' ')"
+    # The step tuning's variant per projection shape (out x in, prologue: warps, tiles, groups).
+    python3 - "$OUT/$tag/bench.json" <<'PY' 2>/dev/null
+import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    c = r.get("step_tuned_choice", {})
+    name = lambda k: "{2}x{3}{4}".format(*k.split(", ")[:4], " pro" + k.split(", ")[5] if k.split(", ")[5] != "0" else "")
+    print("   ", ", ".join(f"{name(k)}: {tuple(v[1:4])}" for k, v in c.items()))
+PY
   done
 done

@@ -22,7 +22,7 @@ import numpy as np
 from engine.backends.cuda.backend import CudaBackend
 from engine.backends.cuda.gemv import best_replay_s
 from engine.backends.cuda.launch import on_stream
-from engine.backends.cuda.ops import DRAW_CAP, DRAW_NB
+from engine.backends.cuda.sample_ops import draw_buffers
 from engine.backends.cuda.synth import to_bf16
 from engine.sampling import Draw
 
@@ -43,12 +43,7 @@ def backend(dtype: str, vocab: int, rows: np.ndarray):
     be.seen = cupy.zeros((2, -(-vocab // 32)), cupy.uint32)
     be.seen[0, ::7] = 0x01010101  # some ids already said: the penalty has work to do
     be.argmax_work = cupy.zeros(2, cupy.uint64)
-    n = DRAW_NB * DRAW_CAP
-    be.draw_cand = (
-        cupy.zeros(n, cupy.float32),
-        cupy.zeros(n, cupy.int32),
-        cupy.zeros(DRAW_NB, cupy.uint32),
-    )
+    be.draw_cand = draw_buffers()
     if dtype == "bfloat16":
         logits = cupy.asarray(to_bf16(rows))
     else:

@@ -415,7 +415,7 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
     row draws with the app's defaults (top-k 20): at 248320 the wide draw is the split one."""
     import cupy
 
-    from engine.backends.cuda.ops import draw_buffers
+    from engine.backends.cuda.sample_ops import draw_buffers
 
     be = _backend(dtype)
     rng = np.random.default_rng(V)
@@ -456,7 +456,7 @@ def test_draw_cuts_the_nucleus_in_order(top_k, wide):
     and the draw falls back to reading the row."""
     import cupy
 
-    from engine.backends.cuda.ops import draw_buffers
+    from engine.backends.cuda.sample_ops import draw_buffers
 
     be = _backend("bfloat16")
     be.ops.wide_sampler = wide

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.launch import on_stream
-from engine.backends.cuda.ops import draw_buffers
+from engine.backends.cuda.sample_ops import draw_buffers
 from engine.backends.cuda.scratch import ALIGN
 from engine.config import ModelConfig
 

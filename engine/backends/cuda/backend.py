@@ -318,7 +318,15 @@ class CudaBackend(StateMixin, Backend):
         return out
 
     def attention(
-        self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, batch: Batch
+        self,
+        layer: int,
+        qg: Any,
+        k: Any,
+        v: Any,
+        q_norm: Any,
+        k_norm: Any,
+        batch: Batch,
+        ahead: Any = None,
     ) -> Any:
         c = self.config
         R = qg.shape[0]
@@ -349,7 +357,18 @@ class CudaBackend(StateMixin, Backend):
             po = self.take((R, Hq, nsmax, hd), self.cp.float32)
             pml = self.take((R, Hq, nsmax, 2), self.cp.float32)
             self.ops.attn_decode(
-                q, kc, vc, meta[0], meta[1], po, pml, heads, self.context, split, nsmax
+                q,
+                kc,
+                vc,
+                meta[0],
+                meta[1],
+                po,
+                pml,
+                heads,
+                self.context,
+                split,
+                nsmax,
+                ahead if isinstance(ahead, QWeight) else None,
             )
             self.ops.attn_combine(po, pml, qg, meta[0], out, heads, split, nsmax)
             return out

@@ -368,9 +368,9 @@ class CudaBackend(StateMixin, Backend):
                 self.context,
                 split,
                 nsmax,
-                ahead if isinstance(ahead, QWeight) else None,
             )
-            self.ops.attn_combine(po, pml, qg, meta[0], out, heads, split, nsmax)
+            ahead = ahead if isinstance(ahead, QWeight) else None
+            self.ops.attn_combine(po, pml, qg, meta[0], out, heads, split, nsmax, ahead)
             return out
         row0 = 0
         for seg in batch.segments:

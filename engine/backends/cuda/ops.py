@@ -264,7 +264,7 @@ class Ops(GemvMixin, SampleMixin):
             hd * 4,
         )
 
-    def attn_decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, least, nsmax, ahead=None):
+    def attn_decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, least, nsmax):
         """Split-KV decode attention: nsmax splits a KV head at most, each of at least
         `least` keys (engine.memory.scratch.decode_splits); partials to po / pml."""
         Hq, Hkv, hd = heads
@@ -298,18 +298,18 @@ class Ops(GemvMixin, SampleMixin):
                 i32(least),
                 i32(nsmax),
                 f32(hd**-0.5),
-            )
-            + _span(ahead if self.l2_ahead else None),
+            ),
         )
 
-    def attn_combine(self, po, pml, qg, pos, out, heads, least, nsmax):
+    def attn_combine(self, po, pml, qg, pos, out, heads, least, nsmax, ahead=None):
         Hq, _, hd = heads
         self.run(
             "attention.cu",
             "attn_combine",
             (out.shape[0], Hq),
             (hd,),
-            (po, pml, qg, pos, out, i32(Hq), i32(hd), i32(least), i32(nsmax)),
+            (po, pml, qg, pos, out, i32(Hq), i32(hd), i32(least), i32(nsmax))
+            + byte_span(ahead if self.l2_ahead else None),
         )
 
     def softmax_causal(self, scores, probs, tq, t0, start, L):

@@ -63,12 +63,8 @@ template <int DPL, int GM, int KU>
 __global__ void __launch_bounds__(128)
 attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act_t* __restrict__ vc,
             const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
-            float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale,
-            const unsigned char* __restrict__ ahead, long long ahead_bytes) {
+            float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale) {
   constexpr int HD = DPL * 32, NW = 4;
-  // o_proj's weights toward L2 while the attention leaves memory idle (null: none).
-  prefetch_share(ahead, ahead_bytes, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
-                 gridDim.x * gridDim.y * gridDim.z);
   __shared__ float sm_o[NW][GM][HD];
   __shared__ float sm_m[NW][GM], sm_l[NW][GM];
   const int s = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
@@ -174,7 +170,10 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
 // grid (R, Hq), hd threads: merge the splits, normalise, multiply by sigmoid(gate).
 extern "C" __global__ void attn_combine(const float* __restrict__ po, const float* __restrict__ pml,
                                         const act_t* __restrict__ qg, const int* __restrict__ pos,
-                                        act_t* __restrict__ out, int Hq, int hd, int least, int nsmax) {
+                                        act_t* __restrict__ out, int Hq, int hd, int least, int nsmax,
+                                        const unsigned char* __restrict__ ahead, long long ahead_bytes) {
+  // o_proj's weights toward L2 while the split-KV kernel runs (null: none).
+  prefetch_share(ahead, ahead_bytes, blockIdx.x + gridDim.x * blockIdx.y, gridDim.x * gridDim.y);
   pdl_start();
   const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   const int split = split_keys(pos[r] + 1, least, nsmax);

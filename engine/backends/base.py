@@ -144,7 +144,7 @@ class Backend(ABC):
         q_norm: Any,
         k_norm: Any,
         batch: Batch,
-        ahead: Any = None,
+        ahead: tuple = (),
     ) -> Any:
         """Gated full attention from the projections.
 
@@ -152,7 +152,8 @@ class Backend(ABC):
         partial RoPE at each row's position, appends k and v to the slots' KV cache of
         full-attention layer number `layer` (0-based among full layers), attends causally
         with GQA, multiplies by sigmoid(gate). Returns `[R, Hq*hd]`. `ahead`: the weights
-        read next (o_proj), which a backend may bring toward its cache meanwhile.
+        read next (o_proj, the MLP's gate and up), which a backend may start bringing toward
+        its cache meanwhile.
         """
 
     @abstractmethod

@@ -209,7 +209,7 @@ class NumpyBackend(Backend):
         q_norm: Any,
         k_norm: Any,
         batch: Batch,
-        ahead: Any = None,
+        ahead: tuple = (),
     ) -> Any:
         c = self.config
         R, Hq, Hkv, hd = qg.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim

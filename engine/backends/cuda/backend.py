@@ -326,7 +326,7 @@ class CudaBackend(StateMixin, Backend):
         q_norm: Any,
         k_norm: Any,
         batch: Batch,
-        ahead: Any = None,
+        ahead: tuple = (),
     ) -> Any:
         c = self.config
         R = qg.shape[0]
@@ -350,6 +350,7 @@ class CudaBackend(StateMixin, Backend):
             self.context,
             c.rope_theta,
             c.rms_norm_eps,
+            ahead if batch.is_step else (),
         )
         out = self.take((R, Hq * hd))
         if batch.is_step:
@@ -357,20 +358,9 @@ class CudaBackend(StateMixin, Backend):
             po = self.take((R, Hq, nsmax, hd), self.cp.float32)
             pml = self.take((R, Hq, nsmax, 2), self.cp.float32)
             self.ops.attn_decode(
-                q,
-                kc,
-                vc,
-                meta[0],
-                meta[1],
-                po,
-                pml,
-                heads,
-                self.context,
-                split,
-                nsmax,
+                q, kc, vc, meta[0], meta[1], po, pml, heads, self.context, split, nsmax
             )
-            ahead = ahead if isinstance(ahead, QWeight) else None
-            self.ops.attn_combine(po, pml, qg, meta[0], out, heads, split, nsmax, ahead)
+            self.ops.attn_combine(po, pml, qg, meta[0], out, heads, split, nsmax)
             return out
         row0 = 0
         for seg in batch.segments:

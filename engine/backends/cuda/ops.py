@@ -231,7 +231,9 @@ class Ops(GemvMixin, SampleMixin):
         )
 
     # ----- attention --------------------------------------------------------------------------
-    def attn_prep(self, qg, k, v, qn, kn, meta, qout, kc, vc, heads, rot, ctx, theta, eps):
+    def attn_prep(
+        self, qg, k, v, qn, kn, meta, qout, kc, vc, heads, rot, ctx, theta, eps, ahead=()
+    ):
         Hq, Hkv, hd = heads
         R = qg.shape[0]
         pos, row_slot, row_tl, row_n = meta
@@ -260,7 +262,8 @@ class Ops(GemvMixin, SampleMixin):
                 i32(ctx),
                 np.float64(theta),
                 f32(eps),
-            ),
+            )
+            + self._ahead_spans(ahead),
             hd * 4,
         )
 
@@ -301,15 +304,14 @@ class Ops(GemvMixin, SampleMixin):
             ),
         )
 
-    def attn_combine(self, po, pml, qg, pos, out, heads, least, nsmax, ahead=None):
+    def attn_combine(self, po, pml, qg, pos, out, heads, least, nsmax):
         Hq, _, hd = heads
         self.run(
             "attention.cu",
             "attn_combine",
             (out.shape[0], Hq),
             (hd,),
-            (po, pml, qg, pos, out, i32(Hq), i32(hd), i32(least), i32(nsmax))
-            + byte_span(ahead if self.l2_ahead else None),
+            (po, pml, qg, pos, out, i32(Hq), i32(hd), i32(least), i32(nsmax)),
         )
 
     def softmax_causal(self, scores, probs, tq, t0, start, L):

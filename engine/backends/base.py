@@ -136,14 +136,24 @@ class Backend(ABC):
 
     @abstractmethod
     def attention(
-        self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, batch: Batch
+        self,
+        layer: int,
+        qg: Any,
+        k: Any,
+        v: Any,
+        q_norm: Any,
+        k_norm: Any,
+        batch: Batch,
+        ahead: tuple = (),
     ) -> Any:
         """Gated full attention from the projections.
 
         qg `[R, Hq*2*hd]` (per head: query then gate), k and v `[R, Hkv*hd]`. Applies q/k norm,
         partial RoPE at each row's position, appends k and v to the slots' KV cache of
         full-attention layer number `layer` (0-based among full layers), attends causally
-        with GQA, multiplies by sigmoid(gate). Returns `[R, Hq*hd]`.
+        with GQA, multiplies by sigmoid(gate). Returns `[R, Hq*hd]`. `ahead`: the weights
+        read next (o_proj, the MLP's gate and up), which a backend may start bringing toward
+        its cache meanwhile.
         """
 
     @abstractmethod

@@ -201,7 +201,15 @@ class NumpyBackend(Backend):
         return x[rows]
 
     def attention(
-        self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, batch: Batch
+        self,
+        layer: int,
+        qg: Any,
+        k: Any,
+        v: Any,
+        q_norm: Any,
+        k_norm: Any,
+        batch: Batch,
+        ahead: tuple = (),
     ) -> Any:
         c = self.config
         R, Hq, Hkv, hd = qg.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim

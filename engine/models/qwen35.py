@@ -62,7 +62,9 @@ class Qwen35Model:
         # qg [R, Hq*2*hd], k and v [R, Hkv*hd]
         projections = [w[p + "q_proj"], w[p + "k_proj"], w[p + "v_proj"]]
         (qg, k, v), x = be.norm_linear_many(x, delta, norm, eps, projections)
-        o = be.attention(layer, qg, k, v, w[p + "q_norm"], w[p + "k_norm"], batch)
+        mlp = p.replace("self_attn.", "mlp.")
+        ahead = (w[p + "o_proj"], w[mlp + "gate_proj"], w[mlp + "up_proj"])  # read after it
+        o = be.attention(layer, qg, k, v, w[p + "q_norm"], w[p + "k_norm"], batch, ahead)
         return be.linear(o, w[p + "o_proj"]), x  # [R, H] each
 
     def _gated_delta(self, p: str, layer: int, x: Any, delta: Any, norm: Any, batch: Batch):

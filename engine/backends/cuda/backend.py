@@ -318,7 +318,15 @@ class CudaBackend(StateMixin, Backend):
         return out
 
     def attention(
-        self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, batch: Batch
+        self,
+        layer: int,
+        qg: Any,
+        k: Any,
+        v: Any,
+        q_norm: Any,
+        k_norm: Any,
+        batch: Batch,
+        ahead: tuple = (),
     ) -> Any:
         c = self.config
         R = qg.shape[0]
@@ -342,6 +350,7 @@ class CudaBackend(StateMixin, Backend):
             self.context,
             c.rope_theta,
             c.rms_norm_eps,
+            ahead if batch.is_step else (),
         )
         out = self.take((R, Hq * hd))
         if batch.is_step:

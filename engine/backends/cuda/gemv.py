@@ -46,9 +46,10 @@ GEMV4_VARIANTS = (
 )
 GEMV4_MAXT = 768  # largest block of the auto-sized variants (512 when staged: 64 registers)
 GRID_CAP = 132 * 16  # blocks for grid-stride kernels
-# A prologue is recomputed by every block: above this many output rows (the LM head) the
-# separate norm kernel costs less than thousands of blocks each normalising the input.
-PRO_MAX_OUT = 65536
+# A prologue is recomputed by every block, once: the grid is capped at what the GPU holds
+# at once (blocks loop over tiles), so even the LM head's 248,320 rows take one norm per
+# resident block, about 500 at the 4B, instead of a separate norm kernel and its boundary.
+PRO_MAX_OUT = 1 << 24
 PRO_SUMS = 256  # shared-memory slots for the prologue's row (or head) sums
 
 

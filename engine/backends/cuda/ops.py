@@ -231,7 +231,9 @@ class Ops(GemvMixin, SampleMixin):
         )
 
     # ----- attention --------------------------------------------------------------------------
-    def attn_prep(self, qg, k, v, qn, kn, meta, qout, kc, vc, heads, rot, ctx, theta, eps):
+    def attn_prep(
+        self, qg, k, v, qn, kn, meta, qout, kc, vc, heads, rot, ctx, theta, eps, ahead=()
+    ):
         Hq, Hkv, hd = heads
         R = qg.shape[0]
         pos, row_slot, row_tl, row_n = meta
@@ -260,7 +262,8 @@ class Ops(GemvMixin, SampleMixin):
                 i32(ctx),
                 np.float64(theta),
                 f32(eps),
-            ),
+            )
+            + self._ahead_spans(ahead),
             hd * 4,
         )
 

@@ -15,7 +15,16 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
                                      const int* __restrict__ row_slot, const int* __restrict__ row_tl,
                                      const int* __restrict__ row_n, act_t* __restrict__ qout,
                                      act_t* __restrict__ kc, act_t* __restrict__ vc, int Hq, int Hkv,
-                                     int hd, int rot, int ctx, double theta, float eps) {
+                                     int hd, int rot, int ctx, double theta, float eps,
+                                     const unsigned char* __restrict__ ahead, long long ahead_bytes,
+                                     const unsigned char* __restrict__ ahead2, long long bytes2,
+                                     const unsigned char* __restrict__ ahead3, long long bytes3) {
+  // The weights read after the attention (o_proj's, the heads of the MLP's gate and up codes)
+  // toward L2 before the wait: the attention's kernels leave memory mostly idle (null: none).
+  const int part = blockIdx.x + gridDim.x * blockIdx.y, parts = gridDim.x * gridDim.y;
+  prefetch_share(ahead, ahead_bytes, part, parts);
+  prefetch_share(ahead2, bytes2, part, parts);
+  prefetch_share(ahead3, bytes3, part, parts);
   pdl_start();
   extern __shared__ float buf[];
   __shared__ float red[32];

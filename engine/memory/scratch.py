@@ -91,11 +91,12 @@ def _itemsize(dtype: str) -> int:
 ATTN_SPLITS = 128
 
 
-def decode_splits(context: int) -> tuple[int, int]:
+def decode_splits(context: int, cap: int | None = None) -> tuple[int, int]:
     """(least keys per split, splits at most) of the split-KV decode attention at `context`.
     A step at length n takes max(least, ceil(n / splits)) keys per split (attention.cu), so
-    the split grows with the reply, not with the context it may reach."""
-    return 32, min(ATTN_SPLITS, -(-context // 32))
+    the split grows with the reply, not with the context it may reach; its grid does not,
+    and `cap` (the decode graph for short rows, cuda/graphs.py) narrows it."""
+    return 32, min(ATTN_SPLITS, cap or ATTN_SPLITS, -(-context // 32))
 
 
 def _layer_buffers(c: ModelConfig, R: int, step: bool, context: int, dt: str):

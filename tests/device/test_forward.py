@@ -143,3 +143,38 @@ def test_graph_replay_matches_eager(tiny_dirs, dtype):
         t = int(lg[0].argmax())
         eager_seq.append(t)
     assert seq == eager_seq
+
+
+def test_short_rows_graph_across_its_limit(tiny_dirs):
+    """Where the context admits more attention splits than the graph for short rows has, a
+    reply that grows past that graph's limit moves to the full graph, and the tokens stay
+    those of eager steps (the same splits either way)."""
+    from engine.backends.cuda.graphs import DecodeGraphs
+
+    eager = _model(tiny_dirs["mlx4"], _cuda("float32"), slots=1, context=1100)
+    graphed = _model(tiny_dirs["mlx4"], _cuda("float32"), slots=1, context=1100)
+    graphs = DecodeGraphs(graphed.backend, graphed)
+    graphs.capture(1)
+    limit = graphs.short_limit()
+    assert limit == 1024 and graphs.graphs[1].short is not None
+    used, pick = [], graphs._pick
+
+    def spy(B, longest):  # which graph each step got
+        cap = pick(B, longest)
+        used.append((longest, cap is graphs.graphs[B].short))
+        return cap
+
+    graphs._pick = spy
+    prompt = [(i * 53 + 7) % 1000 for i in range(limit - 6)]
+    for m in (eager, graphed):
+        m.forward(Batch.window(0, 0, len(prompt)), np.array(prompt))
+    graphs.replay(Batch.step([(0, len(prompt))]), np.array([3]))
+    seq = [int(graphed.backend.to_host(graphs.replay_next(1)[1])[0]) for _ in range(12)]
+    t, want = 3, []
+    for i in range(13):
+        lg = eager.backend.to_host(eager.forward(Batch.step([(0, len(prompt) + i)]), np.array([t])))
+        t = int(lg[0].argmax())
+        want.append(t)
+    assert seq == want[1:]
+    assert [s for n, s in used] == [n <= limit for n, s in used]
+    assert used[0][0] == limit - 5 and used[-1][0] == limit + 7

@@ -66,6 +66,7 @@ class CudaBackend(StateMixin, Backend):
         self.model: Any = None  # the forward the decode graphs capture (set at warm-up)
         self._state_block: Any = None
         self.capturing = False
+        self.step_splits: int | None = None  # caps the decode attention's grid (graphs.py)
         self.config: ModelConfig | None = None
         self.arena: Any = None
         self.max_rows = max_rows
@@ -354,7 +355,7 @@ class CudaBackend(StateMixin, Backend):
         )
         out = self.take((R, Hq * hd))
         if batch.is_step:
-            split, nsmax = decode_splits(self.context)
+            split, nsmax = decode_splits(self.context, self.step_splits)
             po = self.take((R, Hq, nsmax, hd), self.cp.float32)
             pml = self.take((R, Hq, nsmax, 2), self.cp.float32)
             self.ops.attn_decode(

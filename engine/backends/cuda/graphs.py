@@ -15,6 +15,12 @@ launched, fed by those picks on the device, before the host reads them (`Pending
 `tune()` re-chooses the projections' kernel variants by the captured step's own time (the
 per-shape tuner times each one alone, where the overlap with its neighbours is missing).
 
+Where the context admits more than SHORT_SPLITS attention splits a KV head, a batch size
+gets a second graph for steps whose rows are all short enough that those splits cover them
+(up to 1,024 keys): its attention grid has SHORT_SPLITS splits, not the context's up to 128,
+most of which would find no keys and exit. The two give the same splits and the same
+results; the host knows each step's longest row and launches the one that fits.
+
 `teardown()` drops every graph; the backend calls it before freeing or moving a buffer a
 graph points into (scratch growth, meta growth, new state) and graphs are captured again
 on next use.
@@ -30,6 +36,7 @@ import numpy as np
 
 from engine.backends.base import Batch
 from engine.backends.cuda.launch import on_stream
+from engine.memory.scratch import decode_splits
 
 # Warm-up tunes the step by its own time only where a step is this short (a large GPU, where
 # the kernels' overlap decides); on a small card the step is bound by memory bandwidth.
@@ -37,6 +44,10 @@ TUNE_MAX_STEP_S = 0.006
 # ...and for at most this long (on the H200 the 4B's tuning takes about 3.5 s; a card with a
 # slower step stops early, with the choices that made the step faster so far).
 TUNE_BUDGET_S = 6.0
+# The attention splits a KV head in the graph for short rows. On the H200 the 4B's step at an
+# 8K context took 1.5% longer with the grid of 128 splits than with 32 at a 600-key reply:
+# the empty blocks cost their launch.
+SHORT_SPLITS = 32
 
 
 class Pending:
@@ -56,6 +67,7 @@ class _Captured:
     graph: Any
     logits: Any  # [B, V] view into scratch
     tokens: Any  # [B] int32 view into meta (the next step's input ids)
+    short: _Captured | None = None  # the same step for rows of at most short_limit() keys
 
 
 class DecodeGraphs:
@@ -68,6 +80,7 @@ class DecodeGraphs:
         self.warmed: set[int] = set()  # batch sizes whose kernels are compiled and tuned
         self._pinned: list[np.ndarray] = []  # host rings for `launch`, one slot per step
         self.keys: dict[int, list[tuple]] = {}  # batch size -> projection choice keys used
+        self.lengths: dict[int, int] = {}  # batch size -> longest row (keys) of its last step
         self._launched = 0
         backend.graphs = self
 
@@ -86,12 +99,27 @@ class DecodeGraphs:
             be.reset_slot(slot)
         self.warmed.add(B)
 
-    def capture(self, batch_size: int) -> None:
-        """Capture the decode step of `batch_size` rows. Capturing executes nothing, so the
-        slots named in the captured batch are placeholders; replay writes the real ones."""
-        be, B = self.be, batch_size
+    def short_limit(self) -> int:
+        """The longest row (keys, the new one included) the graph for short rows takes; 0
+        where the context has no more than SHORT_SPLITS splits (one graph does for all)."""
+        least, splits = decode_splits(self.be.context)
+        return least * SHORT_SPLITS if splits > SHORT_SPLITS else 0
+
+    def capture(self, batch_size: int, short_only: bool = False) -> None:
+        """Capture the decode step of `batch_size` rows, and its graph for short rows where
+        short_limit() allows (`short_only`: that one again, the other kept; for tuning).
+        Capturing executes nothing, so the slots named in the captured batch are
+        placeholders; replay writes the real ones."""
+        B = batch_size
         if B not in self.warmed:
             self.warm(B)
+        short = self._capture(B, SHORT_SPLITS) if self.short_limit() else None
+        if not (short_only and short and B in self.graphs):
+            self.graphs[B] = self._capture(B, None)
+        self.graphs[B].short = short
+
+    def _capture(self, B: int, splits: int | None) -> _Captured:
+        be = self.be
         batch = Batch.step([(s, 0) for s in range(B)])
         ids = np.zeros(B, np.int32)
         be.scratch.reset()
@@ -101,6 +129,7 @@ class DecodeGraphs:
         be.scratch.capturing = True
         be.ops.graphing = True
         be.ops.step_keys = []
+        be.step_splits = splits
         stream = be.stream
         try:
             with on_stream(stream):
@@ -116,9 +145,16 @@ class DecodeGraphs:
             be.capturing = False
             be.scratch.capturing = False
             be.ops.graphing = False
+            be.step_splits = None
         graph.upload(stream)
-        self.graphs[B] = _Captured(graph, logits, tokens)
         self.keys[B] = list(dict.fromkeys(be.ops.step_keys))
+        return _Captured(graph, logits, tokens)
+
+    def _pick(self, B: int, longest: int) -> _Captured:
+        """The graph for a step of B rows whose longest row has `longest` keys."""
+        self.lengths[B] = longest
+        cap = self.graphs[B]
+        return cap.short if cap.short is not None and longest <= self.short_limit() else cap
 
     def replay(self, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
         """Run one decode step for `batch` (one row per stream); return (logits, tokens)."""
@@ -129,7 +165,7 @@ class DecodeGraphs:
         be = self.be
         be.stream.use()
         be.write_batch(batch, np.asarray(ids, np.int32))
-        cap = self.graphs[B]
+        cap = self._pick(B, int(np.max(batch.positions())) + 1)
         cap.graph.launch(be.stream)
         return cap.logits, cap.tokens
 
@@ -210,7 +246,7 @@ class DecodeGraphs:
         kept = {k: ops.gemv_choice[k] for k in seed}
         if seed != kept:
             ops.gemv_choice.update(seed)
-            self._recapture(B)
+            self._recapture(B, short_only=True)
             t = self.step_seconds(B)
             if t < best * (1 - gain):
                 best = self.step_seconds(B)
@@ -225,7 +261,7 @@ class DecodeGraphs:
                     if budget_s is not None and time.perf_counter() - start > budget_s:
                         break
                     ops.gemv_choice[key] = cand
-                    self._recapture(B)
+                    self._recapture(B, short_only=True)
                     t = self.step_seconds(B)
                     if t < best * (1 - gain):
                         # A time that passed is likely one of the lucky ones: timed again,
@@ -237,18 +273,19 @@ class DecodeGraphs:
         self._recapture(B)
         return base, self.step_seconds(B)
 
-    def _recapture(self, B: int) -> None:
+    def _recapture(self, B: int, short_only: bool = False) -> None:
         """Capture the B-row step again after its choices changed (an eager step first sets
-        up any variant the capture has not launched before)."""
+        up any variant the capture has not launched before). `short_only`: only the graph
+        for short rows where there is one, which is the one step_seconds times."""
         self.model.forward(Batch.step([(s, 0) for s in range(B)]), np.zeros(B, np.int32))
-        self.graphs.pop(B, None)
-        self.capture(B)
+        self.capture(B, short_only)
 
     def replay_next(self, batch_size: int) -> tuple[Any, Any]:
         """The next step of the same streams, fed by the previous step's greedy tokens.
 
         The caller keeps positions within the admitted context (no check on this path).
         """
-        cap = self.graphs[batch_size]
+        B = batch_size
+        cap = self._pick(B, self.lengths.get(B, 1 << 40) + 1)
         cap.graph.launch(self.be.stream)
         return cap.logits, cap.tokens

@@ -1,4 +1,5 @@
-"""Decode-step CUDA graphs: one captured graph per batch size, replayed every step.
+"""Decode-step CUDA graphs: captured per batch size (see below for the second one a long
+context adds), replayed every step.
 
 Capture rules this module relies on (see the backend): every buffer the step touches is
 allocated before capture (weights arena, state, `meta`, the scratch block); the forward

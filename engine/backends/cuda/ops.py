@@ -444,9 +444,10 @@ class Ops(GemvMixin, SampleMixin):
         )
 
     def _ahead_spans(self, ahead: tuple) -> tuple:
-        """gdn_step's three (pointer, bytes) arguments for what it brings toward L2: all of
-        the first weight (out_proj), the first `l2_mlp_fraction` of the next two's codes
-        (gate and up); null where `l2_ahead` is off or a weight is not quantized."""
+        """gdn_step's or attn_prep's three (pointer, bytes) arguments for what it brings
+        toward L2: all of the first weight (out_proj or o_proj), the first `l2_mlp_fraction`
+        of the next two's codes (gate and up); null where `l2_ahead` is off or a weight is
+        not quantized."""
         out = ()
         for i in range(3):
             w = ahead[i] if self.l2_ahead and i < len(ahead) else None

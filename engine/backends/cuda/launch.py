@@ -97,6 +97,7 @@ def _driver_launch() -> Any:
     return fn
 
 
+_SMS: dict[int, int] = {}
 _CAPABILITY: dict[int, int] = {}
 
 
@@ -108,6 +109,16 @@ def compute_capability() -> int:
     if dev.id not in _CAPABILITY:
         _CAPABILITY[dev.id] = int(dev.compute_capability)
     return _CAPABILITY[dev.id]
+
+
+def sm_count() -> int:
+    """The current device's number of streaming multiprocessors (asked once a device)."""
+    import cupy
+
+    dev = cupy.cuda.Device()
+    if dev.id not in _SMS:
+        _SMS[dev.id] = int(cupy.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"])
+    return _SMS[dev.id]
 
 
 def pdl_available() -> bool:

@@ -25,6 +25,7 @@ from engine.backends.cuda.launch import (
     compute_capability,
     launch_pdl,
     pdl_available,
+    sm_count,
 )
 from engine.backends.cuda.modules import function
 from engine.backends.cuda.sample_ops import SampleMixin
@@ -279,14 +280,17 @@ class Ops(GemvMixin, SampleMixin):
                 "decode attention kernel takes at most 8 query heads per KV head and a head_dim "
                 "that is a multiple of 32"
             )
-        # (query heads held, keys per warp at a time): fewer keys when more heads are held,
-        # so that the registers of both fit.
+        # (query heads held, keys per warp at a time, warps): fewer keys when more heads are
+        # held, so that the registers of both fit. 8 warps take a 32-key split in one round
+        # of loads, all before the wait, where the grid is small enough (one block an SM:
+        # 176 registers a thread at head_dim 256) and their partials fit in shared memory.
         gm, ku = (4, 4) if group <= 4 else (8, 2)
+        nw = 8 if nsmax * Hkv * R <= sm_count() and gm * hd * 4 * 8 <= 32768 else 4
         self.run(
             "attention.cu",
-            f"attn_decode<{hd // 32},{gm},{ku}>",
+            f"attn_decode<{hd // 32},{gm},{ku},{nw}>",
             (nsmax, Hkv, R),
-            (128,),
+            (32 * nw,),
             (
                 q,
                 kc,

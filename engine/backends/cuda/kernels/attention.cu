@@ -60,20 +60,21 @@ __device__ __forceinline__ int split_keys(int len, int least, int nsmax) {
   return max(least, (len + nsmax - 1) / nsmax);
 }
 
-// grid (nsplit_max, Hkv, R), 128 threads (NW = 4 warps). Split s covers keys [s*split,
+// grid (nsplit_max, Hkv, R), NW warps. Split s covers keys [s*split,
 // (s+1)*split) of the row's len = pos + 1 keys (split = split_keys(len, least, nsmax), so it
 // grows with the row, not with the context); splits past the end exit. Writes partial o and
 // (max, sum). Each warp takes KU keys at a time: their K and V rows are requested together
 // (one memory latency per KU keys, not per key), then the KU scores of each of the gq <= GM
 // query heads sharing this KV head are folded into the running (max, sum, o) at once. A
 // warp's first KU keys are requested before the wait for the previous kernel (attn_prep),
-// except the newest one, which attn_prep writes.
-template <int DPL, int GM, int KU>
-__global__ void __launch_bounds__(128)
+// except the newest one, which attn_prep writes; with NW * KU = 32, a split of the fewest
+// (32) keys is requested whole before the wait, with no second round trip after it.
+template <int DPL, int GM, int KU, int NW>
+__global__ void __launch_bounds__(NW * 32)
 attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act_t* __restrict__ vc,
             const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
             float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale) {
-  constexpr int HD = DPL * 32, NW = 4;
+  constexpr int HD = DPL * 32;
   __shared__ float sm_o[NW][GM][HD];
   __shared__ float sm_m[NW][GM], sm_l[NW][GM];
   const int s = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;

@@ -202,11 +202,15 @@ struct Pro {
 // stream is stored; block 0 stores it to H when H is set. Returns the packed entry.
 __device__ __forceinline__ uint4 residual_entry(const act_t* __restrict__ X, int ldx, const Pro& pr,
                                                 int in, int m, int p, float* f) {
+  // Both loads before either is used: with d's load behind the branch on d, the warp waited
+  // for x before it asked for d, two round trips to L2 in every staging.
   uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+  const uint4 dv = pr.d != nullptr ? __ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p)
+                                   : make_uint4(0u, 0u, 0u, 0u);
   unpack8(hv, f);
   if (pr.d != nullptr) {
     float dd[8];
-    unpack8(__ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p), dd);
+    unpack8(dv, dd);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] += dd[j];
     hv = pack8(f);
@@ -302,9 +306,10 @@ __device__ __forceinline__ uint4 fold_gated_value(const act_t* __restrict__ X, i
                                                   int in, int m, int p, float& q) {
   float f[8], z[8];
   const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+  const uint4 zv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);  // all three first
   const float4 a = __ldg(op), b = __ldg(op + 1);
   f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
-  unpack8(__ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p), z);
+  unpack8(zv, z);
   const int c0 = (8 * p) % pr.hd;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {

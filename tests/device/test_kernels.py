@@ -217,16 +217,20 @@ def test_attention(dtype, run):
         assert _rel(y, r) < TOL[dtype] * 3, [s for s in batch.segments]
 
 
+@pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("splits", [128, 4])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("hq,hkv", [(4, 2), (16, 4), (16, 2)])
-def test_decode_attention_lengths(dtype, hq, hkv, splits, monkeypatch):
+def test_decode_attention_lengths(dtype, hq, hkv, splits, warps, monkeypatch):
     """Decode steps of three streams at lengths that end inside a split, on a split boundary
     and inside a warp's group of keys, for 2, 4 and 8 query heads per KV head; with at most
-    4 splits a KV head too, so the splits grow with the length (75 keys at 300)."""
+    4 splits a KV head too, so the splits grow with the length (75 keys at 300). The kernel
+    runs in 8 warps only where its grid fits one block an SM: the SM count is set so that
+    each block size runs."""
     import cupy
 
     monkeypatch.setattr("engine.memory.scratch.ATTN_SPLITS", splits)
+    monkeypatch.setattr("engine.backends.cuda.ops.sm_count", lambda: 0 if warps == 4 else 1 << 20)
     c, be, ref = _pair(dtype, c=_config(hq=hq, hkv=hkv))
     rng = np.random.default_rng(hq + hkv)
     hd = c.head_dim

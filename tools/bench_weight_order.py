@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.backends.cuda.gemv import best_replay_s
-from engine.backends.cuda.launch import on_stream
+from engine.backends.cuda.launch import on_stream, sm_count
 
 SRC = r"""
 __device__ __forceinline__ unsigned mix(unsigned a, unsigned b) { return a ^ (b * 2654435761u); }
@@ -137,7 +137,7 @@ def main() -> None:
     sbs = [cupy.random.randint(0, 2**15, 2 * rows * ng).astype(cupy.uint16) for _ in range(COPIES)]
     out = cupy.zeros(1024, cupy.uint32)
     nbytes = rows * cols // 2 + rows * ng * 4
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    sms = sm_count()
     stream = cupy.cuda.Stream(non_blocking=True)
     results = []
     for order, o in ORDERS.items():

@@ -118,10 +118,10 @@ def boundary_floor(n: int = 200) -> dict[str, float]:
     import cupy
 
     from engine.backends.cuda.gemv import best_replay_s
-    from engine.backends.cuda.launch import launch_pdl, on_stream
+    from engine.backends.cuda.launch import launch_pdl, on_stream, sm_count
 
     fn = cupy.RawModule(code=_FLOOR).get_function("floor_step")
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    sms = sm_count()
     bufs = [cupy.zeros(2 * sms, cupy.float32) for _ in range(2)]
     stream = cupy.cuda.Stream(non_blocking=True)
     res = {}

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.cuda.launch import compute_capability, on_stream, or_null
+from engine.backends.cuda.launch import compute_capability, on_stream, or_null, sm_count
 from engine.backends.cuda.weights import QWeight
 
 i32, f32 = np.int32, np.float32
@@ -301,12 +301,10 @@ class GemvMixin:
         key = (fn.kernel.ptr, threads, smem)
         n = self._resident.get(key)
         if n is None:
-            import cupy
             from cupy_backends.cuda.api import driver
 
             per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
-            sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-            n = self._resident[key] = max(1, per_sm) * sms
+            n = self._resident[key] = max(1, per_sm) * sm_count()
         return max(1, int(n * self.gemv_wave_fraction))
 
     @staticmethod

@@ -244,35 +244,33 @@ class DecodeGraphs:
         # First every key at once to its fastest variant (alone) of those that request their
         # weights at once: together they gain more than one key at a time shows.
         seed = {k: c[0] for k in self.keys.get(B, []) if (c := ops.step_candidates(k, 0))}
-        kept = {k: ops.gemv_choice[k] for k in seed}
-        if seed != kept:
-            ops.gemv_choice.update(seed)
-            self._recapture(B, short_only=True)
-            t = self.step_seconds(B)
-            if t < best * (1 - gain):
-                best = self.step_seconds(B)
-            else:
-                ops.gemv_choice.update(kept)
+        if any(ops.gemv_choice[k] != c for k, c in seed.items()):
+            best = self._trial(B, seed, best, gain)
         for _ in range(passes):
             for key in self.keys.get(B, []):
                 for cand in ops.step_candidates(key, keep):
-                    kept = ops.gemv_choice[key]
-                    if cand == kept:
+                    if cand == ops.gemv_choice[key]:
                         continue
                     if budget_s is not None and time.perf_counter() - start > budget_s:
                         break
-                    ops.gemv_choice[key] = cand
-                    self._recapture(B, short_only=True)
-                    t = self.step_seconds(B)
-                    if t < best * (1 - gain):
-                        # A time that passed is likely one of the lucky ones: timed again,
-                        # the later candidates are held to what the step takes, not to its
-                        # luckiest timing.
-                        best = self.step_seconds(B)
-                    else:
-                        ops.gemv_choice[key] = kept
+                    best = self._trial(B, {key: cand}, best, gain)
         self._recapture(B)
         return base, self.step_seconds(B)
+
+    def _trial(self, B: int, change: dict, best: float, gain: float) -> float:
+        """Try `change` (choice key -> variant) in the captured B-row step: kept where the
+        step gets faster than `best` by more than `gain`, else undone. Returns the time to
+        beat next: a time that passed is likely one of the lucky ones, so a kept change is
+        timed again and later candidates are held to what the step takes, not to its
+        luckiest timing."""
+        choice = self.be.ops.gemv_choice
+        kept = {k: choice[k] for k in change}
+        choice.update(change)
+        self._recapture(B, short_only=True)
+        if self.step_seconds(B) < best * (1 - gain):
+            return self.step_seconds(B)
+        choice.update(kept)
+        return best
 
     def _recapture(self, B: int, short_only: bool = False) -> None:
         """Capture the B-row step again after its choices changed (an eager step first sets

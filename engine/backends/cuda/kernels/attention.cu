@@ -21,10 +21,8 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
                                      const unsigned char* __restrict__ ahead3, long long bytes3) {
   // The weights read after the attention (o_proj's, the heads of the MLP's gate and up codes)
   // toward L2 before the wait: the attention's kernels leave memory mostly idle (null: none).
-  const int part = blockIdx.x + gridDim.x * blockIdx.y, parts = gridDim.x * gridDim.y;
-  prefetch_share(ahead, ahead_bytes, part, parts);
-  prefetch_share(ahead2, bytes2, part, parts);
-  prefetch_share(ahead3, bytes3, part, parts);
+  prefetch_ahead(ahead, ahead_bytes, ahead2, bytes2, ahead3, bytes3, blockIdx.x + gridDim.x * blockIdx.y,
+                 gridDim.x * gridDim.y);
   pdl_start();
   extern __shared__ float buf[];
   __shared__ float red[32];

@@ -119,7 +119,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 // This block's share (part `part` of `parts`) of [p, p + bytes) brought toward L2 by bulk
 // prefetches of up to 8 KiB, one a thread at a time (p 16-byte aligned, bytes a multiple of 16;
 // compute capability 9.0, else nothing). For weights a later kernel will read, issued by a
-// kernel that leaves memory idle (the DeltaNet step).
+// kernel that leaves memory idle (the DeltaNet step, attn_prep).
 __device__ __forceinline__ void prefetch_share(const unsigned char* p, long long bytes, int part, int parts) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p == nullptr || bytes <= 0) return;
@@ -130,6 +130,15 @@ __device__ __forceinline__ void prefetch_share(const unsigned char* p, long long
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(n) : "memory");
   }
 #endif
+}
+// The three spans of Ops._ahead_spans (the weights read next: the first one whole, the heads
+// of the MLP's gate and up codes), this block's share of each; null spans are skipped.
+__device__ __forceinline__ void prefetch_ahead(const unsigned char* p1, long long n1, const unsigned char* p2,
+                                               long long n2, const unsigned char* p3, long long n3,
+                                               int part, int parts) {
+  prefetch_share(p1, n1, part, parts);
+  prefetch_share(p2, n2, part, parts);
+  prefetch_share(p3, n3, part, parts);
 }
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }

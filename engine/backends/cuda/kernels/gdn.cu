@@ -304,9 +304,8 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
     a_log = A_log[hg];
     dtb = dt_bias[hg];
   }
-  prefetch_share(ahead, ahead_bytes, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
-  prefetch_share(ahead2, bytes2, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
-  prefetch_share(ahead3, bytes3, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
+  prefetch_ahead(ahead, ahead_bytes, ahead2, bytes2, ahead3, bytes3, blockIdx.x + blockIdx.y * gridDim.x,
+                 gridDim.x * gridDim.y);
   pdl_start();
 
   // Conv (K taps: K-1 from the state, the newest from mixed) + SiLU for q, k and v channels.
@@ -370,9 +369,8 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
     a_log = A_log[hg];
     dtb = dt_bias[hg];
   }
-  prefetch_share(ahead, ahead_bytes, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
-  prefetch_share(ahead2, bytes2, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
-  prefetch_share(ahead3, bytes3, blockIdx.x + blockIdx.y * gridDim.x, gridDim.x * gridDim.y);
+  prefetch_ahead(ahead, ahead_bytes, ahead2, bytes2, ahead3, bytes3, blockIdx.x + blockIdx.y * gridDim.x,
+                 gridDim.x * gridDim.y);
   pdl_start();
 
   float val = 0.f;

@@ -1,7 +1,8 @@
 """Fit verdicts before loading: the app's adapter over `engine.memory` and `engine.device`.
 
-Planning only reads sizes (checkpoint headers, or a catalog entry's shape), so it is cheap
-enough to run on the GUI thread as the user moves the context and streams controls.
+The verdict comes from `engine.memory.decide`, the same function `Engine.load` admits with,
+given the tensor specs of the checkpoint's headers (or of a catalog entry's shape, which are
+those of its download), so the preview and the load reach the same Decision.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from engine import device as engine_device
 from engine import memory
 from engine.config import EngineSettings, ModelConfig, parse_config
-from engine.memory import shapes
+from engine.memory import Card, TensorSpec, checkpoint_specs, shapes
 
 VERDICT_LABELS = {
     "fits": "Fits",
@@ -96,15 +97,11 @@ def shape_config(
 
 
 @lru_cache(maxsize=32)
-def _checkpoint_sizes(model_dir: str) -> tuple[ModelConfig, tuple[tuple[str, int], ...]]:
+def _checkpoint_specs(model_dir: str) -> tuple[ModelConfig, tuple[tuple[str, TensorSpec], ...]]:
     from engine.checkpoint import Checkpoint
 
     ckpt = Checkpoint.open(model_dir)
-    return ckpt.config, tuple((name, t.nbytes) for name, t in ckpt.tensors.items())
-
-
-def _shape_sizes(config: ModelConfig, fmt: str, group_size: int) -> dict[str, int]:
-    return dict(shapes.shape_tensor_nbytes(config, fmt, group_size))
+    return ckpt.config, tuple(checkpoint_specs(ckpt).items())
 
 
 def plan(
@@ -128,23 +125,16 @@ def plan(
         return PlanProblem(f"CPU mode: {no_gpu_reason()}; the model runs on the CPU.", "CPU mode")
     try:
         if model_dir is not None:
-            config, pairs = _checkpoint_sizes(str(model_dir))
-            sizes = dict(pairs)
+            config, pairs = _checkpoint_specs(str(model_dir))
+            specs = dict(pairs)
         elif shape is not None:
             config = shape[0]
-            sizes = _shape_sizes(*shape)
+            specs = shapes.shape_tensor_specs(*shape)
         else:
             raise ValueError("plan() needs model_dir or shape")
-        return memory.plan_for_checkpoint(
-            sizes,
-            config,
-            context=context,
-            streams=streams,
-            max_rows=max_rows,
-            card_total=gpu.total_bytes,
-            card_free=min(gpu.total_bytes, gpu.free_bytes + held),
-            held=0,
-            settings=settings,
+        card = Card(total=gpu.total_bytes, free=min(gpu.total_bytes, gpu.free_bytes + held))
+        return memory.decide(
+            specs, config, settings, card, context=context, streams=streams, max_rows=max_rows
         )
     except Exception as exc:  # unreadable folder, bad config, planner errors
         return PlanProblem(f"{type(exc).__name__}: {exc}", "Cannot plan")

@@ -19,18 +19,18 @@ from pathlib import Path
 from engine.config import GIB, EngineSettings, ModelConfig
 from engine.device import no_gpu_reason, probe_gpu
 from engine.errors import SnugError
-from engine.memory import Decision, admit, largest_context, make_plan
-from engine.memory.shapes import FORMATS, SHAPES, shape_config, shape_tensor_nbytes
+from engine.memory import Card, Decision, TensorSpec, checkpoint_specs, decide
+from engine.memory.shapes import FORMATS, SHAPES, shape_config, shape_tensor_specs
 
-__all__ = ["add_plan_parser", "card_table", "run_plan", "shape_tensor_nbytes"]
+__all__ = ["add_plan_parser", "card_table", "run_plan"]
 
 
-def checkpoint_nbytes(model_dir: str | Path) -> tuple[ModelConfig, dict[str, int]]:
-    """The model's config and its stored bytes per internal tensor name (headers only)."""
+def model_specs(model_dir: str | Path) -> tuple[ModelConfig, dict[str, TensorSpec]]:
+    """The model's config and its tensor specs (headers only)."""
     from engine.checkpoint import Checkpoint
 
     ckpt = Checkpoint.open(model_dir)
-    return ckpt.config, {name: info.nbytes for name, info in ckpt.tensors.items()}
+    return ckpt.config, checkpoint_specs(ckpt)
 
 
 def add_plan_parser(subparsers) -> argparse.ArgumentParser:
@@ -45,7 +45,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-rows", type=int, default=512, help="rows per forward (prefill chunk)")
     p.add_argument("--prompt-cache", type=int, default=None, help="saved states (default: streams)")
     p.add_argument("--limit-gib", type=float, default=None, help="cap on engine memory (0: none)")
-    p.add_argument("--reserve-gib", type=float, default=None, help="bytes left for the desktop")
+    p.add_argument(
+        "--reserve-gib", type=float, default=None, help="GiB left free for other programs"
+    )
     p.add_argument("--card-gib", type=float, default=None, help="plan for an empty card this size")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_plan)
@@ -70,19 +72,22 @@ def card_table(
 ) -> list[dict]:
     """One row per shape and format: weights, verdict at `context`, the largest context."""
     rows = []
+    card = Card(total=card_total, free=card_free)
     for name in SHAPES:
         for fmt in FORMATS:
             config = shape_config(name, fmt)
-            plan = make_plan(shape_tensor_nbytes(config, fmt), config, context, streams, max_rows)
-            d = admit(plan, card_free, card_total, 0, settings)
-            w = plan.weights
+            specs = shape_tensor_specs(config, fmt)
+            kw = dict(streams=streams, max_rows=max_rows)
+            d = decide(specs, config, settings, card, context=context, **kw)
+            largest = decide(specs, config, settings, card, context=None, **kw)
+            b = d.breakdown
             rows.append(
                 {
                     "shape": name,
                     "format": fmt,
-                    "weights_gb": round((w.required_on_card + w.movable_to_host) / 1e9, 2),
+                    "weights_gb": round((b.weights + b.embeddings_on_host) / 1e9, 2),
                     "verdict": d.verdict.value,
-                    "largest_context": largest_context(plan, card_free, card_total, 0, settings),
+                    "largest_context": largest.context if largest.fits else 0,
                 }
             )
     return rows
@@ -120,21 +125,22 @@ def run_plan(args) -> int:
     try:
         if args.shape:
             config = shape_config(args.shape, args.format)
-            tensors: Mapping[str, int] = shape_tensor_nbytes(config, args.format)
+            specs: Mapping[str, TensorSpec] = shape_tensor_specs(config, args.format)
         else:
-            config, tensors = checkpoint_nbytes(args.model)
-        plan = make_plan(
-            tensors,
+            config, specs = model_specs(args.model)
+        decision: Decision = decide(
+            specs,
             config,
-            args.context,
-            args.streams,
-            args.max_rows,
+            settings,
+            Card(total=total, free=free),
+            context=args.context,
+            streams=args.streams,
+            max_rows=args.max_rows,
             prompt_cache_states=args.prompt_cache,
         )
     except (SnugError, ValueError, OSError) as exc:
         print(f"snug plan: {exc}", file=sys.stderr)
         return 2
-    decision: Decision = admit(plan, free, total, 0, settings)
     if args.json:
         print(json.dumps({"model": config.source, **decision.to_dict()}, indent=2))
     else:

@@ -1,6 +1,6 @@
 """Token sampling on the host: greedy, temperature, top-k, top-p, min-p, presence penalty.
 
-Logits columns at or past `real_vocab` are vocabulary padding (Qwen3.5 pads 248077 real ids
+Logits columns at or past `vocab_rows` are vocabulary padding (Qwen3.5 pads 248077 real ids
 to 248320 columns); they are masked before anything else so they can never be sampled.
 """
 
@@ -70,9 +70,9 @@ class Sampler:
     # request with a penalty samples on the host (tests compare the two paths).
     device_penalty = True
 
-    def __init__(self, params: SamplingParams, real_vocab: int):
+    def __init__(self, params: SamplingParams, vocab_rows: int):
         self.params = params
-        self.real_vocab = real_vocab
+        self.vocab_rows = vocab_rows
         self.rng = np.random.default_rng(params.seed)
         self._marked: int | None = None  # ids of the reply the device bitmap holds
 
@@ -81,10 +81,10 @@ class Sampler:
         p = self.params
         # A float32 copy, padding dropped (logits arrive as float32 or narrower, so nothing is
         # rounded); the probabilities below are computed in float64 on the candidates.
-        x = np.array(logits[: self.real_vocab], dtype=np.float32)
+        x = np.array(logits[: self.vocab_rows], dtype=np.float32)
         if p.presence_penalty:
             seen = np.fromiter(set(generated), dtype=np.int64)
-            seen = seen[seen < self.real_vocab]
+            seen = seen[seen < self.vocab_rows]
             x[seen] -= p.presence_penalty
         if p.is_greedy:
             return int(np.argmax(x))

@@ -22,7 +22,9 @@ import numpy as np
 
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
-from engine.errors import BackendUnavailable, DeviceOutOfMemory, RequestRefused
+from engine.errors import BackendUnavailable, DeviceOutOfMemory, DoesNotFit, RequestRefused
+from engine.memory import Card, Decision, checkpoint_specs, decide
+from engine.memory.arena import act_itemsize
 from engine.models.qwen35 import Qwen35Model
 from engine.prompt_cache import PromptCache
 from engine.sampling import Sampler, SamplingParams
@@ -73,7 +75,7 @@ def select_backend(settings: EngineSettings, max_rows: int = 512) -> Backend:
     if choice == "numpy":
         from engine.backends.numpy_backend import NumpyBackend
 
-        return NumpyBackend()
+        return NumpyBackend(settings)
     reason = cuda_unavailable_reason()
     if reason is None:
         from engine.backends.cuda.backend import CudaBackend
@@ -86,7 +88,7 @@ def select_backend(settings: EngineSettings, max_rows: int = 512) -> Backend:
         )
     from engine.backends.numpy_backend import NumpyBackend
 
-    return NumpyBackend()
+    return NumpyBackend(settings)
 
 
 def _device_dtype(settings: EngineSettings) -> str:
@@ -119,15 +121,43 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
-def _nbytes(obj: Any) -> int:
-    """Bytes held by the arrays in a (nested) snapshot."""
-    if isinstance(obj, dict):
-        if "block" in obj:  # a device snapshot: one pool block holds every array
-            return int(obj["block"].nbytes)
-        return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(_nbytes(v) for v in obj)
-    return int(getattr(obj, "nbytes", 0))
+def vocab_rows(tokenizer: Any, config: Any) -> int:
+    """Rows of the LM head that are real tokens: the checkpoint pads its vocabulary past the
+    tokenizer's, and sampling never picks a padding row."""
+    return min(tokenizer.vocab_size, config.vocab_size)
+
+
+def admit_load(
+    checkpoint: Any,
+    backend: Backend,
+    settings: EngineSettings,
+    context: int | None,
+    streams: int,
+    max_rows: int,
+) -> Decision:
+    """Plan `checkpoint` against the backend's card before anything is allocated, through
+    the one admission route (`engine.memory.decide`); DoesNotFit with its suggestions."""
+    assert backend.pool is not None
+    # The planner sizes activations from the settings; the backend must agree.
+    assert backend.act_itemsize == act_itemsize(settings), (backend.act_itemsize, settings)
+    pool = backend.pool
+    card = Card(total=pool.card_total(), free=pool.card_free(), held=backend.held_bytes())
+    decision = decide(
+        checkpoint_specs(checkpoint),
+        checkpoint.config,
+        settings,
+        card,
+        context=context,
+        streams=streams,
+        max_rows=max_rows,
+    )
+    if not decision.fits:
+        hints = "; ".join(decision.suggestions) or "choose a smaller model"
+        raise DoesNotFit(
+            f"{checkpoint.dir.name} does not fit: {decision.reason}. To make it fit: {hints}",
+            decision,
+        )
+    return decision
 
 
 class Engine:
@@ -148,7 +178,7 @@ class Engine:
         context: int,
         streams: int,
         max_rows: int,
-        decision: Any = None,
+        decision: Decision | None = None,
     ):
         self.model_dir = model_dir
         self.checkpoint = checkpoint
@@ -164,12 +194,11 @@ class Engine:
         self._lock = threading.Lock()
         eos = set(tokenizer.eos_ids) | set(self.config.eos_token_ids)
         self.eos_ids = frozenset(eos)
-        self.real_vocab = min(tokenizer.vocab_size, self.config.vocab_size)
-        cache_bytes = getattr(getattr(decision, "breakdown", None), "prompt_cache", None)
-        self.prompt_cache = PromptCache(
-            on_evict=getattr(backend, "free_snapshot", None),
-            budget_bytes=HOST_PROMPT_CACHE_BYTES if cache_bytes is None else cache_bytes,
-        )
+        self.vocab_rows = vocab_rows(tokenizer, self.config)
+        cache_bytes = HOST_PROMPT_CACHE_BYTES
+        if decision is not None:
+            cache_bytes = decision.breakdown.prompt_cache
+        self.prompt_cache = PromptCache(on_evict=backend.free_snapshot, budget_bytes=cache_bytes)
 
     @property
     def backend_name(self) -> str:
@@ -206,28 +235,21 @@ class Engine:
         if context is not None:
             context = min(context, config.max_position_embeddings)
         decision = None
-        if hasattr(backend, "pool"):
-            from engine.device_plan import admit_on_device
-
+        if backend.pool is not None:
             report("planning memory", 0.05)
-            decision = admit_on_device(backend, checkpoint, settings, context, streams, max_rows)
+            decision = admit_load(checkpoint, backend, settings, context, streams, max_rows)
             context, streams, max_rows = decision.context, decision.streams, decision.max_rows
-            backend.max_rows = max_rows
-            backend.host_embeddings = decision.host_embeddings
-            backend.score_rows = decision.score_rows
         context = context or 8192
+        backend.configure(decision, vocab_rows(tokenizer, config))
         report("loading weights", 0.1)
         weights = backend.load_weights(checkpoint, config)
-        if hasattr(backend, "nvalid"):  # device-side greedy must skip the padding rows too
-            backend.nvalid = min(tokenizer.vocab_size, config.vocab_size)
         report("allocating stream state", 0.9)
         backend.alloc_state(config, streams, context)
         model = Qwen35Model(config, backend, weights)
-        if hasattr(backend, "warm_up"):
-            report("warming up", 0.95)
-            if eager is None:
-                eager = decision is None or decision.eager
-            backend.warm_up(model, eager=eager)
+        report("warming up", 0.95)
+        if eager is None:
+            eager = decision is None or decision.eager
+        backend.warm_up(model, eager=eager)
         report("ready", 1.0)
         return cls(
             model_dir, checkpoint, tokenizer, backend, model, context, streams, max_rows, decision
@@ -240,8 +262,7 @@ class Engine:
         return self.tokenizer.chat_ids(messages, enable_thinking=enable_thinking)
 
     def held_bytes(self) -> int:
-        held = getattr(self.backend, "held_bytes", None)
-        return int(held()) if held else 0
+        return self.backend.held_bytes()
 
     # ----- streams ------------------------------------------------------------------------
     def _open_stream(self) -> _Stream:
@@ -292,11 +313,7 @@ class Engine:
         for s in streams:
             self._check_room(s, 1)
         batch = Batch.step([(s.slot, len(s.ids)) for s in streams])
-        decode_step = getattr(self.backend, "decode_step", None)
-        if decode_step is not None:
-            logits, greedy = decode_step(batch, np.asarray(ids))
-        else:
-            logits, greedy = self.model.forward(batch, np.asarray(ids)), None
+        logits, greedy = self.backend.decode_step(self.model, batch, np.asarray(ids))
         for s, token in zip(streams, ids, strict=True):
             s.ids.append(token)
         return logits, greedy
@@ -315,8 +332,7 @@ class Engine:
         plain = [s.params.takes_argmax for s in samplers]
         if greedy is not None and all(plain):
             return [int(t) for t in greedy.get()]
-        sample_rows = getattr(self.backend, "sample_rows", None)
-        if greedy is not None and sample_rows is not None:
+        if greedy is not None and self.backend.samples_on_device:
             if all(p or s.on_device for p, s in zip(plain, samplers, strict=True)):
                 # Top-k / top-p draws on the device too: 4 bytes per row come back, not the
                 # logits (a 248K vocabulary costs milliseconds on the host).
@@ -324,7 +340,8 @@ class Engine:
                     self._draw(s, out, st)
                     for s, out, st in zip(samplers, outputs, streams, strict=True)
                 ]
-                return [int(t) for t in sample_rows(logits, greedy, rows).get()]
+                picks = self.backend.sample_rows(logits, greedy, rows)
+                return [int(t) for t in picks.get()]
         host = np.asarray(self.backend.to_host(logits), dtype=np.float32)
         return [
             sampler(row, out) for sampler, row, out in zip(samplers, host, outputs, strict=True)
@@ -344,7 +361,7 @@ class Engine:
         params = params or GenerationParams()
         if not prompt_ids:
             raise RequestRefused("the prompt is empty; type a message first")
-        sampler = Sampler(params.sampling(), self.real_vocab)
+        sampler = Sampler(params.sampling(), self.vocab_rows)
         decoder = StreamDecoder(self.tokenizer)
         stream = self._open_stream()
         completed = False
@@ -399,16 +416,15 @@ class Engine:
                 self._save(stream)
             self._close_stream(stream)
 
-    def _launcher(self, sampler: Sampler) -> Any:
+    def _launcher(self, sampler: Sampler) -> Callable[..., Any] | None:
         """The backend's `launch_step` where this request's steps can run without the host
-        waiting for each token (their picks made on the device, and a step able to take its
-        input from them: `steps_read_picks`), else None."""
-        launch = getattr(self.backend, "launch_step", None) if self.pipelined_decode else None
-        if launch is None or not getattr(self.backend, "steps_read_picks", True):
+        waiting for each token (their picks made on the device, each step taking its input
+        from the last one's: `launches_steps`), else None."""
+        if not (self.pipelined_decode and self.backend.launches_steps):
             return None
         if not (sampler.on_device or sampler.params.takes_argmax):
             return None
-        return launch
+        return self.backend.launch_step
 
     @staticmethod
     def _draw(sampler: Sampler, generated: list[int], stream: _Stream) -> Any:
@@ -428,17 +444,16 @@ class Engine:
 
     def _save(self, stream: _Stream) -> None:
         """Keep the stream's state for a follow-up turn, within the prompt cache's budget."""
-        expected = getattr(self.backend, "snapshot_bytes", None)
-        if expected is not None and not self.prompt_cache.make_room(expected(len(stream.ids))):
+        expected = self.backend.snapshot_bytes(len(stream.ids))
+        if expected is not None and not self.prompt_cache.make_room(expected):
             return
         try:
             snapshot = self.backend.save_slot(stream.slot, len(stream.ids))
         except DeviceOutOfMemory:
             return  # no room to keep it: the next turn prefills its history again
-        if not self.prompt_cache.store(stream.ids, snapshot, _nbytes(snapshot)):
-            free = getattr(self.backend, "free_snapshot", None)
-            if free is not None:
-                free(snapshot)
+        nbytes = self.backend.snapshot_nbytes(snapshot)
+        if not self.prompt_cache.store(stream.ids, snapshot, nbytes):
+            self.backend.free_snapshot(snapshot)
 
     def generate_many(
         self, prompts: list[list[int]], params: GenerationParams | None = None
@@ -447,7 +462,7 @@ class Engine:
         params = params or GenerationParams()
         streams = [self._open_stream() for _ in prompts]
         try:
-            samplers = [Sampler(params.sampling(), self.real_vocab) for _ in prompts]
+            samplers = [Sampler(params.sampling(), self.vocab_rows) for _ in prompts]
             outputs: list[list[int]] = [[] for _ in prompts]
             next_ids = []
             for s, ids, sampler, out in zip(streams, prompts, samplers, outputs, strict=True):
@@ -491,8 +506,6 @@ class Engine:
     def unload(self) -> None:
         """Release weights and state; the engine cannot be used afterwards."""
         self.prompt_cache.clear()
-        release = getattr(self.backend, "release", None)
-        if release:
-            release()
+        self.backend.release()
         self.model = None  # type: ignore[assignment]
         self.backend = None  # type: ignore[assignment]

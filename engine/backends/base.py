@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from engine.config import ModelConfig
+from engine.config import EngineSettings, ModelConfig
 from engine.errors import RequestRefused
+
+if TYPE_CHECKING:
+    from engine.memory import Decision, DevicePool
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,54 @@ class Batch:
         return Batch(tuple(Segment(slot, pos, 1) for slot, pos in slots_and_positions))
 
 
+class PendingStep(Protocol):
+    """A decode step launched without waiting (`Backend.launch_step`)."""
+
+    def tokens(self) -> list[int]:
+        """Wait for the step; each row's picked token."""
+        ...
+
+
 class Backend(ABC):
-    """Ops for the Qwen3.5 forward. `Any` below stands for the backend's array type."""
+    """Ops for the Qwen3.5 forward. `Any` below stands for the backend's array type.
+
+    The contract with the session, in the order a load uses it:
+
+    1. `pool`: a backend whose memory is admitted (a GPU) has a `DevicePool`; the session
+       then plans the load against it (`engine.memory.admission.decide`) before anything is
+       allocated. None: state lives in host memory and nothing is planned.
+    2. `configure(decision, vocab_rows)`: what admission decided (rows per forward, where
+       the embedding table lives, prefill attention's query rows) and how many rows of the
+       LM head are real tokens (`vocab_rows`: the rest is padding that sampling skips).
+    3. `load_weights`, `alloc_state`, then `warm_up`.
+    4. Per request: `prepare` + the ops (through `engine.models.qwen35`), `decode_step`, and
+       where `launches_steps`, `launch_step`; where `samples_on_device`, `sample_rows`.
+    5. `release` at unload.
+
+    Every capability past the abstract ops has a default that is right for a host backend.
+    """
 
     name: str = "abstract"
+    pool: DevicePool | None = None
+    vocab_rows: int = 0
+
+    def __init__(self, settings: EngineSettings | None = None) -> None:
+        self.settings = settings or EngineSettings()
+
+    # ----- what admission decided -----------------------------------------------------------
+    @property
+    def act_itemsize(self) -> int:
+        """Bytes per activation element (the planner sizes state and scratch with it)."""
+        return 4
+
+    def configure(self, decision: Decision | None, vocab_rows: int) -> None:
+        """Take what admission decided (None where nothing is planned) before the weights
+        are loaded. `vocab_rows`: rows of the LM head that are real tokens."""
+        self.vocab_rows = vocab_rows
+
+    def held_bytes(self) -> int:
+        """Bytes this backend holds where the plan counts them (0: nothing planned)."""
+        return 0
 
     # ----- weights ------------------------------------------------------------------------
     @abstractmethod
@@ -103,6 +150,17 @@ class Backend(ABC):
     @abstractmethod
     def restore_slot(self, slot: int, snapshot: Any) -> None:
         """Put a snapshot taken by `save_slot` back into a slot."""
+
+    def snapshot_bytes(self, length: int) -> int | None:
+        """Bytes `save_slot(slot, length)` will take, or None when unknown until taken."""
+        return None
+
+    def snapshot_nbytes(self, snapshot: Any) -> int:
+        """Bytes a snapshot holds (the prompt cache's budget counts them)."""
+        return _nested_nbytes(snapshot)
+
+    def free_snapshot(self, snapshot: Any) -> None:  # noqa: B027 - host memory frees itself
+        """Give a snapshot's memory back (the prompt cache evicted it)."""
 
     # ----- host transfer ------------------------------------------------------------------
     @abstractmethod
@@ -212,6 +270,40 @@ class Backend(ABC):
         start bringing toward its cache while the mixer leaves memory idle."""
         return self.linear(self.gated_delta(layer, mixed, z, b, a, weights, batch), out_proj)
 
+    # ----- lifetime and decode -------------------------------------------------------------
+    def warm_up(self, model: Any, eager: bool) -> None:  # noqa: B027 - nothing to warm
+        """Compile what a request will use; with `eager`, allocate the scratch whole and
+        capture the decode graphs now (invariant 4)."""
+
+    def decode_step(self, model: Any, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
+        """One decode row per stream: (logits `[B, V]`, greedy tokens `[B]` on the backend,
+        or None when the backend does not pick them)."""
+        return model.forward(batch, ids), None
+
+    @property
+    def launches_steps(self) -> bool:
+        """Whether `launch_step` can run a reply's steps without the host waiting for each
+        token (the next step fed by the last one's picks on the backend)."""
+        return False
+
+    def launch_step(self, batch: Batch | None, ids: Any, rows: list) -> PendingStep:
+        """Launch a decode step and return at once (batch None: the step after the last
+        one launched, fed by its picks). Only where `launches_steps`."""
+        raise NotImplementedError(f"the {self.name} backend does not launch steps ahead")
+
+    @property
+    def samples_on_device(self) -> bool:
+        """Whether `sample_rows` draws tokens where the logits are (4 bytes a row back)."""
+        return False
+
+    def sample_rows(self, logits: Any, greedy: Any, rows: list) -> Any:
+        """Each decode row's next token: rows[i] None takes greedy[i], else the
+        `engine.sampling.Draw` draws from logits[i]. Only where `samples_on_device`."""
+        raise NotImplementedError(f"the {self.name} backend does not sample on its own")
+
+    def release(self) -> None:  # noqa: B027 - host memory frees itself
+        """Free weights, state and buffers (unload); the backend is not used afterwards."""
+
     # ----- scratch regions (optional) -----------------------------------------------------
     def begin_layer(self, index: int) -> None:  # noqa: B027 - optional hook
         """Layer `index` starts; it reads only the previous layer's (x, delta). A backend that
@@ -219,3 +311,12 @@ class Backend(ABC):
 
     def begin_head(self) -> None:  # noqa: B027 - optional hook
         """The layers are done; what follows is the final row gather and the LM head."""
+
+
+def _nested_nbytes(obj: Any) -> int:
+    """Bytes held by the arrays in a (nested) snapshot of dicts, lists and arrays."""
+    if isinstance(obj, dict):
+        return sum(_nested_nbytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_nested_nbytes(v) for v in obj)
+    return int(getattr(obj, "nbytes", 0))

@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.backends import gdn
 from engine.backends.base import Backend, Batch
-from engine.config import ModelConfig
+from engine.config import EngineSettings, ModelConfig
 
 # Output rows of a quantized weight dequantized at once by `linear` (bounds host memory).
 DEQUANT_BLOCK_ROWS = 4096
@@ -73,7 +73,10 @@ class NumpyBackend(Backend):
 
     name = "numpy"
 
-    def __init__(self, cache_bytes: int | None = None) -> None:
+    def __init__(
+        self, settings: EngineSettings | None = None, cache_bytes: int | None = None
+    ) -> None:
+        super().__init__(settings)
         self.cache_bytes = default_cache_bytes() if cache_bytes is None else cache_bytes
         self._dequantized: dict[int, np.ndarray] = {}  # id(quantized weight) -> float32
         self._cached_bytes = 0

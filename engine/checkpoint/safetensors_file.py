@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.bf16 import from_bf16
 from engine.errors import CheckpointError
 
 # Bytes per element for every dtype the format defines: used to check sizes and offsets
@@ -67,11 +68,6 @@ class Entry:
     @property
     def nbytes(self) -> int:
         return self.end - self.start
-
-
-def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    """Widen raw bfloat16 bits (uint16) to float32: bf16 is the top half of an f32."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 class SafetensorsFile:
@@ -202,7 +198,7 @@ class SafetensorsFile:
         """The tensor in a computable dtype: BF16 widened to float32, others as stored."""
         arr = self.read_raw(name, rows)
         if self.entries[name].dtype == "BF16":
-            return bf16_to_f32(arr)
+            return from_bf16(arr)
         return arr
 
 

@@ -18,22 +18,28 @@ Verdicts, tried in this order:
                                the largest rung whose growth peak fits; the blocks grow on demand
     does not fit               with suggestions whose numbers were each checked to fit
 
-`admit` returns a Decision; it never raises for "does not fit".
+`admit` returns a Decision; it never raises for "does not fit". `decide` is the one
+admission route: the load panel's preview, `snug plan` and `Engine.load` all call it, with
+the tensor specs of a checkpoint's headers or of a catalog shape, so they reach the same
+Decision from the same bytes.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from engine.config import GIB, EngineSettings, QuantConfig, QuantSpec
+from engine.config import GIB, EngineSettings, ModelConfig, QuantConfig, QuantSpec
+from engine.memory.arena import TensorSpec, act_itemsize, arena_bytes
 from engine.memory.decision import Breakdown, Decision, Verdict
 from engine.memory.growth import ladder_below
-from engine.memory.plan import Plan, WeightBytes
-from engine.memory.shapes import shape_tensor_nbytes
+from engine.memory.plan import Plan, WeightBytes, make_plan
+from engine.memory.shapes import shape_tensor_specs
 from engine.memory.workspace import FAST_QUERY_ROWS
 
 CONTEXT_STEP = 256
+SMALLEST_CONTEXT = 256  # what `decide` plans with before it searches for the largest context
 _RESERVE_STEP = GIB // 20  # suggestions round the reserve down to 0.05 GiB
 _MLX4 = QuantConfig(QuantSpec(bits=4, group_size=64))
 
@@ -176,7 +182,8 @@ def _suggest(
         fixes.append(("prompt_cache", kept))
     if not plan.config.quantized:
         q_config = replace(plan.config, quantization=_MLX4, source=plan.config.source)
-        q_weights = WeightBytes.from_tensors(shape_tensor_nbytes(q_config, "mlx4"), q_config)
+        q_bytes = arena_bytes(shape_tensor_specs(q_config, "mlx4"), plan.dtype_bytes)
+        q_weights = WeightBytes.from_tensors(q_bytes, q_config)
         if _fits(plan.with_weights(q_weights, q_config), *args):
             total = q_weights.required_on_card + q_weights.movable_to_host
             texts.append(f"use the MLX 4-bit build (about {total / 1e9:.1f} GB of weights)")
@@ -260,3 +267,44 @@ def admit(
         fixes=(),
         reason=reason,
     )
+
+
+@dataclass(frozen=True)
+class Card:
+    """The card as admission sees it: total and free bytes now, and what this engine already
+    holds outside the plan (counted against the limit; `free` already excludes it)."""
+
+    total: int
+    free: int
+    held: int = 0
+
+
+def decide(
+    specs: Mapping[str, TensorSpec],
+    config: ModelConfig,
+    settings: EngineSettings,
+    card: Card,
+    *,
+    context: int | None,
+    streams: int = 1,
+    max_rows: int = 512,
+    prompt_cache_states: int | None = None,
+) -> Decision:
+    """The admission decision for a model on a card: the one route every caller takes.
+
+    specs: internal tensor name -> TensorSpec (`engine.memory.arena.checkpoint_specs` for a
+    checkpoint on disk, `engine.memory.shapes.shape_tensor_specs` for a catalog shape); the
+    weights are planned at the bytes the CUDA backend's arena will carve for them.
+    context: tokens per stream, at most the model's max_position_embeddings; None asks for
+    the largest context the card admits. Never raises for "does not fit".
+    """
+    itemsize = act_itemsize(settings)
+    weights = arena_bytes(specs, itemsize)
+    if context is not None:
+        context = min(context, config.max_position_embeddings)
+    wanted = SMALLEST_CONTEXT if context is None else context
+    plan = make_plan(weights, config, wanted, streams, max_rows, itemsize, prompt_cache_states)
+    if context is None:
+        best = largest_context(plan, card.free, card.total, card.held, settings)
+        plan = plan.resized(context=max(best, SMALLEST_CONTEXT))
+    return admit(plan, card.free, card.total, card.held, settings)

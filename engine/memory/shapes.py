@@ -1,8 +1,9 @@
 """Model shapes without files: the Qwen3.5 sizes and what their tensors weigh when stored.
 
-`shape_tensor_nbytes(config, fmt)` gives internal name -> stored bytes, the same mapping a
-checkpoint's `tensors[name].nbytes` gives, so a plan can be made for a model not downloaded
-(`snug plan --shape 4B --format mlx4`). Real shapes: shared spec, section 1.
+`shape_tensor_specs(config, fmt)` gives internal name -> TensorSpec (shape, quantization),
+the same mapping `engine.memory.arena.checkpoint_specs` reads from a checkpoint's headers, so
+a model that is not downloaded is planned with the bytes its download would be planned with
+(`snug plan --shape 4B --format mlx4`). `shape_tensor_nbytes` gives what its files weigh.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 
 from engine.checkpoint.names import expected_tensors
 from engine.config import FULL, LINEAR, ModelConfig, QuantConfig, QuantSpec
+from engine.memory.arena import TensorSpec
 
 FORMATS = ("mlx4", "bf16")
 
@@ -84,6 +86,37 @@ def _mtp_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _stored_shapes(config: ModelConfig, fmt: str) -> dict[str, tuple[int, ...]]:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    shapes = dict(expected_tensors(config))
+    if fmt == "bf16" and config.mtp_num_hidden_layers:
+        shapes.update(_mtp_shapes(config))
+    return shapes
+
+
+def _quantized(name: str, shape: tuple[int, ...], fmt: str, group_size: int) -> bool:
+    """mlx4 quantizes every matrix whose width the group divides (not conv1d)."""
+    return (
+        fmt == "mlx4"
+        and len(shape) == 2
+        and not name.endswith("conv1d")
+        and shape[1] % group_size == 0
+    )
+
+
+def shape_tensor_specs(
+    config: ModelConfig, fmt: str = "mlx4", group_size: int = 64
+) -> dict[str, TensorSpec]:
+    """Internal name -> TensorSpec for a checkpoint of this shape and format, as
+    `engine.memory.arena.checkpoint_specs` reads it from the published files."""
+    quant = QuantSpec(4, group_size)
+    return {
+        name: TensorSpec(shape, quant if _quantized(name, shape, fmt, group_size) else None)
+        for name, shape in _stored_shapes(config, fmt).items()
+    }
+
+
 def shape_tensor_nbytes(
     config: ModelConfig, fmt: str = "mlx4", group_size: int = 64
 ) -> dict[str, int]:
@@ -93,22 +126,14 @@ def shape_tensor_nbytes(
     and biases per group; conv1d, norms and dt_bias bf16, A_log fp32; no MTP (mlx drops it).
     bf16: everything bf16 except A_log and the gated norm (fp32), MTP included.
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    shapes = dict(expected_tensors(config))
-    if fmt == "bf16" and config.mtp_num_hidden_layers:
-        shapes.update(_mtp_shapes(config))
     sizes: dict[str, int] = {}
-    for name, shape in shapes.items():
+    for name, shape in _stored_shapes(config, fmt).items():
         n = math.prod(shape)
         if name.endswith("A_log") or (fmt == "bf16" and name.endswith("linear_attn.norm")):
             sizes[name] = n * 4  # stored in fp32
-        elif fmt == "mlx4" and len(shape) == 2 and not name.endswith("conv1d"):
+        elif _quantized(name, shape, fmt, group_size):
             out, inp = shape
-            if inp % group_size:
-                sizes[name] = n * 2
-            else:
-                sizes[name] = n // 2 + 2 * (out * (inp // group_size) * 2)
+            sizes[name] = n // 2 + 2 * (out * (inp // group_size) * 2)
         else:
             sizes[name] = n * 2
     return sizes

@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    from engine.backends.cuda.synth import write_checkpoint
+    from engine.testing.synth import write_checkpoint
 
     root = tmp_path_factory.mktemp("tiny")
     return {fmt: write_checkpoint(root / fmt, "tiny", fmt, seed=3) for fmt in ("mlx4", "bf16")}

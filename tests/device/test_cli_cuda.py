@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from engine.backends.cuda.synth import model_dir
 from engine.cli import main
+from engine.testing.synth import model_dir
 
 
 def _generate(model: str, backend: str, capsys) -> dict:

@@ -15,7 +15,7 @@ GREEDY = GenerationParams(max_new_tokens=24, greedy=True)
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny random MLX 4-bit checkpoint (head dim 256, key head dim 128) with a tokenizer."""
-    from engine.backends.cuda.synth import write_checkpoint
+    from engine.testing.synth import write_checkpoint
     from engine.testing.tiny import write_tokenizer
 
     path = write_checkpoint(tmp_path_factory.mktemp("engine") / "tiny", "tiny", "mlx4", seed=5)
@@ -88,10 +88,10 @@ def test_sampled_replies_are_drawn_on_the_device(model_dir, monkeypatch):
     first = tokens(engine, prompt(30, seed=3), params)
     assert tokens(engine, prompt(30, seed=3), params) == first
     assert len(draws) == 2 * (len(first) - 1) and all(len(r) == 1 for r in draws)
-    assert all(0 <= t < engine.real_vocab for t in first)
+    assert all(0 <= t < engine.vocab_rows for t in first)
     pair = engine.generate_many([prompt(30, seed=3), prompt(12, seed=4)], params)
     assert any(len(r) == 2 for r in draws)
-    assert all(0 <= t < engine.real_vocab for reply in pair for t in reply)
+    assert all(0 <= t < engine.vocab_rows for reply in pair for t in reply)
     engine.unload()
 
 
@@ -205,7 +205,7 @@ def test_host_embeddings_give_the_same_tokens(tmp_path, monkeypatch):
     import dataclasses
 
     import engine.device_plan as device_plan
-    from engine.backends.cuda.synth import SHAPES, write_checkpoint
+    from engine.testing.synth import SHAPES, write_checkpoint
     from engine.testing.tiny import write_tokenizer
 
     path = write_checkpoint(
@@ -233,7 +233,7 @@ def test_host_embeddings_give_the_same_tokens(tmp_path, monkeypatch):
 def test_fused_projections_give_the_numpy_tokens(tmp_path):
     """Decode multiplies each layer's input projections as one stored group (16 value heads
     keep every part's slice aligned), and the tokens stay the numpy engine's."""
-    from engine.backends.cuda.synth import SHAPES, write_checkpoint
+    from engine.testing.synth import SHAPES, write_checkpoint
     from engine.testing.tiny import write_tokenizer
 
     shape = dict(SHAPES["tiny"], linear_num_key_heads=4, linear_num_value_heads=16)

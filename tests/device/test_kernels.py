@@ -25,7 +25,7 @@ def _up(be, x):
     """Host float32 -> device array of the backend's activation type."""
     import cupy
 
-    from engine.backends.cuda.synth import to_bf16
+    from engine.bf16 import to_bf16
 
     if be.dtype == "bfloat16":
         return cupy.asarray(to_bf16(x))
@@ -38,8 +38,9 @@ def _quant_weight(be, out, cols, bits, rng, blocked=None):
     asked."""
     import cupy
 
-    from engine.backends.cuda.synth import from_bf16, quantize_affine
     from engine.backends.cuda.weights import QWeight, blocked_copy
+    from engine.bf16 import from_bf16
+    from engine.testing.synth import quantize_affine
 
     w = rng.standard_normal((out, cols)).astype(np.float32) * 0.1
     p, s, b = quantize_affine(w, bits, 64)
@@ -60,7 +61,7 @@ def _rel(a, b):
 
 def _round(be, x):
     """What the activation type can hold of x (so references start from the same inputs)."""
-    from engine.backends.cuda.synth import from_bf16, to_bf16
+    from engine.bf16 import from_bf16, to_bf16
 
     if be.dtype == "bfloat16":
         return from_bf16(to_bf16(x))
@@ -159,7 +160,7 @@ def test_embedding(bits, dtype):
 
 
 def _config(hq=4, hkv=2, hk=2, hv=4):
-    from engine.backends.cuda.synth import SHAPES, text_config
+    from engine.testing.synth import SHAPES, text_config
 
     shape = dict(
         SHAPES["tiny"],

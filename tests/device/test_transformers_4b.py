@@ -17,7 +17,7 @@ PROMPT = 64
 
 @pytest.fixture(scope="module")
 def shape_4b(tmp_path_factory):
-    from engine.backends.cuda.synth import write_checkpoint
+    from engine.testing.synth import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("hf4b") / "4B", "4B", "bf16", seed=4)
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from engine.bf16 import to_bf16
 from engine.checkpoint import Checkpoint, QuantizedTensor
 from engine.checkpoint.names import expected_tensors, is_conv, is_zero_centred
 from engine.checkpoint.quantized import quantize
@@ -48,7 +49,8 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
-    return (np.asarray(x, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    """Truncated to bf16 (as bf16_round), so the bits hold exactly what reads compare to."""
+    return to_bf16(bf16_round(x))
 
 
 def write_st(path: Path, tensors: dict[str, tuple[str, np.ndarray]], metadata=None) -> None:

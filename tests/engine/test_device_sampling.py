@@ -1,14 +1,15 @@
 """Which decode steps sample on the device: the session hands top-k / top-p draws (with a
 presence penalty too) to the backend's `sample_rows` (4 bytes per row come back) and keeps
 the host sampler for what the device does not do (min-p, no top-k cut within 1024). The
-backend here is numpy with the two device methods stood in, so the session's choice is what
-is tested; the CUDA kernel itself is tested in tests/device (test_sampling)."""
+backend here is numpy with the device capabilities of the backend contract stood in, so the
+session's choice is what is tested; the CUDA kernel itself is tested in tests/device."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from engine.backends.numpy_backend import NumpyBackend
 from engine.config import EngineSettings
 from engine.session import Engine, GenerationParams
 from tests.engine.test_forward_reference import prompt
@@ -24,31 +25,72 @@ class _DeviceArray:
         return self.values
 
 
-@pytest.fixture
-def engine(tiny_checkpoint, monkeypatch):
-    model_dir = tiny_checkpoint("tied-l8-r4-hd64", "hf-fp32")
-    engine = Engine.load(model_dir, EngineSettings(backend="numpy"), context=256, max_rows=64)
-    be = engine.backend
-    engine.device_rows = []
-    engine.host_reads = 0
-    to_host = be.to_host
+class _Pending:
+    def __init__(self, tokens):
+        self._tokens = tokens
 
-    def decode_step(batch, ids):
-        logits = engine.model.forward(batch, np.asarray(ids))
-        return logits, _DeviceArray(np.argmax(to_host(logits), -1))
+    def tokens(self):
+        return list(self._tokens)
 
-    def sample_rows(logits, greedy, rows):
-        engine.device_rows.append(rows)
+
+class DeviceStandIn(NumpyBackend):
+    """The numpy backend with the device's capabilities stood in: a greedy pick with each
+    step, draws handed to `sample_rows` (recorded; each picks MARK), and, where
+    `launches_steps`, steps launched ahead as the decode graph does: fed by host ids, or
+    (batch None) by the previous launch's pick at the next position. `force` maps a launch
+    number to the token it picks."""
+
+    samples_on_device = True
+    launches_steps = False
+
+    def __init__(self, settings=None):
+        super().__init__(settings=settings)
+        self.device_rows, self.launches, self.force = [], [], {}
+        self.host_reads = 0
+        self.model = None
+        self._last = {}
+
+    def warm_up(self, model, eager):
+        self.model = model
+
+    def to_host(self, x):
+        self.host_reads += 1
+        return super().to_host(x)
+
+    def decode_step(self, model, batch, ids):
+        logits = model.forward(batch, np.asarray(ids))
+        return logits, _DeviceArray(np.argmax(super().to_host(logits), -1))
+
+    def sample_rows(self, logits, greedy, rows):
+        self.device_rows.append(rows)
         picks = zip(greedy.get(), rows, strict=True)
         return _DeviceArray([g if r is None else MARK for g, r in picks])
 
-    def counted_to_host(x):
-        engine.host_reads += 1
-        return to_host(x)
+    def launch_step(self, batch, ids, rows):
+        from engine.backends.base import Batch
 
-    monkeypatch.setattr(be, "decode_step", decode_step, raising=False)
-    monkeypatch.setattr(be, "sample_rows", sample_rows, raising=False)
-    monkeypatch.setattr(be, "to_host", counted_to_host)
+        last = self._last
+        if batch is None:
+            slot, pos, ids = last["slot"], last["pos"] + 1, [last["pick"]]
+        else:
+            slot, pos = batch.segments[0].slot, batch.segments[0].start
+        logits, greedy = self.decode_step(self.model, Batch.step([(slot, pos)]), ids)
+        drawn = any(r is not None for r in rows)
+        pick = int((self.sample_rows(logits, greedy, rows) if drawn else greedy).get()[0])
+        pick = self.force.get(len(self.launches), pick)
+        self.launches.append(batch is None)
+        last.update(slot=slot, pos=pos, pick=pick)
+        return _Pending([pick])
+
+
+@pytest.fixture
+def engine(tiny_checkpoint, monkeypatch):
+    import engine.session as session
+
+    model_dir = tiny_checkpoint("tied-l8-r4-hd64", "hf-fp32")
+    monkeypatch.setattr(session, "select_backend", lambda settings, rows: DeviceStandIn(settings))
+    engine = Engine.load(model_dir, EngineSettings(backend="numpy"), context=256, max_rows=64)
+    engine.device_rows = engine.backend.device_rows
     assert MARK not in engine.eos_ids
     return engine
 
@@ -59,14 +101,14 @@ def _reply(engine, **kw):
 
 
 def test_top_k_sampling_draws_on_the_device(engine):
-    reads = engine.host_reads
+    reads = engine.backend.host_reads
     tokens = _reply(engine, temperature=0.7, top_k=20, top_p=0.8, seed=3)
     assert tokens[1:] == [MARK] * 4  # the first token comes from the prompt's logits
     assert len(engine.device_rows) == 4
     for (row,) in engine.device_rows:
         assert (row.temperature, row.top_k, row.top_p, row.penalty) == (0.7, 20, 0.8, 0.0)
         assert row.mark == () and not row.clear
-    assert engine.host_reads - reads == 1  # the prompt's last logits only
+    assert engine.backend.host_reads - reads == 1  # the prompt's last logits only
     # A seeded request hands the device the same seeds again.
     first = engine.device_rows[:]
     engine.device_rows.clear()
@@ -98,52 +140,24 @@ def test_presence_penalty_marks_the_reply_on_the_device(engine):
 
 @pytest.mark.parametrize("kw", [{"min_p": 0.05}, {"top_k": 0}, {"top_k": 2000}])
 def test_what_the_device_sampler_lacks_stays_on_the_host(engine, kw):
-    reads = engine.host_reads
+    reads = engine.backend.host_reads
     tokens = _reply(engine, temperature=0.7, seed=4, **kw)
     assert engine.device_rows == []
-    assert engine.host_reads - reads == len(tokens)  # every step's logits came back
+    assert engine.backend.host_reads - reads == len(tokens)  # every step's logits came back
 
 
 def test_greedy_takes_the_device_argmax(engine):
-    reads = engine.host_reads
+    reads = engine.backend.host_reads
     _reply(engine, greedy=True)
     assert engine.device_rows == []
-    assert engine.host_reads - reads == 1  # the prompt's last logits; steps read 4 bytes
-
-
-class _Pending:
-    def __init__(self, tokens):
-        self._tokens = tokens
-
-    def tokens(self):
-        return list(self._tokens)
+    assert engine.backend.host_reads - reads == 1  # the prompt's last logits; steps read 4 bytes
 
 
 @pytest.fixture
-def piped(engine, monkeypatch):
-    """The same engine with a stand-in `launch_step`: a step fed by host ids, or (batch
-    None) by the previous launch's pick at the next position, as the decode graph does.
-    `force` maps a launch number to the token it picks."""
-    from engine.backends.base import Batch
-
-    be = engine.backend
-    engine.launches, engine.force = [], {}
-    last = {}
-
-    def launch_step(batch, ids, rows):
-        if batch is None:
-            slot, pos, ids = last["slot"], last["pos"] + 1, [last["pick"]]
-        else:
-            slot, pos = batch.segments[0].slot, batch.segments[0].start
-        logits, greedy = be.decode_step(Batch.step([(slot, pos)]), ids)
-        drawn = any(r is not None for r in rows)
-        pick = int((be.sample_rows(logits, greedy, rows) if drawn else greedy).get()[0])
-        pick = engine.force.get(len(engine.launches), pick)
-        engine.launches.append(batch is None)
-        last.update(slot=slot, pos=pos, pick=pick)
-        return _Pending([pick])
-
-    monkeypatch.setattr(be, "launch_step", launch_step, raising=False)
+def piped(engine):
+    """The same engine, its steps launched ahead (DeviceStandIn.launch_step)."""
+    engine.backend.launches_steps = True
+    engine.launches, engine.force = engine.backend.launches, engine.backend.force
     return engine
 
 
@@ -198,6 +212,6 @@ def test_no_pipelined_steps_where_a_step_cannot_read_the_picks(piped, monkeypatc
     assert piped.launches
     piped.launches.clear()
     piped.prompt_cache.clear()
-    monkeypatch.setattr(piped.backend, "steps_read_picks", False, raising=False)
+    monkeypatch.setattr(piped.backend, "launches_steps", False)
     assert [e.token_id for e in piped.generate(ids, params)] == want
     assert piped.launches == []

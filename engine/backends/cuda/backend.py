@@ -27,7 +27,7 @@ from engine.backends.cuda.modules import use_cache_dir
 from engine.backends.cuda.prefill import prefill_attention
 from engine.backends.cuda.scratch import RegionCarver
 from engine.backends.cuda.state import StateMixin
-from engine.backends.cuda.weights import DWeight, QWeight, plan_bytes, upload
+from engine.backends.cuda.weights import DWeight, QWeight, upload
 from engine.config import ModelConfig
 from engine.errors import DeviceOutOfMemory
 from engine.memory.scratch import decode_splits
@@ -105,10 +105,6 @@ class CudaBackend(StateMixin, DeltaNetMixin, Backend):
             small += self.picks.nbytes + self.seen.nbytes
             small += sum(a.nbytes for a in self.draw_cand)
         return self.pool.held_bytes + small
-
-    def weight_bytes(self, checkpoint: Any) -> dict[str, int]:
-        """What `load_weights` will put on the card, per tensor (the planner's input)."""
-        return plan_bytes(checkpoint, self.ops.act_itemsize)
 
     def _teardown_graphs(self) -> None:
         if self.graphs is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.backends.cuda.blas import matmul
-from engine.backends.cuda.scratch import ALIGN
+from engine.memory.arena import ALIGN
 
 SCORE_BUDGET = 512 << 20  # bytes of scores + probabilities per chunk without a workspace
 

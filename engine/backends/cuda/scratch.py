@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ALIGN = 256
+from engine.memory.arena import ALIGN
 
 
 def _nbytes(shape: tuple[int, ...], itemsize: int) -> int:

@@ -19,8 +19,8 @@ import numpy as np
 
 from engine.backends.cuda.launch import on_stream
 from engine.backends.cuda.sample_ops import draw_buffers
-from engine.backends.cuda.scratch import ALIGN
 from engine.config import ModelConfig
+from engine.memory.arena import ALIGN
 
 
 class StateMixin:
@@ -131,7 +131,7 @@ class StateMixin:
 
     def _host_embedding_rows(self, ids: np.ndarray) -> None:
         """Gather the rows of `ids` on the host and queue their copy into `emb_rows`."""
-        from engine.backends.cuda.synth import to_bf16
+        from engine.bf16 import to_bf16
 
         t, H = self.host_table, self.config.hidden_size
         R = len(ids)

@@ -14,9 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.cuda.scratch import ALIGN
-
-SMALL_SUFFIXES = ("norm", "layernorm", "conv1d", "A_log", "dt_bias")
+from engine.memory.arena import ALIGN, arena_bytes, checkpoint_specs, is_small, padded, rows8
 
 
 @dataclass
@@ -84,38 +82,6 @@ class DWeight:
         return self.data.nbytes
 
 
-def _is_small(name: str, shape: tuple[int, ...]) -> bool:
-    return len(shape) == 1 or name.endswith(SMALL_SUFFIXES)
-
-
-def _padded(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def _rows8(n: int) -> int:
-    return (n + 7) // 8 * 8
-
-
-def plan_bytes(checkpoint: Any, act_itemsize: int) -> dict[str, int]:
-    """Arena bytes per tensor name (what `upload` will carve), without touching the device."""
-    sizes: dict[str, int] = {}
-    for name, info in checkpoint.tensors.items():
-        if name.startswith("mtp."):
-            continue
-        shape = tuple(info.shape)
-        if info.quant is not None:
-            out, cols = _rows8(shape[0]), shape[1]  # room for the 8-row blocks
-            groups = cols // info.quant.group_size
-            sizes[name] = _padded(out * cols * info.quant.bits // 8) + 2 * _padded(
-                out * groups * act_itemsize
-            )
-        elif _is_small(name, shape):
-            sizes[name] = _padded(int(np.prod(shape)) * 4)
-        else:
-            sizes[name] = _padded(int(np.prod(shape)) * act_itemsize)
-    return sizes
-
-
 class Arena:
     """One device block (from the pool when given one); `carve` hands out aligned views."""
 
@@ -140,7 +106,7 @@ class Arena:
         dt = cupy.dtype(dtype)
         n = int(np.prod(shape)) * dt.itemsize
         start = self.offset
-        self.offset += _padded(n)
+        self.offset += padded(n)
         assert self.offset <= self.block.nbytes, (self.offset, self.block.nbytes)
         return self.block[start : start + n].view(dt).reshape(shape)
 
@@ -167,7 +133,11 @@ def upload(
     Tensors named in `skip` stay on the host (an embedding table the plan put there)."""
     import cupy
 
-    sizes = {k: v for k, v in plan_bytes(checkpoint, ops.act_itemsize).items() if k not in skip}
+    sizes = {
+        k: v
+        for k, v in arena_bytes(checkpoint_specs(checkpoint), ops.act_itemsize).items()
+        if k not in skip
+    }
     arena = Arena(sum(sizes.values()), pool)
     weights: dict[str, Any] = {}
     fusable = _groups(checkpoint, list(sizes))
@@ -181,7 +151,7 @@ def upload(
             continue  # uploaded with its group
         elif info.quant is not None:
             _upload_group(checkpoint, ops, arena, [name], weights)
-        elif _is_small(name, shape):
+        elif is_small(name, shape):
             arr = np.ascontiguousarray(checkpoint.read(name), dtype=np.float32)
             dst = arena.carve(arr.shape, cupy.float32)
             dst.set(arr)
@@ -205,9 +175,9 @@ def _upload_group(checkpoint: Any, ops: Any, arena: Arena, names: list[str], wei
     q, cols = infos[0].quant, infos[0].shape[1]
     rows = sum(t.shape[0] for t in infos)
     groups = cols // q.group_size
-    dp = arena.carve((_rows8(rows), cols * q.bits // 32), cupy.uint32)
-    ds = arena.carve((_rows8(rows), groups), ops.act_dtype)
-    db = arena.carve((_rows8(rows), groups), ops.act_dtype)
+    dp = arena.carve((rows8(rows), cols * q.bits // 32), cupy.uint32)
+    ds = arena.carve((rows8(rows), groups), ops.act_dtype)
+    db = arena.carve((rows8(rows), groups), ops.act_dtype)
     for a in (dp, ds, db):
         a[rows:] = 0
     r0 = 0
@@ -245,7 +215,7 @@ def blocked_copy(ops: Any, w: QWeight) -> QWeight:
     rows = w.shape[0]
     padded = []
     for a in (w.packed, w.scales, w.biases):
-        b = cupy.zeros((_rows8(rows), a.shape[1]), a.dtype)
+        b = cupy.zeros((rows8(rows), a.shape[1]), a.dtype)
         b[:rows] = a
         padded.append(b)
     ops.to_blocks(*padded)

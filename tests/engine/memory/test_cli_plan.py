@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from engine.cli_plan import card_table, checkpoint_nbytes, main
+from engine.cli_plan import card_table, main, model_specs
 from engine.config import GIB, EngineSettings
 from engine.device import no_gpu_reason, probe_gpu
 
@@ -29,8 +29,9 @@ def test_plan_shape_json(capsys):
 
 def test_plan_a_checkpoint_from_its_headers(tiny_checkpoint, capsys):
     model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
-    config, sizes = checkpoint_nbytes(model)
-    assert config.quantized and sizes["embed_tokens"] == 512 * 128 // 2 + 2 * 512 * 2 * 2
+    config, specs = model_specs(model)
+    table = specs["embed_tokens"]
+    assert config.quantized and table.shape == (512, 128) and table.quant.bits == 4
     assert main(["plan", "--model", str(model), "--card-gib", "4", "--json"]) == 0
     decision = json.loads(capsys.readouterr().out)
     assert decision["verdict"] == "fits" and decision["breakdown"]["weights"] > 0

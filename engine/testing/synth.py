@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.bf16 import from_bf16, to_bf16
 from engine.checkpoint.names import expected_tensors, is_conv, is_zero_centred
 from engine.config import parse_config
 from engine.memory.shapes import shape_config
@@ -78,16 +79,6 @@ def text_config(shape: dict) -> dict:
     )
 
 
-def to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 -> bf16 bits (uint16), round to nearest even."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bf16(b: np.ndarray) -> np.ndarray:
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
 def quantize_affine(w: np.ndarray, bits: int, group: int):
     """MLX affine quantization: per group of `group` columns, w ~= scale * q + bias.
 
@@ -124,6 +115,13 @@ class _Writer:
         self.f.write(struct.pack("<Q", len(raw)) + raw)
         self.order = list(specs)
         self.i = 0
+        self.end = 8 + len(raw) + off
+
+    def leave_sparse(self) -> None:
+        """End the file at its full size with no data written: a sparse file of zeros that
+        takes no disk, for tests that read only the headers of a large checkpoint."""
+        self.f.truncate(self.end)
+        self.i = len(self.order)
 
     def add(self, name: str, arr: np.ndarray) -> None:
         assert self.order[self.i] == name, (self.order[self.i], name)
@@ -184,8 +182,10 @@ def write_checkpoint(
     seed: int = 0,
     std: float = 0.05,
     pooled: bool | None = None,
+    headers_only: bool = False,
 ) -> Path:
-    """Write config.json + model.safetensors for `shape` in `fmt` ('mlx4', 'mlx8', 'bf16')."""
+    """Write config.json + model.safetensors for `shape` in `fmt` ('mlx4', 'mlx8', 'bf16').
+    headers_only: every tensor zero, in a sparse file (instant at any size; for planning)."""
     spec = SHAPES[shape] if isinstance(shape, str) else shape
     tc = text_config(spec)
     bits = {"mlx4": 4, "mlx8": 8, "bf16": 0}[fmt]
@@ -234,6 +234,9 @@ def write_checkpoint(
         specs[key(name) + leaf] = (dt, shp)
 
     w = _Writer(out / "model.safetensors", specs, {"format": "mlx" if mlx else "pt"})
+    if headers_only:
+        w.leave_sparse()
+        mats, small = {}, {}
     for name, shp in mats.items():
         if mlx:
             p, s, b = src.quant(shp)

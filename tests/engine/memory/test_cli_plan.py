@@ -44,3 +44,14 @@ def test_no_gpu_here_is_reported_not_raised(capsys):
     assert no_gpu_reason().startswith("No NVIDIA GPU found")
     assert main(["plan", "--shape", "4B"]) == 2
     assert "--card-gib" in capsys.readouterr().err
+
+
+def test_readme_table_is_what_snug_plan_prints(capsys):
+    """The README's 4 GiB table is `snug plan --shape all --card-gib 4`, row for row."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    assert main(["plan", "--shape", "all", "--card-gib", "4"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[1:]  # below the card line
+    for line in printed:
+        assert f"    {line}\n" in readme, line

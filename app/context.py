@@ -1,4 +1,4 @@
-"""Builds the app's models, workers and controllers, and shuts them down in order."""
+"""Builds the app's state, controllers and pollers, and shuts them down in order."""
 
 from __future__ import annotations
 
@@ -8,15 +8,13 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings
 
+from app.controllers import ChatController, DownloadManager, EngineController
 from app.engine_bridge import Loader
-from app.models.catalog import Library
-from app.models.chat_history import ChatStore
-from app.models.conversation import ChatController
-from app.models.fit import FitAdvisor, Planner
-from app.models.machine import Machine
-from app.models.settings import AppSettings
-from app.workers.downloader import DownloadManager
-from app.workers.engine_worker import EngineController
+from app.state.catalog import Library
+from app.state.chat_history import ChatStore
+from app.state.fit import FitAdvisor, Planner
+from app.state.machine import Machine
+from app.state.settings import AppSettings
 from app.workers.nvml_poller import NvmlPoller, NvmlSource
 
 

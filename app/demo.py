@@ -15,6 +15,7 @@ from pathlib import Path
 from PySide6.QtCore import QSettings
 
 from app.context import AppContext, build_context
+from app.engine_bridge import Loader, LoadRequest, Progress
 from engine.session import GenerationStats, TokenEvent
 
 GIB = 1 << 30
@@ -35,7 +36,7 @@ What else lives on the card:
 | workspace | prompt length (lazily) |
 
 ```python
-decision = plan_for_checkpoint(sizes, config, context=8192, streams=1, ...)
+decision = decide(specs, config, settings, card, context=8192, streams=1)
 print(decision.verdict)  # fits
 ```
 
@@ -103,8 +104,8 @@ class DemoGpu:
         pass
 
 
-def demo_loader(delay: float = 0.02):
-    def load(model_dir, settings, context, streams, max_rows, progress=None):
+def demo_loader(delay: float = 0.02) -> Loader:
+    def load(request: LoadRequest, progress: Progress | None = None) -> DemoEngine:
         for stage, f in (("reading checkpoint", 0.0), ("loading weights", 0.5), ("ready", 1.0)):
             if progress is not None:
                 progress(stage, f)

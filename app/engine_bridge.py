@@ -2,12 +2,13 @@
 
 Everything the worker thread needs from the engine goes through here, so a change in the
 engine's API is a change in this file only. Nothing here is called on the GUI thread except
-`make_params`, which only builds a value.
+`make_params` and `LoadRequest`, which only build values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.config import EngineSettings
@@ -29,26 +30,43 @@ class EngineLike(Protocol):
     def unload(self) -> None: ...
 
 
-Loader = Callable[[str, EngineSettings, int, int, int, Progress | None], EngineLike]
+@dataclass(frozen=True)
+class LoadRequest:
+    """What the GUI asks the engine thread to load, and under which rules.
+
+    `settings` are the engine's (environment first, then the user's settings). With
+    `refuse_cpu` the worker refuses a load that would run on the numpy backend, before
+    loading when `gpu_present` is False (whether NVML has found a card; None: not asked).
+    """
+
+    model_dir: str
+    settings: EngineSettings
+    context: int
+    streams: int = 1
+    max_rows: int = 512
+    refuse_cpu: bool = False
+    gpu_present: bool | None = None
+
+    def __post_init__(self) -> None:
+        sizes = {"context": self.context, "streams": self.streams, "max_rows": self.max_rows}
+        for name, value in sizes.items():
+            if value < 1:
+                raise ValueError(f"load request {name} = {value} must be at least 1")
 
 
-def load_engine(
-    model_dir: str,
-    settings: EngineSettings,
-    context: int,
-    streams: int,
-    max_rows: int,
-    progress: Progress | None = None,
-) -> EngineLike:
+Loader = Callable[[LoadRequest, Progress | None], EngineLike]
+
+
+def load_engine(request: LoadRequest, progress: Progress | None = None) -> EngineLike:
     """Load a model with the real engine. Slow: call it on the engine worker thread only."""
     from engine.session import Engine
 
     return Engine.load(
-        model_dir,
-        settings,
-        context=context,
-        streams=streams,
-        max_rows=max_rows,
+        request.model_dir,
+        request.settings,
+        context=request.context,
+        streams=request.streams,
+        max_rows=request.max_rows,
         progress=progress,
     )
 

@@ -7,13 +7,13 @@ from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import QLabel, QMainWindow, QSplitter, QTabWidget, QVBoxLayout, QWidget
 
 from app.context import AppContext
-from app.models.catalog import Entry
 from app.panels.chat import ChatPanel, ChatSidebar
 from app.panels.gauge import GaugePanel
 from app.panels.library import LibraryPanel
 from app.panels.load import LoadPanel
 from app.panels.settings import SettingsPanel
 from app.planning import fmt_bytes
+from app.state.catalog import Entry
 
 
 class MainWindow(QMainWindow):

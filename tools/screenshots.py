@@ -16,6 +16,7 @@ from pathlib import Path
 from PySide6.QtCore import QCoreApplication, QEventLoop
 
 from app.demo import demo_context
+from app.engine_bridge import LoadRequest
 from app.main import make_app
 from app.main_window import MainWindow
 
@@ -59,15 +60,8 @@ def main() -> int:
     pump(1.5, until=lambda: len(ctx.machine.history) >= 3)
 
     model_dir = args.model_dir or str(Path(tempfile.gettempdir()) / "Qwen3.5-4B-MLX-4bit")
-    ctx.engine.load(
-        {
-            "model_dir": model_dir,
-            "settings": ctx.settings.engine_settings(),
-            "context": ctx.settings.context,
-            "streams": ctx.settings.streams,
-            "max_rows": ctx.settings.max_rows,
-        }
-    )
+    s = ctx.settings
+    ctx.engine.load(LoadRequest(model_dir, s.engine_settings(), s.context, s.streams, s.max_rows))
     pump(120, until=lambda: ctx.engine.state in ("ready", "empty"))
 
     # 1. Main window: a finished reply, the gauge with some history.

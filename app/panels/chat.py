@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.models.conversation import ChatController
+from app.controllers import ChatController
 from app.widgets.message import MessageWidget
 
 

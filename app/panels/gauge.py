@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyqtgraph as pg
 from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
-from app.models.machine import Machine
 from app.planning import fmt_bytes
+from app.state.machine import Machine
 from app.widgets.stacked_bar import Legend, StackedBar
 
 SNUG, OTHERS, FREE, RESERVE = "#4f6bed", "#e08a2e", "#dfe5ea", "#d64545"

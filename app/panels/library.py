@@ -18,10 +18,10 @@ from PySide6.QtWidgets import (
 )
 
 from app import planning
-from app.models.catalog import Entry, Library
-from app.models.fit import FitAdvisor
+from app.controllers import DownloadManager
 from app.planning import fmt_bytes
-from app.workers.downloader import DownloadManager
+from app.state.catalog import Entry, Library
+from app.state.fit import FitAdvisor
 
 VERDICT_KIND = {
     "fits": "good",

@@ -16,11 +16,12 @@ from PySide6.QtWidgets import (
 )
 
 from app import planning
-from app.models.catalog import Entry
-from app.models.fit import FitAdvisor
+from app.controllers import EngineController
+from app.engine_bridge import LoadRequest
 from app.panels.library import verdict_kind
+from app.state.catalog import Entry
+from app.state.fit import FitAdvisor
 from app.widgets.stacked_bar import Legend, StackedBar
-from app.workers.engine_worker import EngineController
 
 CONTEXT_STEPS = [512 << i for i in range(10)]  # 512 ... 262144
 
@@ -233,15 +234,15 @@ class LoadPanel(QWidget):
         self.error.hide()
         s = self.settings
         self.engine.load(
-            {
-                "model_dir": self.entry.local_dir,
-                "settings": s.engine_settings(),
-                "context": self.context_spin.value(),
-                "streams": self.streams_spin.value(),
-                "max_rows": self.rows_spin.value(),
-                "refuse_cpu": s.refuse_cpu,
-                "gpu_present": self.advisor.machine.gpu is not None,
-            }
+            LoadRequest(
+                model_dir=self.entry.local_dir,
+                settings=s.engine_settings(),
+                context=self.context_spin.value(),
+                streams=self.streams_spin.value(),
+                max_rows=self.rows_spin.value(),
+                refuse_cpu=s.refuse_cpu,
+                gpu_present=self.advisor.machine.gpu is not None,
+            )
         )
         s.set("model/last_dir", self.entry.local_dir)
 

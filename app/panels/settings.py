@@ -17,8 +17,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.models.settings import BACKENDS, BY_KEY, AppSettings
-from app.workers.engine_worker import EngineController
+from app.controllers import EngineController
+from app.state.settings import BACKENDS, BY_KEY, AppSettings
 
 RANGES = {
     "memory/reserve_gib": (0.0, 64.0, 0.25, 2),
@@ -33,6 +33,7 @@ RANGES = {
     "sampling/min_p": (0.0, 1.0, 0.01, 2),
     "sampling/max_new_tokens": (16, 32768, 256, 0),
 }
+BACKEND_LABELS = {"auto": "Auto", "cuda": "GPU (CUDA)", "numpy": "CPU (numpy)"}
 GROUPS = (
     ("Memory", ("memory/reserve_gib", "memory/limit_gib")),
     (
@@ -112,10 +113,10 @@ class SettingsPanel(QScrollArea):
         value = s.get(key)
         if key == "engine/backend":
             combo = QComboBox()
-            combo.addItems(["auto", "cuda", "cpu"])
-            combo.setItemText(2, "cpu")
+            for name in BACKENDS:
+                combo.addItem(BACKEND_LABELS[name], name)
             combo.setCurrentIndex(BACKENDS.index(s.backend))
-            combo.currentTextChanged.connect(lambda v: s.set(key, v))
+            combo.currentIndexChanged.connect(lambda i: s.set(key, BACKENDS[i]))
             return combo
         if field.kind is bool:
             box = QCheckBox()
@@ -147,7 +148,7 @@ class SettingsPanel(QScrollArea):
             if isinstance(editor, QCheckBox):
                 editor.setChecked(bool(value))
             elif isinstance(editor, QComboBox):
-                editor.setCurrentText(str(value))
+                editor.setCurrentIndex(BACKENDS.index(self.settings.backend))
             elif isinstance(editor, QPlainTextEdit):
                 if editor.toPlainText() != value:
                     editor.setPlainText(str(value))

@@ -14,8 +14,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.models.chat_history import Turn
-from app.models.conversation import format_stats
+from app.controllers import format_stats
+from app.state.chat_history import Turn
 from app.thinking import split_reply
 
 

@@ -4,7 +4,8 @@ Each file is fetched into `blobs/<etag>.incomplete` in the standard cache layout
 resumed with an HTTP Range request on the next attempt (after a cut connection, a Cancel
 or an app restart); `hf_hub_download` then links the finished blob into the snapshot.
 Progress comes from a tqdm class handed to huggingface_hub's `http_get`; Cancel is a
-threading.Event that the hook checks on every chunk.
+threading.Event that the hook checks on every chunk. DownloadManager (app/controllers.py)
+owns the thread and is what the library panel talks to.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Signal, Slot
 
 WANTED = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken")
 EMIT_EVERY_S = 0.1
@@ -204,66 +205,3 @@ class DownloadWorker(QObject):
                 f"more and {free / 2**30:.2f} GiB is free. Free some space or set HF_HOME to "
                 "a larger disk."
             )
-
-
-class DownloadManager(QObject):
-    """GUI-side handle: owns the download thread; the library panel talks to this."""
-
-    started = Signal(str, object)
-    progress = Signal(str, object, object, float)
-    finished = Signal(str, str)
-    failed = Signal(str, str)
-    cancelled = Signal(str)
-    _do_download = Signal(str, object)
-
-    def __init__(
-        self,
-        cache_dir: str | None = None,
-        endpoint: str | None = None,
-        parent: QObject | None = None,
-    ) -> None:
-        super().__init__(parent)
-        self._thread = QThread()
-        self._thread.setObjectName("snug-download")
-        self._worker = DownloadWorker(cache_dir, endpoint)
-        self._worker.moveToThread(self._thread)
-        self._do_download.connect(self._worker.download)
-        # `_done` first, so that views see `active` cleared when the forwarded signal arrives.
-        self._worker.finished.connect(self._done)
-        self._worker.failed.connect(self._done)
-        self._worker.cancelled.connect(self._done)
-        for name in ("started", "progress", "finished", "failed", "cancelled"):
-            getattr(self._worker, name).connect(getattr(self, name))
-        self._thread.finished.connect(self._worker.deleteLater)
-        self._thread.start()
-        self._active: str | None = None
-        self._cancel: threading.Event | None = None
-
-    @property
-    def active(self) -> str | None:
-        return self._active
-
-    @property
-    def cache_dir(self) -> str | None:
-        return self._worker.cache_dir
-
-    def download(self, repo: str) -> bool:
-        if self._active is not None:
-            return False
-        self._active = repo
-        self._cancel = threading.Event()
-        self._do_download.emit(repo, self._cancel)
-        return True
-
-    def cancel(self) -> None:
-        if self._cancel is not None:
-            self._cancel.set()
-
-    def _done(self, repo: str, *_rest: object) -> None:
-        if repo == self._active:
-            self._active, self._cancel = None, None
-
-    def shutdown(self, timeout_ms: int = 10000) -> bool:
-        self.cancel()
-        self._thread.quit()
-        return self._thread.wait(timeout_ms)

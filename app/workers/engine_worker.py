@@ -1,6 +1,6 @@
 """The engine worker: one long-lived QObject on one QThread owns every engine call.
 
-GUI thread                         worker thread
+GUI thread (app/controllers.py)    worker thread (this module)
   EngineController.load()  --sig-->  EngineWorker.load()      (slow, blocks only this thread)
   EngineController.send()  --sig-->  EngineWorker.generate()  loops over engine.generate(...)
   EngineController.stop()  -- threading.Event.set() --------> checked by the engine per token
@@ -18,8 +18,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app import engine_bridge
-from app.engine_bridge import EngineLike, Loader
+from app.engine_bridge import EngineLike, Loader, LoadRequest
 
 BATCH_S = 0.03
 CPU_REFUSED = (
@@ -51,23 +50,15 @@ class EngineWorker(QObject):
         self._loader = loader
         self._engine: EngineLike | None = None
 
-    @Slot(dict)
-    def load(self, request: dict) -> None:
+    @Slot(object)
+    def load(self, request: LoadRequest) -> None:
         self._unload_quietly()
         try:
-            settings = request["settings"]
-            no_gpu = settings.backend == "numpy" or request.get("gpu_present") is False
-            if request.get("refuse_cpu") and no_gpu:
+            no_gpu = request.settings.backend == "numpy" or request.gpu_present is False
+            if request.refuse_cpu and no_gpu:
                 raise CpuModeRefused(CPU_REFUSED)
-            engine = self._loader(
-                request["model_dir"],
-                settings,
-                request["context"],
-                request["streams"],
-                request["max_rows"],
-                self._progress,
-            )
-            if request.get("refuse_cpu") and engine.backend_name != "cuda":
+            engine = self._loader(request, self._progress)
+            if request.refuse_cpu and engine.backend_name != "cuda":
                 engine.unload()
                 raise CpuModeRefused(CPU_REFUSED)
         except Exception as exc:  # every failure reaches the GUI as a message
@@ -76,12 +67,12 @@ class EngineWorker(QObject):
         self._engine = engine
         self.loaded.emit(
             {
-                "model_dir": request["model_dir"],
+                "model_dir": request.model_dir,
                 "backend": engine.backend_name,
                 "decision": getattr(engine, "decision", None),
                 "held": self._held(),
-                "context": request["context"],
-                "streams": request["streams"],
+                "context": request.context,
+                "streams": request.streams,
             }
         )
         self.held.emit(self._held())
@@ -161,128 +152,3 @@ def _summary(event: Any, cancel: threading.Event | None) -> dict:
         for name in ("prompt_tokens", "new_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s"):
             out[name] = getattr(stats, name, None)
     return out
-
-
-class EngineController(QObject):
-    """GUI-side handle on the engine thread. Widgets talk to this, never to the engine.
-
-    States: "empty" (no model), "loading", "ready", "generating".
-    """
-
-    state_changed = Signal(str)
-    load_progress = Signal(str, float)
-    loaded = Signal(dict)
-    load_failed = Signal(str, str)
-    unloaded = Signal()
-    tokens = Signal(int, str)
-    finished = Signal(int, dict)
-    failed = Signal(int, str, str)
-    held = Signal(object)  # bytes: can exceed a 32-bit int
-
-    _do_load = Signal(dict)
-    _do_generate = Signal(int, list, object, object, object)
-    _do_unload = Signal()
-    _do_shutdown = Signal()
-
-    def __init__(self, loader: Loader | None = None, parent: QObject | None = None) -> None:
-        super().__init__(parent)
-        self._thread = QThread()
-        self._thread.setObjectName("snug-engine")
-        self._worker = EngineWorker(loader or engine_bridge.load_engine)
-        self._worker.moveToThread(self._thread)
-        self._do_load.connect(self._worker.load)
-        self._do_generate.connect(self._worker.generate)
-        self._do_unload.connect(self._worker.unload)
-        self._do_shutdown.connect(self._worker.shutdown)
-        w = self._worker
-        w.load_progress.connect(self.load_progress)
-        w.loaded.connect(self._on_loaded)
-        w.load_failed.connect(self._on_load_failed)
-        w.unloaded.connect(self._on_unloaded)
-        w.tokens.connect(self.tokens)
-        w.finished.connect(self._on_finished)
-        w.failed.connect(self._on_failed)
-        w.held.connect(self.held)
-        self._thread.finished.connect(self._worker.deleteLater)
-        self._thread.start()
-        self._state = "empty"
-        self._info: dict = {}
-        self._next_id = 0
-        self._active: int | None = None
-        self._cancel: threading.Event | None = None
-
-    @property
-    def state(self) -> str:
-        return self._state
-
-    @property
-    def info(self) -> dict:
-        """What the last successful load reported (model_dir, backend, decision, held)."""
-        return dict(self._info)
-
-    @property
-    def thread(self) -> QThread:
-        return self._thread
-
-    def _set_state(self, state: str) -> None:
-        if state != self._state:
-            self._state = state
-            self.state_changed.emit(state)
-
-    def load(self, request: dict) -> None:
-        self.stop()
-        self._set_state("loading")
-        self._do_load.emit(request)
-
-    def unload(self) -> None:
-        self.stop()
-        self._do_unload.emit()
-
-    def send(self, messages: list[dict[str, str]], params: Any, thinking: bool | None) -> int:
-        """Start a reply; returns its request id (tokens/finished/failed carry it)."""
-        self.stop()
-        self._next_id += 1
-        self._active = self._next_id
-        self._cancel = threading.Event()
-        self._set_state("generating")
-        self._do_generate.emit(self._active, list(messages), params, thinking, self._cancel)
-        return self._active
-
-    def stop(self) -> None:
-        if self._cancel is not None:
-            self._cancel.set()
-
-    def shutdown(self, timeout_ms: int = 30000) -> bool:
-        """Stop generation, unload, end the thread and wait for it. Safe to call twice."""
-        if not self._thread.isRunning():
-            return True
-        self.stop()
-        self._do_shutdown.emit()
-        return self._thread.wait(timeout_ms)
-
-    def _on_loaded(self, info: dict) -> None:
-        self._info = info
-        self._set_state("ready")
-        self.loaded.emit(info)
-
-    def _on_load_failed(self, cls: str, msg: str) -> None:
-        self._info = {}
-        self._set_state("empty")
-        self.load_failed.emit(cls, msg)
-
-    def _on_unloaded(self) -> None:
-        self._info = {}
-        self._set_state("empty")
-        self.unloaded.emit()
-
-    def _on_finished(self, request_id: int, summary: dict) -> None:
-        if request_id == self._active:
-            self._active, self._cancel = None, None
-            self._set_state("ready")
-        self.finished.emit(request_id, summary)
-
-    def _on_failed(self, request_id: int, cls: str, msg: str) -> None:
-        if request_id == self._active:
-            self._active, self._cancel = None, None
-            self._set_state("ready" if self._info else "empty")
-        self.failed.emit(request_id, cls, msg)

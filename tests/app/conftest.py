@@ -24,7 +24,7 @@ def settings_store(tmp_path):
 
 @pytest.fixture
 def app_settings(settings_store):
-    from app.models.settings import AppSettings
+    from app.state.settings import AppSettings
 
     return AppSettings(settings_store)
 

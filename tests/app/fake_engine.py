@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from app.engine_bridge import LoadRequest
 from engine.session import GenerationStats, TokenEvent
 
 REPLY = [
@@ -49,10 +50,15 @@ class FakeEngine:
 
     @classmethod
     def loader(cls, **kwargs):
-        """A loader for EngineController that records what it was asked to load."""
-        made: list[FakeEngine] = []
+        """A loader for EngineController that records what it was asked to load.
 
-        def load(model_dir, settings, context, streams, max_rows, progress=None):
+        `load.made` holds the engines it built, `load.requests` the LoadRequests it served.
+        """
+        made: list[FakeEngine] = []
+        requests: list[LoadRequest] = []
+
+        def load(request: LoadRequest, progress=None) -> FakeEngine:
+            requests.append(request)
             if progress is not None:
                 progress("weights", 0.5)
                 progress("weights", 1.0)
@@ -62,6 +68,7 @@ class FakeEngine:
             return engine
 
         load.made = made
+        load.requests = requests
         return load
 
     def held_bytes(self) -> int:

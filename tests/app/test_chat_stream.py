@@ -8,21 +8,14 @@ import time
 from fake_engine import THINKING_REPLY, FakeEngine
 from PySide6.QtCore import QTimer
 
+from app.engine_bridge import LoadRequest
 from engine.errors import ScratchGrowFailed
 
 
 def _load(qtbot, window):
     entry_dir = "/models/fake"
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
-        window.ctx.engine.load(
-            {
-                "model_dir": entry_dir,
-                "settings": window.ctx.settings.engine_settings(),
-                "context": 4096,
-                "streams": 1,
-                "max_rows": 512,
-            }
-        )
+        window.ctx.engine.load(LoadRequest(entry_dir, window.ctx.settings.engine_settings(), 4096))
 
 
 def test_message_streams_in_while_gui_stays_responsive(qtbot, make_window):

@@ -7,7 +7,7 @@ import os
 import pytest
 from hf_server import FakeHub
 
-from app.workers.downloader import DownloadManager
+from app.controllers import DownloadManager
 
 REPO = "mlx-community/Qwen3.5-0.8B-MLX-4bit"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app import planning
-from app.models.catalog import Entry
+from app.state.catalog import Entry
 from engine.config import EngineSettings
 
 
@@ -34,7 +34,7 @@ def test_plan_a_local_folder_with_the_real_planner(tiny):
 def test_load_and_chat_with_the_real_engine(qtbot, make_window, tiny):
     window = make_window()  # no GPU here: the numpy backend, labelled CPU mode
     s = window.ctx.settings
-    s.set("engine/backend", "cpu")
+    s.set("engine/backend", "numpy")
     s.set("sampling/max_new_tokens", 6)
     s.set("sampling/temperature", 0.0)
     window.choose(Entry("folder:tiny", "tiny", "", 0, "folder", local_dir=str(tiny)))
@@ -47,3 +47,36 @@ def test_load_and_chat_with_the_real_engine(qtbot, make_window, tiny):
         assert window.ctx.chats.send("hello")
     assert done.args[1]["finish_reason"] in ("stop", "length")
     assert window.chat.message_widgets()[-1].property("role") == "assistant"
+
+
+def test_environment_engine_settings_reach_the_engine_on_load(
+    qtbot, make_window, tiny, monkeypatch
+):
+    """SNUG_COMPUTE_DTYPE and SNUG_OVERLAP_LAUNCHES pass through the app's own settings."""
+    from engine.session import Engine
+
+    monkeypatch.setenv("SNUG_COMPUTE_DTYPE", "float32")
+    monkeypatch.setenv("SNUG_OVERLAP_LAUNCHES", "0")
+    received: list[EngineSettings] = []
+    real_load = Engine.load.__func__
+
+    def spy(cls, model_dir, settings=None, *args, **kwargs):
+        received.append(settings)
+        return real_load(cls, model_dir, settings, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "load", classmethod(spy))
+    window = make_window()  # the real loader: app.engine_bridge.load_engine
+    s = window.ctx.settings
+    s.set("engine/backend", "numpy")
+    s.set("memory/reserve_gib", 0.25)
+    window.choose(Entry("folder:tiny", "tiny", "", 0, "folder", local_dir=str(tiny)))
+    s.set("engine/context", 256)
+    failures: list[tuple[str, str]] = []
+    window.ctx.engine.load_failed.connect(lambda cls, msg: failures.append((cls, msg)))
+    window.load.load_button.click()  # the Load panel builds the request, as a user's click does
+    qtbot.waitUntil(lambda: window.ctx.engine.state != "loading", timeout=20000)
+    assert not failures and window.ctx.engine.state == "ready", failures
+    assert len(received) == 1
+    got = received[0]
+    assert (got.compute_dtype, got.overlap_launches) == ("float32", False)
+    assert (got.backend, got.reserve_bytes) == ("numpy", 1 << 28)  # the app's own fields

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from conftest import FakeGpu
 from hf_server import FakeHub
 
-from app.models.catalog import Entry
+from app.state.catalog import Entry
+from tests.app.conftest import FakeGpu
 
 REPO = "mlx-community/Qwen3.5-0.8B-MLX-4bit"
 

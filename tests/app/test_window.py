@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from conftest import FakeGpu
+import pytest
 from fake_engine import FakeEngine
 from PySide6.QtCore import QSettings
 
-from app.models.settings import AppSettings
+from app.engine_bridge import LoadRequest
+from app.state.settings import AppSettings
+from tests.app.conftest import FakeGpu
 
 
 def test_settings_persist_across_a_restart(qtbot, make_window, tmp_path):
@@ -17,7 +19,7 @@ def test_settings_persist_across_a_restart(qtbot, make_window, tmp_path):
     editors["engine/context"].setValue(16384)
     editors["sampling/temperature"].setValue(0.3)
     editors["chat/thinking"].setChecked(True)
-    editors["engine/backend"].setCurrentText("cpu")
+    editors["engine/backend"].setCurrentIndex(editors["engine/backend"].findData("numpy"))
     editors["chat/system_prompt"].setPlainText("Be brief.")
     window.close()
 
@@ -26,10 +28,27 @@ def test_settings_persist_across_a_restart(qtbot, make_window, tmp_path):
     assert s.get("memory/reserve_gib") == 1.25
     assert s.context == 16384 and again.load.context_spin.value() == 16384
     assert s.get("sampling/temperature") == 0.3
-    assert s.thinking is True and s.backend == "cpu"
+    assert s.thinking is True and s.backend == "numpy"
+    assert again.settings.editors["engine/backend"].currentText() == "CPU (numpy)"
     assert s.system_prompt == "Be brief."
     assert again.settings.editors["memory/reserve_gib"].value() == 1.25
     assert s.engine_settings().backend == "numpy"
+
+
+def test_an_old_settings_file_with_backend_cpu_reads_as_numpy(qtbot, make_window, tmp_path):
+    path = str(tmp_path / "old.ini")
+    old = QSettings(path, QSettings.Format.IniFormat)
+    old.setValue("engine/backend", "cpu")  # the value settings files held before "numpy"
+    old.sync()
+    window = make_window(store=QSettings(path, QSettings.Format.IniFormat))
+    s = window.ctx.settings
+    assert s.backend == "numpy" and s.engine_settings().backend == "numpy"
+    assert window.settings.editors["engine/backend"].currentData() == "numpy"
+
+
+def test_load_request_refuses_sizes_below_one(app_settings):
+    with pytest.raises(ValueError, match="context = 0"):
+        LoadRequest("/m", app_settings.engine_settings(), context=0)
 
 
 def test_defaults(settings_store):
@@ -44,15 +63,7 @@ def test_defaults(settings_store):
 def test_reload_notice_when_a_setting_needs_it(qtbot, make_window):
     window = make_window(loader=FakeEngine.loader())
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
-        window.ctx.engine.load(
-            {
-                "model_dir": "/m",
-                "settings": window.ctx.settings.engine_settings(),
-                "context": 4096,
-                "streams": 1,
-                "max_rows": 512,
-            }
-        )
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
     window.settings.editors["sampling/top_k"].setValue(40)
     assert window.settings.reload_note.isHidden()
     window.settings.editors["memory/reserve_gib"].setValue(1.0)
@@ -94,13 +105,7 @@ def test_cpu_mode_load_is_labelled(qtbot, make_window):
     window = make_window(loader=FakeEngine.loader())
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
         window.ctx.engine.load(
-            {
-                "model_dir": "/models/tiny",
-                "settings": window.ctx.settings.engine_settings(),
-                "context": 4096,
-                "streams": 1,
-                "max_rows": 512,
-            }
+            LoadRequest("/models/tiny", window.ctx.settings.engine_settings(), 4096)
         )
     assert "CPU mode" in window.model_status.text()
 
@@ -109,15 +114,7 @@ def test_closing_the_window_stops_the_worker_thread(qtbot, make_window):
     loader = FakeEngine.loader(script=["x"] * 1000, delay=0.01)
     window = make_window(loader=loader)
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
-        window.ctx.engine.load(
-            {
-                "model_dir": "/m",
-                "settings": window.ctx.settings.engine_settings(),
-                "context": 4096,
-                "streams": 1,
-                "max_rows": 512,
-            }
-        )
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
     window.ctx.chats.send("long")
     qtbot.waitUntil(lambda: window.ctx.chats.busy, timeout=1000)
     thread = window.ctx.engine.thread

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from conftest import commit, shape_plan
 
 from engine.config import GIB, EngineSettings
 from engine.errors import DeviceOutOfMemory, ScratchGrowFailed
 from engine.memory import SimulatedPool, Verdict, admit, available_bytes, largest_context
 from engine.memory.growth import ladder_below
 from engine.memory.shapes import shape_config, shape_tensor_nbytes
+from tests.engine.memory.conftest import commit, shape_plan
 
 
 def _need(plan, eager=True, host=False) -> int:

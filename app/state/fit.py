@@ -8,9 +8,9 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 
 from app import planning
-from app.models.catalog import Entry, Library
-from app.models.machine import Machine
-from app.models.settings import AppSettings
+from app.state.catalog import Entry, Library
+from app.state.machine import Machine
+from app.state.settings import AppSettings
 
 Planner = Callable[..., Any]
 REPLAN_KEYS = {
@@ -74,9 +74,9 @@ class FitAdvisor(QObject):
         """A Decision (or planning.PlanProblem) for `entry` at these sizes."""
         if self.machine.gpu is None and not self.machine.no_gpu:
             return planning.PlanProblem("Checking the GPU…", "Checking…")
-        if self.settings.backend == "cpu":
+        if self.settings.backend == "numpy":
             return planning.PlanProblem(
-                "Backend is set to CPU in Settings: the model runs on the CPU (numpy backend).",
+                "Backend is set to CPU (numpy) in Settings: the model runs on the CPU.",
                 "CPU mode",
             )
         kwargs: dict[str, Any] = {

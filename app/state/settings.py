@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
@@ -37,7 +37,9 @@ FIELDS: tuple[Field, ...] = (
     Field("model/last_dir", str, "", "Last model folder"),
 )
 BY_KEY = {f.key: f for f in FIELDS}
-BACKENDS = ("auto", "cuda", "cpu")
+# The engine's names (SNUG_BACKEND); the settings panel shows each with its own label.
+BACKENDS = ("auto", "cuda", "numpy")
+BACKEND_ALIASES = {"cpu": "numpy"}  # the name settings files written before used
 
 
 def _coerce(field: Field, raw: object) -> object:
@@ -106,7 +108,9 @@ class AppSettings(QObject):
 
     @property
     def backend(self) -> str:
+        """auto, cuda or numpy (the engine's names); an old file's "cpu" reads as numpy."""
         value = str(self.get("engine/backend"))
+        value = BACKEND_ALIASES.get(value, value)
         return value if value in BACKENDS else "auto"
 
     @property
@@ -122,16 +126,18 @@ class AppSettings(QObject):
         return str(self.get("chat/system_prompt"))
 
     def engine_settings(self) -> EngineSettings:
-        """EngineSettings from the environment, overridden by what the user set here."""
-        base = EngineSettings.from_env()
+        """EngineSettings from the environment, with the fields these settings own replaced.
+
+        Reserve, limit and backend come from here; everything else the environment sets
+        (SNUG_COMPUTE_DTYPE, SNUG_OVERLAP_LAUNCHES, SNUG_CACHE_DIR...) passes through.
+        """
         reserve = float(self.get("memory/reserve_gib"))
         limit = float(self.get("memory/limit_gib"))
-        backend = {"auto": "auto", "cuda": "cuda", "cpu": "numpy"}[self.backend]
-        return EngineSettings(
+        return replace(
+            EngineSettings.from_env(),
             reserve_bytes=int(round(reserve * GIB)),
             limit_bytes=int(round(limit * GIB)) if limit > 0 else None,
-            backend=backend,
-            cache_dir=base.cache_dir,
+            backend=self.backend,
         )
 
     def sampling(self) -> dict[str, float | int]:

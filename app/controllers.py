@@ -1,0 +1,380 @@
+"""The controllers: GUI-side objects that own the worker threads, and the chat on top.
+
+Panels and widgets take one of these and subscribe to its signals; none of them imports a
+worker or the engine. EngineController and DownloadManager start their worker's QThread in
+`__init__` and end it in `shutdown()` (AppContext.shutdown calls them in order).
+
+    EngineController   the engine thread (app/workers/engine_worker.py): load, send, stop
+    ChatController     the chat store + settings + EngineController: send, regenerate
+    DownloadManager    the download thread (app/workers/downloader.py): download, cancel
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from PySide6.QtCore import QObject, QThread, Signal
+
+from app import engine_bridge
+from app.engine_bridge import Loader, LoadRequest
+from app.state.chat_history import Chat, ChatStore, Turn
+from app.state.settings import AppSettings
+from app.workers.downloader import DownloadWorker
+from app.workers.engine_worker import EngineWorker
+
+
+class EngineController(QObject):
+    """GUI-side handle on the engine thread. Widgets talk to this, never to the engine.
+
+    States: "empty" (no model), "loading", "ready", "generating".
+    """
+
+    state_changed = Signal(str)
+    load_progress = Signal(str, float)
+    loaded = Signal(dict)
+    load_failed = Signal(str, str)
+    unloaded = Signal()
+    tokens = Signal(int, str)
+    finished = Signal(int, dict)
+    failed = Signal(int, str, str)
+    held = Signal(object)  # bytes: can exceed a 32-bit int
+
+    _do_load = Signal(object)  # LoadRequest
+    _do_generate = Signal(int, list, object, object, object)
+    _do_unload = Signal()
+    _do_shutdown = Signal()
+
+    def __init__(self, loader: Loader | None = None, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread = QThread()
+        self._thread.setObjectName("snug-engine")
+        self._worker = EngineWorker(loader or engine_bridge.load_engine)
+        self._worker.moveToThread(self._thread)
+        self._do_load.connect(self._worker.load)
+        self._do_generate.connect(self._worker.generate)
+        self._do_unload.connect(self._worker.unload)
+        self._do_shutdown.connect(self._worker.shutdown)
+        w = self._worker
+        w.load_progress.connect(self.load_progress)
+        w.loaded.connect(self._on_loaded)
+        w.load_failed.connect(self._on_load_failed)
+        w.unloaded.connect(self._on_unloaded)
+        w.tokens.connect(self.tokens)
+        w.finished.connect(self._on_finished)
+        w.failed.connect(self._on_failed)
+        w.held.connect(self.held)
+        self._thread.finished.connect(self._worker.deleteLater)
+        self._thread.start()
+        self._state = "empty"
+        self._info: dict = {}
+        self._next_id = 0
+        self._active: int | None = None
+        self._cancel: threading.Event | None = None
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def info(self) -> dict:
+        """What the last successful load reported (model_dir, backend, decision, held)."""
+        return dict(self._info)
+
+    @property
+    def thread(self) -> QThread:
+        return self._thread
+
+    def _set_state(self, state: str) -> None:
+        if state != self._state:
+            self._state = state
+            self.state_changed.emit(state)
+
+    def load(self, request: LoadRequest) -> None:
+        self.stop()
+        self._set_state("loading")
+        self._do_load.emit(request)
+
+    def unload(self) -> None:
+        self.stop()
+        self._do_unload.emit()
+
+    def send(self, messages: list[dict[str, str]], params: Any, thinking: bool | None) -> int:
+        """Start a reply; returns its request id (tokens/finished/failed carry it)."""
+        self.stop()
+        self._next_id += 1
+        self._active = self._next_id
+        self._cancel = threading.Event()
+        self._set_state("generating")
+        self._do_generate.emit(self._active, list(messages), params, thinking, self._cancel)
+        return self._active
+
+    def stop(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+
+    def shutdown(self, timeout_ms: int = 30000) -> bool:
+        """Stop generation, unload, end the thread and wait for it. Safe to call twice."""
+        if not self._thread.isRunning():
+            return True
+        self.stop()
+        self._do_shutdown.emit()
+        return self._thread.wait(timeout_ms)
+
+    def _on_loaded(self, info: dict) -> None:
+        self._info = info
+        self._set_state("ready")
+        self.loaded.emit(info)
+
+    def _on_load_failed(self, cls: str, msg: str) -> None:
+        self._info = {}
+        self._set_state("empty")
+        self.load_failed.emit(cls, msg)
+
+    def _on_unloaded(self) -> None:
+        self._info = {}
+        self._set_state("empty")
+        self.unloaded.emit()
+
+    def _on_finished(self, request_id: int, summary: dict) -> None:
+        if request_id == self._active:
+            self._active, self._cancel = None, None
+            self._set_state("ready")
+        self.finished.emit(request_id, summary)
+
+    def _on_failed(self, request_id: int, cls: str, msg: str) -> None:
+        if request_id == self._active:
+            self._active, self._cancel = None, None
+            self._set_state("ready" if self._info else "empty")
+        self.failed.emit(request_id, cls, msg)
+
+
+class ChatController(QObject):
+    """Joins the chat store, the settings and the EngineController.
+
+    The chat panel and sidebar talk to this object only. It turns a user message into an
+    engine request, appends streamed text to the reply, and records stats or errors.
+    """
+
+    current_changed = Signal(str)  # chat id
+    turns_changed = Signal(str)  # whole chat must be redrawn
+    reply_grew = Signal(str, str)  # chat id, full reply text so far
+    busy_changed = Signal(bool)
+    notice = Signal(str)  # a short status line (stats or error)
+
+    def __init__(
+        self,
+        store: ChatStore,
+        engine: EngineController,
+        settings: AppSettings,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.engine = engine
+        self.settings = settings
+        self._current: str | None = None
+        self._request: int | None = None
+        self._reply_chat: str | None = None
+        engine.tokens.connect(self._on_tokens)
+        engine.finished.connect(self._on_finished)
+        engine.failed.connect(self._on_failed)
+        chats = store.chats()
+        self.select(chats[0].id if chats else store.create().id)
+
+    # -- queries
+    @property
+    def current(self) -> Chat:
+        chat = self.store.get(self._current or "")
+        if chat is None:
+            chat = self.store.create()
+            self._current = chat.id
+        return chat
+
+    @property
+    def busy(self) -> bool:
+        return self._request is not None
+
+    def can_send(self) -> bool:
+        return self.engine.state in ("ready", "generating")
+
+    # -- commands
+    def select(self, chat_id: str) -> None:
+        if self.store.get(chat_id) is None or chat_id == self._current:
+            return
+        self._current = chat_id
+        self.current_changed.emit(chat_id)
+
+    def new_chat(self) -> None:
+        chat = self.current
+        if not chat.turns:  # reuse an empty chat instead of piling them up
+            self.current_changed.emit(chat.id)
+            return
+        self.select(self.store.create().id)
+
+    def delete_chat(self, chat_id: str) -> None:
+        if chat_id == self._reply_chat:
+            self.stop()
+        self.store.delete(chat_id)
+        if chat_id == self._current:
+            chats = self.store.chats()
+            self._current = None
+            self.select(chats[0].id if chats else self.store.create().id)
+
+    def send(self, text: str) -> bool:
+        text = text.strip()
+        if not text:
+            return False
+        if not self.can_send():
+            self.notice.emit("Load a model first (Models tab, then Load).")
+            return False
+        chat = self.current
+        chat.turns.append(Turn("user", text))
+        self._start_reply(chat)
+        return True
+
+    def regenerate(self) -> bool:
+        """Drop the last reply (and any error after it) and ask again."""
+        chat = self.current
+        if not self.can_send() or not any(t.role == "user" for t in chat.turns):
+            return False
+        while chat.turns and chat.turns[-1].role != "user":
+            chat.turns.pop()
+        self._start_reply(chat)
+        return True
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+    # -- engine side
+    def _start_reply(self, chat: Chat) -> None:
+        thinking = self.settings.thinking
+        messages = chat.messages(self.settings.system_prompt)
+        chat.turns.append(Turn("assistant", "", thinking_enabled=thinking))
+        self.store.save(chat)
+        self.turns_changed.emit(chat.id)
+        params = engine_bridge.make_params(self.settings.sampling())
+        self._reply_chat = chat.id
+        self._request = self.engine.send(messages, params, thinking)
+        self.notice.emit("Generating… (Esc stops)")
+        self.busy_changed.emit(True)
+
+    def _reply_turn(self, request_id: int) -> tuple[Chat, Turn] | None:
+        if request_id != self._request or self._reply_chat is None:
+            return None
+        chat = self.store.get(self._reply_chat)
+        if chat is None or not chat.turns or chat.turns[-1].role != "assistant":
+            return None
+        return chat, chat.turns[-1]
+
+    def _on_tokens(self, request_id: int, text: str) -> None:
+        found = self._reply_turn(request_id)
+        if found is not None:
+            chat, turn = found
+            turn.content += text
+            self.reply_grew.emit(chat.id, turn.content)
+
+    def _on_finished(self, request_id: int, summary: dict) -> None:
+        found = self._reply_turn(request_id)
+        if found is None:
+            return
+        chat, turn = found
+        turn.stats = {k: v for k, v in summary.items() if v is not None}
+        self._end(chat)
+        self.notice.emit(format_stats(turn.stats))
+
+    def _on_failed(self, request_id: int, cls: str, msg: str) -> None:
+        found = self._reply_turn(request_id)
+        if found is None:
+            return
+        chat, turn = found
+        if not turn.content:
+            chat.turns.pop()
+        chat.turns.append(Turn("error", f"{cls}: {msg}"))
+        self._end(chat)
+        self.notice.emit(f"The engine refused this reply ({cls}). The model stays loaded.")
+
+    def _end(self, chat: Chat) -> None:
+        self._request, self._reply_chat = None, None
+        self.store.save(chat)
+        self.turns_changed.emit(chat.id)
+        self.busy_changed.emit(False)
+
+
+def format_stats(stats: dict) -> str:
+    """'42 tokens · 31.5 tok/s · first token 0.21 s' (parts missing from stats are left out)."""
+    parts = []
+    if stats.get("new_tokens") is not None:
+        parts.append(f"{stats['new_tokens']} tokens")
+    if stats.get("decode_tok_s"):
+        parts.append(f"{stats['decode_tok_s']:.1f} tok/s")
+    if stats.get("ttft_s") is not None:
+        parts.append(f"first token {stats['ttft_s']:.2f} s")
+    if stats.get("finish_reason") == "cancelled":
+        parts.append("stopped")
+    elif stats.get("finish_reason") == "length":
+        parts.append("hit the token limit")
+    return " · ".join(parts)
+
+
+class DownloadManager(QObject):
+    """GUI-side handle: owns the download thread; the library panel talks to this."""
+
+    started = Signal(str, object)
+    progress = Signal(str, object, object, float)
+    finished = Signal(str, str)
+    failed = Signal(str, str)
+    cancelled = Signal(str)
+    _do_download = Signal(str, object)
+
+    def __init__(
+        self,
+        cache_dir: str | None = None,
+        endpoint: str | None = None,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._thread = QThread()
+        self._thread.setObjectName("snug-download")
+        self._worker = DownloadWorker(cache_dir, endpoint)
+        self._worker.moveToThread(self._thread)
+        self._do_download.connect(self._worker.download)
+        # `_done` first, so that views see `active` cleared when the forwarded signal arrives.
+        self._worker.finished.connect(self._done)
+        self._worker.failed.connect(self._done)
+        self._worker.cancelled.connect(self._done)
+        for name in ("started", "progress", "finished", "failed", "cancelled"):
+            getattr(self._worker, name).connect(getattr(self, name))
+        self._thread.finished.connect(self._worker.deleteLater)
+        self._thread.start()
+        self._active: str | None = None
+        self._cancel: threading.Event | None = None
+
+    @property
+    def active(self) -> str | None:
+        return self._active
+
+    @property
+    def cache_dir(self) -> str | None:
+        return self._worker.cache_dir
+
+    def download(self, repo: str) -> bool:
+        if self._active is not None:
+            return False
+        self._active = repo
+        self._cancel = threading.Event()
+        self._do_download.emit(repo, self._cancel)
+        return True
+
+    def cancel(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+
+    def _done(self, repo: str, *_rest: object) -> None:
+        if repo == self._active:
+            self._active, self._cancel = None, None
+
+    def shutdown(self, timeout_ms: int = 10000) -> bool:
+        self.cancel()
+        self._thread.quit()
+        return self._thread.wait(timeout_ms)

@@ -1,1 +1,0 @@
-"""Qt-side models: settings, chat history, model catalog."""

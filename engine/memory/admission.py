@@ -10,13 +10,21 @@ never be given bytes the scratch or workspace will need later. An eager scratch/
 (allocated whole at warm-up) counts at its size at max_rows; a lazy one (empty, grown on
 demand) counts at its growth peak, old and new block together.
 
-Verdicts, tried in this order:
+Among the arrangements that fit, the first in this order wins: memory goes where speed
+comes from (invariant 8). Large prefill chunks come before optional memory, so the saved
+prompt states move to pinned host memory (restored over PCIe) before the chunks shrink:
 
-    fits                       eager scratch at the asked max rows; graphs captured at warm-up
-    fits with host embeddings  the same, with an untied embedding table in pinned host memory
-    fits with lazy scratch     the asked max rows do not fit whole: prefill chunks are cut to
-                               the largest rung whose growth peak fits; the blocks grow on demand
-    does not fit               with suggestions whose numbers were each checked to fit
+    rows                      where the saved states live   the embedding table
+    max rows, eager           card                          card
+                              host                          card
+                              host                          host (untied tables only)
+    each rung >= 256, lazy    the same three
+    each rung < 256, lazy     the same three
+
+The verdict names the arrangement: fits (eager, everything on the card), fits with host
+embeddings, fits with lazy scratch, or does not fit (with suggestions whose numbers were each
+checked to fit). `largest_context` keeps chunks of at least 256 rows when any context does,
+so a card short of memory gets a shorter context before it gets smaller chunks.
 
 `admit` returns a Decision; it never raises for "does not fit". `decide` is the one
 admission route: the load panel's preview, `snug plan` and `Engine.load` all call it, with
@@ -39,6 +47,7 @@ from engine.memory.shapes import shape_tensor_specs
 from engine.memory.workspace import FAST_QUERY_ROWS
 
 CONTEXT_STEP = 256
+FAST_ROWS = 256  # prefill chunks at least this large keep the prompt's speed (invariant 8)
 SMALLEST_CONTEXT = 256  # what `decide` plans with before it searches for the largest context
 _RESERVE_STEP = GIB // 20  # suggestions round the reserve down to 0.05 GiB
 _MLX4 = QuantConfig(QuantSpec(bits=4, group_size=64))
@@ -50,6 +59,7 @@ class _Try:
     eager: bool
     host_embeddings: bool
     breakdown: Breakdown
+    cache_on_host: bool = False
 
     @property
     def fits(self) -> bool:
@@ -72,20 +82,23 @@ def _evaluate(
     settings: EngineSettings,
     eager: bool,
     host_embeddings: bool,
+    cache_on_host: bool = False,
 ) -> _Try:
     w = plan.weights
     on_card = w.required_on_card + (0 if host_embeddings else w.movable_to_host)
     scratch = plan.scratch_bytes if eager else plan.scratch_peak_bytes
     work = plan.workspace_bytes if eager else plan.workspace_peak_bytes
+    cache = 0 if cache_on_host else plan.prompt_cache_bytes
     room = available_bytes(card_free, held, settings) - settings.reserve_bytes - scratch - work
-    free_after = room - on_card - plan.stream_state_total - plan.prompt_cache_bytes
+    free_after = room - on_card - plan.stream_state_total - cache
     b = Breakdown(
         weights=on_card,
         embeddings_on_host=w.movable_to_host if host_embeddings else 0,
         stream_state_each=plan.state.total,
         streams=plan.streams,
         stream_state_total=plan.stream_state_total,
-        prompt_cache=plan.prompt_cache_bytes,
+        prompt_cache=cache,
+        prompt_cache_on_host=plan.prompt_cache_bytes if cache_on_host else 0,
         scratch_peak=scratch,
         workspace_peak=work,
         reserve=settings.reserve_bytes,
@@ -95,11 +108,29 @@ def _evaluate(
         limit=settings.limit_bytes,
         held=held,
     )
-    return _Try(plan, eager, host_embeddings, b)
+    return _Try(plan, eager, host_embeddings, b, cache_on_host)
 
 
-def _best(plan: Plan, card_free: int, card_total: int, held: int, settings: EngineSettings) -> _Try:
-    """The first arrangement that fits, in verdict order; else the eager on-card one."""
+def _placements(plan: Plan) -> list[tuple[bool, bool]]:
+    """(saved states on the host, embedding table on the host), fastest first."""
+    out = [(False, False)]
+    if plan.prompt_cache_bytes:
+        out.append((True, False))
+    if plan.weights.movable_to_host:
+        out.append((bool(plan.prompt_cache_bytes), True))
+    return out
+
+
+def _best(
+    plan: Plan,
+    card_free: int,
+    card_total: int,
+    held: int,
+    settings: EngineSettings,
+    min_rows: int = 1,
+) -> _Try:
+    """The first arrangement that fits, in the module docstring's order, with prefill chunks
+    of at least `min_rows`; else the eager on-card one (which does not fit)."""
     args = (card_free, card_total, held, settings)
     if plan.score_rows < FAST_QUERY_ROWS:
         # A card with room gets a workspace that holds prefill attention scores for many
@@ -107,24 +138,22 @@ def _best(plan: Plan, card_free: int, card_total: int, held: int, settings: Engi
         fast = _evaluate(plan.resized(score_rows=FAST_QUERY_ROWS), *args, True, False)
         if fast.fits:
             return fast
-    hosts = (False, True) if plan.weights.movable_to_host else (False,)
-    for host in hosts:
-        attempt = _evaluate(plan, *args, eager=True, host_embeddings=host)
-        if attempt.fits:
-            return attempt
-    floor = max(plan.streams, 1)
-    for host in hosts:
-        for rows in reversed([r for r in ladder_below(plan.max_rows) if r >= floor]):
-            attempt = _evaluate(
-                plan.resized(max_rows=rows), *args, eager=False, host_embeddings=host
-            )
+    floor = max(plan.streams, 1, min(min_rows, plan.max_rows))
+    rungs = [r for r in ladder_below(plan.max_rows) if r >= floor]
+    for rows in [plan.max_rows, *reversed(rungs)]:
+        eager = rows == plan.max_rows
+        sized = plan if eager else plan.resized(max_rows=rows)
+        for cache_on_host, host_embeddings in _placements(plan):
+            attempt = _evaluate(sized, *args, eager, host_embeddings, cache_on_host)
             if attempt.fits:
                 return attempt
     return _evaluate(plan, *args, eager=True, host_embeddings=False)
 
 
-def _fits(plan: Plan, card_free: int, card_total: int, held: int, s: EngineSettings) -> bool:
-    return _best(plan, card_free, card_total, held, s).fits
+def _fits(
+    plan: Plan, card_free: int, card_total: int, held: int, s: EngineSettings, min_rows: int = 1
+) -> bool:
+    return _best(plan, card_free, card_total, held, s, min_rows).fits
 
 
 def largest_context(
@@ -137,14 +166,23 @@ def largest_context(
     """Largest context (a multiple of 256, at most max_position_embeddings) admitted for the
     plan's streams; 0 when not even 256 tokens fit."""
     s = settings or EngineSettings()
-    lo, hi = 0, plan.config.max_position_embeddings // CONTEXT_STEP
-    while lo < hi:  # largest k with context k*256 fitting; fitting shrinks as context grows
-        mid = (lo + hi + 1) // 2
-        if _fits(plan.resized(context=mid * CONTEXT_STEP), card_free, card_total, held, s):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * CONTEXT_STEP
+    args = (card_free, card_total, held, s)
+    for min_rows in (FAST_ROWS, 1):  # a shorter context before smaller chunks (invariant 8)
+        lo, hi = 0, plan.config.max_position_embeddings // CONTEXT_STEP
+        while lo < hi:  # largest k with context k*256 fitting; fitting shrinks as context grows
+            mid = (lo + hi + 1) // 2
+            if _fits(plan.resized(context=mid * CONTEXT_STEP), *args, min_rows):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo:
+            return lo * CONTEXT_STEP
+    return 0
+
+
+def args_of(b: Breakdown, s: EngineSettings) -> tuple[int, int, int, EngineSettings]:
+    """The card arguments a breakdown was made with."""
+    return b.card_free, b.card_total, b.held, s
 
 
 def _gib(n: int) -> str:
@@ -254,6 +292,12 @@ def admit(
         )
         if best.host_embeddings:
             reason += "; the embedding table lives in host memory"
+    if best.cache_on_host:
+        reason += f"; saved prompt states ({_gib(b.prompt_cache_on_host)}) live in host memory"
+    if best.plan.max_rows < min(FAST_ROWS, plan.max_rows):
+        shorter = largest_context(plan.resized(context=CONTEXT_STEP), *args_of(b, s))
+        if shorter:
+            reason += f"; a context of {shorter:,} tokens keeps {FAST_ROWS}-row chunks"
     return Decision(
         verdict=verdict,
         breakdown=b,
@@ -262,6 +306,7 @@ def admit(
         max_rows=best.plan.max_rows,
         eager=best.eager,
         host_embeddings=best.host_embeddings,
+        prompt_cache_on_host=best.cache_on_host,
         score_rows=best.plan.score_rows,
         suggestions=(),
         fixes=(),

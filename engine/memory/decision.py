@@ -21,6 +21,8 @@ class Breakdown:
     """Bytes, as admission counted them.
 
     weights: on the card (arena, plus the embedding table unless it is on the host).
+    prompt_cache: saved prompt states on the card; prompt_cache_on_host: in pinned host
+    memory instead (one of the two is 0).
     scratch_peak / workspace_peak: whole size when eager, growth peak when lazy.
     free_after: what is left of the available bytes after everything and the reserve;
     negative means that much is missing.
@@ -40,6 +42,7 @@ class Breakdown:
     card_free: int
     limit: int | None
     held: int
+    prompt_cache_on_host: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Decision:
     suggestions: tuple[str, ...]
     reason: str
     fixes: tuple[tuple[str, int | float | str], ...] = ()
+    prompt_cache_on_host: bool = False  # saved prompt states in pinned host memory
     score_rows: int = ATTN_QUERY_ROWS  # prefill attention query rows the workspace holds
 
     @property
@@ -73,6 +77,7 @@ class Decision:
             "max_rows": self.max_rows,
             "eager": self.eager,
             "host_embeddings": self.host_embeddings,
+            "prompt_cache_on_host": self.prompt_cache_on_host,
             "score_rows": self.score_rows,
             "breakdown": asdict(self.breakdown),
             "suggestions": list(self.suggestions),
@@ -90,6 +95,7 @@ class Decision:
                 b.stream_state_total,
             ),
             ("prompt cache", b.prompt_cache),
+            ("prompt cache in host memory", b.prompt_cache_on_host),
             ("scratch" + (" (whole)" if self.eager else " (growth peak)"), b.scratch_peak),
             ("workspace" + (" (whole)" if self.eager else " (growth peak)"), b.workspace_peak),
             ("reserve", b.reserve),

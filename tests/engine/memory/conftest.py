@@ -48,9 +48,8 @@ def commit(plan: Plan, decision: Decision, pool: SimulatedPool) -> Committed:
         scratch.ensure(decision.max_rows)
         work.ensure(decision.max_rows)
     streams = [pool.alloc(used.state.total, f"stream:{i}") for i in range(decision.streams)]
-    cache = [
-        pool.alloc(used.state.total, f"prompt_cache:{i}") for i in range(used.prompt_cache_states)
-    ]
+    on_card = 0 if decision.prompt_cache_on_host else used.prompt_cache_states
+    cache = [pool.alloc(used.state.total, f"prompt_cache:{i}") for i in range(on_card)]
     return Committed(pool, arena, emb, scratch, work, streams, cache)
 
 

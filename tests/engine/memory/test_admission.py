@@ -34,19 +34,36 @@ def test_room_is_the_same_with_and_without_a_non_binding_limit(small_plan):
 
 def test_eager_exactly_when_the_full_scratch_fits(small_plan):
     s = EngineSettings()
-    card = _need(small_plan) + s.reserve_bytes
-    eager = admit(small_plan, card, card, settings=s)
+    plan = small_plan.resized(prompt_cache_states=0)
+    card = _need(plan) + s.reserve_bytes
+    eager = admit(plan, card, card, settings=s)
     assert eager.verdict is Verdict.FITS and eager.eager and eager.max_rows == 512
     assert eager.breakdown.free_after == 0
-    lazy = admit(small_plan, card - 1, card, settings=s)
+    lazy = admit(plan, card - 1, card, settings=s)
     assert lazy.verdict is Verdict.FITS_LAZY and not lazy.eager
-    assert lazy.max_rows in ladder_below(512) and lazy.context == small_plan.context
+    assert lazy.max_rows in ladder_below(512) and lazy.context == plan.context
+
+
+def test_saved_states_leave_the_card_before_the_chunks_shrink(small_plan):
+    """Invariant 8: one byte short, the prompt cache moves to host memory and the scratch
+    stays whole; short by more, the chunks shrink but stay at 256 rows or more."""
+    s = EngineSettings()
+    card = _need(small_plan) + s.reserve_bytes
+    assert not admit(small_plan, card, card, settings=s).prompt_cache_on_host
+    hosted = admit(small_plan, card - 1, card, settings=s)
+    assert hosted.verdict is Verdict.FITS and hosted.eager and hosted.prompt_cache_on_host
+    assert hosted.breakdown.prompt_cache == 0
+    assert hosted.breakdown.prompt_cache_on_host == small_plan.prompt_cache_bytes
+    short = card - small_plan.prompt_cache_bytes - 1
+    lazy = admit(small_plan, short, card, settings=s)
+    assert lazy.verdict is Verdict.FITS_LAZY and lazy.max_rows == 256
+    assert lazy.prompt_cache_on_host and "host memory" in lazy.reason
 
 
 @pytest.mark.parametrize("limit", [False, True])
 def test_streams_and_cache_never_take_what_the_lazy_scratch_needs(small_plan, limit):
     s = EngineSettings()
-    card = _need(small_plan) + s.reserve_bytes - 1
+    card = _need(small_plan) + s.reserve_bytes - 1 - small_plan.prompt_cache_bytes
     if limit:  # the same card simulated by a limit on a large one
         s = replace(s, limit_bytes=card)
         pool = SimulatedPool(64 * GIB, limit=card - s.reserve_bytes)
@@ -55,9 +72,9 @@ def test_streams_and_cache_never_take_what_the_lazy_scratch_needs(small_plan, li
         # the reserve is the desktop's: the pool never lends it
         pool = SimulatedPool(card, other_used=s.reserve_bytes)
         decision = admit(small_plan, card, card, settings=s)
-    assert decision.verdict is Verdict.FITS_LAZY
+    assert decision.verdict is Verdict.FITS_LAZY and decision.prompt_cache_on_host
     held = commit(small_plan, decision, pool)
-    assert held.scratch.nbytes == 0 and len(held.streams) == 2 and len(held.cache) == 2
+    assert held.scratch.nbytes == 0 and len(held.streams) == 2 and len(held.cache) == 0
     # the worst order of requests: climb every rung, then the full chunk size
     for rows in [*ladder_below(decision.max_rows), decision.max_rows]:
         held.scratch.ensure(rows)
@@ -66,7 +83,7 @@ def test_streams_and_cache_never_take_what_the_lazy_scratch_needs(small_plan, li
 
 
 def test_no_limit_set_lazy_path_on_a_small_card():
-    plan = shape_plan("4B", "mlx4", context=8192, streams=1, max_rows=1024)
+    plan = shape_plan("4B", "mlx4", context=8192, streams=1, max_rows=1024, prompt_cache_states=0)
     s = EngineSettings()
     assert s.limit_bytes is None
     card = _need(plan) + s.reserve_bytes - 1
@@ -121,7 +138,7 @@ def _apply(plan, settings, setting, value):
         ("4B", "mlx4", 32768, 2, 4 * GIB, None),
         ("2B", "bf16", 4096, 1, 4 * GIB, None),
         ("0.8B", "mlx4", 65536, 4, 8 * GIB, 3 * GIB),
-        ("4B", "mlx4", 24576, 1, 4 * GIB, None),
+        ("4B", "mlx4", 40960, 1, 4 * GIB, None),
     ],
 )
 def test_does_not_fit_suggestions_fit_when_applied(shape, fmt, context, streams, card, limit):
@@ -151,11 +168,15 @@ def test_suggestion_texts_carry_numbers():
 
 
 def test_largest_context_is_admitted_and_the_next_step_is_not(small_plan):
+    """The largest context with 256-row chunks; the next step would need smaller chunks
+    (invariant 8: a shorter context before smaller chunks), or does not fit at all."""
     card = 2 * GIB
     ctx = largest_context(small_plan, card, card)
     assert ctx % 256 == 0 and ctx > 0
-    assert admit(small_plan.resized(context=ctx), card, card).fits
-    assert not admit(small_plan.resized(context=ctx + 256), card, card).fits
+    at = admit(small_plan.resized(context=ctx), card, card)
+    assert at.fits and at.max_rows >= 256
+    past = admit(small_plan.resized(context=ctx + 256), card, card)
+    assert not past.fits or past.max_rows < 256
 
 
 def test_failure_at_every_commit_site_is_named_and_leaves_the_rest(small_plan):

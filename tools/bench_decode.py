@@ -1,13 +1,24 @@
-"""Decode and prefill benchmark of the CUDA backend on random Qwen3.5 checkpoints.
+"""Decode and prefill benchmark of the CUDA backend on random Qwen3.5 checkpoints (GPU only).
 
-Runs on a GPU machine: writes random checkpoints at the real 0.8B / 4B / 9B shapes (MLX
-affine 4-bit g64 and bf16, see engine/backends/cuda/synth.py), loads them through the normal
-loader, and measures in one run: device copy bandwidth, load time, cold time to first token,
-prefill tokens/s, graph-replayed batch-1 decode tokens/s after a 512-token prompt, peak
-device memory and percent of the bandwidth roofline; then transformers (torch bf16) on the
-same bf16 weights and prompt for the ratio. Prints a markdown table, writes bench.json.
+The table: writes random checkpoints at the real 0.8B / 4B / 9B shapes (MLX affine 4-bit g64
+and bf16, engine/testing/synth.py), loads them through the normal loader into a CUDA
+backend, and measures in one run: device copy bandwidth, load time, cold time to first
+token, prefill tokens/s, batch-1 decode tokens/s after a 512-token prompt (chained replays
+of the captured decode graph, then with the projections re-chosen by the step's own time as
+the app's load does, and the app's reply loop), peak device memory and percent of the
+bandwidth roofline measured in the same run; then transformers (torch bf16) on the same
+bf16 weights and prompts. Prints a markdown table, writes bench.json and bench.md.
 
-    python3 tools/bench_decode.py --shapes 4B --formats mlx4,bf16 --out OUT
+    python3 tools/bench_decode.py --runs 4B:mlx4 --prefill 512,2048,8192 --hf= --out OUT
+
+Two options serve requests through the app's own path instead (`Engine.load`, then
+`Engine.generate`), on the first model of --runs; they print a table, write serve.json:
+
+    --first-request   no limit, eager warm-up, four 16K-token prompts, 256 tokens each: is
+                      the first request's decode as fast as the later ones'?
+    --small-card      a 4 GiB card simulated with the memory limit (--limit-gib, reserve
+                      --reserve-gib), the context chosen by the planner, prompts of 48, 1,500
+                      and 300 tokens: the pool's peak against the plan's bytes
 """
 
 from __future__ import annotations
@@ -21,24 +32,15 @@ from pathlib import Path
 import numpy as np
 
 from engine.backends.base import Batch
-from engine.backends.cuda.backend import CudaBackend
-from engine.backends.cuda.graphs import DecodeGraphs
-from engine.backends.cuda.launch import on_stream
-from engine.backends.cuda.synth import write_checkpoint
-from engine.backends.cuda.weights import DWeight, QWeight
 from engine.checkpoint.checkpoint import Checkpoint
 from engine.config import EngineSettings
 from engine.memory.workspace import FAST_QUERY_ROWS
 from engine.models.qwen35 import Qwen35Model
 from engine.sampling import Draw
+from engine.testing.synth import write_checkpoint
 
 PROMPT = 512
 HF_MAX_PREFILL = 8192  # transformers runs its reference DeltaNet path; longer prompts take minutes
-# Families of projection kernels for the decode comparison (gemv.py candidate tuples).
-FAMILIES = {
-    "staged": lambda c: c[0] == "mma" and c[5],
-    "registers": lambda c: c[0] == "mma" and not c[5],
-}
 CHUNK = 2048
 
 
@@ -75,6 +77,8 @@ class Peak:
 def decode_bytes(weights: dict, cfg, context: int) -> int:
     """Bytes one decode token reads: every matrix (the tied table once, as the LM head; an
     untied table only one row), fp32 DeltaNet state read and written, KV at `context`."""
+    from engine.backends.cuda.weights import DWeight, QWeight
+
     total = 0
     for name, w in weights.items():
         if isinstance(w, QWeight | DWeight):
@@ -145,6 +149,9 @@ def gemv_time(be, weights: dict) -> tuple[float, int]:
     """Seconds and bytes of one decode step's projections alone (graph of GEMVs only)."""
     import cupy
 
+    from engine.backends.cuda.launch import on_stream
+    from engine.backends.cuda.weights import DWeight, QWeight
+
     mats = [
         w
         for n, w in weights.items()
@@ -195,6 +202,9 @@ def prefill(model, be, n: int, slot: int = 0) -> float:
 
 
 def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
+    from engine.backends.cuda.backend import CudaBackend
+    from engine.backends.cuda.graphs import DecodeGraphs
+
     peak = Peak()
     peak.sample()
     base = peak.value
@@ -245,24 +255,11 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     # The app's reply loop: each step launched before the host reads the previous token.
     res["decode_tok_s_app_greedy"] = pipelined_rate(model, be, n, sampled=False)
     res["decode_tok_s_app_defaults"] = pipelined_rate(model, be, n, sampled=True)
-    wide = be.ops.wide_sampler  # the draw reading 32 logits a thread at a time, or not
-    be.ops.wide_sampler = not wide
-    res[f"decode_tok_s_app_defaults_wide_{not wide}"] = pipelined_rate(model, be, n, True)
-    be.ops.wide_sampler = wide
 
     if be.ops.pdl:  # the same step with plain launches, for what the overlap gains
         be.ops.pdl = False
         res["decode_tok_s_plain_launches"] = decode_rate(model, be, graphs, n)
         be.ops.pdl = True
-    # The same step with the DeltaNet as two kernels (gdn_prep, gdn_scan).
-    be.ops.fused_deltanet_step = False
-    res["decode_tok_s_deltanet_two_kernels"] = decode_rate(model, be, graphs, n)
-    be.ops.fused_deltanet_step = True
-    split = be.ops.gdn_split  # the DeltaNet step over a cluster of p blocks a key head
-    for p in sorted({0, 4, 8} - {split}):  # (0: one block a key head)
-        be.ops.gdn_split = p
-        res[f"decode_tok_s_deltanet_split_{p}"] = decode_rate(model, be, graphs, n)
-    be.ops.gdn_split = split
     # The same step with its projections re-chosen by the step's own time (what warm-up
     # does with Ops.tune_in_step), then the per-shape choices back.
     chosen = dict(be.ops.gemv_choice)
@@ -274,21 +271,12 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     # The app's reply loop with those choices: what a chat on a large card runs.
     res["decode_tok_s_app_greedy_tuned"] = pipelined_rate(model, be, n, sampled=False)
     res["decode_tok_s_app_defaults_tuned"] = pipelined_rate(model, be, n, sampled=True)
-    if args.search:  # every candidate of every shape in the step, two rounds (tools/tune_step.py)
+    if args.search:  # every candidate of every shape in the step, two rounds
         t = time.perf_counter()
         graphs.tune(1, keep=None, passes=2, gain=0.002)
         res["step_search_s"] = time.perf_counter() - t
         res["decode_tok_s_step_searched"] = decode_rate(model, be, graphs, n)
         res["step_searched_choice"] = {str(k): list(v) for k, v in be.ops.gemv_choice.items()}
-    be.ops.gemv_choice.clear()
-    be.ops.gemv_choice.update(chosen)
-    # The same step with the projections limited to one family of kernel variants (each
-    # still tuned per shape): what the per-launch tuner's isolated timings miss.
-    for family, keep in FAMILIES.items():
-        be.ops.gemv_choice.clear()
-        type(be.ops).variant_filter = staticmethod(keep)
-        res[f"decode_tok_s_{family}"] = decode_rate(model, be, graphs, n)
-    type(be.ops).variant_filter = None
     be.ops.gemv_choice.clear()
     be.ops.gemv_choice.update(chosen)
     graphs.teardown()
@@ -317,10 +305,6 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
         res[f"prefill_{n}_s"] = s
         res[f"prefill_{n}_tok_s"] = n / s
         peak.sample()
-    if 8192 in args.prefill and be.ops.gdn_chunk_rows():  # the DeltaNet token by token
-        be.ops.chunked_prefill = False
-        res["prefill_8192_scan_s"] = prefill(model, be, 8192)
-        be.ops.chunked_prefill = True
     res["peak_gb"] = (peak.value - base) / 1e9
     del model, weights, be, graphs
     import cupy
@@ -375,6 +359,23 @@ def _s8(r: dict) -> str:
     return f"{r['prefill_8192_s']:.3f}" if "prefill_8192_s" in r else "-"
 
 
+# The line under the table for each model: (result key, how it reads), where the run has it.
+NOTES = (
+    ("decode_tok_s_sampled", "sampled on the device (t 0.7, top-k 20, top-p 0.8) {:.0f} tok/s"),
+    ("decode_tok_s_sampled_penalty", "with presence penalty 1.5 {:.0f} tok/s"),
+    ("decode_tok_s_app_greedy", "the app's reply loop greedy {:.0f} tok/s"),
+    ("decode_tok_s_app_defaults", "with the app's defaults {:.0f} tok/s"),
+    ("decode_tok_s_plain_launches", "plain launches (no overlap) {:.0f} tok/s"),
+    ("decode_tok_s_step_tuned", "projections re-chosen by the step's own time {:.0f} tok/s"),
+    ("step_tune_s", "tuned in {:.1f} s"),
+    ("decode_tok_s_app_greedy_tuned", "then the app's reply loop greedy {:.0f} tok/s"),
+    ("decode_tok_s_app_defaults_tuned", "with the app's defaults {:.0f} tok/s"),
+    ("decode_tok_s_step_searched", "every candidate tried in the step {:.0f} tok/s"),
+    ("vs_transformers_decode", "{:.1f}x transformers' decode"),
+    ("vs_transformers_prefill_8k", "{:.1f}x its 8K prefill"),
+)
+
+
 def table(results: list[dict], bw: float, meta: dict) -> str:
     lines = [
         f"GPU: {meta['gpu']}; commit {meta['commit']}; {meta['date']}; copy bandwidth "
@@ -404,94 +405,97 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
     lines.append("")
     for r in results:
         if "gemv_ms" in r:
+            notes = [text.format(r[key]) for key, text in NOTES if key in r]
             lines.append(
                 f"- {r['shape']} {r['format']}: decode step {r['step_ms']:.3f} ms, of which the "
                 f"projections alone (GEMV-only graph) {r['gemv_ms']:.3f} ms at "
-                f"{r['gemv_gb_s']:.0f} GB/s; graph capture {r['capture_s'] * 1e3:.0f} ms"
-                + (
-                    f"; 8K prefill with the DeltaNet scanned token by token (not in chunks) "
-                    f"{r['prefill_8192_scan_s']:.3f} s"
-                    if "prefill_8192_scan_s" in r
-                    else ""
-                )
-                + (
-                    f"; {r['vs_transformers_decode']:.1f}x transformers decode"
-                    if "vs_transformers_decode" in r
-                    else ""
-                )
-                + (
-                    f", {r['vs_transformers_prefill_8k']:.1f}x its 8K prefill"
-                    if "vs_transformers_prefill_8k" in r
-                    else ""
-                )
-                + (
-                    f"; sampled on the device (t 0.7, top-k 20, top-p 0.8) "
-                    f"{r['decode_tok_s_sampled']:.0f} tok/s"
-                    if "decode_tok_s_sampled" in r
-                    else ""
-                )
-                + (
-                    f", with presence penalty 1.5 (the app's defaults) "
-                    f"{r['decode_tok_s_sampled_penalty']:.0f} tok/s"
-                    if "decode_tok_s_sampled_penalty" in r
-                    else ""
-                )
-                + (
-                    f"; the app's reply loop (each step launched before the previous "
-                    f"token is read): greedy {r['decode_tok_s_app_greedy']:.0f} tok/s, "
-                    f"the app's defaults {r['decode_tok_s_app_defaults']:.0f} tok/s"
-                    if "decode_tok_s_app_defaults" in r
-                    else ""
-                )
-                + "".join(
-                    f" ({'with' if k.endswith('True') else 'without'} the wide draw: {v:.0f})"
-                    for k, v in r.items()
-                    if k.startswith("decode_tok_s_app_defaults_wide_")
-                )
-                + (
-                    f"; with plain launches (no programmatic dependent launch) "
-                    f"{r['decode_tok_s_plain_launches']:.0f} tok/s"
-                    if "decode_tok_s_plain_launches" in r
-                    else ""
-                )
-                + (
-                    f"; projections re-chosen by the step's own time "
-                    f"{r['decode_tok_s_step_tuned']:.0f} tok/s ({r['step_tune_s']:.1f} s)"
-                    if "decode_tok_s_step_tuned" in r
-                    else ""
-                )
-                + (
-                    f", and with them the app's reply loop greedy "
-                    f"{r['decode_tok_s_app_greedy_tuned']:.0f} tok/s, with the app's defaults "
-                    f"{r['decode_tok_s_app_defaults_tuned']:.0f} tok/s"
-                    if "decode_tok_s_app_greedy_tuned" in r
-                    else ""
-                )
-                + (
-                    f"; every candidate tried in the step "
-                    f"{r['decode_tok_s_step_searched']:.0f} tok/s ({r['step_search_s']:.0f} s)"
-                    if "decode_tok_s_step_searched" in r
-                    else ""
-                )
-                + (
-                    f"; DeltaNet step as two kernels (prep, scan) "
-                    f"{r['decode_tok_s_deltanet_two_kernels']:.0f} tok/s"
-                    if "decode_tok_s_deltanet_two_kernels" in r
-                    else ""
-                )
-                + "".join(
-                    f"; DeltaNet step over {p or 'one'} block{'s' * bool(p)} a key head "
-                    f"{r[k]:.0f} tok/s"
-                    for p in (0, 4, 8)
-                    if (k := f"decode_tok_s_deltanet_split_{p}") in r
-                )
-                + "".join(
-                    f"; {fam} projection kernels only {r[f'decode_tok_s_{fam}']:.0f} tok/s"
-                    for fam in FAMILIES
-                    if f"decode_tok_s_{fam}" in r
-                )
+                f"{r['gemv_gb_s']:.0f} GB/s; graph capture {r['capture_s'] * 1e3:.0f} ms; "
+                + "; ".join(notes)
             )
     return "\n".join(lines)
+
+
+def serve(args, meta: dict) -> None:
+    """--first-request / --small-card (see the module docstring): requests through
+    `Engine.load` and `Engine.generate` on the first model of --runs; writes serve.json."""
+    import cupy
+
+    from engine.config import GIB
+    from engine.session import Engine, GenerationParams
+    from engine.testing.synth import model_dir
+
+    shape, fmt = args.runs.split(",")[0].split(":")
+    small = args.small_card
+    default = "48,1500,300" if small else "16384,16384,16384,16384"
+    prompts = [int(x) for x in (args.prompts or default).split(",")]
+    new = 64 if small else 256
+    settings = EngineSettings(backend="cuda")
+    if small:
+        settings = settings.with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
+    context = None if small else max(prompts) + new + 64  # None: the largest the plan admits
+    free0, _ = cupy.cuda.runtime.memGetInfo()
+    t = time.perf_counter()
+    path = model_dir(args.workdir, shape, fmt)
+    engine = Engine.load(path, settings, context=context, max_rows=512)
+    load_s = time.perf_counter() - t
+    d, be = engine.decision, engine.backend
+    print(d.format_table(), flush=True)
+    rng = np.random.default_rng(0)
+    params = GenerationParams(max_new_tokens=new, greedy=True)
+    rows = []
+    for n in prompts:
+        ids = rng.integers(0, 400, size=n).tolist()  # fresh ids: no prompt-cache hit
+        stats = list(engine.generate(ids, params))[-1].stats
+        rows.append(
+            {
+                "prompt_tokens": stats.prompt_tokens,
+                "new_tokens": stats.new_tokens,
+                "ttft_s": round(stats.ttft_s, 3),
+                "prefill_tok_s": round(stats.prefill_tok_s),
+                "decode_tok_s": round(stats.decode_tok_s, 1),
+                "scratch_rows": be.mem_scratch.capacity_rows,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    free1, _ = cupy.cuda.runtime.memGetInfo()
+    b = d.breakdown
+    planned = b.weights + b.stream_state_total + b.prompt_cache + b.scratch_peak + b.workspace_peak
+    later = [r["decode_tok_s"] for r in rows[1:]]
+    res = meta | {
+        "shape": shape,
+        "format": fmt,
+        "limit_gib": args.limit_gib if small else None,
+        "reserve_gib": settings.reserve_bytes / GIB,
+        "verdict": str(d.verdict),
+        "context": d.context,
+        "max_rows": d.max_rows,
+        "eager": d.eager,
+        "load_s": round(load_s, 2),
+        "requests": rows,
+        "first_over_later": rows[0]["decode_tok_s"] / np.mean(later) if later else None,
+        "planned_gib": planned / GIB,
+        "pool_peak_gib": be.pool.peak_bytes / GIB,
+        "card_used_by_process_gib": (free0 - free1) / GIB,
+        "held_by_category": be.pool.held_by_category(),
+    }
+    print("\n| request | prompt | TTFT s | prefill tok/s | decode tok/s | scratch rows |")
+    print("|---|---|---|---|---|---|")
+    for i, r in enumerate(rows):
+        print(
+            f"| {i + 1} | {r['prompt_tokens']} | {r['ttft_s']} | {r['prefill_tok_s']} | "
+            f"{r['decode_tok_s']} | {r['scratch_rows']} |"
+        )
+    if later:
+        print(f"\nfirst request's decode / later requests' mean: {res['first_over_later']:.3f}")
+    print(
+        f"{d.verdict}: context {d.context:,}, max rows {d.max_rows}, "
+        f"{'eager' if d.eager else 'lazy'} scratch; plan {res['planned_gib']:.3f} GiB, pool "
+        f"peak {res['pool_peak_gib']:.3f} GiB; the process's card use "
+        f"{res['card_used_by_process_gib']:.3f} GiB (CUDA context and caches included)"
+    )
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "serve.json").write_text(json.dumps(res, indent=1))
+    engine.unload()
 
 
 def main() -> None:
@@ -511,6 +515,11 @@ def main() -> None:
     ap.add_argument(
         "--search", action="store_true", help="a row with every projection candidate tried"
     )
+    ap.add_argument("--first-request", action="store_true", help="the first request's speed")
+    ap.add_argument("--small-card", action="store_true", help="a card simulated by the limit")
+    ap.add_argument("--limit-gib", type=float, default=4.0, help="with --small-card")
+    ap.add_argument("--reserve-gib", type=float, default=0.5, help="with --small-card")
+    ap.add_argument("--prompts", default="", help="prompt lengths of the served requests")
     args = ap.parse_args()
     args.prefill = [int(x) for x in args.prefill.split(",") if x]
     import subprocess
@@ -524,6 +533,9 @@ def main() -> None:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         )
         meta["commit"] = got.stdout.strip() or "unknown"
+    if args.first_request or args.small_card:
+        serve(args, meta)
+        return
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     results = []

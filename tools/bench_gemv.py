@@ -24,6 +24,7 @@ from engine.backends.cuda.gemv import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS, best_
 from engine.backends.cuda.launch import on_stream
 from engine.backends.cuda.ops import Ops
 from engine.backends.cuda.weights import QWeight
+from engine.bf16 import from_bf16, to_bf16
 
 # name, out, in, swiglu, activation rows, uses per 4B decode step (24 DeltaNet + 8 attention layers)
 SHAPES = [
@@ -50,8 +51,7 @@ def to_act(ops: Ops, x):
     import cupy
 
     if ops.dtype == "bfloat16":
-        u = x.astype(cupy.float32).view(cupy.uint32)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cupy.uint16)
+        return to_bf16(x, cupy)
     return x.astype(ops.act_dtype)
 
 
@@ -59,7 +59,7 @@ def from_act(ops: Ops, a):
     import cupy
 
     if ops.dtype == "bfloat16":
-        return (a.astype(cupy.uint32) << 16).view(cupy.float32)
+        return from_bf16(a, cupy)
     return a.astype(cupy.float32)
 
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Device check: CUDA kernel and forward tests, the decode/prefill benchmark, a per-kernel
-# profile of one decode step, the per-block clock records of its projections, the draw's
-# micro-benchmark (tools/bench_draw.py).
+# profile of one decode step, its timeline, the per-block clock records of its projections.
 # Usage (on the GPU machine, repo root):
-#   tools/device_check.sh [tests|bench|profile|timeline|stamps|draw|all] [pytest -k expression or tool flags...]
+#   tools/device_check.sh [tests|bench|profile|timeline|stamps|all] [pytest -k expression or tool flags...]
+#   tools/device_check.sh bench --runs 4B:mlx4 --prefill 512,2048,8192 --hf=   # the table
+#   tools/device_check.sh bench --first-request      # or --small-card (tools/bench_decode.py)
+#   tools/device_check.sh stamps --tuned             # tools/profile_step.py --stamps
 # Logs, JSON and the markdown tables go to $OUT (or ./device_out). The projection kernels are
 # compiled first, in parallel (tools/warm_kernels.py); the full test run then takes about 3.5
 # minutes on an H200; `tests 'attention or delta'` runs a part.
@@ -31,7 +33,7 @@ pack_cache() {
 trap pack_cache EXIT
 # The projection kernels compiled in parallel first (tests and benchmarks compile one by one).
 warm=(--rows "${WARM_ROWS:-1,2,3,8}")
-[ "$mode" = profile ] || [ "$mode" = timeline ] || [ "$mode" = draw ] && warm=(--rows 1 --dtypes bfloat16)
+[ "$mode" = profile ] || [ "$mode" = timeline ] && warm=(--rows 1 --dtypes bfloat16)
 [ "$mode" = stamps ] && warm=(--rows 1 --dtypes bfloat16 --define SNUG_STAMPS)
 timeout 300 python3 tools/warm_kernels.py "${warm[@]}" > "$OUT/warm_kernels.log" 2>&1 ||
   echo "warm_kernels failed (see $OUT/warm_kernels.log); the runs compile as they go"
@@ -85,13 +87,8 @@ if [ "$mode" = timeline ]; then
     --sequence "$OUT/sequence.csv" | tee "$OUT/timeline.md"
   rm -f "$OUT/step.sqlite"
 fi
-if [ "$mode" = draw ]; then
-  timeout "${BENCH_TIMEOUT:-200}" python3 tools/bench_draw.py --out "$OUT" "$@" 2>&1 |
-    tee "$OUT/draw.md"
-  status=$?
-fi
 if [ "$mode" = stamps ]; then
-  timeout "${PROFILE_TIMEOUT:-300}" python3 tools/stamp_step.py --out "$OUT" "$@" 2>&1 |
+  timeout "${PROFILE_TIMEOUT:-300}" python3 tools/profile_step.py --stamps --out "$OUT" "$@" 2>&1 |
     tee "$OUT/stamps.md"
   status=$?
 fi

@@ -1,4 +1,4 @@
-"""Per-kernel times of one decode step (GPU only), for `ncu` or, in the graph, for `nsys`.
+"""Where one decode step's time goes (GPU only): per kernel, on a timeline, inside projections.
 
 Loads a random checkpoint at a real shape, runs a prompt and two warm-up steps (every kernel
 compiled and tuned), then one eager decode step between cudaProfilerStart/Stop. Under
@@ -21,12 +21,34 @@ plus the step's span and how much of it no kernel was running:
         python3 tools/profile_step.py --graph 20
     nsys stats --report cuda_gpu_trace --format csv --output trace step.nsys-rep
     python3 tools/profile_step.py --timeline trace_cuda_gpu_trace.csv --graph 20
+
+With `--stamps` the decode graph is captured with `gemv4.cu` compiled with -DSNUG_STAMPS
+(kernels/stamps.cuh): thread 0 of every block of every projection notes the GPU's global
+clock at entry, when the previous kernel's outputs became readable (`griddepcontrol.wait`
+returned), when its activations were staged, after its first tile's products and at exit.
+For each replay the projections are put in order and, per kind of projection (shape,
+SwiGLU, prologue), the mean over the step of:
+
+    entry    first block's entry - the previous projection's last exit (< 0: started early)
+    release  median wait return  - the previous projection's last exit (includes the kernels
+             between them, such as the DeltaNet step before out_proj)
+    stage    median staging time (activations read, normalised, into shared memory)
+    first    median time of the first tile's products
+    finish   last exit - median end of the first tile (the other tiles, reductions, stores)
+    tail     last exit - median exit (blocks waiting on the slowest)
+    span     last exit - the previous projection's last exit: its share of the step
+
+    python3 tools/profile_step.py --stamps --tuned --out $OUT   # tables, stamps.json
+
+(`--graph N` sets the replays measured, 10 by default. With `--graph` or `--stamps`,
+`--tuned` first re-chooses the projections by the step's own time, as the app's load does.)
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -77,9 +99,9 @@ def prepared_step(shape: str, fmt: str, prompt: int, workdir: str, steps: int) -
     `steps` more."""
     from engine.backends.base import Batch
     from engine.backends.cuda.backend import CudaBackend
-    from engine.backends.cuda.synth import write_checkpoint
     from engine.checkpoint.checkpoint import Checkpoint
     from engine.models.qwen35 import Qwen35Model
+    from engine.testing.synth import write_checkpoint
 
     path = write_checkpoint(Path(workdir) / f"{shape}-{fmt}", shape, fmt, seed=1)
     ck = Checkpoint.open(path)
@@ -279,6 +301,119 @@ def timeline(csv_path: str, replays: int, sequence: str | None = None) -> None:
     )
 
 
+# ----- per-block clock records (--stamps) ---------------------------------------------------
+RECORDS = 1 << 16  # SNUG_STAMP_RECORDS in stamps.cuh
+FIELDS = ("entry", "release", "stage", "first", "finish", "tail", "span")
+
+
+def _stamp_views(ops) -> list[tuple]:
+    """(record array, counter) device views of every compiled gemv4 module."""
+    import cupy
+
+    out = []
+    for key, mod in ops._gemv4_mods.items():
+        if not isinstance(key, tuple):  # symbol -> kernel entries
+            continue
+        recs = mod.get_global("snug_stamps")
+        n = mod.get_global("snug_nstamps")
+        out.append(
+            (
+                cupy.ndarray((RECORDS, 8), cupy.uint64, memptr=recs),
+                cupy.ndarray((1,), cupy.uint32, memptr=n),
+            )
+        )
+    return out
+
+
+def stamp_label(out: int, cols: int, flags: int) -> str:
+    pro = flags & 15
+    return f"{out}x{cols}" + (" swiglu" if flags & 16 else "") + (f" pro{pro}" if pro else "")
+
+
+def stamp_kernels(records: np.ndarray) -> list[dict]:
+    """One entry per projection launch of a replay, in the order they ran."""
+    by_w = defaultdict(list)
+    for r in records:
+        by_w[int(r[0])].append(r)
+    ks = []
+    for rows in by_w.values():
+        a = np.array(rows, np.int64)
+        t = a[:, 3:8]
+        shape, flags = int(a[0, 1]), int(a[0, 2] >> 40)
+        ks.append(
+            {
+                "label": stamp_label(shape >> 32, shape & 0xFFFFFFFF, flags),
+                "blocks": len(a),
+                "S": t[:, 0].min(),
+                "W": np.median(t[:, 1]),
+                "X": np.median(t[:, 2]),
+                "C": np.median(t[:, 3]),
+                "Emed": np.median(t[:, 4]),
+                "E": t[:, 4].max(),
+            }
+        )
+    ks.sort(key=lambda k: k["W"])
+    return ks
+
+
+def stamp_phases(ks: list[dict]) -> dict[str, dict[str, list]]:
+    """Per label, each field's values (ns) over the launches that have a predecessor."""
+    agg: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for prev, k in zip(ks[:-1], ks[1:], strict=True):
+        a = agg[k["label"]]
+        a["entry"].append(k["S"] - prev["E"])
+        a["release"].append(k["W"] - prev["E"])
+        a["stage"].append(k["X"] - k["W"])
+        a["first"].append(k["C"] - k["X"])
+        a["finish"].append(k["E"] - k["C"])
+        a["tail"].append(k["E"] - k["Emed"])
+        a["span"].append(k["E"] - prev["E"])
+        a["blocks"].append(k["blocks"])
+    return agg
+
+
+def stamps(args) -> None:
+    """The --stamps mode: replay the captured step, print the table, write stamps.json."""
+    from engine.backends.cuda.gemv import GemvMixin
+
+    GemvMixin.gemv4_defines = ("SNUG_STAMPS",)
+    replays = max(1, args.graph or 10)
+    be, model, ids = prepared_step(args.shape, args.format, args.prompt, args.workdir, replays)
+    graphs = captured_step(be, model, ids, args.tuned)
+    views = _stamp_views(be.ops)
+    agg: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    steps = []
+    for _ in range(replays):
+        for _, n in views:
+            n.fill(0)
+        be.stream.synchronize()
+        graphs.replay_next(1)
+        be.stream.synchronize()
+        recs = np.concatenate([r[: min(int(n.get()[0]), len(r))].get() for r, n in views])
+        ks = stamp_kernels(recs)
+        steps.append((ks[-1]["E"] - ks[0]["S"]) / 1e3)
+        for name, fields in stamp_phases(ks).items():
+            for f, v in fields.items():
+                agg[name][f].extend(v)
+    print(
+        f"{args.shape} {args.format}: {len(ks)} projections per step; first entry to last "
+        f"exit {np.median(steps):.1f} us (median of {len(steps)} replays)"
+    )
+    head = "| projection | launches/step | blocks | " + " | ".join(FIELDS) + " |"
+    print("\nmean us per launch\n\n" + head + "\n|" + "---|" * (len(FIELDS) + 3))
+    table = {}
+    for name, fields in sorted(agg.items(), key=lambda kv: -sum(kv[1]["span"])):
+        row = {f: float(np.mean(fields[f])) / 1e3 for f in FIELDS}
+        row["launches_per_step"] = len(fields["span"]) / replays
+        row["blocks"] = float(np.mean(fields["blocks"]))
+        table[name] = row
+        cells = " | ".join(f"{row[f]:.2f}" for f in FIELDS)
+        print(f"| {name} | {row['launches_per_step']:.0f} | {row['blocks']:.0f} | {cells} |")
+    report = {"shape": args.shape, "format": args.format, "step_us": steps, "phases": table}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "stamps.json").write_text(json.dumps(report, indent=1))
+
+
 def main() -> None:
     ap = step_args(__doc__)
     ap.add_argument("--summary", metavar="CSV")
@@ -288,8 +423,14 @@ def main() -> None:
     ap.add_argument(
         "--sequence", metavar="CSV", help="with --timeline: write one step's kernels in order"
     )
+    ap.add_argument(
+        "--stamps", action="store_true", help="per-block clock records of the projections"
+    )
+    ap.add_argument("--out", default=".", help="with --stamps: where stamps.json goes")
     args = ap.parse_args()
-    if args.summary:
+    if args.stamps:
+        stamps(args)
+    elif args.summary:
         summary(args.summary)
     elif args.timeline:
         timeline(args.timeline, max(1, args.graph), args.sequence)

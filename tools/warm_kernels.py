@@ -4,7 +4,8 @@ Each `gemv4` module (one per activation type, activation rows, SwiGLU and prolog
 every variant and takes NVRTC tens of seconds; a test run or benchmark on a bare lent machine
 would compile them one after another. This compiles them in parallel processes first, into
 the same cache ($CUPY_CACHE_DIR) the later runs read, so they start warm. `--define
-SNUG_STAMPS` warms the modules `tools/stamp_step.py` compiles with its clock records.
+SNUG_STAMPS` warms the modules `tools/profile_step.py --stamps` compiles with its clock
+records.
 
     PYTHONPATH=. python3 tools/warm_kernels.py [--jobs 16] [--rows 1,2,3,8] [--define X]
 """

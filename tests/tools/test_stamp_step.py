@@ -1,9 +1,9 @@
-"""The arithmetic of tools/stamp_step.py on records built by hand (the records themselves
-come from a GPU: tests/device and the device runs)."""
+"""The arithmetic of `tools/profile_step.py --stamps` on records built by hand (the records
+themselves come from a GPU: the device runs)."""
 
 import numpy as np
 
-from tools.stamp_step import kernels, label, phases
+from tools.profile_step import stamp_kernels, stamp_label, stamp_phases
 
 
 def _record(w, out, cols, flags, block, t):
@@ -21,9 +21,9 @@ def test_launches_are_ordered_and_their_phases_measured_from_the_previous_exit()
         ],
         np.uint64,
     )
-    ks = kernels(recs)
+    ks = stamp_kernels(recs)
     assert [k["label"] for k in ks] == ["9216x2560 swiglu pro1", "2560x4096 pro2"]
-    agg = phases(ks)
+    agg = stamp_phases(ks)
     assert list(agg) == ["2560x4096 pro2"]
     a = agg["2560x4096 pro2"]
     assert a["entry"] == [-100]  # entered before the first one's last exit at 1000
@@ -34,4 +34,4 @@ def test_launches_are_ordered_and_their_phases_measured_from_the_previous_exit()
     assert a["tail"] == [3400 - 3200]
     assert a["span"] == [2400]
     assert a["blocks"] == [2]
-    assert label(2560, 9216, 0) == "2560x9216"
+    assert stamp_label(2560, 9216, 0) == "2560x9216"

@@ -16,6 +16,7 @@ from engine import device as engine_device
 from engine import memory
 from engine.config import EngineSettings, ModelConfig, parse_config
 from engine.memory import Card, TensorSpec, checkpoint_specs, shapes
+from engine.memory.speed import CardSpeed
 
 VERDICT_LABELS = {
     "fits": "Fits",
@@ -43,6 +44,7 @@ class Gpu:
     free_bytes: int
     used_bytes: int = 0
     driver: str = ""
+    speed: CardSpeed | None = None  # for the decision's speed prediction
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,9 @@ def probe_gpu() -> Gpu | None:
     info = engine_device.probe_gpu()
     if info is None:
         return None
-    return Gpu(info.name, info.total_bytes, info.free_bytes, info.used_bytes, info.driver)
+    return Gpu(
+        info.name, info.total_bytes, info.free_bytes, info.used_bytes, info.driver, info.speed
+    )
 
 
 def no_gpu_reason() -> str:
@@ -132,7 +136,8 @@ def plan(
             specs = shapes.shape_tensor_specs(*shape)
         else:
             raise ValueError("plan() needs model_dir or shape")
-        card = Card(total=gpu.total_bytes, free=min(gpu.total_bytes, gpu.free_bytes + held))
+        free = min(gpu.total_bytes, gpu.free_bytes + held)
+        card = Card(total=gpu.total_bytes, free=free, speed=gpu.speed)
         return memory.decide(
             specs, config, settings, card, context=context, streams=streams, max_rows=max_rows
         )

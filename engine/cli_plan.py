@@ -21,6 +21,7 @@ from engine.device import no_gpu_reason, probe_gpu
 from engine.errors import SnugError
 from engine.memory import Card, Decision, TensorSpec, checkpoint_specs, decide
 from engine.memory.shapes import FORMATS, SHAPES, shape_config, shape_tensor_specs
+from engine.memory.speed import DEFAULT_SMALL_CARD, REFERENCE_CARDS, CardSpeed
 
 __all__ = ["add_plan_parser", "card_table", "run_plan"]
 
@@ -49,17 +50,27 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
         "--reserve-gib", type=float, default=None, help="GiB left free for other programs"
     )
     p.add_argument("--card-gib", type=float, default=None, help="plan for an empty card this size")
+    p.add_argument(
+        "--card-speed",
+        choices=tuple(REFERENCE_CARDS),
+        default=None,
+        help=f"the card whose speed the prediction uses with --card-gib (default: the GPU "
+        f"here, else {DEFAULT_SMALL_CARD})",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_plan)
     return p
 
 
-def _card(args) -> tuple[int, int] | None:
+def _card(args) -> Card | None:
+    gpu = probe_gpu()
+    speed: CardSpeed | None = gpu.speed if gpu is not None else None
+    if args.card_speed is not None or (speed is None and args.card_gib is not None):
+        speed = REFERENCE_CARDS[args.card_speed or DEFAULT_SMALL_CARD]
     if args.card_gib is not None:
         total = int(round(args.card_gib * GIB))
-        return total, total
-    gpu = probe_gpu()
-    return None if gpu is None else (gpu.total_bytes, gpu.free_bytes)
+        return Card(total=total, free=total, speed=speed)
+    return None if gpu is None else Card(gpu.total_bytes, gpu.free_bytes, speed=speed)
 
 
 def card_table(
@@ -112,7 +123,7 @@ def run_plan(args) -> int:
     if card is None:
         print(f"{no_gpu_reason()}; pass --card-gib to plan for a card", file=sys.stderr)
         return 2
-    total, free = card
+    total, free = card.total, card.free
     if args.shape == "all":
         rows = card_table(total, free, settings, args.context, args.streams, args.max_rows)
         text = (
@@ -132,7 +143,7 @@ def run_plan(args) -> int:
             specs,
             config,
             settings,
-            Card(total=total, free=free),
+            card,
             context=args.context,
             streams=args.streams,
             max_rows=args.max_rows,

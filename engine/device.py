@@ -8,6 +8,9 @@ starts nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from engine.memory.speed import CardSpeed, card_speed
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,7 @@ class GpuInfo:
     free_bytes: int
     used_bytes: int
     driver: str
+    speed: CardSpeed | None = None  # what bounds prefill and decode (None: NVML cannot say)
 
 
 def _text(value: object) -> str:
@@ -38,12 +42,14 @@ def probe_gpu(index: int = 0) -> GpuInfo | None:
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        name = _text(pynvml.nvmlDeviceGetName(handle))
         return GpuInfo(
-            name=_text(pynvml.nvmlDeviceGetName(handle)),
+            name=name,
             total_bytes=int(mem.total),
             free_bytes=int(mem.free),
             used_bytes=int(mem.used),
             driver=_text(pynvml.nvmlSystemGetDriverVersion()),
+            speed=_speed(pynvml, handle, name),
         )
     except Exception:
         return None
@@ -52,6 +58,21 @@ def probe_gpu(index: int = 0) -> GpuInfo | None:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def _speed(pynvml: Any, handle: Any, name: str) -> CardSpeed | None:
+    """Bandwidth (memory clock x 2 transfers x bus width) and tensor throughput (SMs from
+    the CUDA cores, at the maximum SM clock) as NVML reports them."""
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        cores = int(pynvml.nvmlDeviceGetNumGpuCores(handle))
+        sm_mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+        mem_mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+        bus_bits = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
+    except Exception:  # an older driver lacks some of these: no prediction, not an error
+        return None
+    bandwidth = mem_mhz * 1e6 * 2 * bus_bits / 8
+    return card_speed(name, 10 * major + minor, cores, sm_mhz * 1e6, bandwidth)
 
 
 def no_gpu_reason() -> str:

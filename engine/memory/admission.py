@@ -44,6 +44,7 @@ from engine.memory.decision import Breakdown, Decision, Verdict
 from engine.memory.growth import ladder_below
 from engine.memory.plan import Plan, WeightBytes, make_plan
 from engine.memory.shapes import shape_tensor_specs
+from engine.memory.speed import CardSpeed, predict
 from engine.memory.workspace import FAST_QUERY_ROWS
 
 CONTEXT_STEP = 256
@@ -322,6 +323,7 @@ class Card:
     total: int
     free: int
     held: int = 0
+    speed: CardSpeed | None = None  # for the decision's prediction (engine.memory.speed)
 
 
 def decide(
@@ -352,4 +354,11 @@ def decide(
     if context is None:
         best = largest_context(plan, card.free, card.total, card.held, settings)
         plan = plan.resized(context=max(best, SMALLEST_CONTEXT))
-    return admit(plan, card.free, card.total, card.held, settings)
+    decision = admit(plan, card.free, card.total, card.held, settings)
+    if not decision.fits or card.speed is None:
+        return decision
+    b = decision.breakdown
+    speed = predict(
+        config, b.weights, plan.weights.embedding, decision.context, decision.max_rows, card.speed
+    )
+    return replace(decision, prediction=speed)

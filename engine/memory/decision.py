@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from engine.config import GIB
+from engine.memory.speed import Prediction
 from engine.memory.workspace import ATTN_QUERY_ROWS
 
 
@@ -60,6 +61,7 @@ class Decision:
     reason: str
     fixes: tuple[tuple[str, int | float | str], ...] = ()
     prompt_cache_on_host: bool = False  # saved prompt states in pinned host memory
+    prediction: Prediction | None = None  # the speed it will give, where the card is known
     score_rows: int = ATTN_QUERY_ROWS  # prefill attention query rows the workspace holds
 
     @property
@@ -82,6 +84,7 @@ class Decision:
             "breakdown": asdict(self.breakdown),
             "suggestions": list(self.suggestions),
             "fixes": [list(f) for f in self.fixes],
+            "prediction": asdict(self.prediction) if self.prediction else None,
         }
 
     def format_table(self) -> str:
@@ -113,6 +116,8 @@ class Decision:
                 f"max rows {self.max_rows}, scratch {'eager' if self.eager else 'lazy'}"
             )
         lines += [f"  {name:<{width}}  {_gib(n):>12}" for name, n in rows]
+        if self.prediction is not None:
+            lines.append(f"speed: {self.prediction.sentence()}")
         lines += [f"  - {text}" for text in self.suggestions]
         return "\n".join(lines)
 

@@ -55,3 +55,15 @@ def test_readme_table_is_what_snug_plan_prints(capsys):
     printed = capsys.readouterr().out.strip().splitlines()[1:]  # below the card line
     for line in printed:
         assert f"    {line}\n" in readme, line
+
+
+def test_small_card_plan_keeps_large_chunks_and_predicts_speed(capsys):
+    """The 4B MLX 4-bit at 16K on a 4 GiB card: 512-row chunks (the saved state moves to
+    host memory instead), and a predicted first-token time and decode rate."""
+    argv = ["plan", "--shape", "4B", "--format", "mlx4", "--card-gib", "4", "--context", "16384"]
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["max_rows"] >= 256 and data["prompt_cache_on_host"]
+    assert data["prediction"]["ttft_s"] > 0 and data["prediction"]["decode_tok_s"] > 0
+    assert main(argv) == 0
+    assert "to the first token" in capsys.readouterr().out

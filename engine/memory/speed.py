@@ -1,0 +1,155 @@
+"""What speed a plan will give: a cost model of prefill and decode, calibrated on a GPU.
+
+Admission decides what fits; this module says how fast the result will be, so a decision
+can carry "a 16K prompt: about 1.4 s to the first token; about 650 tokens/s" (invariant 8:
+the decision predicts the speed it will give). Two terms per phase, each scaled from the
+card the coefficients were measured on to the card at hand by the resource that bounds it:
+
+    decode step   = layers * step_layer_s  +  bytes read per step / (bandwidth * bw_eff)
+    prefill of P  = P * flops/token / (tensor * mm_eff)             (the projections)
+                  + attention flops(P) / (tensor * attn_eff)        (quadratic in P)
+                  + chunks * (weight bytes / (bandwidth * bw_eff))  (each chunk reads every
+                                                                    weight once)
+
+Bytes read per step are the weights on the card (an embedding table only where it is also
+the LM head) plus the KV cache at the context. The coefficients come from
+`tools/bench_decode.py --small-card` (through `Engine.load` / `Engine.generate`) on the
+calibration card; `CALIBRATION` says which run. A card's bandwidth and tensor throughput
+come from NVML (`card_speed`), or from `REFERENCE_CARDS` by name for planning without one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class CardSpeed:
+    """What bounds a phase on a card: memory bandwidth and dense bf16 tensor throughput
+    (fp32 accumulation, as the engine's kernels use)."""
+
+    name: str
+    bandwidth: float  # bytes/s
+    tensor_flops: float  # flop/s
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Efficiencies measured on one card (`card`), through the app's path."""
+
+    card: CardSpeed
+    step_layer_s: float  # fixed cost of one layer of a decode step (launches, waits)
+    bw_eff: float  # share of the bandwidth a decode step's weight reads reach
+    mm_eff: float  # share of the tensor throughput prefill projections reach
+    attn_eff: float  # the same for prefill attention
+    source: str  # the run the numbers come from
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a decision will give: the first token of a prompt that fills the context, and
+    the decode rate of one stream at the start of its reply."""
+
+    card: str
+    prompt_tokens: int
+    ttft_s: float
+    decode_tok_s: float
+
+    def sentence(self) -> str:
+        return (
+            f"a {_tokens(self.prompt_tokens)} prompt: about {_seconds(self.ttft_s)} to the "
+            f"first token; about {_rate(self.decode_tok_s)} tokens/s (predicted for "
+            f"{self.card})"
+        )
+
+
+# Dense bf16 tensor flop per clock per SM with fp32 accumulation, by compute capability
+# (GeForce parts accumulate in fp32 at half their fp16 rate; data-centre parts do not).
+_TENSOR_FLOP_PER_CLOCK = {75: 512, 80: 2048, 86: 512, 87: 512, 89: 512, 90: 4096, 120: 512}
+_CORES_PER_SM = {75: 64, 80: 64, 86: 128, 87: 128, 89: 128, 90: 128, 120: 128}
+
+REFERENCE_CARDS = {
+    "H200": CardSpeed("an H200", 4.8e12, 989e12),
+    "RTX 3050 Laptop 4GB": CardSpeed("an RTX 3050 Laptop (4 GB)", 192e9, 16 * 512 * 1.5e9),
+    "RTX 3060 12GB": CardSpeed("an RTX 3060 (12 GB)", 360e9, 28 * 512 * 1.78e9),
+    "RTX 4060 8GB": CardSpeed("an RTX 4060 (8 GB)", 272e9, 24 * 512 * 2.46e9),
+}
+DEFAULT_SMALL_CARD = "RTX 3050 Laptop 4GB"
+
+# Fitted to the H200 figures of the Qwen3.5 4B and 9B MLX 4-bit through Engine.generate
+# (decode 691 and 499 tokens/s; the 4B's 8K and 16K prompts 0.54 s and 1.34 s warm).
+CALIBRATION = Calibration(
+    card=REFERENCE_CARDS["H200"],
+    step_layer_s=25.6e-6,
+    bw_eff=0.785,
+    mm_eff=0.153,
+    attn_eff=0.034,
+    source="tools/bench_decode.py --small-card on an H200 (docs/benchmarks.md)",
+)
+
+
+def card_speed(name: str, cc: int, cores: int, sm_clock_hz: float, bandwidth: float) -> CardSpeed:
+    """A card's speed from what NVML reports (compute capability as 86, CUDA cores, the
+    SM clock, the memory bandwidth)."""
+    sms = cores // _CORES_PER_SM.get(cc, 128)
+    per_clock = _TENSOR_FLOP_PER_CLOCK.get(cc, 512)
+    return CardSpeed(name, bandwidth, max(sms, 1) * per_clock * sm_clock_hz)
+
+
+def step_bytes(config: ModelConfig, weights_on_card: int, embedding: int, context: int) -> int:
+    """Bytes one decode step reads: the weights on the card (less a table that is not also
+    the head: only a row of it is read), and the KV cache at `context` tokens."""
+    read = weights_on_card - (0 if config.tie_word_embeddings else embedding)
+    kv = 2 * len(config.full_layers) * config.num_key_value_heads * config.head_dim * 2
+    return read + kv * context
+
+
+def _flops_per_token(config: ModelConfig) -> float:
+    """Projection flops of one prompt token (2 per multiply-add), the LM head excluded:
+    a prompt computes logits for its last row only."""
+    from engine.memory.shapes import layer_linear_shapes
+
+    return 2.0 * sum(out * inp for _name, out, inp in layer_linear_shapes(config))
+
+
+def _attention_flops(config: ModelConfig, prompt: int) -> float:
+    """Causal attention of a prompt: QK^T and PV over half the square, per query head."""
+    heads = config.num_attention_heads * config.head_dim
+    return 2.0 * 2.0 * len(config.full_layers) * heads * prompt * prompt / 2
+
+
+def predict(
+    config: ModelConfig,
+    weights_on_card: int,
+    embedding: int,
+    context: int,
+    chunk_rows: int,
+    card: CardSpeed,
+    cal: Calibration = CALIBRATION,
+) -> Prediction:
+    """The speed of a plan: TTFT of a prompt that fills `context`, decode at its start."""
+    bw = card.bandwidth * cal.bw_eff
+    layers = config.num_hidden_layers
+    step = layers * cal.step_layer_s + step_bytes(config, weights_on_card, embedding, 0) / bw
+    chunks = math.ceil(context / max(chunk_rows, 1))
+    prefill = (
+        context * _flops_per_token(config) / (card.tensor_flops * cal.mm_eff)
+        + _attention_flops(config, context) / (card.tensor_flops * cal.attn_eff)
+        + chunks * (weights_on_card / bw + layers * cal.step_layer_s)
+    )
+    return Prediction(card.name, context, prefill, 1.0 / step)
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else f"{n:,}-token"
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s"
+
+
+def _rate(r: float) -> str:
+    return f"{r:,.0f}" if r >= 100 else f"{r:.0f}"

@@ -1,9 +1,15 @@
-"""Builds the app's state, controllers and pollers, and shuts them down in order."""
+"""Builds the app's state, controllers and pollers, and shuts them down in order.
+
+The stored state (settings, chats) is read first and never stops the start: what it could
+not use is collected in `AppContext.problems` for the window to show. Worker threads start
+after that, and if anything fails once one has started, the started ones are shut down
+before the error goes on (a QThread dropped while running aborts the process).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QSettings
@@ -28,6 +34,7 @@ class AppContext:
     machine: Machine
     poller: NvmlPoller
     advisor: FitAdvisor
+    problems: list[str] = field(default_factory=list)  # start-up warnings, for the user
 
     def shutdown(self) -> bool:
         """Stop generation, unload, and wait for every worker thread; True when all ended."""
@@ -49,15 +56,29 @@ def build_context(
     catalog_path: Path | None = None,
 ) -> AppContext:
     settings = AppSettings(store)
-    engine = EngineController(loader)
-    machine = Machine(settings.engine_settings().reserve_bytes)
-    poller = NvmlPoller(gpu_source)
-    poller.sample.connect(machine.on_sample)
-    poller.unavailable.connect(machine.on_unavailable)
-    engine.held.connect(machine.on_held)
-    library = Library(cache_dir, catalog_path)
-    downloads = DownloadManager(cache_dir, endpoint)
-    advisor = FitAdvisor(machine, settings, library, planner)
-    chats = ChatController(ChatStore(chats_dir), engine, settings)
-    poller.start()
-    return AppContext(settings, engine, chats, library, downloads, machine, poller, advisor)
+    chat_store = ChatStore(chats_dir)
+    reserve = settings.engine_settings().reserve_bytes
+    problems = [*settings.problems, *chat_store.problems]
+    started: list[Callable[[], object]] = []  # shutdowns of what has started, in order
+    try:
+        engine = EngineController(loader)
+        started.append(engine.shutdown)
+        machine = Machine(reserve)
+        poller = NvmlPoller(gpu_source)
+        started.append(poller.shutdown)
+        poller.sample.connect(machine.on_sample)
+        poller.unavailable.connect(machine.on_unavailable)
+        engine.held.connect(machine.on_held)
+        library = Library(cache_dir, catalog_path)
+        downloads = DownloadManager(cache_dir, endpoint)
+        started.append(downloads.shutdown)
+        advisor = FitAdvisor(machine, settings, library, planner)
+        chats = ChatController(chat_store, engine, settings)
+        poller.start()
+    except BaseException:
+        for stop in reversed(started):
+            stop()
+        raise
+    return AppContext(
+        settings, engine, chats, library, downloads, machine, poller, advisor, problems
+    )

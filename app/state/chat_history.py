@@ -1,14 +1,39 @@
-"""Chats and their storage: one JSON file per chat in AppDataLocation/chats."""
+"""Chats and their storage: one JSON file per chat in AppDataLocation/chats.
+
+A chat's id is its file name (`<id>.json`), so ids are checked against CHAT_ID before any
+path is built, and every path is checked to lie inside the chats folder. A file that does
+not hold a valid chat (bad JSON, wrong shape, an id that is not its file name) is reported
+in `ChatStore.problems` and the log, skipped, and never written over.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import re
+import reprlib
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QStandardPaths, Signal
+
+log = logging.getLogger(__name__)
+CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ROLES = ("user", "assistant", "error")
+MAX_CHAT_BYTES = 64 << 20  # far above any real conversation; bounds the time a load takes
+
+
+class ChatFileError(ValueError):
+    """A chat file or id that cannot be used; the message names the file and the problem."""
+
+
+def check_chat_id(chat_id: object) -> str:
+    if not isinstance(chat_id, str) or not CHAT_ID.fullmatch(chat_id):
+        raise ChatFileError(f"chat id {chat_id!r} is not 1-64 letters, digits, '_' or '-'")
+    return chat_id
 
 
 @dataclass
@@ -17,6 +42,22 @@ class Turn:
     content: str
     thinking_enabled: bool = False
     stats: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, raw: object, where: str) -> Turn:
+        raw = _object(raw, where, ("role", "content", "thinking_enabled", "stats"))
+        role = _text(raw.get("role"), f"{where}.role")
+        if role not in ROLES:
+            raise ChatFileError(f"{where}.role is {_short(role)}, not one of {', '.join(ROLES)}")
+        thinking = raw.get("thinking_enabled", False)
+        if not isinstance(thinking, bool):
+            raise ChatFileError(f"{where}.thinking_enabled is {_short(thinking)}, not true/false")
+        return cls(
+            role=role,
+            content=_text(raw.get("content"), f"{where}.content"),
+            thinking_enabled=thinking,
+            stats=_stats(raw.get("stats", {}), f"{where}.stats"),
+        )
 
 
 @dataclass
@@ -35,14 +76,23 @@ class Chat:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> Chat:
-        turns = [Turn(**t) for t in raw.get("turns", []) if isinstance(t, dict)]
+    def from_dict(cls, raw: object) -> Chat:
+        """A chat from its JSON form; ChatFileError names the first field that is wrong."""
+        raw = _object(raw, "the file", ("id", "title", "created", "updated", "turns"))
+        try:
+            chat_id = check_chat_id(raw.get("id"))
+        except ChatFileError as exc:
+            raise ChatFileError(f"id: {exc}") from None
+        turns = raw.get("turns", [])
+        if not isinstance(turns, list):
+            raise ChatFileError(f"turns is {_short(turns)}, not a list")
+        now = time.time()
         return cls(
-            id=str(raw["id"]),
-            title=str(raw.get("title", "New chat")),
-            created=float(raw.get("created", time.time())),
-            updated=float(raw.get("updated", time.time())),
-            turns=turns,
+            id=chat_id,
+            title=_text(raw.get("title", "New chat"), "title"),
+            created=_seconds(raw.get("created", now), "created"),
+            updated=_seconds(raw.get("updated", now), "updated"),
+            turns=[Turn.from_dict(t, f"turns[{i}]") for i, t in enumerate(turns)],
         )
 
     def messages(self, system_prompt: str = "") -> list[dict[str, str]]:
@@ -54,13 +104,88 @@ class Chat:
         return out
 
 
+# Field checks for from_dict: each returns the value or raises ChatFileError naming the field.
+NUMERIC_STATS = ("prompt_tokens", "new_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s")
+
+
+def _short(value: object) -> str:
+    return reprlib.repr(value)  # bounded: long strings, numbers and nesting are cut
+
+
+def _object(raw: object, where: str, keys: tuple[str, ...]) -> dict:
+    if not isinstance(raw, dict):
+        raise ChatFileError(f"{where} is {_short(raw)}, not an object")
+    unknown = [k for k in raw if k not in keys]
+    if unknown:
+        raise ChatFileError(f"{where} has unknown field {_short(unknown[0])}")
+    return raw
+
+
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise ChatFileError(f"{where} is {_short(value)}, not text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON allows it, the file could not be saved
+        raise ChatFileError(f"{where} holds a character that is not valid Unicode") from None
+    return value
+
+
+def _number(value: object, where: str) -> float | int:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and isinstance(value, int):
+        ok = abs(value) < 2**63
+    if not ok or not math.isfinite(value):
+        raise ChatFileError(f"{where} is {_short(value)}, not a finite number")
+    return value
+
+
+def _seconds(value: object, where: str) -> float:
+    return float(_number(value, where))
+
+
+def _stats(raw: object, where: str) -> dict:
+    if not isinstance(raw, dict):
+        raise ChatFileError(f"{where} is {_short(raw)}, not an object")
+    out: dict = {}
+    for key, value in raw.items():
+        name = f"{where}.{_text(key, where + ' key')}"
+        if key in NUMERIC_STATS or isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = _number(value, name)
+        elif isinstance(value, bool):
+            out[key] = value
+        else:
+            out[key] = _text(value, name)
+    return out
+
+
+def read_chat(path: Path) -> Chat:
+    """The chat stored in `path`; ChatFileError, naming the file, for anything else."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_CHAT_BYTES:
+            raise ChatFileError(f"{size} bytes is more than a chat file holds")
+        chat = Chat.from_dict(json.loads(path.read_bytes()))
+    except ChatFileError as exc:
+        raise ChatFileError(f"{path.name}: {exc}") from None
+    except (OSError, ValueError, RecursionError) as exc:  # unreadable, not JSON, too deep
+        text = str(exc)[:120]
+        raise ChatFileError(f"{path.name}: {type(exc).__name__}: {text}") from None
+    if chat.id != path.stem:
+        raise ChatFileError(f"{path.name}: the id {chat.id!r} is not the file's name")
+    return chat
+
+
 def default_chats_dir() -> Path:
     base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
     return Path(base or Path.home() / ".local/share/Snug") / "chats"
 
 
 class ChatStore(QObject):
-    """All chats, newest first; saves a chat's file whenever it changes."""
+    """All chats, newest first; saves a chat's file whenever it changes.
+
+    Files that hold no valid chat are listed in `problems` (and logged) and left alone.
+    """
 
     chats_changed = Signal()
     chat_updated = Signal(str)
@@ -70,17 +195,32 @@ class ChatStore(QObject):
         self.folder = Path(folder) if folder is not None else default_chats_dir()
         self.folder.mkdir(parents=True, exist_ok=True)
         self._chats: dict[str, Chat] = {}
+        self.problems: list[str] = []
         self.load_all()
 
     def load_all(self) -> None:
         self._chats.clear()
-        for path in self.folder.glob("*.json"):
+        self.problems = []
+        for path in sorted(self.folder.glob("*.json")):
             try:
-                chat = Chat.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # a damaged file must not stop the app; it stays on disk
+                self.path(path.stem)  # a plain name that stays inside the folder
+                chat = read_chat(path)
+            except ChatFileError as exc:
+                self.problems.append(f"Skipped chat file {exc} (the file is kept as it is)")
+                log.warning("%s", self.problems[-1])
+                continue
             self._chats[chat.id] = chat
         self.chats_changed.emit()
+
+    def path(self, chat_id: str) -> Path:
+        """`<folder>/<id>.json`; ChatFileError for an id that is not a plain name."""
+        try:
+            path = self.folder / f"{check_chat_id(chat_id)}.json"
+        except ChatFileError as exc:
+            raise ChatFileError(f"{chat_id}.json: {exc}") from None
+        if path.resolve().parent != self.folder.resolve():
+            raise ChatFileError(f"{path.name}: leads outside {self.folder}")
+        return path
 
     def chats(self) -> list[Chat]:
         return sorted(self._chats.values(), key=lambda c: c.updated, reverse=True)
@@ -90,6 +230,8 @@ class ChatStore(QObject):
 
     def create(self) -> Chat:
         chat = Chat.new()
+        while chat.id in self._chats or self.path(chat.id).exists():  # never reuse a file
+            chat = Chat.new()
         self._chats[chat.id] = chat
         self.save(chat)
         self.chats_changed.emit()
@@ -97,17 +239,19 @@ class ChatStore(QObject):
 
     def delete(self, chat_id: str) -> None:
         if self._chats.pop(chat_id, None) is not None:
-            (self.folder / f"{chat_id}.json").unlink(missing_ok=True)
+            self.path(chat_id).unlink(missing_ok=True)
             self.chats_changed.emit()
 
     def save(self, chat: Chat) -> None:
+        path = self.path(chat.id)
+        if self._chats.get(chat.id) is not chat and path.exists():
+            raise ChatFileError(f"{path.name} belongs to another chat; it is not written over")
         chat.updated = time.time()
         if chat.title == "New chat":
             first = next((t.content for t in chat.turns if t.role == "user"), "")
             if first.strip():
                 line = " ".join(first.split())
                 chat.title = line[:40] + ("…" if len(line) > 40 else "")
-        path = self.folder / f"{chat.id}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(chat.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
         tmp.replace(path)

@@ -1,12 +1,30 @@
-"""Typed application settings stored in QSettings (organisation "Snug", application "Snug")."""
+"""Typed application settings stored in QSettings (organisation "Snug", application "Snug").
+
+Every value read from the store is parsed and range-checked (`parse`); a value that is not
+valid falls back to its default with a warning that names the key, the value and the
+default. The warnings, and those for SNUG_* environment variables the engine refuses, are
+kept in `AppSettings.problems` for the window to show; none of them stops the app.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+import os
+import reprlib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
 from engine.config import GIB, EngineSettings
+from engine.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class SettingError(ValueError):
+    """A value that a setting cannot hold; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -16,49 +34,99 @@ class Field:
     default: object
     label: str
     needs_reload: bool = False
+    lo: float | None = None  # numbers: the valid range, inclusive
+    hi: float | None = None
+    choices: tuple[str, ...] = ()  # text: the values allowed (empty: any text)
 
+
+# The engine's names (SNUG_BACKEND); the settings panel shows each with its own label.
+BACKENDS = ("auto", "cuda", "numpy")
+BACKEND_ALIASES = {"cpu": "numpy"}  # the name settings files written before used
 
 FIELDS: tuple[Field, ...] = (
-    Field("memory/reserve_gib", float, 0.5, "Memory reserve (GiB)", True),
-    Field("memory/limit_gib", float, 0.0, "Memory limit (GiB, 0 = none)", True),
-    Field("engine/context", int, 8192, "Context length (tokens)", True),
-    Field("engine/max_rows", int, 512, "Max rows per forward", True),
-    Field("engine/streams", int, 1, "Streams", True),
-    Field("engine/backend", str, "auto", "Backend", True),
+    Field("memory/reserve_gib", float, 0.5, "Memory reserve (GiB)", True, 0, 1024),
+    Field("memory/limit_gib", float, 0.0, "Memory limit (GiB, 0 = none)", True, 0, 1 << 20),
+    Field("engine/context", int, 8192, "Context length (tokens)", True, 1, 1 << 24),
+    Field("engine/max_rows", int, 512, "Max rows per forward", True, 1, 1 << 16),
+    Field("engine/streams", int, 1, "Streams", True, 1, 1024),
+    Field(
+        "engine/backend", str, "auto", "Backend", True, choices=BACKENDS + tuple(BACKEND_ALIASES)
+    ),
     Field("engine/refuse_cpu", bool, False, "Refuse CPU mode", True),
-    Field("sampling/temperature", float, 0.7, "Temperature"),
-    Field("sampling/top_p", float, 0.8, "Top-p"),
-    Field("sampling/top_k", int, 20, "Top-k"),
-    Field("sampling/presence_penalty", float, 1.5, "Presence penalty"),
-    Field("sampling/min_p", float, 0.0, "Min-p"),
-    Field("sampling/max_new_tokens", int, 2048, "Max new tokens"),
+    Field("sampling/temperature", float, 0.7, "Temperature", lo=0, hi=100),
+    Field("sampling/top_p", float, 0.8, "Top-p", lo=0, hi=1),
+    Field("sampling/top_k", int, 20, "Top-k", lo=0, hi=1 << 24),
+    Field("sampling/presence_penalty", float, 1.5, "Presence penalty", lo=-100, hi=100),
+    Field("sampling/min_p", float, 0.0, "Min-p", lo=0, hi=1),
+    Field("sampling/max_new_tokens", int, 2048, "Max new tokens", lo=1, hi=1 << 24),
     Field("chat/thinking", bool, False, "Thinking"),
     Field("chat/system_prompt", str, "You are a helpful assistant.", "System prompt"),
     Field("model/last_dir", str, "", "Last model folder"),
 )
 BY_KEY = {f.key: f for f in FIELDS}
-# The engine's names (SNUG_BACKEND); the settings panel shows each with its own label.
-BACKENDS = ("auto", "cuda", "numpy")
-BACKEND_ALIASES = {"cpu": "numpy"}  # the name settings files written before used
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
 
 
-def _coerce(field: Field, raw: object) -> object:
-    if raw is None:
-        return field.default
-    try:
-        if field.kind is bool:
-            if isinstance(raw, str):
-                return raw.strip().lower() in ("1", "true", "yes", "on")
+def parse(field: Field, raw: object) -> object:
+    """The value `raw` (from the store or a widget) stands for; SettingError if none."""
+    if field.kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, int) and raw in (0, 1):
             return bool(raw)
-        return field.kind(raw)
-    except (TypeError, ValueError):
-        return field.default
+        word = raw.strip().lower() if isinstance(raw, str) else None
+        if word in TRUE_WORDS or word in FALSE_WORDS:
+            return word in TRUE_WORDS
+        raise SettingError("not true or false")
+    if field.kind is str:
+        if not isinstance(raw, str):
+            raise SettingError("not text")
+        if field.choices and raw not in field.choices:
+            raise SettingError(f"not one of {', '.join(field.choices)}")
+        return raw
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise SettingError("not a number")
+    try:
+        value = field.kind(raw.strip() if isinstance(raw, str) else raw)
+    except (ValueError, OverflowError):
+        raise SettingError(
+            "not a number" if field.kind is float else "not a whole number"
+        ) from None
+    if field.kind is int and isinstance(raw, float) and value != raw:
+        raise SettingError("not a whole number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SettingError("not a finite number")
+    if (field.lo is not None and value < field.lo) or (field.hi is not None and value > field.hi):
+        raise SettingError(f"outside {field.lo:g}..{field.hi:g}")
+    return value
+
+
+def env_settings(environ: Mapping[str, str]) -> tuple[EngineSettings, list[str]]:
+    """EngineSettings.from_env, with every SNUG_* variable it refuses named and left out."""
+    try:
+        return EngineSettings.from_env(environ), []
+    except ConfigError:
+        pass
+    bad, problems = set(), []
+    for name in sorted(k for k in environ if k.startswith("SNUG_")):
+        try:
+            EngineSettings.from_env({name: environ[name]})
+        except ConfigError as exc:
+            bad.add(name)
+            problems.append(f"Environment variable {name} is ignored: {exc}")
+    try:
+        kept = {k: v for k, v in environ.items() if k not in bad}
+        return EngineSettings.from_env(kept), problems
+    except ConfigError as exc:  # only wrong together: fall back to every default
+        return EngineSettings(), [*problems, f"The SNUG_* variables are ignored: {exc}"]
 
 
 class AppSettings(QObject):
     """Typed access to QSettings; emits `changed(key, value)` on every write.
 
     Pass a QSettings to use another store (tests use an ini file in a temp folder).
+    `problems` lists, once each, the stored values and SNUG_* variables that were ignored.
     """
 
     changed = Signal(str, object)
@@ -66,18 +134,41 @@ class AppSettings(QObject):
     def __init__(self, store: QSettings | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._store = store if store is not None else QSettings("Snug", "Snug")
+        self.problems: list[str] = []
+        for field in FIELDS:  # find the bad values now, so that start-up can show them
+            self.get(field.key)
+        self.engine_settings()
 
     @property
     def store(self) -> QSettings:
         return self._store
 
+    def _problem(self, text: str) -> None:
+        if text not in self.problems:
+            self.problems.append(text)
+            log.warning("%s", text)
+
     def get(self, key: str) -> object:
         field = BY_KEY[key]
-        return _coerce(field, self._store.value(key, field.default))
+        if not self._store.contains(key):
+            return field.default
+        raw = self._store.value(key)
+        try:
+            return parse(field, raw)
+        except SettingError as exc:
+            self._problem(
+                f"Setting {key} = {reprlib.repr(raw)} is not valid ({exc}); "
+                f"using the default {field.default!r}."
+            )
+            return field.default
 
     def set(self, key: str, value: object) -> None:
+        """Store a value; SettingError (naming the key) when the setting cannot hold it."""
         field = BY_KEY[key]
-        value = _coerce(field, value)
+        try:
+            value = parse(field, value)
+        except SettingError as exc:
+            raise SettingError(f"{key} = {reprlib.repr(value)} is not valid: {exc}") from None
         if value == self.get(key) and self._store.contains(key):
             return
         self._store.setValue(key, value)
@@ -129,14 +220,18 @@ class AppSettings(QObject):
         """EngineSettings from the environment, with the fields these settings own replaced.
 
         Reserve, limit and backend come from here; everything else the environment sets
-        (SNUG_COMPUTE_DTYPE, SNUG_OVERLAP_LAUNCHES, SNUG_CACHE_DIR...) passes through.
+        (SNUG_COMPUTE_DTYPE, SNUG_OVERLAP_LAUNCHES, SNUG_CACHE_DIR...) passes through, less
+        any variable the engine refuses (reported in `problems`).
         """
         reserve = float(self.get("memory/reserve_gib"))
         limit = float(self.get("memory/limit_gib"))
+        env, problems = env_settings(os.environ)
+        for text in problems:
+            self._problem(text)
         return replace(
-            EngineSettings.from_env(),
+            env,
             reserve_bytes=int(round(reserve * GIB)),
-            limit_bytes=int(round(limit * GIB)) if limit > 0 else None,
+            limit_bytes=int(round(limit * GIB)) or None,  # 0 means no limit
             backend=self.backend,
         )
 

@@ -1,11 +1,13 @@
 """Model downloads on their own thread (never the engine thread), into the HF cache.
 
-Each file is fetched into `blobs/<etag>.incomplete` in the standard cache layout and
-resumed with an HTTP Range request on the next attempt (after a cut connection, a Cancel
-or an app restart); `hf_hub_download` then links the finished blob into the snapshot.
-Progress comes from a tqdm class handed to huggingface_hub's `http_get`; Cancel is a
-threading.Event that the hook checks on every chunk. DownloadManager (app/controllers.py)
-owns the thread and is what the library panel talks to.
+Every path comes from a validated hash or name (app/workers/hub_files.py). One download of
+a repo at a time per cache: a file lock (`.locks/models--org--name/snug-download.lock`)
+makes a second one, from this app or another, wait and then find the files in place. Each
+file is fetched by huggingface_hub's `http_get` into `blobs/<hash>.incomplete`, hashed while
+it is written and renamed to `blobs/<hash>` only when the hash matches; the part is kept
+after a cut connection, a Cancel or a restart, and resumed with an HTTP Range request. A
+blob already in the cache is hashed again before it is used, so a damaged one is replaced.
+DownloadManager (app/controllers.py) owns the thread and is what the library panel talks to.
 """
 
 from __future__ import annotations
@@ -18,12 +20,29 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from app.workers.hub_files import (
+    BlobSink,
+    HubFileError,
+    IncompleteDownload,
+    RemoteFile,
+    RepoCache,
+    commit_hash,
+    reconcile,
+    repo_name,
+)
+
 WANTED = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken")
 EMIT_EVERY_S = 0.1
+LOCK_POLL_S = 0.2
+DISK_MARGIN = 256 << 20
 
 
 class DownloadCancelled(Exception):
-    """Raised inside the progress hook to stop huggingface_hub mid-file; parts are kept."""
+    """Raised from the write path to stop huggingface_hub mid-file; parts are kept."""
+
+
+class NotEnoughDisk(OSError):
+    """The cache's disk has less free space than the files still to fetch need."""
 
 
 def wanted(filename: str) -> bool:
@@ -53,6 +72,8 @@ def explain(exc: BaseException, repo: str) -> str:
         return "Offline mode is on (HF_HUB_OFFLINE); unset it to download models."
     if isinstance(exc, HfHubHTTPError):
         return f"The Hub answered with an error for {repo}: {exc}"
+    if isinstance(exc, HubFileError | NotEnoughDisk):
+        return str(exc)
     if isinstance(exc, OSError) and "space" in str(exc).lower():
         return str(exc)
     if "connect" in name.lower() or "timeout" in name.lower() or "protocol" in name.lower():
@@ -61,6 +82,24 @@ def explain(exc: BaseException, repo: str) -> str:
             "the parts already downloaded are kept and the download resumes next time."
         )
     return f"{name}: {exc}"
+
+
+class Progress:
+    """Bytes done over the whole download, emitted at most every EMIT_EVERY_S."""
+
+    def __init__(self, emit, repo: str, total: int) -> None:
+        self.emit, self.repo, self.total = emit, repo, total
+        self.done = 0  # bytes of finished files
+        self.fresh = 0  # bytes received in this run (the speed)
+        self.t0 = time.monotonic()
+        self.last = 0.0
+
+    def file(self, file_bytes: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last >= EMIT_EVERY_S:
+            self.last = now
+            speed = self.fresh / max(now - self.t0, 1e-3)
+            self.emit(self.repo, self.done + file_bytes, self.total, speed)
 
 
 class DownloadWorker(QObject):
@@ -89,119 +128,141 @@ class DownloadWorker(QObject):
             self.finished.emit(repo, folder)
 
     def _download(self, repo: str, cancel: threading.Event) -> str:
-        from huggingface_hub import HfApi, hf_hub_download, try_to_load_from_cache
-        from huggingface_hub.utils import tqdm as hf_tqdm
+        from filelock import FileLock, Timeout
+        from huggingface_hub import HfApi, constants
 
+        cache = RepoCache(Path(self.cache_dir or constants.HF_HUB_CACHE), repo)
         info = HfApi(endpoint=self.endpoint).model_info(repo, revision="main", files_metadata=True)
-        files = [
-            (s.rfilename, int(s.size or 0)) for s in info.siblings or [] if wanted(s.rfilename)
-        ]
-        if not any(name.endswith(".safetensors") for name, _ in files):
+        commit = commit_hash(repo, info.sha)
+        # Unwanted names never become paths, so only wanted ones need to be valid.
+        listed = [s for s in info.siblings or [] if wanted(str(s.rfilename))]
+        for s in listed:
+            repo_name(repo, s.rfilename)
+        if not any(s.rfilename.endswith(".safetensors") for s in listed):
             raise FileNotFoundError(f"{repo} has no .safetensors weights Snug can read.")
-        total = sum(size for _, size in files)
-        have = 0
-        for name, size in files:
-            cached = try_to_load_from_cache(repo, name, cache_dir=self.cache_dir, revision=info.sha)
-            if isinstance(cached, str):
-                have += size
-        self._check_disk(total - have)
+
+        cache.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(cache.lock_path)
+        while True:  # wait for another download of this repo, but honour Cancel meanwhile
+            if cancel.is_set():
+                raise DownloadCancelled(repo)
+            try:
+                lock.acquire(timeout=LOCK_POLL_S)
+                break
+            except Timeout:
+                continue
+        try:
+            return self._download_locked(repo, cache, commit, listed, cancel)
+        finally:
+            lock.release()
+
+    def _download_locked(
+        self, repo: str, cache: RepoCache, commit: str, listed: list, cancel: threading.Event
+    ) -> str:
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+        files, where = [], {}
+        for s in listed:
+            url = hf_hub_url(repo, s.rfilename, revision=commit, endpoint=self.endpoint)
+            meta = get_hf_file_metadata(url, endpoint=self.endpoint)
+            lfs = s.lfs
+            file = reconcile(
+                repo,
+                s.rfilename,
+                meta.etag,
+                meta.size,
+                (lfs.size if lfs else s.size),
+                (lfs.sha256 if lfs else None),
+                (None if lfs else s.blob_id),
+            )
+            files.append(file)
+            where[file.name] = meta.location
+        missing = [f for f in files if not cache.blob(f).is_file()]
+        parts = sum(min(_size(cache.partial(f)), f.size) for f in missing)
+        self._check_disk(cache.root, sum(f.size for f in missing) - parts)
+        total = sum(f.size for f in files)
         self.started.emit(repo, total)
 
-        state = {"done": have, "file": 0, "last": 0.0, "t0": time.monotonic(), "fresh": 0}
+        progress = Progress(self.progress.emit, repo, total)
 
-        def report(file_bytes: int, force: bool = False) -> None:
-            now = time.monotonic()
-            state["file"] = file_bytes
-            if force or now - state["last"] >= EMIT_EVERY_S:
-                state["last"] = now
-                speed = state["fresh"] / max(now - state["t0"], 1e-3)
-                self.progress.emit(repo, state["done"] + file_bytes, total, speed)
+        def hashed(size: int) -> None:  # a blob already here is checked before it is used
+            if cancel.is_set():
+                raise DownloadCancelled(repo)
+            progress.file(size)
 
-        class Hook(hf_tqdm):
+        for file in files:
+            if cancel.is_set():
+                raise DownloadCancelled(repo)
+            if not cache.verified(file, hashed):
+                self._fetch(cache, file, where[file.name], progress, cancel)
+            progress.done += file.size
+            progress.file(0, force=True)
+            cache.link(commit, file)
+        cache.set_ref("main", commit)
+        return str(cache.snapshot(commit))
+
+    def _fetch(
+        self,
+        cache: RepoCache,
+        file: RemoteFile,
+        url: str,
+        progress: Progress,
+        cancel: threading.Event,
+    ) -> None:
+        """Fetch one file into its `.incomplete` part (resumed) and rename it once verified."""
+        from huggingface_hub.file_download import http_get
+        from huggingface_hub.utils import build_hf_headers
+        from huggingface_hub.utils import tqdm as hf_tqdm
+
+        class Quiet(hf_tqdm):  # progress goes through BlobSink.on_write, not a bar
             def __init__(self, *args, **kwargs):
                 kwargs["disable"] = True
                 kwargs.pop("name", None)
                 super().__init__(*args, **kwargs)
-                self._seen = int(kwargs.get("initial", 0) or 0)
 
-            def update(self, n=1):
-                if cancel.is_set():
-                    raise DownloadCancelled(repo)
-                self._seen += int(n or 0)
-                state["fresh"] += int(n or 0)
-                report(self._seen)
-                return super().update(n)
+        seen = {"last": -1}
 
-        snapshot = ""
-        for name, size in files:
+        def on_write(size: int) -> None:
             if cancel.is_set():
-                raise DownloadCancelled(repo)
-            cached = try_to_load_from_cache(repo, name, cache_dir=self.cache_dir, revision=info.sha)
-            if not isinstance(cached, str):
-                self._fetch_blob(repo, name, info.sha, Hook)
-                state["done"] += size
-            # The blob is in place now, so this only links it into the snapshot (and refs).
-            path = hf_hub_download(
-                repo, name, revision=info.sha, cache_dir=self.cache_dir, endpoint=self.endpoint
-            )
-            state["file"] = 0
-            report(0, force=True)
-            if "/" not in name:
-                snapshot = str(Path(path).parent)
-        return snapshot
+                raise DownloadCancelled(file.repo)
+            if seen["last"] >= 0:
+                progress.fresh += max(size - seen["last"], 0)
+            seen["last"] = size
+            progress.file(size)
 
-    def _fetch_blob(self, repo: str, name: str, revision: str, hook: type) -> None:
-        """Download one file to `blobs/<etag>` through a `<etag>.incomplete` file that is kept.
+        with BlobSink(cache.partial(file), file, on_write) as sink:
+            seen["last"] = sink.size
+            try:
+                http_get(
+                    url,
+                    sink,
+                    resume_size=sink.size,
+                    headers=build_hf_headers(headers={"Accept-Encoding": "identity"}),
+                    expected_size=file.size,
+                    displayed_filename=file.name,
+                    tqdm_class=Quiet,
+                )
+            except OSError as exc:
+                if exc.errno is None and sink.size < file.size:  # the body stopped short
+                    raise IncompleteDownload(
+                        f"{file.repo}/{file.name}: the Hub sent {sink.size} of {file.size} "
+                        "bytes; the part is kept, download again to resume."
+                    ) from exc
+                raise
+            sink.commit(cache.blob(file))
 
-        huggingface_hub deletes its own partial files on failure, so Snug keeps its own: a
-        Cancel, a cut connection or a restart continue from where the bytes stopped.
-        """
-        from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
-        from huggingface_hub.file_download import http_get, repo_folder_name
-
-        url = hf_hub_url(repo, name, revision=revision, endpoint=self.endpoint)
-        meta = get_hf_file_metadata(url, endpoint=self.endpoint)
-        if meta.etag is None:
-            raise FileNotFoundError(f"{repo}/{name}: the Hub sent no ETag for this file.")
-        cache = Path(self.cache_dir or constants.HF_HUB_CACHE)
-        blobs = cache / repo_folder_name(repo_id=repo, repo_type="model") / "blobs"
-        blobs.mkdir(parents=True, exist_ok=True)
-        blob = blobs / meta.etag
-        if blob.exists():
-            return
-        partial = blobs / f"{meta.etag}.incomplete"
-        have = partial.stat().st_size if partial.exists() else 0
-        if meta.size is not None and have > meta.size:
-            partial.unlink()
-            have = 0
-        with partial.open("ab") as out:
-            http_get(
-                meta.location,
-                out,
-                resume_size=have,
-                expected_size=meta.size,
-                displayed_filename=name,
-                tqdm_class=hook,
-            )
-        if meta.size is not None and partial.stat().st_size != meta.size:
-            raise OSError(
-                f"{repo}/{name}: got {partial.stat().st_size} bytes, expected {meta.size}; "
-                "try the download again"
-            )
-        partial.replace(blob)
-
-    def _check_disk(self, needed: int) -> None:
-        from huggingface_hub import constants
-
-        target = Path(self.cache_dir or constants.HF_HUB_CACHE)
+    def _check_disk(self, target: Path, needed: int) -> None:
         probe = target
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
         free = shutil.disk_usage(probe).free
-        margin = 256 << 20
-        if needed + margin > free:
-            raise OSError(
+        if needed + DISK_MARGIN > free:
+            raise NotEnoughDisk(
                 f"Not enough disk space in {target}: this model needs {needed / 2**30:.2f} GiB "
                 f"more and {free / 2**30:.2f} GiB is free. Free some space or set HF_HOME to "
                 "a larger disk."
             )
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else 0

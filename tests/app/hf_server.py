@@ -1,8 +1,21 @@
-"""A tiny stand-in for the Hugging Face Hub's file endpoints, on 127.0.0.1.
+"""A tiny stand-in for the Hugging Face Hub's file endpoints, on 127.0.0.1 only.
 
 Serves `/api/models/{repo}/revision/{rev}` (repo info with siblings) and
 `/{repo}/resolve/{rev}/{file}` (HEAD with ETag / X-Repo-Commit / Content-Length, GET with
-Range). `cut_once` names files whose first GET is cut off halfway through the body.
+Range), with the Hub's hashes: `*.safetensors` files are LFS (the listing's `lfs.sha256`
+and the ETag are the content's sha256), other files carry their git blob sha1.
+
+It can also misbehave, one switch per lie (set them after construction):
+    cut_once      names whose first GET is cut off halfway (Content-Length says all)
+    short_once    names whose first GET is an honest but short body (half the bytes)
+    corrupt_once  names whose first GET has the right size but flipped bytes
+    etags         name -> the ETag to send instead of the real hash
+    listed        name -> fields that replace the listing's (e.g. {"size": 0})
+    extra         more siblings for the listing, as raw dicts
+    sha           the commit the listing names
+    stall_s       a pause before each GET body (widens races between two clients)
+It answers at most `max_requests` requests (then 503) and shuts itself down after
+`lifetime_s`, so a test that forgets it cannot leave it running.
 """
 
 from __future__ import annotations
@@ -11,20 +24,52 @@ import hashlib
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def is_lfs(name: str) -> bool:
+    return name.endswith(".safetensors")
+
+
+def content_etag(name: str, data: bytes) -> str:
+    """The hash the Hub sends as ETag: sha256 for LFS files, the git blob sha1 otherwise."""
+    return hashlib.sha256(data).hexdigest() if is_lfs(name) else git_blob_sha1(data)
+
+
 class FakeHub:
-    def __init__(self, repos: dict[str, dict[str, bytes]], cut_once: set[str] | None = None):
+    def __init__(
+        self,
+        repos: dict[str, dict[str, bytes]],
+        cut_once: set[str] | None = None,
+        max_requests: int = 2000,
+        lifetime_s: float = 120.0,
+    ):
         self.repos = repos
         self.cut_once = set(cut_once or ())
-        self.requests: list[tuple[str, str, str | None]] = []  # method, path, Range
+        self.short_once: set[str] = set()
+        self.corrupt_once: set[str] = set()
+        self.etags: dict[str, str] = {}
+        self.listed: dict[str, dict] = {}
+        self.extra: list[dict] = []
+        self.sha = SHA
+        self.stall_s = 0.0
         self.delay_s = 0.0
+        self.max_requests = max_requests
+        self.requests: list[tuple[str, str, str | None]] = []  # method, path, Range
+        self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._timer = threading.Timer(lifetime_s, self._stop)
+        self._timer.daemon = True
+        self._stopped = False
 
     @property
     def url(self) -> str:
@@ -33,19 +78,50 @@ class FakeHub:
 
     def __enter__(self) -> FakeHub:
         self._thread.start()
+        self._timer.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        self._stop()
+
+    def _stop(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
         self._server.shutdown()
         self._server.server_close()
 
     def ranges_for(self, filename: str) -> list[str | None]:
         return [r for m, p, r in self.requests if m == "GET" and p.endswith("/" + filename)]
 
+    def _take(self, switch: set[str], name: str) -> bool:
+        with self._lock:
+            hit = name in switch
+            switch.discard(name)
+            return hit
+
+    def _sibling(self, name: str, data: bytes) -> dict:
+        entry: dict = {"rfilename": name, "size": len(data), "blobId": git_blob_sha1(data)}
+        if is_lfs(name):
+            oid = content_etag(name, data)
+            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\n"
+            entry["blobId"] = git_blob_sha1(pointer.encode())
+            entry["lfs"] = {
+                "sha256": oid,
+                "size": len(data),
+                "pointerSize": len(pointer),
+            }
+        entry.update(self.listed.get(name, {}))
+        return entry
+
     def _handler(self):
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = 10  # an idle client cannot hold a server thread for long
+
             def log_message(self, *args):  # keep test output quiet
                 pass
 
@@ -58,12 +134,15 @@ class FakeHub:
                     return "file", m.group(1), m.group(3)
                 return None, None, None
 
-            def _not_found(self, code="RepoNotFound"):
-                self.send_response(404)
-                self.send_header("X-Error-Code", code)
-                self.send_header("X-Error-Message", "Repository not found")
+            def _empty(self, code: int, headers: dict[str, str]):
+                self.send_response(code)
+                for key, value in headers.items():
+                    self.send_header(key, value)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+
+            def _not_found(self, code="RepoNotFound"):
+                self._empty(404, {"X-Error-Code": code, "X-Error-Message": "Not found"})
 
             def do_HEAD(self):  # noqa: N802
                 self._serve(body=False)
@@ -72,23 +151,19 @@ class FakeHub:
                 self._serve(body=True)
 
             def _serve(self, body: bool):
-                hub.requests.append((self.command, self.path, self.headers.get("Range")))
+                with hub._lock:
+                    hub.requests.append((self.command, self.path, self.headers.get("Range")))
+                    over = len(hub.requests) > hub.max_requests
+                if over:
+                    return self._empty(503, {})
                 kind, repo, name = self._lookup()
                 files = hub.repos.get(repo or "")
                 if files is None:
                     return self._not_found()
                 if kind == "info":
-                    data = {
-                        "id": repo,
-                        "modelId": repo,
-                        "sha": SHA,
-                        "private": False,
-                        "siblings": [
-                            {"rfilename": n, "size": len(b), "blobId": _etag(b)}
-                            for n, b in files.items()
-                        ],
-                    }
-                    raw = json.dumps(data).encode()
+                    siblings = [hub._sibling(n, b) for n, b in files.items()] + hub.extra
+                    data = {"id": repo, "modelId": repo, "sha": hub.sha, "private": False}
+                    raw = json.dumps({**data, "siblings": siblings}).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(raw)))
@@ -105,33 +180,32 @@ class FakeHub:
                 rng = self.headers.get("Range")
                 if rng:
                     start = int(re.match(r"bytes=(\d+)-", rng).group(1))
+                short = body and hub._take(hub.short_once, name)
+                end = start + (len(data) - start) // 2 if short else len(data)
                 self.send_response(206 if rng else 200)
-                self.send_header("ETag", f'"{_etag(data)}"')
-                self.send_header("X-Repo-Commit", SHA)
+                self.send_header("ETag", f'"{hub.etags.get(name, content_etag(name, data))}"')
+                self.send_header("X-Repo-Commit", hub.sha)
                 self.send_header("Accept-Ranges", "bytes")
-                self.send_header("Content-Length", str(len(data) - start))
+                self.send_header("Content-Length", str(end - start))
                 if rng:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.end_headers()
                 if not body:
                     return
-                if name in hub.cut_once and not rng:
-                    hub.cut_once.discard(name)
+                if hub.stall_s:
+                    time.sleep(hub.stall_s)
+                if hub._take(hub.corrupt_once, name):
+                    data = data.translate(bytes(range(255, -1, -1)))  # every bit flipped
+                if not rng and hub._take(hub.cut_once, name):
                     self.wfile.write(data[: len(data) // 2])
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(2)
                     return
                 chunk = 64 << 10
-                for i in range(start, len(data), chunk):
-                    self.wfile.write(data[i : i + chunk])
+                for i in range(start, end, chunk):
+                    self.wfile.write(data[i : min(i + chunk, end)])
                     if hub.delay_s:
-                        import time
-
                         time.sleep(hub.delay_s)
 
         return Handler
-
-
-def _etag(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

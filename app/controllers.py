@@ -22,6 +22,7 @@ from app.state.chat_history import Chat, ChatStore, Turn
 from app.state.settings import AppSettings
 from app.workers.downloader import DownloadWorker
 from app.workers.engine_worker import EngineWorker
+from engine.errors import SnugError
 
 
 class EngineController(QObject):
@@ -161,6 +162,7 @@ class ChatController(QObject):
     reply_grew = Signal(str, str)  # chat id, full reply text so far
     busy_changed = Signal(bool)
     notice = Signal(str)  # a short status line (stats or error)
+    refused = Signal(str)  # the engine would refuse the request (settings out of range)
 
     def __init__(
         self,
@@ -198,16 +200,24 @@ class ChatController(QObject):
     def can_send(self) -> bool:
         return self.engine.state in ("ready", "generating")
 
+    def can_regenerate(self) -> bool:
+        """A model is loaded, nothing is generating, and the chat has a message to answer."""
+        chat = self.store.get(self._current or "")
+        has_user = chat is not None and any(t.role == "user" for t in chat.turns)
+        return self.can_send() and not self.busy and has_user
+
     # -- commands
     def select(self, chat_id: str) -> None:
         if self.store.get(chat_id) is None or chat_id == self._current:
             return
         self._current = chat_id
+        self.notice.emit("")  # the status line spoke of the chat left behind
         self.current_changed.emit(chat_id)
 
     def new_chat(self) -> None:
         chat = self.current
         if not chat.turns:  # reuse an empty chat instead of piling them up
+            self.notice.emit("")
             self.current_changed.emit(chat.id)
             return
         self.select(self.store.create().id)
@@ -228,32 +238,48 @@ class ChatController(QObject):
         if not self.can_send():
             self.notice.emit("Load a model first (Models tab, then Load).")
             return False
+        params = self._params()
+        if params is None:
+            return False
         chat = self.current
         chat.turns.append(Turn("user", text))
-        self._start_reply(chat)
+        self._start_reply(chat, params)
         return True
 
     def regenerate(self) -> bool:
         """Drop the last reply (and any error after it) and ask again."""
-        chat = self.current
-        if not self.can_send() or not any(t.role == "user" for t in chat.turns):
+        if not self.can_regenerate():
             return False
+        params = self._params()
+        if params is None:
+            return False
+        chat = self.current
         while chat.turns and chat.turns[-1].role != "user":
             chat.turns.pop()
-        self._start_reply(chat)
+        self._start_reply(chat, params)
         return True
 
     def stop(self) -> None:
         self.engine.stop()
 
     # -- engine side
-    def _start_reply(self, chat: Chat) -> None:
+    def _params(self) -> Any:
+        """The request's parameters, or None when the engine refuses the settings: then the
+        reason is said (`notice`, `refused`) and the chat is left as it was."""
+        try:
+            return engine_bridge.make_params(self.settings.sampling())
+        except (SnugError, ValueError, TypeError) as exc:
+            message = f"Not sent: {exc}. Change it in Settings > Sampling."
+            self.notice.emit(message)
+            self.refused.emit(message)
+            return None
+
+    def _start_reply(self, chat: Chat, params: Any) -> None:
         thinking = self.settings.thinking
         messages = chat.messages(self.settings.system_prompt)
         chat.turns.append(Turn("assistant", "", thinking_enabled=thinking))
         self.store.save(chat)
         self.turns_changed.emit(chat.id)
-        params = engine_bridge.make_params(self.settings.sampling())
         self._reply_chat = chat.id
         self._request = self.engine.send(messages, params, thinking)
         self.notice.emit("Generating… (Esc stops)")

@@ -17,7 +17,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(
             "usage: snug [--demo]            start the desktop app\n"
             "       snug COMMAND [ARGS...]   run an engine command (generate, info, plan, ...)\n"
+            "       snug --smoke DIR [--screenshot PNG]\n"
+            "                                load DIR, answer one message, exit (checks a build)\n"
+            "       snug --version           print the version and exit\n"
         )
+        return 0
+    if args and args[0] in ("-V", "--version"):
+        sys.stdout.write(f"snug {version()}\n")
         return 0
     missing = no_display_reason(os.environ, sys.platform)
     if missing:
@@ -26,6 +32,17 @@ def main(argv: list[str] | None = None) -> int:
     from app.main import main as gui_main
 
     return gui_main([sys.argv[0], *args])
+
+
+def version() -> str:
+    """The installed package's version (its metadata; a bundle carries a copy)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("snug")
+    except PackageNotFoundError:
+        return "unknown (not installed: run `pip install -e .`)"
 
 
 def no_display_reason(environ: Mapping[str, str], platform: str) -> str | None:

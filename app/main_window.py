@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
-from PySide6.QtWidgets import QLabel, QMainWindow, QSplitter, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QLabel,
+    QMainWindow,
+    QSplitter,
+    QStackedWidget,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.context import AppContext
 from app.panels.chat import ChatPanel, ChatSidebar
@@ -12,6 +20,7 @@ from app.panels.gauge import GaugePanel
 from app.panels.library import LibraryPanel
 from app.panels.load import LoadPanel
 from app.panels.settings import SettingsPanel
+from app.panels.welcome import DONE_KEY, WelcomePanel, welcome_done
 from app.planning import fmt_bytes
 from app.state.catalog import Entry
 
@@ -28,6 +37,10 @@ class MainWindow(QMainWindow):
         self.library = LibraryPanel(ctx.library, ctx.downloads, ctx.advisor)
         self.load = LoadPanel(ctx.advisor, ctx.engine)
         self.settings = SettingsPanel(ctx.settings, ctx.engine)
+        self.welcome = WelcomePanel(ctx.advisor, ctx.library, ctx.downloads)
+        self.center = QStackedWidget()
+        self.center.addWidget(self.chat)
+        self.center.addWidget(self.welcome)
         self.tabs = QTabWidget()
         self.tabs.setObjectName("sideTabs")
         self.tabs.addTab(self.library, "Models")
@@ -45,7 +58,7 @@ class MainWindow(QMainWindow):
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.setChildrenCollapsible(False)
         self.splitter.addWidget(self.sidebar)
-        self.splitter.addWidget(self.chat)
+        self.splitter.addWidget(self.center)
         self.splitter.addWidget(right)
         self.splitter.setStretchFactor(1, 1)
         self.sidebar.setMinimumWidth(180)
@@ -67,18 +80,44 @@ class MainWindow(QMainWindow):
             lambda cls, msg: self.statusBar().showMessage(f"Load failed: {cls}", 8000)
         )
         ctx.machine.gpu_missing.connect(lambda _r: self._engine_state())
+        self.welcome.load_requested.connect(self.choose_and_load)
+        self.welcome.dismissed.connect(self.close_welcome)
+        self.welcome.browse.connect(self._browse)
+        ctx.engine.loaded.connect(lambda _info: self.close_welcome())
+        ctx.engine.load_failed.connect(lambda cls, msg: self.welcome.load_failed(f"{cls}: {msg}"))
         self._restore()
         self._engine_state()
+        first_run = not welcome_done(ctx.settings.store) and ctx.engine.state == "empty"
+        self.center.setCurrentWidget(self.welcome if first_run else self.chat)
 
     def choose(self, entry: Entry) -> None:
         self.load.set_entry(entry)
         self.tabs.setCurrentWidget(self.load)
+
+    def choose_and_load(self, entry: Entry) -> None:
+        self.choose(entry)
+        self.load.load()
+
+    def close_welcome(self) -> None:
+        """Show the chat instead of the first-run view, for good."""
+        self.center.setCurrentWidget(self.chat)
+        self.ctx.settings.store.setValue(DONE_KEY, True)
+        self.ctx.settings.store.sync()
+
+    def _browse(self) -> None:
+        self.close_welcome()
+        self.tabs.setCurrentWidget(self.library)
 
     def _restore(self) -> None:
         store = self.ctx.settings.store
         geometry = store.value("window/geometry")
         if isinstance(geometry, QByteArray) and not geometry.isEmpty():
             self.restoreGeometry(geometry)
+        gone = self.ctx.library.bind_store(store)
+        if gone:
+            self.statusBar().showMessage(
+                "No longer a model folder, taken off the list: " + ", ".join(gone), 12000
+            )
         last = str(self.ctx.settings.get("model/last_dir"))
         for entry in self.ctx.library.entries():
             if last and entry.local_dir == last:
@@ -103,4 +142,5 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         self.ctx.settings.store.setValue("window/geometry", self.saveGeometry())
         self.ctx.shutdown()
+        self.ctx.advisor.shutdown()
         super().closeEvent(event)

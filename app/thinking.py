@@ -18,15 +18,17 @@ def split_reply(text: str, thinking_enabled: bool = False) -> Split:
     """Separate thinking from answer; works on partial text while a reply streams.
 
     With thinking enabled the chat template already opened `<think>` in the prompt, so the
-    reply may start inside the thinking block without an opening tag.
+    reply may start inside the thinking block without an opening tag. With it off the
+    template closed the block in the prompt, so a stray `</think>` is not a boundary (and is
+    dropped from the answer).
     """
     start = text.find(OPEN)
     if start >= 0:
         before, rest = text[:start], text[start + len(OPEN) :]
-    elif CLOSE in text or thinking_enabled:
+    elif thinking_enabled:
         before, rest = "", text
     else:
-        return Split("", text.strip(), True)
+        return Split("", text.replace(CLOSE, "").strip(), True)
     end = rest.find(CLOSE)
     if end < 0:
         return Split(rest.strip(), before.strip(), False)

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up Snug in .venv (with CuPy when an NVIDIA driver is present) and start the app.
+# Set up Snug in .venv (with CuPy when an NVIDIA driver is present) and start it.
+# pip runs only when pyproject.toml (or the CUDA extra) changed since the last install:
+# .venv/.snug-install holds the hash of what was installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -8,14 +10,29 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extra=""
 if command -v nvidia-smi >/dev/null 2>&1; then
-    cuda_major=$(nvidia-smi | sed -n 's/.*CUDA Version: \([0-9]*\).*/\1/p' | head -n1)
+    cuda_major=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: \([0-9]*\).*/\1/p' | head -n1 || true)
     if [ "${cuda_major:-0}" -ge 13 ]; then extra="[cuda13]"; elif [ "${cuda_major:-0}" -ge 12 ]; then extra="[cuda12]"; fi
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".${extra}"
+stamp=.venv/.snug-install
+want="$( (cat pyproject.toml; echo "extra=${extra}") | sha256sum | cut -d' ' -f1)"
+if [ ! -x .venv/bin/snug ] || [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    echo "snug.sh: installing Snug into .venv (pyproject.toml changed or first run)..." >&2
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e ".${extra}"
+    echo "$want" > "$stamp"
+fi
 # Qt's X11 platform plugin needs a few system libraries that minimal Debian/Ubuntu lack.
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && ! ldconfig -p | grep -q libxcb-cursor.so.0; then
-    apt-get update -qq && apt-get install -y -qq libxcb-cursor0 libxkbcommon-x11-0 libxcb-icccm4 \
-        libxcb-keysyms1 libxcb-image0 libxcb-render-util0 libxcb-shape0 libegl1 libgl1 >/dev/null
+# The list is read whole into a variable: `ldconfig -p | grep -q` under pipefail fails at
+# random (grep -q exits at the first match, ldconfig then dies of SIGPIPE).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    libs="$(ldconfig -p 2>/dev/null || true)"
+    case "$libs" in
+        *libxcb-cursor.so.0*) ;;
+        *)
+            apt-get update -qq && apt-get install -y -qq libxcb-cursor0 libxkbcommon-x11-0 \
+                libxcb-icccm4 libxcb-keysyms1 libxcb-image0 libxcb-render-util0 libxcb-shape0 \
+                libegl1 libgl1 >/dev/null
+            ;;
+    esac
 fi
 exec .venv/bin/snug "$@"

@@ -1,7 +1,8 @@
-"""Save screenshots of the app: main window, load panel with a verdict, a chat mid-stream.
+"""Save screenshots of the app: the first-run view, the library's fit badges on a simulated
+4 GiB card and on a machine without a GPU, the main window, the load panel, a chat mid-stream.
 
-    xvfb-run -a python tools/screenshots.py                 # demo data (no model needed)
-    xvfb-run -a python tools/screenshots.py --model-dir DIR # a real checkpoint folder
+    xvfb-run -a -s "-screen 0 1280x800x24" python tools/screenshots.py    # demo data
+    xvfb-run -a python tools/screenshots.py --model-dir DIR   # chat with a real checkpoint
 
 PNGs go to docs/screenshots/ (or --out). The window is 1280x800.
 """
@@ -13,14 +14,79 @@ import tempfile
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QCoreApplication, QEventLoop
+from PySide6.QtCore import QCoreApplication, QEventLoop, QSettings
 
-from app.demo import demo_context
+from app.context import build_context
+from app.demo import DemoGpu, demo_context, demo_loader
 from app.engine_bridge import LoadRequest
 from app.main import make_app
 from app.main_window import MainWindow
 
 GIB = 1 << 30
+
+
+class Card4GiB:
+    """A 4 GiB laptop card with the desktop using 0.4 GiB (an NVML source)."""
+
+    def open(self) -> None:
+        pass
+
+    def read(self) -> dict:
+        used = int(0.4 * GIB)
+        name = "NVIDIA GeForce GTX 1650 (simulated 4 GiB)"
+        return {"name": name, "total": 4 * GIB, "used": used, "free": 4 * GIB - used}
+
+    def close(self) -> None:
+        pass
+
+
+class NoGpu:
+    """A machine without an NVIDIA driver (an NVML source that cannot open)."""
+
+    def open(self) -> None:
+        raise OSError("NVML Shared Library Not Found")
+
+    def read(self) -> dict:
+        raise AssertionError("not opened")
+
+    def close(self) -> None:
+        pass
+
+
+def fresh_window(gpu_source) -> MainWindow:
+    """A first start: settings and chats in a new folder, the demo engine."""
+    base = Path(tempfile.mkdtemp(prefix="snug-shots-"))
+    store = QSettings(str(base / "snug.ini"), QSettings.Format.IniFormat)
+    ctx = build_context(
+        store=store, chats_dir=base / "chats", loader=demo_loader(), gpu_source=gpu_source
+    )
+    window = MainWindow(ctx)
+    window.resize(1280, 800)
+    window.show()
+    pump(3, until=lambda: ctx.machine.gpu is not None or bool(ctx.machine.no_gpu))
+    return window
+
+
+def settled(window: MainWindow) -> bool:
+    """Every library badge and the welcome view have their verdicts."""
+    cards = [window.library.card(e.key) for e in window.ctx.library.entries()]
+    badges = all(c is None or not c.badge.text().startswith("Checking") for c in cards)
+    return badges and not window.welcome.recommendation.pending and window.ctx.advisor.idle()
+
+
+def first_run_shots(out: Path) -> None:
+    window = fresh_window(DemoGpu)
+    pump(30, until=lambda: settled(window))
+    save(window, out / "first_run.png")
+    window.close()
+    for source, name in ((Card4GiB, "library_4gib.png"), (NoGpu, "library_cpu.png")):
+        window = fresh_window(source)
+        window.close_welcome()
+        window.tabs.setCurrentWidget(window.library)
+        window.library.select("qwen3.5-4b-4bit")
+        pump(30, until=lambda w=window: settled(w))
+        save(window, out / name)
+        window.close()
 
 
 def pump(seconds: float, until=None) -> None:
@@ -47,6 +113,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     app = make_app(["snug"])
+    first_run_shots(out)
     loader = None
     if args.model_dir:
         from app.engine_bridge import load_engine
@@ -57,6 +124,7 @@ def main() -> int:
     window = MainWindow(ctx)
     window.resize(1280, 800)
     window.show()
+    window.close_welcome()
     pump(1.5, until=lambda: len(ctx.machine.history) >= 3)
 
     model_dir = args.model_dir or str(Path(tempfile.gettempdir()) / "Qwen3.5-4B-MLX-4bit")
@@ -69,13 +137,16 @@ def main() -> int:
     pump(60, until=lambda: not ctx.chats.busy)
     pump(2.5)
     window.tabs.setCurrentWidget(window.library)
+    pump(10, until=lambda: settled(window))
     save(window, out / "main_window.png")
 
     # 2. Load panel with a verdict, for a model that fits and one that does not.
     fits = ctx.library.find("qwen3.5-4b-4bit")
     window.choose(fits)
+    pump(10, until=lambda: not window.load.badge.text().startswith("Checking"))
     save(window, out / "load_panel.png")
     window.choose(ctx.library.find("qwen3.5-9b-bf16"))
+    pump(10, until=lambda: not window.load.badge.text().startswith("Checking"))
     save(window.load, out / "load_panel_does_not_fit.png")
     window.choose(fits)
 

@@ -174,6 +174,7 @@ class ChatPanel(QWidget):
 
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=chats.stop)
         chats.current_changed.connect(lambda _id: self.rebuild())
+        chats.current_changed.connect(lambda _id: self._busy(chats.busy))
         chats.turns_changed.connect(self._turns_changed)
         chats.reply_grew.connect(self._reply_grew)
         chats.busy_changed.connect(self._busy)
@@ -224,6 +225,7 @@ class ChatPanel(QWidget):
     def _turns_changed(self, chat_id: str) -> None:
         if chat_id == self.chats.current.id:
             self.rebuild()
+            self._busy(self.chats.busy)
 
     def _reply_grew(self, chat_id: str, text: str) -> None:
         if chat_id != self.chats.current.id or not self._messages:
@@ -242,7 +244,7 @@ class ChatPanel(QWidget):
         loaded = self.chats.can_send()
         self.stop_button.setEnabled(busy)
         self.send_button.setEnabled(loaded and not busy)
-        self.regen_button.setEnabled(loaded and not busy)
+        self.regen_button.setEnabled(self.chats.can_regenerate())
         self._update_hint()
 
     def message_widgets(self) -> list[MessageWidget]:

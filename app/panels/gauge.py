@@ -44,6 +44,8 @@ class GaugePanel(QFrame):
         self.plot.setMenuEnabled(False)
         item = self.plot.getPlotItem()
         item.showGrid(x=False, y=True, alpha=0.15)
+        item.setDownsampling(auto=True, mode="peak")  # 60 s of samples, drawn at the plot's width
+        item.setClipToView(True)
         item.getAxis("bottom").setStyle(showValues=False)
         item.getAxis("left").setWidth(34)
         item.getAxis("left").setLabel("GiB")

@@ -20,21 +20,39 @@ from PySide6.QtWidgets import (
 from app import planning
 from app.controllers import DownloadManager
 from app.planning import fmt_bytes
-from app.state.catalog import Entry, Library
-from app.state.fit import FitAdvisor
+from app.state import host_fit
+from app.state.catalog import Entry, FolderRefused, Library
+from app.state.fit import FitAdvisor, verdict_label
+
+HINT = "Qwen3.5 models. The badge says whether each one fits this machine."
+CPU_HINT = (
+    "No NVIDIA GPU: each badge compares a model with this machine's available RAM "
+    "({ram}), as an estimate: weights as the CPU backend holds them, plus the state at "
+    "{context:,} tokens, plus a margin."
+)
 
 VERDICT_KIND = {
     "fits": "good",
     "fits with lazy scratch": "ok",
     "fits with host embeddings": "ok",
     "does not fit": "bad",
+    host_fit.FITS_IN_RAM: "cpu",
+    host_fit.TOO_LARGE_FOR_RAM: "bad",
 }
 
 
 def verdict_kind(decision: object) -> str:
     if isinstance(decision, planning.PlanProblem):
         return "cpu" if decision.verdict_label == "CPU mode" else "unknown"
+    if isinstance(decision, host_fit.HostDecision):
+        return VERDICT_KIND[decision.verdict]
     return VERDICT_KIND.get(planning.verdict_value(decision), "unknown")
+
+
+def restyle(widget: QWidget) -> None:
+    """Apply a changed dynamic property (the style sheet keys on it)."""
+    widget.style().unpolish(widget)
+    widget.style().polish(widget)
 
 
 class EntryCard(QFrame):
@@ -44,6 +62,7 @@ class EntryCard(QFrame):
         super().__init__(parent)
         self.setObjectName("entryCard")
         self.entry = entry
+        self.decision: object = None
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 8, 10, 8)
         layout.setSpacing(2)
@@ -51,9 +70,8 @@ class EntryCard(QFrame):
         title = QLabel(entry.title)
         title.setObjectName("entryTitle")
         top.addWidget(title, 1)
-        self.badge = QLabel(planning.verdict_label(decision))
+        self.badge = QLabel()
         self.badge.setObjectName("badge")
-        self.badge.setProperty("kind", verdict_kind(decision))
         top.addWidget(self.badge)
         layout.addLayout(top)
         where = {
@@ -65,14 +83,28 @@ class EntryCard(QFrame):
         self.meta = QLabel(f"{size} · {where}")
         self.meta.setObjectName("subtle")
         layout.addWidget(self.meta)
-        reason = str(getattr(decision, "reason", "") or "")
-        self.reason = QLabel(reason)
+        self.reason = QLabel()
         self.reason.setObjectName("reason")
         self.reason.setWordWrap(True)
-        # CPU mode is said once by the gauge; the cards keep only the badge.
-        self.reason.setVisible(bool(reason) and verdict_kind(decision) not in ("good", "cpu"))
         layout.addWidget(self.reason)
-        self.setToolTip(f"{entry.repo or entry.local_dir}\n{reason}".strip())
+        self.set_decision(decision)
+
+    def set_decision(self, decision: object) -> bool:
+        """Show a verdict; returns whether anything changed (the row may change height)."""
+        if decision is self.decision:
+            return False
+        self.decision = decision
+        kind = verdict_kind(decision)
+        self.badge.setText(verdict_label(decision))
+        if self.badge.property("kind") != kind:
+            self.badge.setProperty("kind", kind)
+            restyle(self.badge)
+        reason = str(getattr(decision, "reason", "") or "")
+        self.reason.setText(reason)
+        # CPU mode is said once by the gauge and the list's hint; the cards keep the badge.
+        self.reason.setVisible(bool(reason) and kind not in ("good", "cpu", "unknown"))
+        self.setToolTip(f"{self.entry.repo or self.entry.local_dir}\n{reason}".strip())
+        return True
 
 
 class LibraryPanel(QWidget):
@@ -93,10 +125,10 @@ class LibraryPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 12, 12, 12)
         layout.setSpacing(8)
-        hint = QLabel("Qwen3.5 models. The badge says whether each one fits this machine.")
-        hint.setObjectName("subtle")
-        hint.setWordWrap(True)
-        layout.addWidget(hint)
+        self.hint = QLabel(HINT)
+        self.hint.setObjectName("subtle")
+        self.hint.setWordWrap(True)
+        layout.addWidget(self.hint)
         self.list = QListWidget()
         self.list.setObjectName("libraryList")
         self.list.setSpacing(3)
@@ -135,7 +167,8 @@ class LibraryPanel(QWidget):
         layout.addWidget(self.open_button)
 
         library.changed.connect(self.refresh)
-        advisor.changed.connect(self.refresh)
+        advisor.changed.connect(self.update_verdicts)
+        advisor.decided.connect(self.update_verdicts)
         downloads.started.connect(self._dl_started)
         downloads.progress.connect(self._dl_progress)
         downloads.finished.connect(self._dl_finished)
@@ -145,14 +178,14 @@ class LibraryPanel(QWidget):
 
     # -- view
     def refresh(self) -> None:
+        """Rebuild the rows (the library changed); verdicts come from the advisor's cache."""
         current = self.selected()
         self.list.clear()
         for entry in self.library.entries():
-            decision = self.advisor.decide(entry)
-            self.decisions[entry.key] = decision
             item = QListWidgetItem()
             item.setData(Qt.ItemDataRole.UserRole, entry.key)
-            card = EntryCard(entry, decision)
+            card = EntryCard(entry, self.advisor.verdict(entry))
+            self.decisions[entry.key] = card.decision
             item.setSizeHint(card.sizeHint())
             self.list.addItem(item)
             self.list.setItemWidget(item, card)
@@ -160,7 +193,28 @@ class LibraryPanel(QWidget):
                 self.list.setCurrentItem(item)
         if self.library.scan_error:
             self._say(f"Could not read the Hugging Face cache: {self.library.scan_error}")
+        self._update_hint()
         self._update_buttons()
+
+    def update_verdicts(self) -> None:
+        """Put the advisor's current verdicts on the rows, without rebuilding them."""
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            card = self.list.itemWidget(item)
+            if card is None:
+                continue
+            decision = self.advisor.verdict(card.entry)
+            self.decisions[card.entry.key] = decision
+            if card.set_decision(decision):
+                item.setSizeHint(card.sizeHint())
+        self._update_hint()
+
+    def _update_hint(self) -> None:
+        if self.advisor.on_cpu() and self.advisor.machine.no_gpu:
+            ram = host_fit.gib(self.advisor.machine.ram_available())
+            self.hint.setText(CPU_HINT.format(ram=ram, context=self.advisor.settings.context))
+        else:
+            self.hint.setText(HINT)
 
     def selected(self) -> Entry | None:
         item = self.list.currentItem()
@@ -183,8 +237,9 @@ class LibraryPanel(QWidget):
             card = self.list.itemWidget(it) if it is not None else None
             if card is not None:
                 card.setProperty("selected", on)
-                card.style().unpolish(card)
-                card.style().polish(card)
+                restyle(card)
+        if self.downloads.active is None and not self.library.scan_error:
+            self._say("")  # an error about the model selected before is stale now
         self._update_buttons()
 
     def _update_buttons(self) -> None:
@@ -196,6 +251,13 @@ class LibraryPanel(QWidget):
         )
         self.cancel_button.setEnabled(busy)
         self.delete_button.setEnabled(entry is not None and entry.downloaded)
+        folder = entry is not None and entry.source == "folder"
+        self.delete_button.setText("Remove from list" if folder else "Delete")
+        self.delete_button.setToolTip(
+            "Take this folder off the list (the files stay on disk)"
+            if folder
+            else "Delete this model's files from the Hugging Face cache"
+        )
 
     def _say(self, text: str) -> None:
         self.message.setText(text)
@@ -221,12 +283,24 @@ class LibraryPanel(QWidget):
         entry = self.selected()
         if entry is None:
             return
-        answer = QMessageBox.question(
-            self,
-            "Delete model",
-            f"Delete {entry.title} ({fmt_bytes(entry.size_bytes)}) from disk?",
-        )
-        if answer == QMessageBox.StandardButton.Yes:
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Icon.Question)
+        if entry.source == "folder":
+            box.setWindowTitle("Remove from the list")
+            box.setText(f"Remove {entry.title} from the list?")
+            box.setInformativeText(f"The folder stays on disk: {entry.local_dir}")
+            yes = box.addButton("Remove from the list", QMessageBox.ButtonRole.AcceptRole)
+        else:
+            box.setWindowTitle("Delete model")
+            box.setText(f"Delete {entry.title} ({fmt_bytes(entry.size_bytes)}) from disk?")
+            box.setInformativeText(
+                f"Its files are removed from the Hugging Face cache: {entry.local_dir}"
+            )
+            yes = box.addButton("Delete from disk", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setObjectName("confirmDelete")
+        box.exec()
+        if box.clickedButton() is yes:
             self._say(self.library.delete(entry))
 
     def _open_folder(self) -> None:
@@ -234,9 +308,16 @@ class LibraryPanel(QWidget):
         if folder:
             self.add_folder(folder)
 
-    def add_folder(self, folder: str) -> None:
-        entry = self.library.add_folder(folder)
+    def add_folder(self, folder: str) -> Entry | None:
+        """Add a local model folder; says why in the panel when it is not one."""
+        try:
+            entry = self.library.add_folder(folder)
+        except FolderRefused as exc:
+            self._say(str(exc))
+            return None
         self.select(entry.key)
+        self._say("")
+        return entry
 
     # -- download signals
     def _dl_started(self, repo: str, total: int) -> None:

@@ -18,9 +18,10 @@ from PySide6.QtWidgets import (
 from app import planning
 from app.controllers import EngineController
 from app.engine_bridge import LoadRequest
-from app.panels.library import verdict_kind
+from app.panels.library import restyle, verdict_kind
+from app.state import host_fit
 from app.state.catalog import Entry
-from app.state.fit import FitAdvisor
+from app.state.fit import CHECKING, FitAdvisor, verdict_label
 from app.widgets.stacked_bar import Legend, StackedBar
 
 CONTEXT_STEPS = [512 << i for i in range(10)]  # 512 ... 262144
@@ -37,6 +38,7 @@ class LoadPanel(QWidget):
         self.settings = advisor.settings
         self.entry: Entry | None = None
         self.decision: object = None
+        self._drawn_for: Entry | None = None
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 12, 12, 12)
         layout.setSpacing(8)
@@ -126,6 +128,7 @@ class LoadPanel(QWidget):
         self.rows_spin.valueChanged.connect(lambda v: self.settings.set("engine/max_rows", v))
         self.settings.changed.connect(lambda *_: self._sync_from_settings())
         advisor.changed.connect(self.replan)
+        advisor.decided.connect(self.replan)
         engine.state_changed.connect(self._state)
         engine.load_progress.connect(self._progress)
         engine.loaded.connect(self._loaded)
@@ -156,17 +159,22 @@ class LoadPanel(QWidget):
 
     # -- planning
     def replan(self) -> None:
+        """Ask the advisor for the verdict at the panel's sizes (planned off the UI thread;
+        `decided` calls this again when it lands)."""
         entry = self.entry
         if entry is None:
             self.model_label.setText("No model chosen. Pick one under Models.")
+            self.decision = None
             self._show(None)
             self._state(self.engine.state)
             return
         self.model_label.setText(entry.title)
-        self.decision = self.advisor.decide(
+        decision = self.advisor.verdict(
             entry, self.context_spin.value(), self.streams_spin.value(), self.rows_spin.value()
         )
-        self._show(self.decision)
+        if decision is not self.decision:
+            self.decision = decision
+            self._show(decision)
         self._state(self.engine.state)
 
     def _show(self, decision: object) -> None:
@@ -175,57 +183,87 @@ class LoadPanel(QWidget):
             self.badge.setProperty("kind", "unknown")
             for w in (self.reason, self.bar, self.legend, self.suggestions, self.detail):
                 w.hide()
-            self._restyle(self.badge)
+            restyle(self.badge)
             return
-        self.badge.setText(planning.verdict_label(decision))
+        self.badge.setText(verdict_label(decision))
         self.badge.setProperty("kind", verdict_kind(decision))
-        self._restyle(self.badge)
+        restyle(self.badge)
         self.reason.setText(str(getattr(decision, "reason", "") or ""))
         self.reason.setVisible(bool(self.reason.text()))
-        has_bytes = not isinstance(decision, planning.PlanProblem)
-        self.bar.setVisible(has_bytes)
-        self.legend.setVisible(has_bytes)
-        self.detail.setVisible(False)
-        if has_bytes:
-            parts = [
-                (label, planning.breakdown_value(decision, key), colour)
-                for key, label, colour in planning.BAR_PARTS
-            ]
-            card = planning.breakdown_value(decision, "card_total")
-            limit = planning.breakdown_value(decision, "limit")
-            edge = min(card, limit) if limit else card
-            total = max(card, sum(max(b, 0) for _, b, _ in parts))
-            # The red line is what the engine may use (the card, or the limit when lower);
-            # when the model does not fit, the parts run past it.
-            marker = (edge, "#d64545") if edge and (edge < total) else None
-            self.bar.set_segments(parts, total=total or None, marker=marker)
-            items = [
-                ("Missing", -b, "#d64545") if label == "Free" and b < 0 else (label, b, c)
-                for label, b, c in parts
-            ]
-            self.legend.set_items(items)
-            streams = int(getattr(decision, "streams", 0) or 0)
-            each = planning.breakdown_value(decision, "stream_state_each")
-            context = int(getattr(decision, "context", 0) or 0)
-            lines = []
-            if streams and each:
-                lines.append(
-                    f"{streams} stream(s) × {planning.fmt_bytes(each)} of state at "
-                    f"{context:,} tokens · scratch "
-                    + ("allocated at warm-up" if getattr(decision, "eager", False) else "lazy")
-                )
-            if marker is not None:
-                lines.append("The red line is what this card can give; the rest is missing.")
-            self.detail.setText("\n".join(lines))
-            self.detail.setVisible(bool(lines))
+        if decision is CHECKING:
+            if self._drawn_for != self.entry:  # the bar drawn is another model's
+                for w in (self.bar, self.legend, self.suggestions, self.detail):
+                    w.hide()
+            return  # this model's last bar stays up until the new verdict replaces it
+        self._drawn_for = self.entry
+        if isinstance(decision, host_fit.HostDecision):
+            self._show_host(decision)
+        else:
+            self._show_card(decision)
         tips = tuple(getattr(decision, "suggestions", ()) or ())
         self.suggestions.setText("To make it fit:\n" + "\n".join(f"• {t}" for t in tips))
         self.suggestions.setVisible(bool(tips))
 
-    @staticmethod
-    def _restyle(widget: QWidget) -> None:
-        widget.style().unpolish(widget)
-        widget.style().polish(widget)
+    def _show_card(self, decision: object) -> None:
+        has_bytes = not isinstance(decision, planning.PlanProblem)
+        self.bar.setVisible(has_bytes)
+        self.legend.setVisible(has_bytes)
+        self.detail.setVisible(False)
+        if not has_bytes:
+            return
+        parts = [
+            (label, planning.breakdown_value(decision, key), colour)
+            for key, label, colour in planning.BAR_PARTS
+        ]
+        card = planning.breakdown_value(decision, "card_total")
+        limit = planning.breakdown_value(decision, "limit")
+        edge = min(card, limit) if limit else card
+        total = max(card, sum(max(b, 0) for _, b, _ in parts))
+        # The red line is what the engine may use (the card, or the limit when lower);
+        # when the model does not fit, the parts run past it.
+        marker = (edge, "#d64545") if edge and (edge < total) else None
+        self.bar.set_segments(parts, total=total or None, marker=marker)
+        self.legend.set_items(
+            [
+                ("Missing", -b, "#d64545") if label == "Free" and b < 0 else (label, b, c)
+                for label, b, c in parts
+            ]
+        )
+        streams = int(getattr(decision, "streams", 0) or 0)
+        each = planning.breakdown_value(decision, "stream_state_each")
+        context = int(getattr(decision, "context", 0) or 0)
+        lines = []
+        if streams and each:
+            lines.append(
+                f"{streams} stream(s) × {planning.fmt_bytes(each)} of state at "
+                f"{context:,} tokens · scratch "
+                + ("allocated at warm-up" if getattr(decision, "eager", False) else "lazy")
+            )
+        if marker is not None:
+            lines.append("The red line is what this card can give; the rest is missing.")
+        self.detail.setText("\n".join(lines))
+        self.detail.setVisible(bool(lines))
+
+    def _show_host(self, decision: host_fit.HostDecision) -> None:
+        b = decision.breakdown
+        free = b["free_after"]
+        parts = [
+            ("Weights", b["weights"], "#4f6bed"),
+            ("Stream state", b["stream_state_total"], "#2aa198"),
+            ("Margin", b["margin"], "#9aa3ad"),
+            ("Missing" if free < 0 else "Free", abs(free), "#d64545" if free < 0 else "#dfe5ea"),
+        ]
+        total = max(b["available"], b["need"])
+        marker = (b["available"], "#d64545") if free < 0 else None
+        self.bar.set_segments(parts, total=total or None, marker=marker)
+        self.legend.set_items(parts)
+        self.bar.show()
+        self.legend.show()
+        self.detail.setText(
+            f"RAM available: {planning.fmt_bytes(b['available'])}. An estimate for the CPU "
+            "backend: weights widened to float32 (4-bit kept packed), float32 state, a margin."
+        )
+        self.detail.show()
 
     # -- loading
     def load(self) -> None:

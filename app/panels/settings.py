@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
@@ -20,6 +21,9 @@ from PySide6.QtWidgets import (
 from app.controllers import EngineController
 from app.state.settings import BACKENDS, BY_KEY, AppSettings
 
+# Bounds the engine accepts (engine.sampling.SamplingParams.__post_init__): top_p in (0, 1],
+# min_p in [0, 1), temperature and top_k >= 0. A spin box cannot hold an open bound, so
+# top_p starts at its smallest step and min_p ends one step short of 1.
 RANGES = {
     "memory/reserve_gib": (0.0, 64.0, 0.25, 2),
     "memory/limit_gib": (0.0, 1024.0, 0.5, 2),
@@ -27,10 +31,10 @@ RANGES = {
     "engine/max_rows": (16, 8192, 64, 0),
     "engine/streams": (1, 16, 1, 0),
     "sampling/temperature": (0.0, 2.0, 0.05, 2),
-    "sampling/top_p": (0.0, 1.0, 0.05, 2),
+    "sampling/top_p": (0.01, 1.0, 0.05, 2),
     "sampling/top_k": (0, 1000, 1, 0),
     "sampling/presence_penalty": (0.0, 2.0, 0.1, 2),
-    "sampling/min_p": (0.0, 1.0, 0.01, 2),
+    "sampling/min_p": (0.0, 0.99, 0.01, 2),
     "sampling/max_new_tokens": (16, 32768, 256, 0),
 }
 BACKEND_LABELS = {"auto": "Auto", "cuda": "GPU (CUDA)", "numpy": "CPU (numpy)"}
@@ -138,6 +142,8 @@ class SettingsPanel(QScrollArea):
             spin.valueChanged.connect(lambda v: s.set(key, v))
         spin.setRange(lo, hi)
         spin.setSingleStep(step)
+        # Typed text below the minimum ("0" in top-p) becomes the minimum, not the old value.
+        spin.setCorrectionMode(QAbstractSpinBox.CorrectionMode.CorrectToNearestValue)
         spin.setValue(value)
         return spin
 
@@ -152,7 +158,10 @@ class SettingsPanel(QScrollArea):
             elif isinstance(editor, QPlainTextEdit):
                 if editor.toPlainText() != value:
                     editor.setPlainText(str(value))
-            else:
+            elif not _same_number(editor, value):
+                # Only from elsewhere (Restore defaults, the Load tab): the box being typed in
+                # already holds this value, and setting it again would rewrite its text
+                # mid-edit ("1." becomes "1.00", so "1.25" could never be typed).
                 editor.setValue(value)
             editor.blockSignals(False)
         loaded = self.engine is not None and self.engine.state in ("ready", "generating")
@@ -171,3 +180,10 @@ class SettingsPanel(QScrollArea):
 
     def pending_reload(self) -> list[str]:
         return list(self._pending)
+
+
+def _same_number(editor: QWidget, value: object) -> bool:
+    """Whether a spin box already shows `value` (to its decimals)."""
+    if isinstance(editor, QDoubleSpinBox):
+        return round(editor.value(), editor.decimals()) == round(float(value), editor.decimals())
+    return isinstance(editor, QSpinBox) and editor.value() == int(value)

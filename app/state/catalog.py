@@ -6,9 +6,16 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QSettings, Signal
 
 from app.paths import resource
+from engine.config import parse_config
+
+FOLDERS_KEY = "library/folders"  # the local folders the user added (a JSON list)
+
+
+class FolderRefused(ValueError):
+    """A folder added as a model is not one; the message names the folder and what lacks."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,32 @@ def _is_qwen35(folder: str) -> bool:
     )
 
 
+def check_model_folder(folder: str | Path) -> None:
+    """Raise FolderRefused unless `folder` holds a Qwen3.5 config.json and *.safetensors."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise FolderRefused(f"{path} is not a folder.")
+    missing = []
+    config = path / "config.json"
+    if not config.is_file():
+        missing.append("config.json (the model's configuration)")
+    else:
+        try:
+            raw = json.loads(config.read_text(encoding="utf-8"))
+            if not isinstance(raw, dict):
+                raise ValueError("the file does not hold a JSON object")
+            parse_config(raw, source=str(config))
+        except Exception as exc:  # OSError, JSON errors, ConfigError
+            raise FolderRefused(
+                f"{path} is not a Qwen3.5 model folder: its config.json cannot be read as a "
+                f"Qwen3.5 config ({exc})."
+            ) from exc
+    if not any(path.glob("*.safetensors")):
+        missing.append("*.safetensors weight files")
+    if missing:
+        raise FolderRefused(f"{path} is not a model folder: it has no {' and no '.join(missing)}.")
+
+
 def folder_size(folder: str) -> int:
     return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors") if p.exists())
 
@@ -114,6 +147,7 @@ class Library(QObject):
         self.cache_dir = cache_dir
         self._catalog, self.shapes = load_catalog(catalog_path)
         self._folders: list[str] = []
+        self._store: QSettings | None = None
         self._entries: list[Entry] = []
         self.scan_error = ""
         self.rescan()
@@ -125,11 +159,47 @@ class Library(QObject):
         return next((e for e in self._entries if e.key == key), None)
 
     def add_folder(self, folder: str) -> Entry:
+        """Add a local model folder; raises FolderRefused (with the reason) when it is not one."""
         folder = str(Path(folder).resolve())
+        check_model_folder(folder)
         if folder not in self._folders:
             self._folders.append(folder)
+            self._save_folders()
         self.rescan()
         return next(e for e in self._entries if e.local_dir == folder)
+
+    def folders(self) -> list[str]:
+        return list(self._folders)
+
+    def bind_store(self, store: QSettings) -> list[str]:
+        """Restore the folders saved in `store` and save them there from now on.
+
+        Folders that no longer exist (or no longer hold a model) are skipped and dropped;
+        returns them, so the window can say so.
+        """
+        self._store = store
+        try:
+            saved = json.loads(str(store.value(FOLDERS_KEY, "[]") or "[]"))
+        except ValueError:
+            saved = []
+        skipped = []
+        for folder in saved if isinstance(saved, list) else []:
+            try:
+                check_model_folder(str(folder))
+            except FolderRefused:
+                skipped.append(str(folder))
+                continue
+            if str(folder) not in self._folders:
+                self._folders.append(str(folder))
+        self._save_folders()
+        self.rescan()
+        return skipped
+
+    def _save_folders(self) -> None:
+        store = self._store
+        if store is not None:
+            store.setValue(FOLDERS_KEY, json.dumps(self._folders))
+            store.sync()
 
     def rescan(self) -> None:
         cached, self.scan_error = scan_cache(self.cache_dir)
@@ -169,8 +239,9 @@ class Library(QObject):
 
     def delete(self, entry: Entry) -> str:
         """Remove a downloaded model from the HF cache; returns an error sentence or ''."""
-        if entry.source == "folder":
+        if entry.source == "folder":  # the user's own folder: only taken off the list
             self._folders = [f for f in self._folders if f != entry.local_dir]
+            self._save_folders()
             self.rescan()
             return ""
         if not entry.revisions:

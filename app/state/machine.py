@@ -4,22 +4,33 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
 from app.planning import Gpu
+from app.state import host_fit
 
 HISTORY_S = 60.0
 
 
 class Machine(QObject):
-    """Joins the NVML samples with the engine's own held bytes; the gauge draws this."""
+    """Joins the NVML samples with the engine's own held bytes; the gauge draws this.
+
+    Without a GPU, `ram_available()` is what CPU-mode verdicts are planned against.
+    """
 
     updated = Signal()
     gpu_missing = Signal(str)
 
-    def __init__(self, reserve_bytes: int = 0, parent: QObject | None = None) -> None:
+    def __init__(
+        self,
+        reserve_bytes: int = 0,
+        parent: QObject | None = None,
+        ram_source: Callable[[], int] | None = None,
+    ) -> None:
         super().__init__(parent)
+        self._ram_source = ram_source
         self.gpu: Gpu | None = None
         self.no_gpu = ""  # a sentence, once we know there is no GPU
         self.engine_held = 0
@@ -27,6 +38,13 @@ class Machine(QObject):
         self.reserve_bytes = reserve_bytes
         self.history: deque[tuple[float, int, int]] = deque()  # (t, used, ours)
         self._t0 = time.monotonic()
+
+    def ram_available(self) -> int:
+        """Bytes of RAM available now, plus what a loaded CPU-mode model holds (loading
+        another model unloads it first)."""
+        held = self.engine_held if self.no_gpu else 0
+        source = self._ram_source or host_fit.available_ram
+        return int(source()) + held
 
     @property
     def ours(self) -> int:

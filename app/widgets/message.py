@@ -112,7 +112,8 @@ class MessageWidget(QFrame):
         if split.thinking or not split.thinking_done:
             self.think_toggle.show()
             words = len(split.thinking.split())
-            label = "Thinking…" if not split.thinking_done else f"Thought ({words} words)"
+            plural = "word" if words == 1 else "words"
+            label = "Thinking…" if not split.thinking_done else f"Thought ({words} {plural})"
             self.think_toggle.setText(label)
             self.thinking_view.set_markdown(split.thinking)
         self.answer_view.set_markdown(split.answer if split.answer or done else "…")

@@ -62,7 +62,13 @@ class StackedBar(QWidget):
 
 
 class Legend(QWidget):
-    """Colour swatch, label and bytes for each segment, in a grid of `columns`."""
+    """Colour swatch, label and bytes for each segment, in a grid of `columns`.
+
+    The rows are kept and updated in place. Replacing them on every update (the gauge's is
+    twice a second) left the new labels hidden: a child added to a visible widget is shown
+    by a queued call, and while the event queue was behind, each update replaced the labels
+    before that call ran, so the legend stayed empty.
+    """
 
     def __init__(self, columns: int = 2, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -71,21 +77,38 @@ class Legend(QWidget):
         self._grid.setHorizontalSpacing(10)
         self._grid.setVerticalSpacing(2)
         self._columns = columns
+        self._rows: list[tuple[QLabel, QLabel]] = []
+        self._colours: list[str] = []
+        for col in range(columns):
+            self._grid.setColumnStretch(col * 2 + 1, 1)
 
     def set_items(self, items: list[tuple[str, int, str]]) -> None:
-        while self._grid.count():
-            widget = self._grid.takeAt(0).widget()
-            if widget is not None:
-                widget.hide()  # deleteLater is deferred: hide now so nothing overlaps
-                widget.deleteLater()
-        for i, (name, nbytes, colour) in enumerate(items):
-            row, col = divmod(i, self._columns)
-            swatch = QLabel()
+        while len(self._rows) < len(items):
+            row, col = divmod(len(self._rows), self._columns)
+            swatch = QLabel(self)
             swatch.setFixedSize(10, 10)
-            swatch.setStyleSheet(f"background: {colour}; border-radius: 2px;")
-            text = QLabel(f"{name}  <b>{fmt_bytes(nbytes)}</b>")
+            text = QLabel(self)
             text.setObjectName("legendText")
             self._grid.addWidget(swatch, row, col * 2)
             self._grid.addWidget(text, row, col * 2 + 1)
-        for col in range(self._columns):
-            self._grid.setColumnStretch(col * 2 + 1, 1)
+            self._rows.append((swatch, text))
+            self._colours.append("")
+        for i, (swatch, text) in enumerate(self._rows):
+            if i >= len(items):
+                swatch.hide()
+                text.hide()
+                continue
+            name, nbytes, colour = items[i]
+            if self._colours[i] != colour:
+                self._colours[i] = colour
+                swatch.setStyleSheet(f"background: {colour}; border-radius: 2px;")
+            text.setText(f"{name}  <b>{fmt_bytes(nbytes)}</b>")
+            swatch.show()
+            text.show()
+
+    def items(self) -> list[str]:
+        """The texts of the rows on show (tests read these)."""
+        return [t.text() for _s, t in self._rows if not t.isHidden()]
+
+    def labels(self) -> list[QLabel]:
+        return [t for _s, t in self._rows if not t.isHidden()]

@@ -504,14 +504,65 @@ def build_checkpoint(spec: TinySpec | str, fmt: str, out_dir: str | Path, shards
 # CLI
 
 
+# What each format needs beyond the app's dependencies (the project's test extra).
+NEEDS = {"hf": ("torch", "transformers"), "mlx": ("torch", "transformers", "mlx", "mlx_lm")}
+
+
+def describe_preset(spec: TinySpec) -> str:
+    """One line: the shape of a preset, in the words of the model's config."""
+    full = spec.layer_types.count("full_attention")
+    ratio = spec.linear_num_value_heads // spec.linear_num_key_heads
+    head = "tied embedding/lm_head" if spec.tie_word_embeddings else "separate lm_head"
+    return (
+        f"{spec.num_hidden_layers} layers ({spec.num_hidden_layers - full} DeltaNet + {full} "
+        f"attention), hidden {spec.hidden_size}, head_dim {spec.head_dim}, {ratio} value "
+        f"head(s) per key head, {head}"
+    )
+
+
+def missing_packages(fmt: str) -> list[str]:
+    """The packages `fmt` needs that cannot be imported here."""
+    import importlib
+
+    missing = []
+    for name in NEEDS[FORMATS[fmt][0]]:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m engine.testing.tiny OUT_DIR --preset NAME --format FMT [--shards N]`."""
-    parser = argparse.ArgumentParser(description="Build a tiny random Qwen3.5 checkpoint.")
+    presets = "\n".join(f"  {n:<17} {describe_preset(s)}" for n, s in TINY_PRESETS.items())
+    formats = "\n".join(
+        f"  {n:<17} "
+        + (f"HF safetensors in {f[1]}" if f[0] == "hf" else f"MLX {f[1]}-bit, group {f[2]}")
+        for n, f in FORMATS.items()
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.testing.tiny",
+        description="Build a tiny random Qwen3.5 checkpoint (weights, config, tokenizer, chat "
+        "template) for tests and smoke runs. Needs the test extra (torch, transformers; mlx "
+        "and mlx-lm for MLX formats): `bash tools/test.sh` installs it into .venv.",
+        epilog=f"presets:\n{presets}\n\nformats:\n{formats}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--preset", choices=sorted(TINY_PRESETS), default="tied-l4-r1")
     parser.add_argument("--format", dest="fmt", choices=list(FORMATS), default="hf-fp32")
     parser.add_argument("--shards", type=int, default=1, help="HF only: number of files")
     args = parser.parse_args(argv)
+    missing = missing_packages(args.fmt)
+    if missing:
+        parser.exit(
+            2,
+            f"{parser.prog}: the {args.fmt} format needs {', '.join(missing)}, which "
+            "is not installed here (it comes with the project's test extra). Install it with "
+            "`bash tools/test.sh` (sets up .venv with the test extra and runs the checks) or "
+            "`.venv/bin/pip install -e '.[test]'`.\n",
+        )
     print(build_checkpoint(args.preset, args.fmt, args.out_dir, shards=args.shards))
 
 

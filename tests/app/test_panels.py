@@ -67,17 +67,19 @@ def test_load_panel_recomputes_the_verdict_live(qtbot, make_window):
     folder = Entry("folder:/m", "my-model", "", 1 << 30, "folder", local_dir="/m")
     window.choose(folder)
     panel = window.load
-    assert panel.badge.text() == "Fits" and panel.load_button.isEnabled()
+    qtbot.waitUntil(lambda: panel.badge.text() == "Fits", timeout=3000)  # planned off-thread
+    assert panel.load_button.isEnabled()
     names = [n for n, _b, _c in panel.bar.segments()]
     assert names[:2] == ["Weights", "Stream state"] and "Free" in names
     panel.streams_spin.setValue(4)  # 4 x 8192 > 16384
-    assert panel.badge.text() == "Does not fit"
+    qtbot.waitUntil(lambda: panel.badge.text() == "Does not fit", timeout=3000)
     assert "16,384" in panel.suggestions.text() and not panel.suggestions.isHidden()
     assert not panel.load_button.isEnabled()
-    assert calls[-1]["streams"] == 4 and calls[-1]["model_dir"] == "/m"
+    assert any(c["streams"] == 4 and c.get("model_dir") == "/m" for c in calls)
     assert window.ctx.settings.streams == 4  # the panel edits the same setting
     panel.context_slider.setValue(0)  # 512 tokens
-    assert panel.context_spin.value() == 512 and panel.badge.text() == "Fits"
+    assert panel.context_spin.value() == 512
+    qtbot.waitUntil(lambda: panel.badge.text() == "Fits", timeout=3000)
 
 
 def test_download_from_the_library_panel(qtbot, make_window, hf_home):

@@ -9,6 +9,7 @@ from PySide6.QtCore import QSettings
 from app.engine_bridge import LoadRequest
 from app.state.settings import AppSettings
 from tests.app.conftest import FakeGpu
+from tests.app.helpers import model_folder, settled
 
 
 def test_settings_persist_across_a_restart(qtbot, make_window, tmp_path):
@@ -88,11 +89,11 @@ def test_gauge_with_a_gpu_shows_usage_and_history(qtbot, make_window):
     assert window.gauge.used_curve.getData()[0] is not None
 
 
-def test_refuse_cpu_mode_explains_the_setting(qtbot, make_window):
+def test_refuse_cpu_mode_explains_the_setting(qtbot, make_window, tmp_path):
     window = make_window(loader=FakeEngine.loader())
     qtbot.waitUntil(lambda: bool(window.ctx.machine.no_gpu), timeout=3000)
     window.ctx.settings.set("engine/refuse_cpu", True)
-    entry = window.ctx.library.add_folder(str(window.ctx.library.cache_dir))
+    entry = window.ctx.library.add_folder(str(model_folder(tmp_path / "model")))
     window.choose(entry)
     with qtbot.waitSignal(window.ctx.engine.load_failed, timeout=3000) as failed:
         window.load.load_button.click()
@@ -127,6 +128,7 @@ def test_library_shows_fit_verdicts_for_this_gpu(qtbot, make_window):
     window = make_window(gpu_source=FakeGpu)
     qtbot.waitUntil(lambda: window.ctx.machine.gpu is not None, timeout=3000)
     panel = window.library
+    qtbot.waitUntil(settled(panel), timeout=5000)  # verdicts are planned off the UI thread
     labels = {
         key: card.badge.text()
         for key in ("qwen3.5-0.8b-4bit", "qwen3.5-9b-bf16")

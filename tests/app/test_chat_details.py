@@ -1,0 +1,76 @@
+"""Issue 28, item 9: Regenerate in an empty chat, stats of the chat left behind, the thought
+label with thinking off, and `snug --version`."""
+
+from __future__ import annotations
+
+from fake_engine import FakeEngine
+from PySide6.QtCore import Qt
+
+from app.engine_bridge import LoadRequest
+
+
+def _load(qtbot, window):
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+
+
+def _send(qtbot, window, text: str) -> None:
+    window.chat.input.setFocus()
+    qtbot.keyClicks(window.chat.input, text)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        qtbot.mouseClick(window.chat.send_button, Qt.MouseButton.LeftButton)
+
+
+def test_regenerate_is_off_in_an_empty_chat(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader())
+    _load(qtbot, window)
+    assert not window.ctx.chats.current.turns
+    assert not window.chat.regen_button.isEnabled()
+    _send(qtbot, window, "Hi")
+    assert window.chat.regen_button.isEnabled()
+    qtbot.mouseClick(window.sidebar.new_button, Qt.MouseButton.LeftButton)
+    assert not window.chat.regen_button.isEnabled()
+
+
+def test_a_new_chat_does_not_show_the_last_chats_stats(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader())
+    _load(qtbot, window)
+    _send(qtbot, window, "Hi")
+    assert "tok/s" in window.chat.status.text()
+    qtbot.mouseClick(window.sidebar.new_button, Qt.MouseButton.LeftButton)
+    assert window.ctx.chats.current.turns == []
+    assert "tok/s" not in window.chat.status.text()
+
+
+def test_no_thought_label_with_thinking_off(qtbot, make_window):
+    stray = ["Sure", "</think>", "\n\n", "The answer", " is", " 42", "."]
+    window = make_window(loader=FakeEngine.loader(script=stray))
+    assert window.ctx.settings.thinking is False
+    _load(qtbot, window)
+    _send(qtbot, window, "What is six times seven?")
+    reply = window.chat.message_widgets()[-1]
+    assert reply.think_toggle.isHidden(), reply.think_toggle.text()
+    assert "42" in reply.answer_text() and "think" not in reply.answer_text()
+
+
+def test_one_word_of_thinking_is_one_word(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader(script=["Hmm", "</think>", "Yes."]))
+    _load(qtbot, window)  # the chat replaces the first-run view once a model is loaded
+    qtbot.mouseClick(window.chat.thinking, Qt.MouseButton.LeftButton)
+    assert window.ctx.settings.thinking is True
+    _send(qtbot, window, "Sure?")
+    assert window.chat.message_widgets()[-1].think_toggle.text() == "Thought (1 word)"
+
+
+def test_version_prints_the_version_and_starts_no_window(capsys, monkeypatch):
+    from importlib.metadata import version
+
+    import app.main
+    from app import entry
+
+    def no_gui(*_a, **_k):
+        raise AssertionError("--version started the GUI")
+
+    monkeypatch.setattr(app.main, "main", no_gui)
+    assert entry.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"snug {version('snug')}"

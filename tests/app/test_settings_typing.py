@@ -1,0 +1,69 @@
+"""Issue 28, items 1 and 10: numbers typed into Settings are stored as typed, within the
+bounds the engine accepts, and a request the engine refuses is said, not half-saved."""
+
+from __future__ import annotations
+
+from fake_engine import FakeEngine
+from PySide6.QtCore import Qt
+
+from app import engine_bridge
+from app.engine_bridge import LoadRequest
+
+
+def _type(qtbot, spin, text: str, enter: bool = False) -> None:
+    """Select the box's text and type over it, as a user does."""
+    spin.setFocus()
+    qtbot.keyClick(spin, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
+    qtbot.keyClicks(spin, text)
+    if enter:
+        qtbot.keyClick(spin, Qt.Key.Key_Return)
+
+
+def test_typed_decimals_are_stored_as_typed(qtbot, make_window):
+    window = make_window()
+    window.tabs.setCurrentWidget(window.settings)
+    editors, s = window.settings.editors, window.ctx.settings
+    _type(qtbot, editors["memory/reserve_gib"], "1.25")
+    assert s.get("memory/reserve_gib") == 1.25
+    _type(qtbot, editors["sampling/temperature"], "0.5")
+    assert s.get("sampling/temperature") == 0.5
+    _type(qtbot, editors["sampling/top_p"], "0.95")
+    assert s.get("sampling/top_p") == 0.95
+    assert editors["sampling/top_p"].text() == "0.95"
+    # The arrow keys still step from the typed value.
+    qtbot.keyClick(editors["sampling/temperature"], Qt.Key.Key_Up)
+    assert s.get("sampling/temperature") == 0.55
+
+
+def test_sampling_boxes_keep_to_what_the_engine_accepts(qtbot, make_window):
+    window = make_window()
+    window.tabs.setCurrentWidget(window.settings)
+    editors, s = window.settings.editors, window.ctx.settings
+    _type(qtbot, editors["sampling/top_p"], "0", enter=True)
+    assert 0 < s.get("sampling/top_p") <= 1
+    _type(qtbot, editors["sampling/min_p"], "1", enter=True)
+    assert 0 <= s.get("sampling/min_p") < 1
+    for _ in range(5):
+        qtbot.keyClick(editors["sampling/top_p"], Qt.Key.Key_Down)
+    assert s.get("sampling/top_p") > 0
+    engine_bridge.make_params(s.sampling())  # the engine takes every value the boxes allow
+
+
+def test_a_refused_request_is_said_and_leaves_no_empty_reply(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader())
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+    # A settings file from before the bounds (or edited by hand) holds top_p = 0.
+    window.ctx.settings.store.setValue("sampling/top_p", 0.0)
+    chats = window.ctx.chats
+    window.chat.input.setFocus()
+    qtbot.keyClicks(window.chat.input, "Hello")
+    qtbot.mouseClick(window.chat.send_button, Qt.MouseButton.LeftButton)
+    assert "top_p" in window.chat.status.text() and "Settings" in window.chat.status.text()
+    assert window.chat.input.toPlainText() == "Hello", "the message stays in the composer"
+    assert not chats.busy and window.ctx.engine.state == "ready"
+    saved = chats.store.get(chats.current.id)
+    assert not any(t.role == "assistant" and not t.content for t in saved.turns)
+    chats.store.load_all()  # and on disk
+    again = chats.store.get(chats.current.id)
+    assert again is None or not any(t.role == "assistant" and not t.content for t in again.turns)

@@ -14,8 +14,11 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings
 
+from app import engine_bridge
 from app.controllers import ChatController, DownloadManager, EngineController
 from app.engine_bridge import Loader
+from app.remote_engine import RemoteLoader
+from app.server_controller import ServerController
 from app.state.catalog import Library
 from app.state.chat_history import ChatStore
 from app.state.fit import FitAdvisor, Planner
@@ -34,12 +37,16 @@ class AppContext:
     machine: Machine
     poller: NvmlPoller
     advisor: FitAdvisor
+    server: ServerController
+    remote: RemoteLoader  # connects the engine worker to a model served elsewhere
     problems: list[str] = field(default_factory=list)  # start-up warnings, for the user
 
     def shutdown(self) -> bool:
         """Stop generation, unload, and wait for every worker thread; True when all ended."""
         self.chats.stop()
+        self.server.stop()
         ok = self.engine.shutdown()
+        self.advisor.shutdown()
         ok = self.downloads.shutdown() and ok
         ok = self.poller.shutdown() and ok
         return ok
@@ -61,8 +68,14 @@ def build_context(
     problems = [*settings.problems, *chat_store.problems]
     started: list[Callable[[], object]] = []  # shutdowns of what has started, in order
     try:
-        engine = EngineController(loader)
+        server = ServerController()
+        remote = RemoteLoader(loader or engine_bridge.load_engine)
+        engine = EngineController(
+            server.wrap_loader(remote, lambda: bool(settings.get("server/enabled")))
+        )
         started.append(engine.shutdown)
+        engine.unloaded.connect(server.forget_engine)
+        engine.loaded.connect(lambda _info: _serve_if_enabled(settings, server))
         machine = Machine(reserve)
         poller = NvmlPoller(gpu_source)
         started.append(poller.shutdown)
@@ -80,5 +93,21 @@ def build_context(
             stop()
         raise
     return AppContext(
-        settings, engine, chats, library, downloads, machine, poller, advisor, problems
+        settings,
+        engine,
+        chats,
+        library,
+        downloads,
+        machine,
+        poller,
+        advisor,
+        server,
+        remote,
+        problems,
     )
+
+
+def _serve_if_enabled(settings: AppSettings, server: ServerController) -> None:
+    """After a load: serve the model when the setting says so (the loader made it shared)."""
+    if settings.get("server/enabled"):
+        server.start(port=int(settings.get("server/port")))

@@ -36,7 +36,7 @@ class MainWindow(QMainWindow):
         self.gauge = GaugePanel(ctx.machine)
         self.library = LibraryPanel(ctx.library, ctx.downloads, ctx.advisor)
         self.load = LoadPanel(ctx.advisor, ctx.engine)
-        self.settings = SettingsPanel(ctx.settings, ctx.engine)
+        self.settings = SettingsPanel(ctx.settings, ctx.engine, server=ctx.server)
         self.welcome = WelcomePanel(ctx.advisor, ctx.library, ctx.downloads)
         self.center = QStackedWidget()
         self.center.addWidget(self.chat)
@@ -73,6 +73,7 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence.StandardKey.Quit, self, activated=self.close)
 
         self.library.chosen.connect(self.choose)
+        self.library.connect_requested.connect(self._connect)
         ctx.engine.state_changed.connect(self._engine_state)
         ctx.engine.loaded.connect(self._engine_state)
         ctx.engine.held.connect(self._engine_state)
@@ -104,6 +105,16 @@ class MainWindow(QMainWindow):
         self.ctx.settings.store.setValue(DONE_KEY, True)
         self.ctx.settings.store.sync()
 
+    def _connect(self) -> None:
+        """Chat with a model on an OpenAI-compatible server, through the engine worker."""
+        from app.panels.connect import ConnectDialog
+
+        dialog = ConnectDialog(self)
+        dialog.target_chosen.connect(
+            lambda target: self.ctx.engine.load(self.ctx.remote.request_for(target))
+        )
+        dialog.open()
+
     def _browse(self) -> None:
         self.close_welcome()
         self.tabs.setCurrentWidget(self.library)
@@ -131,7 +142,8 @@ class MainWindow(QMainWindow):
             text = "Loading model…"
         elif info:
             name = str(info.get("model_dir", "")).rstrip("/").split("/")[-1]
-            mode = "GPU" if info.get("backend") == "cuda" else "CPU mode"
+            backend = info.get("backend")
+            mode = {"cuda": "GPU", "remote": "runs on a remote server"}.get(backend, "CPU mode")
             text = f"{name} · {mode} · {fmt_bytes(self.ctx.machine.engine_held)}"
         else:
             text = "No model loaded"
@@ -142,5 +154,4 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         self.ctx.settings.store.setValue("window/geometry", self.saveGeometry())
         self.ctx.shutdown()
-        self.ctx.advisor.shutdown()
         super().closeEvent(event)

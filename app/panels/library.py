@@ -111,6 +111,7 @@ class LibraryPanel(QWidget):
     """Takes the Library, the DownloadManager and the FitAdvisor; `chosen` picks a model."""
 
     chosen = Signal(object)  # Entry
+    connect_requested = Signal()  # "Connect to a server…": a model served elsewhere
 
     def __init__(
         self,
@@ -165,6 +166,13 @@ class LibraryPanel(QWidget):
         self.open_button = QPushButton("Open local folder…")
         self.open_button.clicked.connect(self._open_folder)
         layout.addWidget(self.open_button)
+        self.connect_button = QPushButton("Connect to a server…")
+        self.connect_button.setToolTip(
+            "Chat with a model that runs on an OpenAI-compatible server (another Snug, "
+            "vLLM, llama.cpp, Ollama): for models larger than this GPU"
+        )
+        self.connect_button.clicked.connect(self.connect_requested)
+        layout.addWidget(self.connect_button)
 
         library.changed.connect(self.refresh)
         advisor.changed.connect(self.update_verdicts)

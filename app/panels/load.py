@@ -304,7 +304,8 @@ class LoadPanel(QWidget):
         self.stage.setText(f"{stage.capitalize()}… {fraction:.0%}")
 
     def _loaded(self, info: dict) -> None:
-        backend = "GPU (CUDA)" if info.get("backend") == "cuda" else "CPU mode (numpy backend)"
+        names = {"cuda": "GPU (CUDA)", "remote": "a remote server (nothing held here)"}
+        backend = names.get(info.get("backend"), "CPU mode (numpy backend)")
         self.stage.setText(f"Loaded on {backend} · holds {planning.fmt_bytes(info.get('held', 0))}")
 
     def _failed(self, cls: str, message: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QCheckBox,
@@ -19,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.controllers import EngineController
+from app.server_controller import ServerController
 from app.state.settings import BACKENDS, BY_KEY, AppSettings
 
 # Bounds the engine accepts (engine.sampling.SamplingParams.__post_init__): top_p in (0, 1],
@@ -36,6 +38,7 @@ RANGES = {
     "sampling/presence_penalty": (0.0, 2.0, 0.1, 2),
     "sampling/min_p": (0.0, 0.99, 0.01, 2),
     "sampling/max_new_tokens": (16, 32768, 256, 0),
+    "server/port": (1024, 65535, 1, 0),
 }
 BACKEND_LABELS = {"auto": "Auto", "cuda": "GPU (CUDA)", "numpy": "CPU (numpy)"}
 GROUPS = (
@@ -62,6 +65,7 @@ GROUPS = (
         ),
     ),
     ("Chat", ("chat/thinking", "chat/system_prompt")),
+    ("Local server", ("server/enabled", "server/port")),
 )
 
 
@@ -73,6 +77,7 @@ class SettingsPanel(QScrollArea):
         settings: AppSettings,
         engine: EngineController | None = None,
         parent: QWidget | None = None,
+        server: ServerController | None = None,
     ) -> None:
         super().__init__(parent)
         self.settings, self.engine = settings, engine
@@ -98,6 +103,14 @@ class SettingsPanel(QScrollArea):
                 label = BY_KEY[key].label + (" ⟳" if settings.needs_reload(key) else "")
                 form.addRow(label, editor)
             layout.addWidget(box)
+        self.server_status = QLabel("Not serving")
+        self.server_status.setObjectName("subtle")
+        self.server_status.setWordWrap(True)
+        self.server_status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.server_status)
+        if server is not None:
+            server.url_changed.connect(self._server_url)
+            server.failed.connect(lambda msg: self.server_status.setText(f"Not serving: {msg}"))
         hint = QLabel("⟳ applies when the model is loaded again.")
         hint.setObjectName("subtle")
         layout.addWidget(hint)
@@ -111,6 +124,11 @@ class SettingsPanel(QScrollArea):
         if engine is not None:
             engine.loaded.connect(self._clear_pending)
             engine.unloaded.connect(self._clear_pending)
+
+    def _server_url(self, url: str) -> None:
+        self.server_status.setText(
+            f"Serving the loaded model at {url} (OpenAI API)" if url else "Not serving"
+        )
 
     def _editor(self, key: str) -> QWidget:
         field, s = BY_KEY[key], self.settings

@@ -62,6 +62,10 @@ FIELDS: tuple[Field, ...] = (
     Field("chat/thinking", bool, False, "Thinking"),
     Field("chat/system_prompt", str, "You are a helpful assistant.", "System prompt"),
     Field("model/last_dir", str, "", "Last model folder"),
+    # Serve the loaded model over the OpenAI API on this machine (engine/server): the chat
+    # and the server's clients then share one scheduler, set up when the model loads.
+    Field("server/enabled", bool, False, "Serve the model (OpenAI API)", True),
+    Field("server/port", int, 8000, "Server port", True, 1024, 65535),
 )
 BY_KEY = {f.key: f for f in FIELDS}
 TRUE_WORDS = ("1", "true", "yes", "on")

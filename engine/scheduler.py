@@ -1,0 +1,425 @@
+"""Continuous batching over the engine's admitted stream slots.
+
+One thread (the engine thread) runs the loop; requests are submitted from any thread and get
+their `TokenEvent`s through a per-request sink (a queue by default).
+
+    submit() ──> waiting (bounded: `queue_size`) ──> slot (at most engine.streams running)
+                                                      │
+    one iteration (`run_once`) on the engine thread:  ▼
+      1. admit waiting requests into free slots (restoring a saved prompt state if any)
+      2. end cancelled requests: their slot is free before anything else runs
+      3. prefill ONE chunk (at most `prefill_chunk` <= max_rows rows) of the oldest request
+         still prefilling; when its prompt is done, its first token is picked and it joins
+      4. ONE decode step: one row for every stream that is decoding, in one batch
+
+So a decoding stream waits at most one prefill chunk plus its own decode step between two
+tokens (`SchedulerStats.longest_gap_s` measures it; tests/engine/test_scheduler.py checks
+it). Each request keeps its own sampler, and the chunks of a prompt start where
+`Engine.prefill` starts them, so a request gets the same tokens as `Engine.generate` gives
+it alone (greedy in fp32: exactly; seeded sampling on the host: the same draws).
+
+While a scheduler runs, every generation on its engine goes through it: the engine is not
+thread-safe, and only the scheduler's thread touches it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import RequestRefused
+from engine.sampling import Sampler
+from engine.session import Engine, GenerationParams, TokenEvent, _Stream
+from engine.tokenizer import StreamDecoder
+
+Sink = Callable[[Any], None]  # receives TokenEvents, or one exception that ends the request
+NO_TOKEN = -1  # the token id of a final event that carries no token (cancelled, stopped)
+
+
+class QueueFull(RequestRefused):
+    """Every slot is busy and the waiting queue is full; the request was not taken."""
+
+
+@dataclass
+class SchedulerStats:
+    """What the loop has done (read from any thread; written by the engine thread)."""
+
+    steps: int = 0
+    prefill_chunks: int = 0
+    finished: int = 0
+    refused: int = 0
+    peak_running: int = 0
+    peak_waiting: int = 0  # requests held beyond the streams (the queue's use)
+    longest_chunk_s: float = 0.0
+    longest_step_s: float = 0.0
+    longest_gap_s: float = 0.0  # longest wait of a decoding stream between two of its tokens
+
+
+class Request:
+    """One submitted request. Iterate it for its events (when no sink was given), or
+    `cancel()` it from any thread: its slot is free after the loop's next iteration."""
+
+    def __init__(
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        cancel: threading.Event | None,
+        sink: Sink | None,
+        ignore_eos: bool,
+    ) -> None:
+        self.id = rid
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.ignore_eos = ignore_eos
+        self.finish_reason: str | None = None
+        self._cancel = cancel or threading.Event()
+        self._queue: queue.Queue | None = None if sink is not None else queue.Queue()
+        self._sink = sink or self._queue.put  # type: ignore[union-attr]
+        self.done = threading.Event()
+        # Engine-thread state, set at admission.
+        self.stream: _Stream | None = None
+        self.sampler: Sampler | None = None
+        self.decoder: Any = None
+        self.todo: list[int] = []  # prompt ids still to prefill
+        self.generated: list[int] = []
+        self.next_token = NO_TOKEN  # picked, not yet fed to the stream
+        self.t0 = self.t_first = self.last_token_at = 0.0
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        if self._queue is None:
+            raise TypeError("this request delivers its events to its sink")
+        while True:
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+
+class Scheduler:
+    """Serves many requests on one engine: continuous batching, chunked prefill.
+
+    `queue_size`: requests that may wait for a slot beyond the engine's `streams`; one more
+    is refused with QueueFull. `prefill_chunk`: rows of prompt per iteration (default and
+    at most the engine's max_rows); smaller chunks shorten the longest stall of the
+    decoding streams and lengthen the prompt's time to first token.
+    """
+
+    def __init__(self, engine: Engine, queue_size: int = 16, prefill_chunk: int | None = None):
+        if queue_size < 0:
+            raise ValueError(f"queue_size {queue_size} must be >= 0")
+        self.engine = engine
+        self.queue_size = queue_size
+        self.prefill_chunk = max(1, min(prefill_chunk or engine.max_rows, engine.max_rows))
+        self.stats = SchedulerStats()
+        self._ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []  # admission order; prefilling and decoding
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # ----- any thread ---------------------------------------------------------------------
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
+        sink: Sink | None = None,
+        ignore_eos: bool = False,
+    ) -> Request:
+        """Queue a request; RequestRefused (QueueFull when no room) if it cannot be taken."""
+        params = params or GenerationParams()
+        if not prompt_ids:
+            raise RequestRefused("the prompt is empty; type a message first")
+        context = self.engine.context
+        if len(prompt_ids) >= context:
+            raise RequestRefused(
+                f"the prompt has {len(prompt_ids)} tokens but the context is {context} "
+                "(prompt and reply share it); shorten the prompt or raise the context setting"
+            )
+        request = Request(next(self._ids), prompt_ids, params, cancel, sink, ignore_eos)
+        with self._cond:
+            if self._stopping:
+                raise RequestRefused("the scheduler has stopped; load the model again")
+            capacity = self.engine.streams + self.queue_size
+            if len(self._running) + len(self._waiting) >= capacity:
+                self.stats.refused += 1
+                raise QueueFull(
+                    f"all {self.engine.streams} streams are busy and {len(self._waiting)} "
+                    f"requests already wait (queue size {self.queue_size}); retry later, or "
+                    "raise the queue size (--queue) or the streams (--streams)"
+                )
+            self._waiting.append(request)
+            beyond = len(self._running) + len(self._waiting) - self.engine.streams
+            self.stats.peak_waiting = max(self.stats.peak_waiting, beyond)
+            self._cond.notify()
+        return request
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[TokenEvent]:
+        """`Engine.generate`'s shape through the scheduler: stream the request's events.
+        Leaving the loop early cancels the request."""
+        request = self.submit(prompt_ids, params, cancel)
+        try:
+            yield from request
+        finally:
+            request.cancel()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def start(self) -> Scheduler:
+        """Start the engine thread (the only thread that touches the engine from now on)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="snug-scheduler", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Stop the loop; requests still queued or running end as cancelled."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        for request in [*self._running, *self._waiting]:
+            request.cancel()
+        self._drop_cancelled()
+
+    def __enter__(self) -> Scheduler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- the engine thread --------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._waiting or self._running):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+            try:
+                self.run_once()
+            except Exception as exc:  # a bug here must not leave clients waiting forever
+                for request in list(self._running):
+                    self._fail(request, exc)
+
+    def run_once(self) -> bool:
+        """One iteration: admit, end cancelled requests, one prefill chunk, one decode step.
+        Call it on the engine thread only (tests call it without `start`). Returns whether
+        anything ran."""
+        self._admit()
+        self._drop_cancelled()
+        chunk = self._prefill_one()
+        step = self._decode_one()
+        return chunk or step
+
+    def _admit(self) -> None:
+        while len(self._running) < self.engine.streams:
+            with self._cond:
+                if not self._waiting:
+                    return
+                request = self._waiting.popleft()
+            if request.cancelled:
+                self._finish(request, NO_TOKEN, "cancelled")
+                continue
+            try:
+                request.sampler = Sampler(request.params.sampling(), self.engine.vocab_rows)
+                request.decoder = StreamDecoder(self.engine.tokenizer)
+                request.stream = self.engine._open_stream()
+                request.todo = self.engine._resume(request.stream, request.prompt_ids)
+            except Exception as exc:
+                self._fail(request, exc)
+                continue
+            request.t0 = time.perf_counter()
+            self._running.append(request)
+            self.stats.peak_running = max(self.stats.peak_running, len(self._running))
+
+    def _drop_cancelled(self) -> None:
+        for request in [r for r in self._running if r.cancelled]:
+            self._finish(request, NO_TOKEN, "cancelled")
+        with self._cond:
+            gone = [r for r in self._waiting if r.cancelled]
+            for request in gone:
+                self._waiting.remove(request)
+        for request in gone:
+            self._finish(request, NO_TOKEN, "cancelled")
+
+    def _prefill_one(self) -> bool:
+        """Prefill one chunk of the oldest request still prefilling; pick its first token
+        when the prompt is done."""
+        request = next((r for r in self._running if r.todo), None)
+        if request is None:
+            return False
+        chunk, request.todo = request.todo[: self.prefill_chunk], request.todo[self.prefill_chunk :]
+        t = time.perf_counter()
+        try:
+            logits = self.engine.prefill(request.stream, chunk)
+            token = NO_TOKEN if request.todo else self._first_token(request, logits)
+        except Exception as exc:
+            self._fail(request, exc)
+            return True
+        now = time.perf_counter()
+        self.stats.prefill_chunks += 1
+        self.stats.longest_chunk_s = max(self.stats.longest_chunk_s, now - t)
+        if token != NO_TOKEN:
+            request.t_first = now
+            self._take(request, token, now)
+        return True
+
+    def _decode_one(self) -> bool:
+        """One decode row for every request that has a token to feed."""
+        batch = [r for r in self._running if r.next_token != NO_TOKEN]
+        if not batch:
+            return False
+        t = time.perf_counter()
+        try:
+            tokens = self._next_tokens(batch)
+        except Exception as exc:  # refused for the batch: each of its requests is told
+            for request in batch:
+                self._fail(request, exc)
+            return True
+        now = time.perf_counter()
+        self.stats.steps += 1
+        self.stats.longest_step_s = max(self.stats.longest_step_s, now - t)
+        for request, token in zip(batch, tokens, strict=True):
+            self._take(request, token, now)
+        return True
+
+    # The two places tokens are picked (a test overrides them to force an output).
+    def _first_token(self, request: Request, logits: Any) -> int:
+        return request.sampler(logits, request.generated)  # type: ignore[misc]
+
+    def _next_tokens(self, batch: list[Request]) -> list[int]:
+        return self.engine._next_tokens(
+            [r.stream for r in batch],  # type: ignore[misc]
+            [r.next_token for r in batch],
+            [r.sampler for r in batch],  # type: ignore[misc]
+            [r.generated for r in batch],
+        )
+
+    def _take(self, request: Request, token: int, now: float) -> None:
+        """A token was picked for `request`: emit it, and end the request or queue the token
+        for the next step (the checks and their order are `Engine.generate`'s)."""
+        engine, stream = self.engine, request.stream
+        assert stream is not None
+        if request.last_token_at:
+            self.stats.longest_gap_s = max(self.stats.longest_gap_s, now - request.last_token_at)
+        request.last_token_at = now
+        request.generated.append(token)
+        request.next_token = NO_TOKEN
+        eos = token in engine.eos_ids and not request.ignore_eos
+        reason = None
+        if eos:
+            reason = "stop"
+        elif len(request.generated) >= request.params.max_new_tokens:
+            reason = "length"
+        elif request.cancelled:
+            reason = "cancelled"
+        elif len(stream.ids) + 1 > engine.context:
+            reason = "length"
+        if reason is not None:
+            self._finish(request, token, reason)
+            return
+        text = "" if token in engine.eos_ids else request.decoder.push(token)
+        self._deliver(request, TokenEvent(token, text))
+        request.next_token = token
+
+    def _finish(self, request: Request, token: int, reason: str) -> None:
+        """The final event; the slot goes back (after saving its state for a follow-up)."""
+        text = ""
+        if token != NO_TOKEN and token not in self.engine.eos_ids:
+            text = request.decoder.push(token)
+        if request.decoder is not None:
+            text += request.decoder.flush()
+        stats = None
+        if request.t_first:
+            n = len(request.generated)
+            stats = Engine._stats(len(request.prompt_ids), n, request.t0, request.t_first)
+        self._release(request, save=token != NO_TOKEN)
+        request.finish_reason = reason
+        self.stats.finished += 1
+        self._deliver(request, TokenEvent(token, text, True, reason, stats))
+        request.done.set()
+
+    def _fail(self, request: Request, exc: BaseException) -> None:
+        self._release(request, save=False)
+        request.finish_reason = "error"
+        self._deliver(request, exc)
+        request.done.set()
+
+    def _release(self, request: Request, save: bool) -> None:
+        if request in self._running:
+            self._running.remove(request)
+        stream, request.stream = request.stream, None
+        if stream is None:
+            return
+        try:
+            if save:
+                self.engine._save(stream)
+        finally:
+            self.engine._close_stream(stream)
+
+    def _deliver(self, request: Request, item: Any) -> None:
+        try:
+            request._sink(item)
+        except Exception:  # the receiver is gone (a closed event loop): stop serving it
+            request.cancel()
+
+
+class ScheduledEngine:
+    """An `Engine` whose generation goes through a `Scheduler` (the app's engine worker can
+    use it in place of the Engine: same `chat_ids` / `generate` / `held_bytes` / `unload`),
+    so the app's chat and a local server share the slots."""
+
+    def __init__(self, engine: Engine, queue_size: int = 16, prefill_chunk: int | None = None):
+        self.engine = engine
+        self.scheduler = Scheduler(engine, queue_size, prefill_chunk).start()
+        self.backend_name = engine.backend_name
+        self.decision = engine.decision
+
+    def held_bytes(self) -> int:
+        return self.engine.held_bytes()
+
+    def chat_ids(self, messages: list[dict], enable_thinking: bool | None = None) -> list[int]:
+        return self.engine.chat_ids(messages, enable_thinking=enable_thinking)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[TokenEvent]:
+        return self.scheduler.generate(prompt_ids, params, cancel)
+
+    def unload(self) -> None:
+        self.scheduler.close()
+        self.engine.unload()

@@ -1,0 +1,360 @@
+"""The ASGI app: OpenAI's chat completions, completions and models, over one Scheduler.
+
+    GET  /health                 liveness, streams running and waiting (no key needed)
+    GET  /v1/models              the one loaded model
+    POST /v1/chat/completions    chat template (tools included), thinking apart, tool calls
+    POST /v1/completions         a prompt string or token ids, as is
+
+Every error is answered in OpenAI's shape with its status: 400 bad request, 401 bad key,
+404 unknown model or route, 405 wrong method, 413 body too large, 503 queue full. A refused
+or malformed request never reaches the engine, so it cannot disturb other streams.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from engine.errors import RequestRefused, SnugError, TemplateError
+from engine.scheduler import QueueFull, Scheduler
+from engine.server.generation import Generation
+from engine.server.protocol import (
+    ApiError,
+    ChatRequest,
+    Options,
+    bad,
+    read_chat,
+    read_completion,
+    tool_schemas,
+)
+from engine.server.reply import ReplySplitter, prompt_opens_thinking
+
+MAX_BODY = 4 << 20  # bytes of one request body
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def create_app(
+    scheduler: Scheduler,
+    model_id: str | None = None,
+    api_key: str | None = None,
+    max_body: int = MAX_BODY,
+) -> Starlette:
+    """The server's ASGI app over a started `scheduler` (its engine's model, by its folder
+    name unless `model_id` is given). With `api_key`, /v1 routes need `Bearer KEY`."""
+    return OpenAIServer(scheduler, model_id, api_key, max_body).app
+
+
+class OpenAIServer:
+    def __init__(
+        self, scheduler: Scheduler, model_id: str | None, api_key: str | None, max_body: int
+    ) -> None:
+        self.scheduler = scheduler
+        self.engine = scheduler.engine
+        self.tokenizer = self.engine.tokenizer
+        self.model_id = model_id or self.engine.model_dir.name
+        self.api_key = api_key
+        self.max_body = max_body
+        self.created = int(time.time())
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.model, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
+        handlers = {
+            ApiError: _api_error,
+            HTTPException: _http_error,
+            SnugError: _api_error,
+            Exception: _api_error,  # a bug: still answered in the API's shape (500)
+        }
+        self.app = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+        self.app.state.server = self
+
+    # ----- routes ---------------------------------------------------------------------------
+    async def health(self, request: Request) -> JSONResponse:
+        s = self.scheduler
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": self.model_id,
+                "running": s.running,
+                "waiting": s.waiting,
+                "streams": self.engine.streams,
+                "queue": s.queue_size,
+            }
+        )
+
+    async def models(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        self._check_model(request.path_params["model"])
+        return JSONResponse(self._model_card())
+
+    async def chat(self, request: Request) -> Any:
+        self._authorize(request)
+        chat = read_chat(await self._body(request))
+        self._check_model(chat.options.model)
+        try:
+            prompt_text, ids = await run_in_threadpool(self._render, chat)
+        except TemplateError as exc:
+            raise bad(str(exc), "messages", "template_error") from exc
+        splitter = ReplySplitter(
+            prompt_opens_thinking(prompt_text), bool(chat.tools), tool_schemas(chat.tools)
+        )
+        gen = self._start(request, ids, chat.options, splitter)
+        head = self._head("chatcmpl", chat.options)
+        if chat.options.stream:
+            return _sse(self._chat_events(gen, head, chat.options.include_usage), gen)
+        reasoning, content, calls = [], [], []
+        async for piece in gen.pieces():
+            if piece.kind == "tool_call":
+                calls.append(piece.call.as_dict())  # type: ignore[union-attr]
+            else:
+                (reasoning if piece.kind == "reasoning" else content).append(piece.text)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(content) if content or not calls else None,
+        }
+        if reasoning:
+            message["reasoning_content"] = message["reasoning"] = "".join(reasoning)
+        if calls:
+            message["tool_calls"] = calls
+        choice = {"index": 0, "message": message, "finish_reason": gen.finish_reason}
+        return JSONResponse(
+            {**head, "object": "chat.completion", "choices": [choice], "usage": gen.usage}
+        )
+
+    async def completions(self, request: Request) -> Any:
+        self._authorize(request)
+        req = read_completion(await self._body(request))
+        self._check_model(req.options.model)
+        if isinstance(req.prompt, str):
+            ids = await run_in_threadpool(self.tokenizer.encode, req.prompt)
+        else:
+            ids = req.prompt
+            vocab = self.engine.vocab_rows
+            if any(not 0 <= t < vocab for t in ids):
+                raise bad(f"'prompt' has token ids outside the vocabulary [0, {vocab})", "prompt")
+        gen = self._start(request, ids, req.options, None)
+        head = self._head("cmpl", req.options)
+        if req.options.stream:
+            return _sse(self._completion_events(gen, head, req.options.include_usage), gen)
+        text = "".join([piece.text async for piece in gen.pieces()])
+        choice = {"index": 0, "text": text, "finish_reason": gen.finish_reason, "logprobs": None}
+        return JSONResponse(
+            {**head, "object": "text_completion", "choices": [choice], "usage": gen.usage}
+        )
+
+    # ----- streaming ------------------------------------------------------------------------
+    async def _chat_events(self, gen: Generation, head: dict, usage: bool) -> AsyncIterator[str]:
+        def chunk(delta: dict, finish: str | None = None) -> str:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            body = {**head, "object": "chat.completion.chunk", "choices": [choice]}
+            return _data({**body, "usage": None} if usage else body)
+
+        calls = 0
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            async for piece in gen.pieces():
+                if piece.kind == "reasoning":
+                    yield chunk({"reasoning_content": piece.text, "reasoning": piece.text})
+                elif piece.kind == "content":
+                    yield chunk({"content": piece.text})
+                else:
+                    yield chunk({"tool_calls": [piece.call.as_dict(calls)]})  # type: ignore[union-attr]
+                    calls += 1
+            yield chunk({}, gen.finish_reason)
+            if usage:
+                yield _data(
+                    {**head, "object": "chat.completion.chunk", "choices": [], "usage": gen.usage}
+                )
+        except (ApiError, SnugError) as exc:
+            yield _data(_error_of(exc).body())
+        yield "data: [DONE]\n\n"
+
+    async def _completion_events(
+        self, gen: Generation, head: dict, usage: bool
+    ) -> AsyncIterator[str]:
+        def chunk(text: str, finish: str | None = None) -> str:
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            body = {**head, "object": "text_completion", "choices": [choice]}
+            return _data({**body, "usage": None} if usage else body)
+
+        try:
+            async for piece in gen.pieces():
+                yield chunk(piece.text)
+            yield chunk("", gen.finish_reason)
+            if usage:
+                yield _data(
+                    {**head, "object": "text_completion", "choices": [], "usage": gen.usage}
+                )
+        except (ApiError, SnugError) as exc:
+            yield _data(_error_of(exc).body())
+        yield "data: [DONE]\n\n"
+
+    # ----- helpers --------------------------------------------------------------------------
+    def _authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self.api_key.encode()
+        ):
+            raise ApiError(
+                401,
+                "invalid or missing API key: send the header 'Authorization: Bearer KEY' "
+                "with the key the server was started with (--api-key)",
+                code="invalid_api_key",
+            )
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        """The JSON object of the body, read up to `max_body` bytes (413 past it)."""
+        too_large = ApiError(
+            413,
+            f"the request body is larger than {self.max_body} bytes; send a shorter request",
+            code="request_too_large",
+        )
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body:
+            raise too_large
+        raw = bytearray()
+        async for part in request.stream():
+            raw += part
+            if len(raw) > self.max_body:
+                raise too_large
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise bad(f"the body is not valid JSON ({exc})", code="invalid_json") from exc
+        if not isinstance(body, dict):
+            raise bad("the body must be a JSON object", code="invalid_json")
+        return body
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_id:
+            raise ApiError(
+                404,
+                f"the model '{model}' is not loaded here; this server serves "
+                f"'{self.model_id}' (GET /v1/models lists it)",
+                param="model",
+                code="model_not_found",
+            )
+
+    def _model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.model_id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "snug",
+            "max_model_len": self.engine.context,
+        }
+
+    def _render(self, chat: ChatRequest) -> tuple[str, list[int]]:
+        text = self.tokenizer.apply_chat_template(
+            chat.messages, True, chat.enable_thinking, chat.tools
+        )
+        return text, self.tokenizer.encode(text)
+
+    def _start(
+        self, request: Request, ids: list[int], options: Options, splitter: ReplySplitter | None
+    ) -> Generation:
+        """Check the prompt and the reply's length against the context, then submit."""
+        context, prompt = self.engine.context, len(ids)
+        if prompt >= context:
+            raise bad(
+                f"the prompt has {prompt} tokens but the model's context is {context} tokens "
+                "(prompt and reply share it); shorten the prompt, or restart the server with "
+                "a larger --context",
+                "messages",
+                "context_length_exceeded",
+            )
+        room = context - prompt
+        if options.max_tokens is not None and options.max_tokens > room:
+            raise bad(
+                f"max_tokens = {options.max_tokens} but the context of {context} tokens leaves "
+                f"{room} after the prompt's {prompt}; ask for at most {room}",
+                "max_tokens",
+                "context_length_exceeded",
+            )
+        try:
+            params = options.params(options.max_tokens or room)
+            return Generation(
+                self.scheduler,
+                ids,
+                params,
+                options.stop,
+                splitter,
+                options.ignore_eos,
+                None if options.stream else request.is_disconnected,
+            )
+        except QueueFull as exc:
+            raise ApiError(503, str(exc), "server_overloaded", code="queue_full") from exc
+        except SnugError as exc:  # RequestRefused, a sampling setting out of range
+            raise bad(str(exc)) from exc
+
+    def _head(self, prefix: str, options: Options) -> dict[str, Any]:
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": options.model or self.model_id,
+        }
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _sse(events: AsyncIterator[str], gen: Generation) -> StreamingResponse:
+    # The background task runs however the response ends (a client gone before the first
+    # chunk included), so the request never outlives its response.
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+        background=BackgroundTask(gen.cancel),
+    )
+
+
+def _error_of(exc: Exception) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, QueueFull):
+        return ApiError(503, str(exc), "server_overloaded", code="queue_full")
+    if isinstance(exc, RequestRefused):
+        return bad(str(exc))
+    return ApiError(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    err = _error_of(exc)
+    headers = {"Retry-After": "1"} if err.status == 503 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"no route {request.method} {request.url.path}; see GET /v1/models"
+        err = ApiError(404, message, code="not_found")
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}"
+        err = ApiError(405, message, code="method_not_allowed")
+    else:
+        err = ApiError(exc.status_code, str(exc.detail))
+    return JSONResponse(err.body(), status_code=err.status)

@@ -1,0 +1,99 @@
+"""`snug serve`: load a model and serve it over the OpenAI API.
+
+    snug serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+               [--context N] [--streams N] [--queue N]
+
+It listens on 127.0.0.1 unless told otherwise; any other address needs --api-key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from engine.config import EngineSettings
+
+__all__ = ["add_serve_parser", "run_serve"]
+
+
+def _whole(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} must be at least {least}")
+    return value
+
+
+def _positive(text: str) -> int:
+    return _whole(text, 1)
+
+
+def _count(text: str) -> int:
+    return _whole(text, 0)
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `serve` on an argparse subparsers object."""
+    p = subparsers.add_parser("serve", help="serve a model over the OpenAI API (HTTP)")
+    p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="clients must send 'Authorization: Bearer KEY'; required with a --host other "
+        "than 127.0.0.1",
+    )
+    p.add_argument("--context", type=_positive, default=8192, help="tokens per stream")
+    p.add_argument("--streams", type=_positive, default=4, help="requests decoded together")
+    p.add_argument("--queue", type=_count, default=16, help="requests that may wait (0: none)")
+    p.add_argument("--max-rows", type=_positive, default=512, help="rows per forward pass")
+    p.add_argument("--prefill-chunk", type=_positive, default=None, help="prompt rows a step")
+    p.add_argument("--model-name", default=None, help="the id clients use (default: folder)")
+    p.add_argument(
+        "--backend",
+        choices=["auto", "cuda", "numpy"],
+        default=None,
+        help="default: auto (env SNUG_BACKEND)",
+    )
+    p.add_argument("--reserve-gib", type=float, default=None, help="memory left for others")
+    p.add_argument("--limit-gib", type=float, default=None, help="cap on what Snug holds")
+    return p
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from engine.scheduler import Scheduler
+    from engine.server.app import create_app
+    from engine.server.runner import check_bind, uvicorn_config
+    from engine.session import Engine
+
+    check_bind(args.host, args.api_key)  # before the (slow) load
+    settings = EngineSettings.from_env().with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
+    if args.backend:
+        settings = dataclasses.replace(settings, backend=args.backend)
+    engine = Engine.load(
+        args.model,
+        settings,
+        context=args.context,
+        streams=args.streams,
+        max_rows=args.max_rows,
+    )
+    import uvicorn
+
+    scheduler = Scheduler(engine, queue_size=args.queue, prefill_chunk=args.prefill_chunk)
+    app = create_app(scheduler.start(), model_id=args.model_name, api_key=args.api_key)
+    server = uvicorn.Server(uvicorn_config(app, args.host, args.port, log_level="info"))
+    sys.stderr.write(
+        f"snug: serving {app.state.server.model_id} on http://{args.host}:{args.port}/v1 "
+        f"({engine.backend_name}, context {engine.context}, {engine.streams} streams, "
+        f"queue {args.queue})\n"
+    )
+    try:
+        server.run()
+    finally:
+        scheduler.close()
+        engine.unload()
+    return 0

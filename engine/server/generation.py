@@ -1,0 +1,112 @@
+"""One request's generation as the HTTP side sees it: the scheduler's events, delivered from
+the engine thread into the event loop, cut at stop strings and split into pieces.
+
+The request is cancelled whenever the consumer stops early: a stop string found, the client
+gone (the streaming response is cancelled, or `disconnected()` says so), an error. The
+scheduler then frees its slot within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from engine.scheduler import NO_TOKEN, Request, Scheduler
+from engine.server.reply import Piece, ReplySplitter, StopFilter
+from engine.session import GenerationParams
+
+FINISH = {"stop": "stop", "length": "length"}  # engine reason -> API reason ("cancelled": stop)
+DISCONNECT_POLL_S = 0.25
+
+
+class Generation:
+    """Submit on construction (QueueFull / RequestRefused raise here, before any response
+    is sent); iterate `pieces()` once."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        stops: tuple[str, ...],
+        splitter: ReplySplitter | None = None,
+        ignore_eos: bool = False,
+        disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.stop = StopFilter(stops)
+        self.splitter = splitter
+        self.disconnected = disconnected
+        self.prompt_tokens = len(prompt_ids)
+        self.completion_tokens = 0
+        self.finish_reason = "stop"
+        self.request: Request = scheduler.submit(
+            prompt_ids, params, sink=self._sink, ignore_eos=ignore_eos
+        )
+
+    def _sink(self, item: Any) -> None:  # the engine thread
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def cancel(self) -> None:
+        self.request.cancel()
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """The reply's pieces as they become certain; raises the request's error if any."""
+        try:
+            async for text, final in self._texts():
+                kept = self.stop.feed(text)
+                if self.stop.hit or final:
+                    kept += "" if self.stop.hit else self.stop.flush()
+                for piece in self._split(kept, end=self.stop.hit or final):
+                    yield piece
+                if self.stop.hit:
+                    self.finish_reason = "stop"
+                    break
+            if self.splitter is not None and self.splitter.calls and self.finish_reason == "stop":
+                self.finish_reason = "tool_calls"
+        finally:
+            self.cancel()  # no-op once the request has ended
+
+    def _split(self, text: str, end: bool) -> list[Piece]:
+        if self.splitter is None:
+            return [Piece("content", text)] if text else []
+        pieces = self.splitter.feed(text) if text else []
+        return pieces + self.splitter.finish() if end else pieces
+
+    async def _texts(self) -> AsyncIterator[tuple[str, bool]]:
+        last_poll = time.monotonic()
+        while True:
+            if self.disconnected is not None:
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S)
+                except TimeoutError:
+                    item = None
+                if time.monotonic() - last_poll >= DISCONNECT_POLL_S:
+                    last_poll = time.monotonic()
+                    if await self.disconnected():
+                        self.finish_reason = "cancelled"
+                        return
+                if item is None:
+                    continue
+            else:
+                item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.token_id != NO_TOKEN:
+                self.completion_tokens += 1
+            if item.finished:
+                self.finish_reason = FINISH.get(item.finish_reason, "stop")
+            yield item.text, item.finished
+            if item.finished:
+                return

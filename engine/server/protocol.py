@@ -1,0 +1,299 @@
+"""Request bodies of the OpenAI API -> typed requests, with 4xx errors that name the field.
+
+Unknown fields are ignored (clients send many); a known field with the wrong type or out of
+range is refused with status 400 and `param` set to its name. Features this engine does not
+have (several choices, log probabilities, forced tool choice, JSON mode) are refused by name
+rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from engine.session import GenerationParams
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class ApiError(Exception):
+    """An error answered in the OpenAI shape: `{"error": {message, type, param, code}}`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = (
+            status,
+            message,
+            kind,
+            param,
+            code,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+# ----- typed field readers ---------------------------------------------------------------------
+_KINDS = {
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+def field(body: dict, name: str, kind: str, default: Any = None, where: str = "") -> Any:
+    """`body[name]` if it is of `kind` (JSON type name); `default` when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _KINDS[kind](value):
+        param = f"{where}{name}"
+        raise bad(f"'{param}' must be of type {kind}, got {json.dumps(value)[:60]}", param)
+    return value
+
+
+def in_range(name: str, value: Any, low: float, high: float, low_open: bool = False) -> Any:
+    if value is None:
+        return None
+    if value < low or value > high or (low_open and value == low):
+        left = "(" if low_open else "["
+        raise bad(f"'{name}' = {value} must be in {left}{low}, {high}]", name)
+    return value
+
+
+# ----- what chat and completions share --------------------------------------------------------
+@dataclass(frozen=True)
+class Options:
+    """Sampling and output options common to both endpoints (None: the engine's default)."""
+
+    model: str | None
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    presence_penalty: float | None
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+
+    def params(self, max_new_tokens: int) -> GenerationParams:
+        given = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
+            "seed": self.seed,
+        }
+        chosen = {k: v for k, v in given.items() if v is not None}
+        return GenerationParams(max_new_tokens=max_new_tokens, **chosen)
+
+
+def read_options(body: dict, max_tokens_default: int | None) -> Options:
+    for name in ("n", "best_of"):
+        if field(body, name, "integer", 1) != 1:
+            raise bad(f"'{name}' must be 1: this server returns one choice per request", name)
+    if field(body, "logprobs", "boolean", False) is True or body.get("top_logprobs"):
+        raise bad("log probabilities are not supported by this server", "logprobs")
+    max_tokens = field(body, "max_completion_tokens", "integer")
+    if max_tokens is None:
+        max_tokens = field(body, "max_tokens", "integer", max_tokens_default)
+    if max_tokens is not None and max_tokens < 1:
+        raise bad(f"'max_tokens' = {max_tokens} must be at least 1", "max_tokens")
+    top_k = field(body, "top_k", "integer")
+    if top_k is not None and top_k < -1:
+        raise bad(f"'top_k' = {top_k} must be -1 or 0 (off) or a positive count", "top_k")
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 16:
+        stops = tuple(stop)
+    else:
+        raise bad("'stop' must be a string or a list of at most 16 strings", "stop")
+    options = field(body, "stream_options", "object", {})
+    return Options(
+        model=field(body, "model", "string"),
+        max_tokens=max_tokens,
+        temperature=in_range("temperature", field(body, "temperature", "number"), 0, 2),
+        top_p=in_range("top_p", field(body, "top_p", "number"), 0, 1, low_open=True),
+        top_k=max(top_k, 0) if top_k is not None else None,
+        min_p=in_range("min_p", field(body, "min_p", "number"), 0, 0.999999),
+        presence_penalty=in_range(
+            "presence_penalty", field(body, "presence_penalty", "number"), -2, 2
+        ),
+        seed=in_range("seed", field(body, "seed", "integer"), 0, 2**63 - 1),
+        stop=tuple(s for s in stops if s),
+        stream=field(body, "stream", "boolean", False),
+        include_usage=field(options, "include_usage", "boolean", False, "stream_options."),
+        ignore_eos=field(body, "ignore_eos", "boolean", False),
+    )
+
+
+# ----- chat -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChatRequest:
+    options: Options
+    messages: list[dict[str, Any]]  # as the chat template reads them
+    tools: list[dict[str, Any]] | None
+    enable_thinking: bool | None
+
+
+def read_chat(body: dict) -> ChatRequest:
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad("'messages' must be a non-empty list of messages", "messages")
+    messages = [_message(m, i) for i, m in enumerate(raw)]
+    tools = field(body, "tools", "array")
+    if tools is not None:
+        tools = [_tool(t, i) for i, t in enumerate(tools)] or None
+    choice = body.get("tool_choice", "auto")
+    if choice == "none":
+        tools = None
+    elif choice not in ("auto", None):
+        raise bad(
+            "'tool_choice' may be 'auto' or 'none': this server does not force a tool call",
+            "tool_choice",
+        )
+    fmt = field(body, "response_format", "object", {})
+    if fmt.get("type", "text") != "text":
+        raise bad("'response_format' other than text is not supported", "response_format")
+    kwargs = field(body, "chat_template_kwargs", "object", {})
+    thinking = field(kwargs, "enable_thinking", "boolean", None, "chat_template_kwargs.")
+    return ChatRequest(read_options(body, None), messages, tools, thinking)
+
+
+def _message(message: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]."
+    if not isinstance(message, dict):
+        raise bad(f"'messages[{i}]' must be an object with 'role' and 'content'", f"messages[{i}]")
+    role = field(message, "role", "string", None, where)
+    if role not in ROLES:
+        raise bad(f"'{where}role' must be one of {', '.join(ROLES)}", f"{where}role")
+    out: dict[str, Any] = {
+        "role": "system" if role == "developer" else role,
+        "content": _content(message.get("content"), where),
+    }
+    if role == "assistant":
+        reasoning = message.get("reasoning_content", message.get("reasoning"))
+        if isinstance(reasoning, str) and reasoning:
+            out["reasoning_content"] = reasoning
+        calls = field(message, "tool_calls", "array", None, where)
+        if calls:
+            out["tool_calls"] = [
+                _history_call(c, f"{where}tool_calls[{j}].") for j, c in enumerate(calls)
+            ]
+    if role == "tool":
+        out["tool_call_id"] = field(message, "tool_call_id", "string", "", where)
+    name = field(message, "name", "string", None, where)
+    if name is not None:
+        out["name"] = name
+    return out
+
+
+def _content(content: Any, where: str) -> str:
+    """Text content: a string, or a list of text parts (joined). Images are refused."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise bad(f"'{where}content' must be a string or a list of parts", f"{where}content")
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise bad(
+                f"'{where}content' has a '{kind}' part: this server takes text parts only",
+                f"{where}content",
+            )
+        texts.append(field(part, "text", "string", "", f"{where}content."))
+    return "".join(texts)
+
+
+def _history_call(call: Any, where: str) -> dict[str, Any]:
+    """An earlier assistant tool call, with its arguments as a mapping (the template renders
+    each argument; clients send them as a JSON string)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad(f"'{where}function.name' must be a string", f"{where}function")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            parsed = None
+        args = parsed if isinstance(parsed, dict) else args
+    function = {"name": fn["name"], "arguments": args}
+    return {"id": call.get("id", ""), "type": "function", "function": function}
+
+
+def _tool(tool: Any, i: int) -> dict[str, Any]:
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        raise bad(f"'tools[{i}]' must be {{'type': 'function', 'function': ...}}", f"tools[{i}]")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise bad(f"'tools[{i}].function.name' must be a non-empty string", f"tools[{i}]")
+    if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+        raise bad(f"'tools[{i}].function.parameters' must be a JSON schema object", f"tools[{i}]")
+    return {"type": "function", "function": fn}
+
+
+def tool_schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Tool name -> its parameters' `properties` (to read a call's argument values)."""
+    out = {}
+    for tool in tools or ():
+        fn = tool["function"]
+        params = fn.get("parameters") or {}
+        out[fn["name"]] = params.get("properties") or {}
+    return out
+
+
+# ----- completions ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CompletionRequest:
+    options: Options
+    prompt: str | list[int]
+
+
+def read_completion(body: dict) -> CompletionRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    ints = isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    )
+    if not (isinstance(prompt, str) or ints) or not prompt:
+        raise bad(
+            "'prompt' must be a non-empty string or list of token ids (one prompt per request)",
+            "prompt",
+        )
+    if field(body, "echo", "boolean", False):
+        raise bad("'echo' is not supported by this server", "echo")
+    if body.get("suffix"):
+        raise bad("'suffix' is not supported by this server", "suffix")
+    return CompletionRequest(read_options(body, 16), prompt)

@@ -1,0 +1,91 @@
+"""uvicorn serving the app on a thread of its own (the app's server switch, tests, the
+benchmark), and the rule on where the server may listen."""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import time
+from typing import Any
+
+from engine.errors import SnugError
+
+
+class UnsafeBind(SnugError):
+    """Listening beyond this machine without an API key."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Refuse to listen on an address other machines can reach without an API key."""
+    if not is_loopback(host) and not api_key:
+        raise UnsafeBind(
+            f"--host {host} lets other machines reach the model; give a key with --api-key KEY "
+            "(clients then send 'Authorization: Bearer KEY'), or keep the default 127.0.0.1"
+        )
+
+
+def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -> Any:
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=3,
+    )
+
+
+class ServerThread:
+    """`start()` returns once the server listens (port 0: a free port, read back in
+    `port`); `stop()` ends it and waits for the thread."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.host = host
+        self.port = port
+        self._server = uvicorn.Server(uvicorn_config(app, host, port))
+        self._thread = threading.Thread(target=self._server.run, name="snug-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL (`.../v1`)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise SnugError(
+                    f"the server could not listen on {self.host}:{self.port} (is the port in "
+                    "use? choose another with --port)"
+                )
+            if time.monotonic() > deadline:
+                raise SnugError(f"the server did not start within {timeout:.0f} s")
+            time.sleep(0.01)
+        if self.port == 0:
+            self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and bool(self._server.started)

@@ -1,0 +1,171 @@
+"""Chat and text completions through the official `openai` client: streaming and not,
+usage, stop strings, thinking on and off."""
+
+import httpx
+
+from engine.session import GenerationParams
+
+USER = [{"role": "user", "content": "Hello"}]
+
+
+def answer(text: str) -> str:
+    """What the server returns of a reply's text as the answer (leading newlines and
+    trailing whitespace are dropped)."""
+    return text.lstrip("\n").rstrip()
+
+
+def test_models_and_health(served):
+    client = served.client()
+    models = client.models.list().data
+    assert [m.id for m in models] == [served.model]
+    assert models[0].model_extra["max_model_len"] == served.engine.context
+    health = httpx.get(f"{served.base}/health").json()
+    assert health["status"] == "ok" and health["streams"] == 2 and health["queue"] == 6
+
+
+def test_chat_equals_engine_generate_alone_with_usage(served, solo):
+    client = served.client()
+    expected = solo(USER, 24, thinking=False)
+    reply = client.chat.completions.create(
+        model=served.model,
+        messages=USER,
+        max_tokens=24,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    choice = reply.choices[0]
+    assert choice.message.content == answer(expected)
+    assert choice.finish_reason == "length"
+    assert "reasoning_content" not in (choice.message.model_extra or {})
+    prompt_tokens = len(solo.engine.chat_ids(USER, enable_thinking=False))
+    assert reply.usage.prompt_tokens == prompt_tokens
+    assert reply.usage.completion_tokens == 24
+    assert reply.usage.total_tokens == prompt_tokens + 24
+
+
+def test_streaming_gives_the_same_reply_and_usage_last(served, solo):
+    client = served.client()
+    expected = solo(USER, 24, thinking=False)
+    stream = client.chat.completions.create(
+        model=served.model,
+        messages=USER,
+        max_completion_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == answer(expected)
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == "length" and set(finals[:-1]) == {None}
+    assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 24
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_stop_strings_are_cut_from_the_output(served, solo):
+    client = served.client()
+    full = answer(solo(USER, 40, thinking=False))
+    stop = full[12:15]
+    cut = full[: full.index(stop)].rstrip()
+    thinking_off = {"chat_template_kwargs": {"enable_thinking": False}}
+    for stream in (False, True):
+        reply = client.chat.completions.create(
+            model=served.model,
+            messages=USER,
+            max_tokens=40,
+            temperature=0,
+            stop=["never appears", stop],
+            stream=stream,
+            extra_body=thinking_off,
+        )
+        if stream:
+            chunks = list(reply)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            text, reason = reply.choices[0].message.content, reply.choices[0].finish_reason
+        assert text == cut and stop not in text
+        assert reason == "stop"
+    served.wait_idle()  # the stopped requests were cancelled and left their slots
+
+
+def test_thinking_on_returns_the_reply_as_reasoning(served, solo):
+    """With thinking on (the template's default here) the reply starts inside <think>: the
+    tiny model never closes it, so all of it is reasoning, in both fields."""
+    client = served.client()
+    expected = solo(USER, 16)
+    reply = client.chat.completions.create(
+        model=served.model, messages=USER, max_tokens=16, temperature=0
+    )
+    extra = reply.choices[0].message.model_extra
+    assert extra["reasoning_content"] == extra["reasoning"] == answer(expected)
+    assert not reply.choices[0].message.content
+
+
+def test_thinking_is_split_from_the_answer(scripted):
+    client = scripted.client()
+    scripted.scheduler.say("Two plus two.\nIt is four.\n</think>\n\nFour.")
+    on = {"chat_template_kwargs": {"enable_thinking": True}}
+    reply = client.chat.completions.create(
+        model=scripted.model, messages=USER, max_tokens=50, extra_body=on
+    )
+    message = reply.choices[0].message
+    assert message.content == "Four."
+    assert message.model_extra["reasoning_content"] == "Two plus two.\nIt is four."
+    assert message.model_extra["reasoning"] == "Two plus two.\nIt is four."
+    assert reply.choices[0].finish_reason == "stop"
+    stream = client.chat.completions.create(
+        model=scripted.model, messages=USER, max_tokens=50, extra_body=on, stream=True
+    )
+    reasoning, content = "", ""
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        content += delta.content or ""
+    assert (reasoning, content) == ("Two plus two.\nIt is four.", "Four.")
+    # Thinking off: the prompt closes the block, so the same text is all answer.
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    scripted.scheduler.say("Just the answer.")
+    reply = client.chat.completions.create(
+        model=scripted.model, messages=USER, max_tokens=50, extra_body=off
+    )
+    assert reply.choices[0].message.content == "Just the answer."
+    assert "reasoning_content" not in (reply.choices[0].message.model_extra or {})
+    prompt = scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
+    assert prompt.endswith("<think>\n\n</think>\n\n")
+
+
+def test_completions_take_text_or_token_ids(served, solo):
+    client = served.client()
+    ids = solo.engine.tokenizer.encode("The quick brown fox")
+    params = GenerationParams(max_new_tokens=10, greedy=True)
+    expected = "".join(e.text for e in solo.engine.generate(ids, params))
+    by_text = client.completions.create(
+        model=served.model, prompt="The quick brown fox", max_tokens=10, temperature=0
+    )
+    by_ids = client.completions.create(model=served.model, prompt=ids, max_tokens=10, temperature=0)
+    assert by_text.choices[0].text == by_ids.choices[0].text == expected
+    assert by_ids.usage.prompt_tokens == len(ids) and by_ids.usage.completion_tokens == 10
+    stream = client.completions.create(
+        model=served.model,
+        prompt=ids,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+    assert chunks[-1].usage.total_tokens == len(ids) + 10
+
+
+def test_seeded_sampling_repeats_itself(served):
+    client = served.client()
+    kwargs = dict(model=served.model, messages=USER, max_tokens=12, temperature=0.9, seed=5)
+    kwargs["extra_body"] = {"top_k": 50, "min_p": 0.01, "chat_template_kwargs": {}}
+    first = client.chat.completions.create(**kwargs).choices[0].message
+    again = client.chat.completions.create(**kwargs).choices[0].message
+    assert first.model_extra.get("reasoning") == again.model_extra.get("reasoning")

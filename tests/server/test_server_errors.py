@@ -1,0 +1,189 @@
+"""Bad requests get a 4xx in OpenAI's error shape, with a message, while a stream that is
+running goes on undisturbed; the server refuses to listen on the network without a key."""
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from engine.cli import main as cli_main
+
+KEY_HEADER = {"Authorization": "Bearer test-key"}
+USER = [{"role": "user", "content": "Hello"}]
+OFF = {"enable_thinking": False}
+
+
+def chat(**fields):
+    return {"model": "tiny-tools", "messages": USER, **fields}
+
+
+# (method, path, body (dict, or raw bytes), status, param, code, words in the message)
+CASES = [
+    ("POST", "/chat/completions", b"{not json", 400, None, "invalid_json", "not valid JSON"),
+    ("POST", "/chat/completions", b"[1, 2]", 400, None, "invalid_json", "JSON object"),
+    ("POST", "/chat/completions", chat(temperature="hot"), 400, "temperature", None, "number"),
+    ("POST", "/chat/completions", chat(max_tokens="10"), 400, "max_tokens", None, "integer"),
+    ("POST", "/chat/completions", chat(max_tokens=0), 400, "max_tokens", None, "at least 1"),
+    ("POST", "/chat/completions", chat(stream="yes"), 400, "stream", None, "boolean"),
+    ("POST", "/chat/completions", chat(stop=5), 400, "stop", None, "string"),
+    ("POST", "/chat/completions", b"[" * 50000 + b"]" * 50000, 400, None, "invalid_json", "JSON"),
+    ("POST", "/chat/completions", chat(top_p=0), 400, "top_p", None, "(0, 1]"),
+    ("POST", "/chat/completions", chat(seed=-1), 400, "seed", None, "must be in"),
+    ("POST", "/chat/completions", chat(n=2), 400, "n", None, "one choice"),
+    ("POST", "/chat/completions", chat(logprobs=True), 400, "logprobs", None, "not supported"),
+    ("POST", "/chat/completions", chat(tool_choice="required"), 400, "tool_choice", None, "auto"),
+    ("POST", "/chat/completions", {"model": "tiny-tools"}, 400, "messages", None, "non-empty"),
+    (
+        "POST",
+        "/chat/completions",
+        chat(messages=[{"role": "robot", "content": "hi"}]),
+        400,
+        "messages[0].role",
+        None,
+        "one of",
+    ),
+    (
+        "POST",
+        "/chat/completions",
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+        400,
+        "messages[0].content",
+        None,
+        "text parts only",
+    ),
+    (
+        "POST",
+        "/chat/completions",
+        chat(chat_template_kwargs={"enable_thinking": "no"}),
+        400,
+        "chat_template_kwargs.enable_thinking",
+        None,
+        "boolean",
+    ),
+    (
+        "POST",
+        "/chat/completions",
+        chat(messages=[{"role": "user", "content": "word " * 2000}]),
+        400,
+        "messages",
+        "context_length_exceeded",
+        "context is 1024",
+    ),
+    (
+        "POST",
+        "/chat/completions",
+        chat(max_tokens=5000),
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+        "ask for at most",
+    ),
+    ("POST", "/chat/completions", chat(model="gpt-4o"), 404, "model", "model_not_found", "gpt-4o"),
+    ("POST", "/completions", {"prompt": [1, 99999]}, 400, "prompt", None, "vocabulary"),
+    ("POST", "/completions", {"prompt": ""}, 400, "prompt", None, "non-empty"),
+    ("POST", "/completions", {"prompt": "hi", "echo": True}, 400, "echo", None, "not supported"),
+    ("POST", "/embeddings", {"input": "hi"}, 404, None, "not_found", "no route"),
+    ("GET", "/chat/completions", None, 405, None, "method_not_allowed", "not allowed"),
+    ("GET", "/models/other", None, 404, "model", "model_not_found", "other"),
+]
+
+
+def test_bad_requests_get_4xx_and_a_running_stream_goes_on(served, solo):
+    expected = solo(USER, 40, thinking=False).lstrip("\n").rstrip()
+    got: list[str] = []
+
+    def running_stream() -> None:
+        stream = served.client().chat.completions.create(
+            model=served.model,
+            messages=USER,
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            extra_body={"chat_template_kwargs": OFF},
+        )
+        got.append("".join(c.choices[0].delta.content or "" for c in stream))
+
+    thread = threading.Thread(target=running_stream)
+    thread.start()
+    with httpx.Client(base_url=served.url, headers=KEY_HEADER, timeout=30) as http:
+        for method, path, body, status, param, code, words in CASES:
+            if isinstance(body, bytes):
+                response = http.request(method, path, content=body)
+            else:
+                response = http.request(method, path, json=body)
+            assert response.status_code == status, (path, body, response.text)
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert words in error["message"], (words, error)
+            assert error["param"] == param and error["code"] == code, error
+    thread.join(60)
+    assert got == [expected]
+
+
+def test_body_size_and_keys(served):
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        big = http.post(
+            "/chat/completions",
+            headers=KEY_HEADER,
+            content=b'{"messages": "' + b"x" * (5 << 20) + b'"}',
+        )
+        assert big.status_code == 413 and "larger than 4194304 bytes" in big.text
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"}):
+            response = http.get("/models", headers=headers)
+            assert response.status_code == 401
+            assert response.json()["error"]["code"] == "invalid_api_key"
+            assert "--api-key" in response.json()["error"]["message"]
+        assert http.get(f"{served.base}/health").status_code == 200  # no key needed
+    with pytest.raises(openai.AuthenticationError):
+        served.client(key="wrong").models.list()
+    with pytest.raises(openai.NotFoundError, match="is not loaded here"):
+        served.client().chat.completions.create(model="nope", messages=USER)
+
+
+def test_serve_refuses_the_network_without_a_key(tiny_checkpoint, capsys):
+    model = tiny_checkpoint("tied-l4-r1", "hf-fp32")
+    assert cli_main(["serve", "--model", str(model), "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "UnsafeBind" in err and "--api-key" in err and "0.0.0.0" in err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_snug_serve_runs_as_a_command(tiny_checkpoint):
+    model = tiny_checkpoint("tied-l4-r1", "hf-fp32")
+    port = free_port()
+    args = ["serve", "--model", str(model), "--port", str(port), "--backend", "numpy"]
+    args += ["--context", "512", "--streams", "1", "--queue", "0"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None, process.stdout.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        reply = client.completions.create(model=model.name, prompt="Hello", max_tokens=4)
+        assert reply.usage.completion_tokens == 4
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
+    assert f"serving {model.name} on http://127.0.0.1:{port}/v1" in output

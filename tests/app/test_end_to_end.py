@@ -80,3 +80,51 @@ def test_environment_engine_settings_reach_the_engine_on_load(
     got = received[0]
     assert (got.compute_dtype, got.overlap_launches) == ("float32", False)
     assert (got.backend, got.reserve_bytes) == ("numpy", 1 << 28)  # the app's own fields
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_server_setting_serves_the_loaded_model(qtbot, make_window, tiny):
+    """Settings > Local server on, then Load: the model is served on this machine and the
+    window says where; a client's completion and the chat share the model."""
+    import openai
+
+    window = make_window()
+    s = window.ctx.settings
+    s.set("engine/backend", "numpy")
+    s.set("engine/context", 256)
+    s.set("engine/streams", 2)
+    s.set("server/enabled", True)
+    s.set("server/port", _free_port())
+    window.choose(Entry("folder:tiny", "tiny", "", 0, "folder", local_dir=str(tiny)))
+    with qtbot.waitSignal(window.ctx.server.url_changed, timeout=30000) as url:
+        window.load.load_button.click()
+    assert url.args[0].startswith("http://127.0.0.1:")
+    assert url.args[0] in window.settings.server_status.text()
+    client = openai.OpenAI(base_url=url.args[0], api_key="none", max_retries=0)
+    reply = client.completions.create(model=tiny.name, prompt="Hi", max_tokens=3)
+    assert reply.usage.completion_tokens == 3
+    with qtbot.waitSignal(window.ctx.server.state_changed, timeout=10000) as state:
+        window.ctx.engine.unload()
+    assert state.args == ["stopped"]
+
+
+def test_without_the_server_setting_the_chat_keeps_the_engine(qtbot, make_window, tiny):
+    """Off (the default): the chat runs the Engine's own reply loop, and nothing listens."""
+    from engine.session import Engine
+
+    window = make_window()
+    s = window.ctx.settings
+    s.set("engine/backend", "numpy")
+    s.set("engine/context", 256)
+    window.choose(Entry("folder:tiny", "tiny", "", 0, "folder", local_dir=str(tiny)))
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=20000):
+        window.load.load_button.click()
+    assert isinstance(window.ctx.engine._worker._engine, Engine)
+    assert not window.ctx.server.running

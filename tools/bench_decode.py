@@ -158,20 +158,20 @@ def gemv_time(be, weights: dict) -> tuple[float, int]:
         if isinstance(w, QWeight | DWeight)
         and (n != "embed_tokens" or be.config.tie_word_embeddings)
     ]
-    xs = {w.shape[1]: cupy.zeros((1, w.shape[1]), be.ops.act_dtype) for w in mats}
-    outs = [cupy.empty((1, w.shape[0]), be.ops.act_dtype) for w in mats]
+    xs = {w.shape[1]: cupy.zeros((1, w.shape[1]), be.kernels.act_dtype) for w in mats}
+    outs = [cupy.empty((1, w.shape[0]), be.kernels.act_dtype) for w in mats]
     for w, o in zip(mats, outs, strict=True):
-        be.ops.gemv(xs[w.shape[1]], w, o)
+        be.projections.gemv(xs[w.shape[1]], w, o)
     be.stream.synchronize()
-    be.ops.graphing = True  # launched as in a decode graph (overlapped where the GPU can)
+    be.kernels.graphing = True  # launched as in a decode graph (overlapped where the GPU can)
     try:
         with on_stream(be.stream):
             be.stream.begin_capture()
             for w, o in zip(mats, outs, strict=True):
-                be.ops.gemv(xs[w.shape[1]], w, o)
+                be.projections.gemv(xs[w.shape[1]], w, o)
             graph = be.stream.end_capture()
     finally:
-        be.ops.graphing = False
+        be.kernels.graphing = False
     graph.launch(be.stream)
     be.stream.synchronize()
     t = time.perf_counter()
@@ -248,7 +248,7 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     sync()
     dt = (time.perf_counter() - t) / (n - 1)
     res["decode_tok_s"] = 1.0 / dt
-    res["overlap_launches"] = be.ops.pdl
+    res["overlap_launches"] = be.kernels.pdl
     res["decode_tok_s_sampled"] = sampled_rate(model, be, graphs, n)
     # The app's defaults add a presence penalty of 1.5 (a bitmap of the reply on the device).
     res["decode_tok_s_sampled_penalty"] = sampled_rate(model, be, graphs, n, 1.5)
@@ -256,18 +256,18 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     res["decode_tok_s_app_greedy"] = pipelined_rate(model, be, n, sampled=False)
     res["decode_tok_s_app_defaults"] = pipelined_rate(model, be, n, sampled=True)
 
-    if be.ops.pdl:  # the same step with plain launches, for what the overlap gains
-        be.ops.pdl = False
+    if be.kernels.pdl:  # the same step with plain launches, for what the overlap gains
+        be.kernels.pdl = False
         res["decode_tok_s_plain_launches"] = decode_rate(model, be, graphs, n)
-        be.ops.pdl = True
-    # The same step with its projections re-chosen by the step's own time (what warm-up
-    # does with Ops.tune_in_step), then the per-shape choices back.
-    chosen = dict(be.ops.gemv_choice)
+        be.kernels.pdl = True
+    # The same step with its projections re-chosen by the step's own time (what an eager
+    # load's warm-up does), then the per-shape choices back.
+    chosen = dict(be.projections.tuner.choice)
     t = time.perf_counter()
     graphs.tune(1)
     res["step_tune_s"] = time.perf_counter() - t
     res["decode_tok_s_step_tuned"] = decode_rate(model, be, graphs, n)
-    res["step_tuned_choice"] = {str(k): list(v) for k, v in be.ops.gemv_choice.items()}
+    res["step_tuned_choice"] = {str(k): list(v) for k, v in be.projections.tuner.choice.items()}
     # The app's reply loop with those choices: what a chat on a large card runs.
     res["decode_tok_s_app_greedy_tuned"] = pipelined_rate(model, be, n, sampled=False)
     res["decode_tok_s_app_defaults_tuned"] = pipelined_rate(model, be, n, sampled=True)
@@ -276,9 +276,10 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
         graphs.tune(1, keep=None, passes=2, gain=0.002)
         res["step_search_s"] = time.perf_counter() - t
         res["decode_tok_s_step_searched"] = decode_rate(model, be, graphs, n)
-        res["step_searched_choice"] = {str(k): list(v) for k, v in be.ops.gemv_choice.items()}
-    be.ops.gemv_choice.clear()
-    be.ops.gemv_choice.update(chosen)
+        choice = be.projections.tuner.choice
+        res["step_searched_choice"] = {str(k): list(v) for k, v in choice.items()}
+    be.projections.tuner.choice.clear()
+    be.projections.tuner.choice.update(chosen)
     graphs.teardown()
     graphs.capture(1)
     nbytes = decode_bytes(weights, ck.config, PROMPT + n // 2)
@@ -288,7 +289,7 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     res["gemv_ms"] = t_gemv * 1e3
     res["gemv_gb_s"] = gemv_bytes / t_gemv / 1e9
     res["step_ms"] = dt * 1e3
-    res["gemv_choice"] = {str(k): v for k, v in be.ops.gemv_choice.items() if k[1] == 1}
+    res["gemv_choice"] = {str(k): v for k, v in be.projections.tuner.choice.items() if k[1] == 1}
     # Eager decode (no graph) for the launch-overhead comparison.
     be.reset_slot(0)
     prefill(model, be, 64)
@@ -453,7 +454,7 @@ def serve(args, meta: dict) -> None:
                 "ttft_s": round(stats.ttft_s, 3),
                 "prefill_tok_s": round(stats.prefill_tok_s),
                 "decode_tok_s": round(stats.decode_tok_s, 1),
-                "scratch_rows": be.mem_scratch.capacity_rows,
+                "scratch_rows": be.frame.mem_scratch.capacity_rows,
             }
         )
         print(json.dumps(rows[-1]), flush=True)

@@ -20,9 +20,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from engine.backends.cuda.gemv import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS, best_replay_s
-from engine.backends.cuda.launch import on_stream
-from engine.backends.cuda.ops import Ops
+from engine.backends.cuda.launch import Kernels, l2_bytes, on_stream
+from engine.backends.cuda.projection_tuning import best_replay_s
+from engine.backends.cuda.projections import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS, Projections
 from engine.backends.cuda.weights import QWeight
 from engine.bf16 import from_bf16, to_bf16
 
@@ -42,20 +42,19 @@ SHAPES = [
     ("gate/up swiglu M=4", 9216, 2560, True, 4, 0),
     ("down M=8", 2560, 9216, False, 8, 0),
 ]
-L2_BYTES = 60e6
 STREAM_BYTES = 400e6  # bytes of distinct weight copies to rotate through
 
 
-def to_act(ops: Ops, x):
+def to_act(ops: Projections, x):
     """float32 cupy array -> the activation storage type (bf16 as uint16 bits)."""
     import cupy
 
     if ops.dtype == "bfloat16":
         return to_bf16(x, cupy)
-    return x.astype(ops.act_dtype)
+    return x.astype(ops.k.act_dtype)
 
 
-def from_act(ops: Ops, a):
+def from_act(ops: Projections, a):
     import cupy
 
     if ops.dtype == "bfloat16":
@@ -63,7 +62,9 @@ def from_act(ops: Ops, a):
     return a.astype(cupy.float32)
 
 
-def make_weight(ops: Ops, out: int, cols: int, seed: int, blocked: bool | None = None) -> QWeight:
+def make_weight(
+    ops: Projections, out: int, cols: int, seed: int, blocked: bool | None = None
+) -> QWeight:
     """Random codes, scales and biases, in 8-row blocks where the loader would store them
     (blocked None) or as asked; the same seed gives the same values in either order."""
     import cupy
@@ -92,13 +93,13 @@ def copy_weight(w: QWeight) -> QWeight:
     return QWeight(*parts, 4, 64, w.shape, blocked=w.blocked)
 
 
-def reference(ops: Ops, x32, w: QWeight, up: QWeight | None):
+def reference(ops: Projections, x32, w: QWeight, up: QWeight | None):
     """float32 x @ dequant(w).T (silu(.) * x @ dequant(up).T for SwiGLU), in row chunks."""
     import cupy
 
     def one(q: QWeight):
         if q.blocked:  # the device's own dequantization reads the blocks (half-rounded weights)
-            dense = cupy.empty(q.shape, ops.act_dtype)
+            dense = cupy.empty(q.shape, ops.k.act_dtype)
             ops.dequant(q, dense)
             return x32 @ from_act(ops, dense).T
         out = cupy.empty((x32.shape[0], q.shape[0]), cupy.float32)
@@ -119,7 +120,7 @@ def reference(ops: Ops, x32, w: QWeight, up: QWeight | None):
     return y
 
 
-def time_variant(ops: Ops, choice, x, ws, out, ups) -> float:
+def time_variant(ops: Projections, choice, x, ws, out, ups) -> float:
     """Seconds per launch: a graph of back-to-back launches over the weight copies."""
     import cupy
 
@@ -140,14 +141,14 @@ def time_variant(ops: Ops, choice, x, ws, out, ups) -> float:
     return best / (per * len(ws))
 
 
-def kernel_regs(ops: Ops, choice, R: int, swiglu: bool) -> int:
+def kernel_regs(ops: Projections, choice, R: int, swiglu: bool) -> int:
     if choice[0] != "mma":
         return -1
-    fn = ops._gemv4_fn(R, swiglu, tuple(choice[1:]))
+    fn = ops.gemv4_kernel(R, swiglu, tuple(choice[1:]))
     return int(fn.num_regs)
 
 
-def bench_shape(ops: Ops, spec, seed: int) -> dict:
+def bench_shape(ops: Projections, spec, seed: int) -> dict:
     import cupy
 
     name, n_out, cols, swiglu, R, uses = spec
@@ -156,7 +157,7 @@ def bench_shape(ops: Ops, spec, seed: int) -> dict:
     x32 = cupy.random.RandomState(seed + 7).standard_normal((R, cols)).astype(cupy.float32)
     x = to_act(ops, x32)
     x32 = from_act(ops, x)
-    out = cupy.zeros((R, n_out), ops.act_dtype)
+    out = cupy.zeros((R, n_out), ops.k.act_dtype)
     ref = reference(ops, x32, w, up)
     wbytes = w.nbytes * (2 if swiglu else 1)
     nbytes = wbytes + x.nbytes + out.nbytes
@@ -194,7 +195,7 @@ def bench_shape(ops: Ops, spec, seed: int) -> dict:
                 regs=kernel_regs(ops, choice, R, swiglu),
             )
         )
-    tuned = ops._tune_gemv(("bench", R, n_out, cols, swiglu), x, w, out, up)
+    tuned = ops.choose(("bench", R, n_out, cols, swiglu), x, w, out, up)
     del orders, ws, ups
     cupy.get_default_memory_pool().free_all_blocks()
     old = min((r for r in rows if r["variant"][0] == "old"), key=lambda r: r["us"])
@@ -209,7 +210,7 @@ def bench_shape(ops: Ops, spec, seed: int) -> dict:
         uses_per_step=uses,
         bytes=nbytes,
         copies=copies,
-        l2_resident=copies * wbytes < 2 * L2_BYTES,
+        l2_resident=copies * wbytes < 2 * l2_bytes(),
         old=old,
         new=new_best,
         tuned=next(r for r in rows if r["variant"] == list(tuned)),
@@ -221,7 +222,7 @@ def half_check() -> dict:
     """fp16 activations through the tensor-core kernel (correctness only)."""
     import cupy
 
-    ops = Ops("float16")
+    ops = Projections(Kernels("float16"))
     res = {}
     cases = [(4096, 2560, 1, False), (1000, 9216, 3, False), (520, 2560, 2, True)]
     for n_out, cols, R, sw in cases:
@@ -256,7 +257,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "commit": got.stdout.strip() or "unknown",
     }
-    ops = Ops("bfloat16")
+    ops = Projections(Kernels("bfloat16"))
     only = {s for s in args.only.split(",") if s}
     results = []
     for i, spec in enumerate(SHAPES):

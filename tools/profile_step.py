@@ -306,14 +306,12 @@ RECORDS = 1 << 16  # SNUG_STAMP_RECORDS in stamps.cuh
 FIELDS = ("entry", "release", "stage", "first", "finish", "tail", "span")
 
 
-def _stamp_views(ops) -> list[tuple]:
+def _stamp_views(projections) -> list[tuple]:
     """(record array, counter) device views of every compiled gemv4 module."""
     import cupy
 
     out = []
-    for key, mod in ops._gemv4_mods.items():
-        if not isinstance(key, tuple):  # symbol -> kernel entries
-            continue
+    for mod in projections.gemv4_modules:
         recs = mod.get_global("snug_stamps")
         n = mod.get_global("snug_nstamps")
         out.append(
@@ -374,13 +372,13 @@ def stamp_phases(ks: list[dict]) -> dict[str, dict[str, list]]:
 
 def stamps(args) -> None:
     """The --stamps mode: replay the captured step, print the table, write stamps.json."""
-    from engine.backends.cuda.gemv import GemvMixin
+    from engine.backends.cuda.projections import Projections
 
-    GemvMixin.gemv4_defines = ("SNUG_STAMPS",)
+    Projections.gemv4_defines = ("SNUG_STAMPS",)
     replays = max(1, args.graph or 10)
     be, model, ids = prepared_step(args.shape, args.format, args.prompt, args.workdir, replays)
     graphs = captured_step(be, model, ids, args.tuned)
-    views = _stamp_views(be.ops)
+    views = _stamp_views(be.projections)
     agg: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     steps = []
     for _ in range(replays):

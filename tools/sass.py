@@ -3,7 +3,7 @@
 Decode kernels here are bound by latency: a load whose result is used before the next load
 is issued costs a whole round trip to memory. The order the compiler actually emits shows
 that, and this prints it: NVRTC compiles `engine/backends/cuda/kernels/<file>` (its headers
-inlined, as `modules._source` hands it to CuPy) for an architecture, and `cuobjdump -sass`
+inlined, as `modules.source` hands it to CuPy) for an architecture, and `cuobjdump -sass`
 disassembles the cubin. With --summary only the instructions that matter for latency are
 kept (global loads and stores, atomics, barriers, fences, the wait for the previous kernel:
 ACQBULK). Needs the NVRTC library and cuobjdump/nvdisasm, none of which the app uses:
@@ -24,7 +24,7 @@ import subprocess
 import sysconfig
 import tempfile
 
-from engine.backends.cuda.modules import ACT_KINDS, _source
+from engine.backends.cuda.modules import ACT_KINDS, source
 
 KEEP = re.compile(r"Function :|LDG|STG|LDGSTS|ATOM|RED\.|BAR|MEMBAR|FENCE|ACQBULK|PREEXIT|UCGABAR")
 
@@ -42,7 +42,7 @@ def compile_cubin(file: str, names: list[str], act: str, arch: str) -> bytes:
         raise SystemExit("no NVRTC library: pip install nvidia-cuda-nvrtc-cu12")
     nv = ctypes.CDLL(lib)
     prog = ctypes.c_void_p()
-    src = _source(file).encode()
+    src = source(file).encode()
     if nv.nvrtcCreateProgram(ctypes.byref(prog), src, file.encode(), 0, None, None):
         raise SystemExit("nvrtcCreateProgram failed")
     for name in names:

@@ -37,13 +37,13 @@ def module_keys(dtypes, rows) -> list[tuple[str, int, bool, int]]:
 
 def _compile(job: tuple) -> tuple:
     key, defines = job
-    from engine.backends.cuda.gemv import GEMV4_VARIANTS, GemvMixin
-    from engine.backends.cuda.ops import Ops
+    from engine.backends.cuda.launch import Kernels
+    from engine.backends.cuda.projections import GEMV4_VARIANTS, Projections
 
-    GemvMixin.gemv4_defines = defines
+    Projections.gemv4_defines = defines
     dtype, rows, swiglu, kind = key
     t = time.perf_counter()
-    Ops(dtype)._gemv4_fn(rows, swiglu, GEMV4_VARIANTS[0], kind)
+    Projections(Kernels(dtype)).gemv4_kernel(rows, swiglu, GEMV4_VARIANTS[0], kind)
     return key, time.perf_counter() - t
 
 

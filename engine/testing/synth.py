@@ -50,6 +50,9 @@ SHAPES = {
 }
 
 
+_TINY_EOS = 400  # engine.testing.tiny.special_token_ids()["<|endoftext|>"]
+
+
 def text_config(shape: dict) -> dict:
     n = shape["num_hidden_layers"]
     return dict(
@@ -74,7 +77,9 @@ def text_config(shape: dict) -> dict:
         hidden_act="silu",
         attention_bias=False,
         attn_output_gate=True,
-        eos_token_id=248044,
+        # Qwen3.5's <|im_end|>; a vocabulary too small to hold it takes the small test
+        # tokenizer's end-of-text id (engine.testing.tiny), as its checkpoints do.
+        eos_token_id=248044 if shape["vocab_size"] > 248044 else _TINY_EOS,
         dtype="bfloat16",
     )
 

@@ -39,12 +39,13 @@ def test_eager_load_captures_before_the_first_request(model_dir):
     engine = Engine.load(model_dir, cuda(), context=1024, streams=2, max_rows=256)
     be = engine.backend
     assert engine.decision.eager and engine.backend_name == "cuda"
-    assert be.mem_scratch.capacity_rows == 256  # whole scratch at warm-up (invariant 4)
+    fr = be.frame
+    assert fr.mem_scratch.capacity_rows == 256  # whole scratch at warm-up (invariant 4)
     assert set(be.graphs.graphs) == {1, 2}  # every batch size captured before a request
-    scratch_block = be.mem_scratch.block
+    scratch_block = fr.mem_scratch.block
     out = tokens(engine, prompt(300))
-    assert be.mem_scratch.block is scratch_block and set(be.graphs.graphs) == {1, 2}
-    used, regions = be.scratch.used, be.mem_scratch.layout.regions
+    assert fr.mem_scratch.block is scratch_block and set(be.graphs.graphs) == {1, 2}
+    used, regions = fr.scratch.used, fr.mem_scratch.layout.regions
     print(f"\n[scratch] used {used} of regions {regions}")
     assert all(used[r] <= regions[r][1] for r in used)
     engine.unload()
@@ -60,9 +61,9 @@ def test_cuda_fp32_engine_matches_numpy_engine(model_dir):
     assert tokens(eager, ids) == want
     eager.unload()
     lazy = Engine.load(model_dir, cuda(), context=1024, max_rows=256, eager=False)
-    assert lazy.backend.mem_scratch.capacity_rows == 64
+    assert lazy.backend.frame.mem_scratch.capacity_rows == 64
     assert tokens(lazy, ids) == want
-    assert lazy.backend.mem_scratch.capacity_rows == 256  # grew for the 200-row window
+    assert lazy.backend.frame.mem_scratch.capacity_rows == 256  # grew for the 200-row window
     # Resumed from the prompt cache equals fresh.
     follow = ids + want + prompt(7, seed=2)
     assert lazy.prompt_cache.lookup(follow) is not None
@@ -130,16 +131,14 @@ def test_pipelined_replies_equal_waiting_ones_on_the_gpu(model_dir, monkeypatch)
 
 
 def test_warm_up_can_tune_the_step_by_its_own_time(model_dir, monkeypatch):
-    """With Ops.tune_in_step, an eager load re-chooses the one-row step's projections in
-    the captured graph (DecodeGraphs.tune) and leaves the slots as it found them: the graphs
-    are there, and two identical requests get the same reply. A second load of the same
-    shapes keeps the choices (the same request then gets the same tokens)."""
-    import engine.backends.cuda.gemv as gemv_mod
+    """An eager load re-chooses the one-row step's projections in the captured graph
+    (DecodeGraphs.tune) and leaves the slots as it found them: the graphs are there, and two
+    identical requests get the same reply. A second load of the same shapes keeps the
+    choices (the same request then gets the same tokens)."""
     import engine.backends.cuda.graphs as graphs_mod
-    from engine.backends.cuda.ops import Ops
+    import engine.backends.cuda.projection_tuning as tuning_mod
 
-    monkeypatch.setattr(Ops, "tune_in_step", True)
-    monkeypatch.setitem(gemv_mod._STEP_TUNED, "bfloat16", set())  # as in a fresh process
+    monkeypatch.setitem(tuning_mod._STEP_TUNED, "bfloat16", set())  # as in a fresh process
     monkeypatch.setattr(graphs_mod, "TUNE_MAX_STEP_S", 1.0)  # the tiny model's step qualifies
     tuned = []
     tune = graphs_mod.DecodeGraphs.tune
@@ -174,12 +173,12 @@ def test_failed_grow_refuses_only_that_request(model_dir):
     be = engine.backend
     short = prompt(20, seed=3)
     want = tokens(engine, short)
-    capacity, block = be.mem_scratch.capacity_rows, be.mem_scratch.block
+    capacity, block = be.frame.mem_scratch.capacity_rows, be.frame.mem_scratch.block
     be.pool.limit = be.pool.held_bytes + 1024  # no room left to grow anything
     with pytest.raises((ScratchGrowFailed, WorkspaceGrowFailed)) as info:
         tokens(engine, prompt(400, seed=4))
     print(f"\n[refused] {type(info.value).__name__}: {info.value}")
-    assert be.mem_scratch.capacity_rows == capacity and be.mem_scratch.block is block
+    assert be.frame.mem_scratch.capacity_rows == capacity and be.frame.mem_scratch.block is block
     engine.prompt_cache.clear()
     assert tokens(engine, short) == want  # the engine and its buffers go on
     engine.unload()
@@ -204,7 +203,7 @@ def test_host_embeddings_give_the_same_tokens(tmp_path, monkeypatch):
     """Invariant 7: an untied table the card has no room for stays in host memory."""
     import dataclasses
 
-    import engine.device_plan as device_plan
+    import engine.session as session
     from engine.testing.synth import SHAPES, write_checkpoint
     from engine.testing.tiny import write_tokenizer
 
@@ -217,14 +216,14 @@ def test_host_embeddings_give_the_same_tokens(tmp_path, monkeypatch):
     want = tokens(on_card, ids)
     card_weights = on_card.backend.pool.held_by_category()["weights"]
     on_card.unload()
-    admit = device_plan.admit_on_device
+    admit = session.admit_load
 
     def host_embeddings(*args, **kwargs):
         return dataclasses.replace(admit(*args, **kwargs), host_embeddings=True)
 
-    monkeypatch.setattr(device_plan, "admit_on_device", host_embeddings)
+    monkeypatch.setattr(session, "admit_load", host_embeddings)
     on_host = Engine.load(path, cuda(), context=512, max_rows=64)
-    assert on_host.backend.host_table is not None
+    assert on_host.backend.state.host_table is not None
     assert on_host.backend.pool.held_by_category()["weights"] < card_weights
     assert tokens(on_host, ids) == want  # prefill windows and graph-replayed steps
     on_host.unload()

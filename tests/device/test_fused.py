@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 
 from engine.backends.base import Batch
+from engine.backends.cuda.projections import Pro, Prologue
+from engine.backends.cuda.tuning import Tuning
 from engine.backends.numpy_backend import silu
 from tests.device.test_forward import PROMPT, _cuda, _model
 from tests.device.test_kernels import TOL, _backend, _quant_weight, _rel, _round, _up
 
 HALF = ["bfloat16", "float16"]
+ADD_NORM, GATED_NORM = Prologue.ADD_NORM, Prologue.GATED_NORM
 
 
 def _norm_ref(be, x, d, w, eps):
@@ -22,7 +25,7 @@ def _norm_ref(be, x, d, w, eps):
 
 
 def _gated_ref(be, o, z, nw, dv, eps):
-    """What out_proj's prologue 2 stages: rms_norm per head of dv values of o, times nw,
+    """What out_proj's GATED_NORM prologue stages: rms_norm per head of dv values of o, times nw,
     times silu(z), rounded to the activation type."""
     rows = o.shape[0]
     oh = o.reshape(rows, -1, dv)
@@ -41,11 +44,11 @@ def test_norm_linear_fused(dtype, rows, with_delta):
     eps = 1e-6
     for out, cols in [(300, 2560), (33, 1024), (4096, 256), (16, 64)]:
         w, ref_w = _quant_weight(be, out, cols, 4, rng)
-        assert be.ops.pro_ok(_up(be, np.zeros((rows, cols), np.float32)), w, 1)
+        assert be.projections.pro_ok(_up(be, np.zeros((rows, cols), np.float32)), w, ADD_NORM)
         x = _round(be, rng.standard_normal((rows, cols)).astype(np.float32))
         d = _round(be, rng.standard_normal((rows, cols)).astype(np.float32)) if with_delta else None
         nw = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
-        be.scratch.reset()
+        be.frame.scratch.reset()
         dd = None if d is None else _up(be, d)
         (y,), h = be.norm_linear_many(_up(be, x), dd, cupy.asarray(nw), eps, [w])
         u, h_ref = _norm_ref(be, x, d, nw, eps)
@@ -67,7 +70,7 @@ def test_norm_mlp_fused(dtype, rows):
     x = _round(be, rng.standard_normal((rows, H)).astype(np.float32))
     d = _round(be, rng.standard_normal((rows, H)).astype(np.float32))
     nw = (1 + 0.1 * rng.standard_normal(H)).astype(np.float32)
-    be.scratch.reset()
+    be.frame.scratch.reset()
     y, h = be.norm_mlp(_up(be, x), _up(be, d), cupy.asarray(nw), 1e-6, g, u, dn)
     un, h_ref = _norm_ref(be, x, d, nw, 1e-6)
     act = _round(be, silu(un @ gr.T) * (un @ ur.T))
@@ -81,8 +84,6 @@ def test_gated_norm_linear_fused(dtype, rows):
     """out_proj(rms_norm_per_head(o) * w * silu(z)) with z a column slice of a wider row."""
     import cupy
 
-    from engine.backends.cuda.gemv import Pro
-
     be = _backend(dtype)
     rng = np.random.default_rng(rows)
     Hv, dv, H, eps = 32, 128, 2560, 1e-6
@@ -93,10 +94,10 @@ def test_gated_norm_linear_fused(dtype, rows):
     z_host = wide[:, 128 : 128 + VD]
     nw = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
     z = _up(be, wide)[:, 128 : 128 + VD]
-    assert be.ops.pro_ok(z, w, 2, head_dim=dv)
-    out = cupy.empty((rows, H), be.ops.act_dtype)
-    pro = Pro(2, cupy.asarray(nw), eps, o=cupy.asarray(o), head_dim=dv)
-    be.ops.gemv(z, w, out, pro=pro)
+    assert be.projections.pro_ok(z, w, GATED_NORM, head_dim=dv)
+    out = cupy.empty((rows, H), be.kernels.act_dtype)
+    pro = Pro(GATED_NORM, cupy.asarray(nw), eps, o=cupy.asarray(o), head_dim=dv)
+    be.projections.gemv(z, w, out, pro=pro)
     y = _gated_ref(be, o, z_host, nw, dv, eps)
     assert _rel(be.to_host(out), y @ ref_w.T) < TOL[dtype]
 
@@ -104,14 +105,12 @@ def test_gated_norm_linear_fused(dtype, rows):
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("rows", [1, 8])
 def test_every_variant_with_each_prologue(dtype, rows):
-    """Each gemv4 variant (staged ones too: the prologue's inputs sit after their weight
-    area) with the residual add and norm, and with the gated per-head norm, at 4B shapes."""
+    """Each gemv4 variant with the residual add and norm, and with the gated per-head norm,
+    at 4B shapes."""
     import cupy
 
-    from engine.backends.cuda.gemv import Pro
-
     be = _backend(dtype)
-    be.ops.staged_gemv = True
+    proj = be.projections
     rng = np.random.default_rng(60 + rows)
     eps, H, Hv, dv = 1e-6, 2560, 32, 128
     w, ref_w = _quant_weight(be, 1040, H, 4, rng)
@@ -121,10 +120,10 @@ def test_every_variant_with_each_prologue(dtype, rows):
     u, h_ref = _norm_ref(be, x, d, nw, eps)
     xd, dd, nwd = _up(be, x), _up(be, d), cupy.asarray(nw)
     tried = 0
-    for choice in be.ops.gemv_candidates(xd, w, pro=Pro(1, nwd, eps, delta=dd)):
-        h = cupy.zeros((rows, H), be.ops.act_dtype)
-        out = cupy.empty((rows, 1040), be.ops.act_dtype)
-        be.ops.gemv_run(choice, xd, w, out, pro=Pro(1, nwd, eps, delta=dd, h=h))
+    for choice in proj.gemv_candidates(xd, w, pro=Pro(ADD_NORM, nwd, eps, delta=dd)):
+        h = cupy.zeros((rows, H), be.kernels.act_dtype)
+        out = cupy.empty((rows, 1040), be.kernels.act_dtype)
+        proj.gemv_run(choice, xd, w, out, pro=Pro(ADD_NORM, nwd, eps, delta=dd, h=h))
         assert np.array_equal(be.to_host(h), h_ref), choice
         assert _rel(be.to_host(out), u @ ref_w.T) < TOL[dtype], choice
         tried += 1
@@ -133,39 +132,14 @@ def test_every_variant_with_each_prologue(dtype, rows):
     z = _round(be, rng.standard_normal((rows, Hv * dv)).astype(np.float32))
     nw = (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)
     y = _gated_ref(be, o, z, nw, dv, eps)
-    pro = Pro(2, cupy.asarray(nw), eps, o=cupy.asarray(o), head_dim=dv)
+    pro = Pro(GATED_NORM, cupy.asarray(nw), eps, o=cupy.asarray(o), head_dim=dv)
     zd = _up(be, z)
-    for choice in be.ops.gemv_candidates(zd, w, pro=pro):
-        out = cupy.empty((rows, H), be.ops.act_dtype)
-        be.ops.gemv_run(choice, zd, w, out, pro=pro)
+    for choice in proj.gemv_candidates(zd, w, pro=pro):
+        out = cupy.empty((rows, H), be.kernels.act_dtype)
+        proj.gemv_run(choice, zd, w, out, pro=pro)
         assert _rel(be.to_host(out), y @ ref_w.T) < TOL[dtype], choice
         tried += 1
     assert tried >= 12
-
-
-def test_first_weights_late_give_the_same_products():
-    """`Ops.gemv_weights_late` (a measurement) only moves when the first weights are
-    requested: every variant's output is bit for bit the same, with and without a prologue."""
-    import cupy
-
-    from engine.backends.cuda.gemv import Pro
-
-    be = _backend("bfloat16")
-    be.ops.staged_gemv = True
-    rng = np.random.default_rng(70)
-    H = 2560
-    w, _ = _quant_weight(be, 1040, H, 4, rng)
-    x = _up(be, _round(be, rng.standard_normal((2, H)).astype(np.float32)))
-    pro = Pro(1, cupy.asarray((1 + 0.1 * rng.standard_normal(H)).astype(np.float32)), 1e-6)
-    for p in (None, pro):
-        for choice in be.ops.gemv_candidates(x, w, pro=p):
-            outs = []
-            for late in (False, True):
-                be.ops.gemv_weights_late = late
-                out = cupy.empty((2, 1040), be.ops.act_dtype)
-                be.ops.gemv_run(choice, x, w, out, pro=p)
-                outs.append(out.get())
-            assert np.array_equal(outs[0], outs[1]), (choice, p is None)
 
 
 def _captured_run(be, model_dir):
@@ -210,28 +184,27 @@ def test_overlapped_launches_match_plain(tiny_dirs, dtype):
     results = []
     for overlap in (True, False):
         be = CudaBackend(EngineSettings(overlap_launches=overlap), dtype=dtype)
-        assert be.ops.pdl is overlap
+        assert be.kernels.pdl is overlap
         results.append(_captured_run(be, tiny_dirs["mlx4"]))
     for a, b in zip(*results, strict=True):
         assert np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("split", [4, 8])
-def test_split_deltanet_step_matches_one_block(tiny_dirs, split):
-    """The DeltaNet step over a cluster of blocks a key head (gdn_step_split) gives the
-    logits of one block a key head bit for bit, captured in the decode graph with overlapped
-    launches, over several steps (the conv taps each block shifts are read the next step)."""
+def test_split_deltanet_step_matches_one_block(tiny_dirs):
+    """The DeltaNet step over a cluster of blocks a key head (gdn_step_split, the tuned
+    count) gives the logits of one block a key head bit for bit, captured in the decode graph
+    with overlapped launches, over several steps (the conv taps each block shifts are read
+    the next step)."""
     from engine.backends.cuda.backend import CudaBackend
     from engine.config import EngineSettings
 
     results = []
-    for p in (0, split):
-        be = CudaBackend(EngineSettings(), dtype="bfloat16")
-        be.ops.gdn_split = p
+    for tuning in (Tuning(deltanet_step_blocks=0), Tuning()):
+        be = CudaBackend(EngineSettings(), dtype="bfloat16", tuning=tuning)
         results.append(_captured_run(be, tiny_dirs["mlx4"]))
     c = be.config
     dims = (c.linear_num_key_heads, c.linear_num_value_heads, 128, c.linear_value_head_dim)
-    if be.ops.gdn_split_shape(*dims) is None:
+    if be.deltanet.split_shape(*dims) is None:
         pytest.skip("thread block clusters need compute capability 9.0")
     for a, b in zip(*results, strict=True):
         assert np.array_equal(a, b)
@@ -246,9 +219,9 @@ def test_step_conv_state_update_matches_window(tiny_dirs):
     models[0].forward(Batch.window(0, 0, 9), ids)
     for i, t in enumerate(ids):
         models[1].forward(Batch.step([(0, i)]), np.array([t]))
-    for layer in range(len(models[0].backend.conv)):
-        a = models[0].backend.to_host(models[0].backend.conv[layer][0])
-        b = models[1].backend.to_host(models[1].backend.conv[layer][0])
+    for layer in range(len(models[0].backend.state.conv)):
+        a = models[0].backend.to_host(models[0].backend.state.conv[layer][0])
+        b = models[1].backend.to_host(models[1].backend.state.conv[layer][0])
         assert np.allclose(a, b, rtol=1e-4, atol=1e-5), layer
 
 
@@ -265,15 +238,15 @@ def test_each_weight_order_gets_its_kernel(dtype):
     for blocked in (True, False):
         w, ref_w = _quant_weight(be, 1027, 2560, 4, rng, blocked=blocked)
         assert w.blocked is blocked
-        kinds = {c[0] for c in be.ops.gemv_candidates(_up(be, x), w)}
+        kinds = {c[0] for c in be.projections.gemv_candidates(_up(be, x), w)}
         assert kinds == ({"mma"} if blocked else {"old"}), kinds
         for rows in (3, 40):  # 40: dequantized for cuBLAS
             xr = _round(be, rng.standard_normal((rows, 2560)).astype(np.float32))
-            be.scratch.reset()
+            be.frame.scratch.reset()
             y = be.to_host(be.linear(_up(be, xr), w))
             assert _rel(y, xr @ ref_w.T) < TOL[dtype], (blocked, rows)
         ids = np.array([0, 1026, 7, 8, 1024, 513], np.int32)
-        be.scratch.reset()
+        be.frame.scratch.reset()
         got = be.to_host(be.embedding(w, cupy.asarray(ids)))
         assert _rel(got, ref_w[ids]) < TOL[dtype], blocked
 
@@ -284,14 +257,13 @@ def test_each_weight_order_gets_its_kernel(dtype):
 )
 @pytest.mark.parametrize("rows", [1, 3])
 def test_every_gemv_variant(dtype, bits, rows):
-    """The tuner may pick any candidate, so each one is checked, at real 4B shapes (with
-    the variants it leaves out by default, which the benchmarks still run)."""
+    """The tuner may pick any candidate, so each one is checked, at real 4B shapes."""
     import cupy
 
     from engine.backends.cuda.weights import DWeight
 
     be = _backend(dtype)
-    be.ops.staged_gemv = True
+    proj = be.projections
     rng = np.random.default_rng(rows + bits)
     for n_out, cols, swiglu in [(9216, 2560, True), (2560, 9216, False), (12352, 2560, False)]:
         if bits:
@@ -307,9 +279,9 @@ def test_every_gemv_variant(dtype, bits, rows):
         if swiglu:
             want = silu(want) * (x @ ref_u.T)
         xd = _up(be, x)
-        for choice in be.ops.gemv_candidates(xd, w, up):
-            out = cupy.full((rows, n_out), 7, be.ops.act_dtype)
-            be.ops.gemv_run(choice, xd, w, out, up)
+        for choice in proj.gemv_candidates(xd, w, up):
+            out = cupy.full((rows, n_out), 7, be.kernels.act_dtype)
+            proj.gemv_run(choice, xd, w, out, up)
             got = be.to_host(out)
             assert _rel(got, want) < TOL[dtype] * 2, (choice, n_out, cols, swiglu)
 
@@ -326,9 +298,10 @@ def test_tuning_and_capture_leave_the_backends_stream_current(tiny_dirs):
     be = _cuda("float16")
     rng = np.random.default_rng(5)
     w, _ = _quant_weight(be, 1000 + int(rng.integers(1, 500)) * 8, 512, 4, rng)  # a fresh key
-    x, out = _up(be, np.ones((1, 512), np.float32)), cupy.empty((1, w.shape[0]), be.ops.act_dtype)
+    x = _up(be, np.ones((1, 512), np.float32))
+    out = cupy.empty((1, w.shape[0]), be.kernels.act_dtype)
     be.stream.use()
-    be.ops.gemv(x, w, out)
+    be.projections.gemv(x, w, out)
     assert cupy.cuda.get_current_stream() == be.stream
     model = _model(tiny_dirs["mlx4"], be, slots=1)
     DecodeGraphs(be, model).capture(1)

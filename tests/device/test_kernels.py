@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from engine.backends.base import Batch
+from engine.backends.cuda.tuning import Tuning
 from engine.backends.numpy_backend import NumpyBackend, silu
 from engine.checkpoint.quantized import QuantizedTensor
 from engine.config import parse_config
@@ -29,7 +30,7 @@ def _up(be, x):
 
     if be.dtype == "bfloat16":
         return cupy.asarray(to_bf16(x))
-    return cupy.asarray(x.astype(be.ops.act_dtype))
+    return cupy.asarray(x.astype(be.kernels.act_dtype))
 
 
 def _quant_weight(be, out, cols, bits, rng, blocked=None):
@@ -45,14 +46,14 @@ def _quant_weight(be, out, cols, bits, rng, blocked=None):
     w = rng.standard_normal((out, cols)).astype(np.float32) * 0.1
     p, s, b = quantize_affine(w, bits, 64)
     ref = QuantizedTensor(p, from_bf16(s), from_bf16(b), bits, 64, (out, cols))
-    scales = cupy.empty(s.shape, be.ops.act_dtype)
-    biases = cupy.empty(s.shape, be.ops.act_dtype)
-    be.ops.convert("from_bf16", cupy.asarray(s).reshape(-1), scales.reshape(-1))
-    be.ops.convert("from_bf16", cupy.asarray(b).reshape(-1), biases.reshape(-1))
+    scales = cupy.empty(s.shape, be.kernels.act_dtype)
+    biases = cupy.empty(s.shape, be.kernels.act_dtype)
+    be.norms.convert("from_bf16", cupy.asarray(s).reshape(-1), scales.reshape(-1))
+    be.norms.convert("from_bf16", cupy.asarray(b).reshape(-1), biases.reshape(-1))
     q = QWeight(cupy.asarray(p), scales, biases, bits, 64, (out, cols))
     if blocked is None:
-        blocked = be.ops.blocks_ok(bits, 64, cols)
-    return (blocked_copy(be.ops, q) if blocked else q), ref.dequantize()
+        blocked = be.projections.blocks_ok(bits, 64, cols)
+    return (blocked_copy(be.projections, q) if blocked else q), ref.dequantize()
 
 
 def _rel(a, b):
@@ -65,7 +66,7 @@ def _round(be, x):
 
     if be.dtype == "bfloat16":
         return from_bf16(to_bf16(x))
-    return x.astype(be.ops.act_dtype).astype(np.float32)
+    return x.astype(be.kernels.act_dtype).astype(np.float32)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -85,7 +86,7 @@ def test_linear(dtype, bits, rows):
             ref_w = _round(be, rng.standard_normal((out, cols)).astype(np.float32) * 0.1)
             w = DWeight(_up(be, ref_w), (out, cols))
         x = _round(be, rng.standard_normal((rows, cols)).astype(np.float32))
-        be.scratch.reset()
+        be.frame.scratch.reset()
         y = be.to_host(be.linear(_up(be, x), w))
         assert _rel(y, x @ ref_w.T) < TOL[dtype], (out, cols)
     cupy.cuda.get_current_stream().synchronize()
@@ -101,7 +102,7 @@ def test_mlp_swiglu(dtype, rows):
     u, ur = _quant_weight(be, inter, H, 4, rng)
     d, dr = _quant_weight(be, H, inter, 4, rng)
     x = _round(be, rng.standard_normal((rows, H)).astype(np.float32))
-    be.scratch.reset()
+    be.frame.scratch.reset()
     y = be.to_host(be.mlp(_up(be, x), g, u, d))
     ref = (silu(x @ gr.T) * (x @ ur.T)) @ dr.T
     assert _rel(y, ref) < TOL[dtype] * 2
@@ -116,11 +117,11 @@ def test_linear_q4_half(rows):
         w, ref_w = _quant_weight(be, out, cols, 4, rng)
         u, ref_u = _quant_weight(be, out, cols, 4, rng)
         x = _round(be, rng.standard_normal((rows, cols)).astype(np.float32))
-        be.scratch.reset()
+        be.frame.scratch.reset()
         y = be.to_host(be.linear(_up(be, x), w))
         assert _rel(y, x @ ref_w.T) < TOL["float16"], (out, cols)
-        h = be.take((rows, out))
-        be.ops.gemv(_up(be, x), w, h, up=u)
+        h = be.frame.take((rows, out))
+        be.projections.gemv(_up(be, x), w, h, up=u)
         ref = silu(x @ ref_w.T) * (x @ ref_u.T)
         assert _rel(be.to_host(h), ref) < TOL["float16"] * 2, (out, cols)
 
@@ -136,7 +137,7 @@ def test_norms(dtype, n):
     d = _round(be, rng.standard_normal((5, n)).astype(np.float32))
     w = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
     ref = NumpyBackend()
-    be.scratch.reset()
+    be.frame.scratch.reset()
     y = be.to_host(be.rms_norm(_up(be, x), cupy.asarray(w), 1e-6))
     assert _rel(y, ref.rms_norm(x, w, 1e-6)) < TOL[dtype]
     yn, h = be.add_rms_norm(_up(be, x), _up(be, d), cupy.asarray(w), 1e-6)
@@ -154,7 +155,7 @@ def test_embedding(bits, dtype):
     rng = np.random.default_rng(1)
     w, ref_w = _quant_weight(be, 300, 256, bits, rng)
     ids = np.array([0, 299, 17, 31, 33, 256, 2], np.int32)
-    be.scratch.reset()
+    be.frame.scratch.reset()
     y = be.to_host(be.embedding(w, cupy.asarray(ids)))
     assert _rel(y, ref_w[ids]) < TOL[dtype]
 
@@ -177,7 +178,7 @@ def _pair(dtype, slots=3, context=600, c=None):
     be, ref = _backend(dtype), NumpyBackend()
     be.alloc_state(c, slots, context)
     ref.alloc_state(c, slots, context)
-    be.nvalid = c.vocab_size
+    be.vocab_rows = c.vocab_size
     return c, be, ref
 
 
@@ -231,7 +232,9 @@ def test_decode_attention_lengths(dtype, hq, hkv, splits, warps, monkeypatch):
     import cupy
 
     monkeypatch.setattr("engine.memory.scratch.ATTN_SPLITS", splits)
-    monkeypatch.setattr("engine.backends.cuda.ops.sm_count", lambda: 0 if warps == 4 else 1 << 20)
+    monkeypatch.setattr(
+        "engine.backends.cuda.attention.sm_count", lambda: 0 if warps == 4 else 1 << 20
+    )
     c, be, ref = _pair(dtype, c=_config(hq=hq, hkv=hkv))
     rng = np.random.default_rng(hq + hkv)
     hd = c.head_dim
@@ -277,7 +280,7 @@ def test_gated_delta(dtype, run):
         y = be.gated_delta(1, _up(be, mixed), _up(be, z), _up(be, b), _up(be, a), dev, batch)
         r = ref.gated_delta(1, mixed, z, b, a, params, batch)
         assert _rel(be.to_host(y), r) < TOL[dtype] * 3, [s for s in batch.segments]
-    state = cupy.asnumpy(be.recurrent[1, :3]).transpose(0, 1, 3, 2)  # [slots, Hv, dk, dv]
+    state = cupy.asnumpy(be.state.recurrent[1, :3]).transpose(0, 1, 3, 2)  # [slots, Hv, dk, dv]
     assert _rel(state, ref.recurrent[1]) < (1e-4 if dtype == "float32" else 5e-2)
 
 
@@ -288,11 +291,12 @@ def test_chunked_delta_rule_matches_the_scan(chunk):
     and a chunk plus one row, three streams in one launch, two value heads per key head."""
     import cupy
 
-    from engine.backends.cuda.ops import _chunk_smem
+    from engine.backends.cuda.deltanet import chunk_smem
+    from engine.backends.cuda.launch import smem_per_block
 
     be = _backend("float32")
-    optin = cupy.cuda.runtime.deviceGetAttribute(97, cupy.cuda.Device().id)
-    if _chunk_smem(chunk) > optin:
+    optin = smem_per_block()
+    if chunk_smem(chunk) > optin:
         pytest.skip(f"this GPU gives a block {optin} bytes of shared memory")
     rng = np.random.default_rng(chunk)
     Hk, Hv, dv, dk = 2, 4, 128, 128
@@ -312,11 +316,11 @@ def test_chunked_delta_rule_matches_the_scan(chunk):
     results = []
     for chunked in (True, False):
         state, o = cupy.asarray(state0), cupy.zeros((R, Hv * dv), cupy.float32)
-        be.ops._chunk_rows = chunk
+        be.deltanet._chunk_rows = chunk  # the chunk size under test, whatever the GPU's
         if chunked:
-            assert be.ops.gdn_chunk(*dev, state, segs, 3, o, Hk, Hv, dv)
+            assert be.deltanet.chunk(*dev, state, segs, 3, o, Hk, Hv, dv)
         else:
-            be.ops.gdn_scan(*dev, state, segs, 3, o, Hk, Hv, dv)
+            be.deltanet.scan(*dev, state, segs, 3, o, Hk, Hv, dv)
         results.append((cupy.asnumpy(o), cupy.asnumpy(state)))
     (o_chunk, s_chunk), (o_scan, s_scan) = results
     assert _rel(o_chunk, o_scan) < 1e-4
@@ -340,66 +344,80 @@ def test_chunked_delta_rule_matches_the_scan(chunk):
         assert _rel(s_chunk[slot].transpose(0, 2, 1), st) < 1e-4, seg
 
 
+def _unaligned(dl):
+    """A copy of device logits whose rows do not start on 16 bytes: the draw reads it one
+    logit a thread at a time (the narrow kernel), where an aligned row is read 32 at a time."""
+    import cupy
+
+    rows, V = dl.shape
+    out = cupy.zeros((rows, V + 8), dl.dtype)[:, 1 : V + 1]
+    out[...] = dl
+    assert out.data.ptr % 16
+    return out
+
+
 @pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("V", [1, 2, 17, 33, 2048, 248320])
 def test_sampling(V, wide):
     import cupy
 
     be = _backend("float32")
-    be.ops.wide_sampler = wide
+    sm = be.sampling
     rng = np.random.default_rng(V)
     logits = rng.standard_normal((3, V)).astype(np.float32) * 3
-    be.nvalid = V
-    be.counter = cupy.zeros(8, cupy.uint32)
+    be.vocab_rows = V
+    sm.counter = cupy.zeros(8, cupy.uint32)
     dl = cupy.asarray(logits)
-    be.scratch.reset()
+    draws = dl if wide else _unaligned(dl)  # what the draws read
+    be.frame.scratch.reset()
     got = cupy.asnumpy(be.sample_greedy(dl))
     assert (got == logits.argmax(1)).all()
     # Split over blocks (what a decode step runs); twice, since it must leave its work zeroed.
     # Ties go to the lowest index, as numpy's argmax does.
-    be.argmax_work = cupy.zeros(2 * 3, cupy.uint64)
+    sm.argmax_work = cupy.zeros(2 * 3, cupy.uint64)
     tied = np.round(logits)
     for case in (logits, logits, tied, tied):
         got = cupy.asnumpy(be.sample_greedy(cupy.asarray(case)))
         assert (got == case.argmax(1)).all()
-    assert not be.argmax_work.any()
-    be.argmax_work = None
+    assert not sm.argmax_work.any()
+    sm.argmax_work = None
     # More than 1024 logits tied in the bins the fast path would keep: the radix select
     # narrows them down (three clear winners at a low temperature).
     flat = np.zeros((1, 4096), np.float32)
     flat[0, [7, 100, 2000]] = 1.0
-    be.nvalid = flat.shape[1]
+    be.vocab_rows = flat.shape[1]
+    dflat = cupy.asarray(flat) if wide else _unaligned(cupy.asarray(flat))
     for seed in range(4):
-        pick = int(cupy.asnumpy(be.sample(cupy.asarray(flat), 0.01, 5, 1.0, seed=seed))[0])
+        pick = int(cupy.asnumpy(be.sample(dflat, 0.01, 5, 1.0, seed=seed))[0])
         assert pick in (7, 100, 2000)
-    be.nvalid = V
+    be.vocab_rows = V
     # A decode step's picks: greedy rows keep the step's argmax, the others draw (top-k 1 is
     # the argmax, top-k 5 one of the five largest).
-    be.picks = cupy.zeros(8, cupy.int32)
+    sm.picks = cupy.zeros(8, cupy.int32)
     greedy = cupy.asarray(np.array([5, 6, 7], np.int32))
     for seed in range(5):
         rows = [None, Draw(1.0, 1, 1.0, seed), Draw(2.0, 5, 1.0, seed)]
-        picks = cupy.asnumpy(be.sample_rows(dl, greedy, rows))
+        picks = cupy.asnumpy(be.sample_rows(draws, greedy, rows))
         assert picks[0] == 5 and picks[1] == logits[1].argmax()
         assert picks[2] in np.argsort(-logits[2], kind="stable")[: min(5, V)]
     # Presence penalty: a top-1 draw of the penalised logits walks down the ranking, each
     # pick marked in the slot's bitmap so the next draw skips it.
     if V >= 4:
-        be.seen = cupy.zeros((2, -(-V // 32)), cupy.uint32)
+        sm.seen = cupy.zeros((2, -(-V // 32)), cupy.uint32)
         order = np.argsort(-logits[1], kind="stable")
         gap = float(logits[1, order[0]] - logits[1, order[3]]) + 1.0
         want, got = [int(order[0])], []
         for step in range(3):
             draw = Draw(1.0, 1, 1.0, step, gap, 1, (want[0],) if step == 0 else (), step == 0)
-            got.append(int(cupy.asnumpy(be.sample_rows(dl[1:2], greedy, [draw]))[0]))
+            got.append(int(cupy.asnumpy(be.sample_rows(draws[1:2], greedy, [draw]))[0]))
         assert got == [int(order[1]), int(order[2]), int(order[3])]
-        marked = np.unpackbits(cupy.asnumpy(be.seen[1]).view(np.uint8), bitorder="little")
+        marked = np.unpackbits(cupy.asnumpy(sm.seen[1]).view(np.uint8), bitorder="little")
         assert set(np.flatnonzero(marked)) == set(order[:4].tolist())
-        assert not be.seen[0].any()
+        assert not sm.seen[0].any()
     for k, p in [(1, 1.0), (5, 1.0), (50, 0.9), (0, 0.5)]:
         seen = set()
         for _ in range(20):
-            ids = cupy.asnumpy(be.sample(dl, 1.0, k, p, seed=11))
+            ids = cupy.asnumpy(be.sample(draws, 1.0, k, p, seed=11))
             for row, i in enumerate(ids):
                 order = np.argsort(-logits[row], kind="stable")
                 kk = min(1024 if k == 0 else k, V)
@@ -415,27 +433,27 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
     """The draw reading 32 logits a thread at a time keeps the same candidates as the one
     reading one, so the same seeds give the same picks: with and without a presence penalty
     (each draw marking its pick), at temperatures that spread the draw, and where the top
-    bins hold more than 1024 logits (the radix select). At 1001 the last chunk of eight is
-    cut short (and the second row, not 16-byte aligned, takes the narrow kernel). The third
-    row draws with the app's defaults (top-k 20): at 248320 the wide draw is the split one."""
+    bins hold more than 1024 logits (the radix select). The narrow draw reads a copy whose
+    rows do not start on 16 bytes; at 1001 no row of either does. The third row draws with
+    the app's defaults (top-k 20): at 248320 the wide draw is the split one."""
     import cupy
 
-    from engine.backends.cuda.sample_ops import draw_buffers
+    from engine.backends.cuda.sampling import draw_buffers
 
     be = _backend(dtype)
+    sm = be.sampling
     rng = np.random.default_rng(V)
     logits = rng.standard_normal((3, V)).astype(np.float32) * 2
     if V == 4096:
         logits[1] = np.round(logits[1] * 0.1)  # thousands of ties: the radix select
     dl = _up(be, _round(be, logits))
-    be.nvalid = V
-    be.picks = cupy.zeros(8, cupy.int32)
-    be.draw_cand = draw_buffers()  # the app's defaults take the split draw at 248320 (wide)
+    be.vocab_rows = V
+    sm.picks = cupy.zeros(8, cupy.int32)
+    sm.draw_cand = draw_buffers()  # the app's defaults take the split draw at 248320 (wide)
     greedy = cupy.zeros(3, cupy.int32)
     runs = []
-    for wide in (False, True):
-        be.ops.wide_sampler = wide
-        be.seen = cupy.zeros((3, -(-V // 32)), cupy.uint32)
+    for rows_in in (_unaligned(dl), dl):  # narrow, then wide
+        sm.seen = cupy.zeros((3, -(-V // 32)), cupy.uint32)
         picks = []
         for step in range(12):
             rows = [
@@ -443,8 +461,8 @@ def test_wide_sampler_draws_what_the_narrow_one_draws(dtype, V):
                 Draw(0.8, 1024, 0.9, step, 0.7, 1, (3,) if step == 0 else (), step == 0),
                 Draw(0.7, 20, 0.8, step, 1.5, 2, (), step == 0),  # the app's defaults
             ]
-            picks.append(cupy.asnumpy(be.sample_rows(dl, greedy, rows)).tolist())
-        runs.append((picks, cupy.asnumpy(be.seen)))
+            picks.append(cupy.asnumpy(be.sample_rows(rows_in, greedy, rows)).tolist())
+        runs.append((picks, cupy.asnumpy(sm.seen)))
     assert runs[0][0] == runs[1][0]
     assert np.array_equal(runs[0][1], runs[1][1])
     assert all(0 <= i < V for p in runs[0][0] for i in p)
@@ -458,13 +476,13 @@ def test_draw_cuts_the_nucleus_in_order(top_k, wide):
     above the first two's share of the top-k mass, every draw is one of those two, and both
     come up (the candidates sorted by value, not by index or arrival). Wide with top-k <= 32
     this is the split draw (draw_candidates first); a flat row overflows its blocks' slots,
-    and the draw falls back to reading the row."""
+    and the draw falls back to reading the row. Narrow: rows not on 16 bytes."""
     import cupy
 
-    from engine.backends.cuda.sample_ops import draw_buffers
+    from engine.backends.cuda.sampling import draw_buffers
 
     be = _backend("bfloat16")
-    be.ops.wide_sampler = wide
+    sm = be.sampling
     V = 248320
     rng = np.random.default_rng(top_k)
     logits = rng.standard_normal((1, V)).astype(np.float32)
@@ -476,13 +494,13 @@ def test_draw_cuts_the_nucleus_in_order(top_k, wide):
     cum = np.cumsum(prob / prob.sum())
     top_p = float(cum[1]) - 0.02  # the nucleus is the first two
     assert cum[0] < top_p - 0.05
-    be.nvalid = V
-    be.counter = cupy.zeros(8, cupy.uint32)
-    be.draw_cand = draw_buffers()
-    dl = _up(be, logits)
+    be.vocab_rows = V
+    sm.counter = cupy.zeros(8, cupy.uint32)
+    sm.draw_cand = draw_buffers()
+    dl = _up(be, logits) if wide else _unaligned(_up(be, logits))
     picks = {int(cupy.asnumpy(be.sample(dl, 1.0, top_k, top_p, seed=s))[0]) for s in range(40)}
     assert picks == set(lead[:2]), picks
-    counts = cupy.asnumpy(be.draw_cand[2])
+    counts = cupy.asnumpy(sm.draw_cand[2])
     if wide and top_k <= 32:  # the split draw ran: every block kept a few, all fitted
         assert (counts >= top_k).all() and (counts <= 64).all(), counts
     else:
@@ -490,18 +508,18 @@ def test_draw_cuts_the_nucleus_in_order(top_k, wide):
     # A flat row (every block's candidates overflow: the draw reads the row itself).
     flat = np.zeros((1, V), np.float32)
     flat[0, lead] = 1.0
-    dl = _up(be, flat)
+    dl = _up(be, flat) if wide else _unaligned(_up(be, flat))
     for s in range(4):
         assert int(cupy.asnumpy(be.sample(dl, 0.01, top_k, 1.0, seed=s))[0]) in lead
     if wide and top_k <= 32:
-        assert (cupy.asnumpy(be.draw_cand[2]) > 64).all()
+        assert (cupy.asnumpy(sm.draw_cand[2]) > 64).all()
 
 
-@pytest.mark.parametrize("split", [0, 4, 8])
+@pytest.mark.parametrize("split", [0, Tuning().deltanet_step_blocks])
 @pytest.mark.parametrize("Hk,Hv", [(2, 4), (2, 2), (16, 32)])
 def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv, split):
     """gdn_step (conv, gates, norms and the delta rule of a decode step in one launch), and
-    gdn_step_split over 4 and 8 blocks a key head, against gdn_prep + gdn_scan on the same
+    gdn_step_split over the tuned blocks a key head, against gdn_prep + gdn_scan on the same
     inputs: three streams in slots out of order, one and two value heads per key head, and
     the 4B's head counts. The states agree exactly and the outputs to rounding (measured on
     an H200 for gdn_step: states equal, outputs within 7.5e-9). The fused launch also brings
@@ -511,11 +529,9 @@ def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv, split):
 
     from engine.backends.cuda.weights import QWeight
 
-    be = _backend("bfloat16")
-    ops = be.ops
-    ops.gdn_split = split
-    if split and ops.gdn_split_shape(Hk, Hv, 128, 128) is None:
-        ops.gdn_split = 0
+    be = _backend("bfloat16", tuning=Tuning(deltanet_step_blocks=split))
+    dn = be.deltanet
+    if split and dn.split_shape(Hk, Hv, 128, 128) is None:
         pytest.skip("thread block clusters need compute capability 9.0")
     rng = np.random.default_rng(Hk * 10 + Hv)
     dk = dv = 128
@@ -523,7 +539,7 @@ def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv, split):
     KD, VD = Hk * dk, Hv * dv
     C = 2 * KD + VD
     dims = (Hk, Hv, dk, dv, K)
-    assert ops.gdn_step_shape(Hk, Hv, dk, dv)
+    assert dn.step_shape(Hk, Hv, dk, dv)
 
     def act(*shape):
         return _round(be, rng.standard_normal(shape).astype(np.float32))
@@ -546,7 +562,7 @@ def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv, split):
         if fused:
             # [n, 576] 4-bit weights, codes (288 bytes a row), scales and biases (18 bytes)
             # carved one after another from one buffer, as the arena does
-            buf, act = cupy.ones(2320 * 324, cupy.uint8), be.ops.act_dtype
+            buf, act = cupy.ones(2320 * 324, cupy.uint8), be.kernels.act_dtype
             ahead, at = (), 0
             for n in (304, 1008, 1008):
                 parts = []
@@ -554,15 +570,14 @@ def test_fused_deltanet_step_matches_prep_and_scan(Hk, Hv, split):
                     parts.append(buf[at : at + n * width].view(dt).reshape(n, -1))
                     at += n * width
                 ahead += (QWeight(*parts, 4, 64, (n, 576)),)
-            ops.gdn_step(mixed, conv_w, cs, a, b, A_log, dt_bias, st, seg, S, o, dims, ahead)
+            dn.step(mixed, conv_w, cs, a, b, A_log, dt_bias, st, seg, S, o, dims, ahead)
         else:
             f = cupy.float32
             outs = tuple(cupy.zeros((S, n), f) for n in (KD, KD, VD, Hv, Hv))
             row_tl = cupy.zeros(S, cupy.int32)
-            ops.gdn_prep(mixed, conv_w, cs, a, b, A_log, dt_bias, seg[0], row_tl, outs, dims, True)
-            ops.gdn_scan(*outs, st, seg, S, o, Hk, Hv, dv)
+            dn.prep(mixed, conv_w, cs, a, b, A_log, dt_bias, seg[0], row_tl, outs, dims, True)
+            dn.scan(*outs, st, seg, S, o, Hk, Hv, dv)
         results.append([be.to_host(x) for x in (o, st, cs)])
-    ops.gdn_split = 0
     for name, x, y in zip(("o", "state", "conv state"), *results, strict=True):
         diff = float(np.abs(x - y).max())
         print(f"\n[gdn_step {Hk}x{Hv} split {split}] {name}: largest difference {diff:.2e}")

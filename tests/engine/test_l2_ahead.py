@@ -1,13 +1,18 @@
-"""What the decode step's DeltaNet launch brings toward L2 (`launch.byte_span`,
-`Ops._ahead_spans`): the kernel's (pointer, bytes) arguments, worked out without a GPU."""
+"""What the decode step's DeltaNet and attention launches bring toward L2
+(`launch.byte_span`, `launch.ahead_spans`): the kernels' (pointer, bytes) arguments, worked
+out without a GPU."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engine.backends.cuda import launch
-from engine.backends.cuda.ops import Ops
+from engine.backends.cuda.tuning import Tuning
 from engine.backends.cuda.weights import QWeight
+from engine.errors import ConfigError
+
+H200_L2 = 60 * 1000 * 1000
 
 
 class _Dev:
@@ -16,6 +21,11 @@ class _Dev:
     def __init__(self, ptr: int, nbytes: int) -> None:
         self.data = type("P", (), {"ptr": ptr})()
         self.nbytes = nbytes
+
+
+@pytest.fixture(autouse=True)
+def _h200(monkeypatch):
+    monkeypatch.setattr(launch, "l2_bytes", lambda: H200_L2)
 
 
 def test_byte_span_covers_codes_scales_and_biases():
@@ -41,27 +51,44 @@ def _qweight(base: int, codes: int) -> QWeight:
     )
 
 
-class _Ops:
-    _ahead_spans = Ops._ahead_spans
-
-    def __init__(self, on: bool = True, fraction: float = 0.3) -> None:
-        self.l2_ahead, self.l2_mlp_fraction = on, fraction
-
-
 def _ints(args: tuple) -> list[int]:
     return [int(a) for a in args]
 
 
 def test_all_of_out_proj_then_the_heads_of_gate_and_up_codes():
     out_proj, gate, up = _qweight(1 << 20, 8000), _qweight(1 << 24, 16000), _qweight(1 << 25, 16000)
-    args = _Ops()._ahead_spans((out_proj, gate, up))
+    args = launch.ahead_spans((out_proj, gate, up), Tuning())
     assert _ints(args) == [1 << 20, 10000, 1 << 24, 4800, 1 << 25, 4800]
     assert [a.dtype for a in args] == [np.uint64, np.int64] * 3  # pointer, long long
 
 
-def test_nothing_when_off_missing_or_dense():
+def test_nothing_where_missing_or_dense():
     out_proj, gate = _qweight(1 << 20, 8000), _qweight(1 << 24, 16000)
-    assert _ints(_Ops(on=False)._ahead_spans((out_proj, gate, gate))) == [0] * 6
-    assert _ints(_Ops()._ahead_spans((out_proj,))) == [1 << 20, 10000, 0, 0, 0, 0]
+    assert _ints(launch.ahead_spans((out_proj,), Tuning())) == [1 << 20, 10000, 0, 0, 0, 0]
     dense = object()  # a bf16 checkpoint's weight: nothing of it is prefetched
-    assert _ints(_Ops()._ahead_spans((dense, gate, dense))) == [0, 0, 1 << 24, 4800, 0, 0]
+    args = launch.ahead_spans((dense, gate, dense), Tuning())
+    assert _ints(args) == [0, 0, 1 << 24, 4800, 0, 0]
+    assert _ints(launch.ahead_spans((), Tuning())) == [0] * 6
+
+
+def test_the_9b_spans_fit_an_h200s_share_and_a_small_l2_caps_them(monkeypatch):
+    """The largest spans of the supported shapes (the 9B's 4-bit out_proj, 4096 x 4096
+    with its scales and biases, and 30% of its gate's codes, 12288 x 4096) pass whole on an
+    H200; a 4 MB L2 gets at most half of it per span."""
+    codes = 4096 * 4096 // 2
+    out_proj = _qweight(1 << 30, codes)
+    gate = _qweight(1 << 31, 12288 * 4096 // 2)
+    whole = launch.ahead_spans((out_proj, gate, gate), Tuning())
+    assert _ints(whole)[1] == codes * 10 // 8 // 16 * 16
+    assert _ints(whole)[3] == int(12288 * 4096 // 2 * 0.3) // 16 * 16
+    monkeypatch.setattr(launch, "l2_bytes", lambda: 4 * 1000 * 1000)
+    small = _ints(launch.ahead_spans((out_proj, gate, gate), Tuning()))
+    assert small[1] == small[3] == small[5] == 2 * 1000 * 1000
+    assert small[0::2] == _ints(whole)[0::2]  # the same starts
+
+
+def test_tuning_values_are_checked():
+    with pytest.raises(ConfigError, match="l2_mlp_fraction"):
+        Tuning(l2_mlp_fraction=1.5)
+    with pytest.raises(ConfigError, match="deltanet_step_blocks"):
+        Tuning(deltanet_step_blocks=-1)

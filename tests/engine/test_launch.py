@@ -68,3 +68,33 @@ def test_no_code_uses_cupys_stream_context_manager():
         for m in pattern.finditer(path.read_text())
     ]
     assert not offenders, offenders
+
+
+def test_device_properties_are_read_once_and_set_the_launch_geometry(monkeypatch):
+    """SM count, L2 and shared memory come from the device's properties, asked once a
+    device: on an H200's numbers the grid-stride kernels get 16 blocks an SM (2112)."""
+    import cupy
+
+    asked = []
+
+    def props(dev):
+        asked.append(dev)
+        return {
+            "multiProcessorCount": 132,
+            "l2CacheSize": 60_000_000,
+            "sharedMemPerBlockOptin": 232448,
+        }
+
+    class _Device:
+        id = 7
+
+    monkeypatch.setattr(cupy.cuda, "Device", _Device)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceProperties", props)
+    monkeypatch.setattr(launch, "_PROPERTIES", {})
+    assert (launch.sm_count(), launch.l2_bytes(), launch.smem_per_block()) == (
+        132,
+        60_000_000,
+        232448,
+    )
+    assert launch.grid_cap() == 132 * 16
+    assert asked == [7]

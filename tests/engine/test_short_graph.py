@@ -20,7 +20,7 @@ class _Graph:
 
 class _Backend:
     def __init__(self, context: int) -> None:
-        self.context = context
+        self.state = type("State", (), {"context": context})()
         self.stream = type("S", (), {"use": lambda self: None})()
         self.graphs = None
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.backends.cuda.gemv import GEMV4_VARIANTS, GemvMixin
+from engine.backends.cuda.projections import GEMV4_VARIANTS, Projections
 from tools.warm_kernels import module_keys
 
 
@@ -16,6 +16,6 @@ def test_modules_are_the_ones_a_decode_step_and_the_tests_build():
     assert not [k for k in keys if k[2] and k[3] not in (0, 1)]
     assert len(keys) == len(set(keys)) == 2 * 2 * 5
     for _dtype, rows, swiglu, kind in keys:  # each names a module's kernels
-        assert GemvMixin._gemv4_sym(rows, swiglu, GEMV4_VARIANTS[0], kind).startswith(
+        assert Projections.gemv4_symbol(rows, swiglu, GEMV4_VARIANTS[0], kind).startswith(
             f"gemv4<{rows},"
         )

@@ -7,314 +7,250 @@ be captured into a CUDA graph (graphs.py); code that switches streams for a whil
 with `launch.on_stream`, which makes the previous stream current again afterwards.
 Importing this module starts nothing.
 
-Per-stream state and snapshots: state.py. Prefill attention: prefill.py. The DeltaNet layer:
-deltanet.py. Per-forward layout:
+The backend composes one object per concern and implements the `Backend` contract with them:
 
-    meta        int32 [8, max_rows]: ids, pos, row_slot, row_tl, row_n, seg_slot, seg_row0,
-                seg_rows -- written before each forward (or graph launch)
+    kernels      launch.Kernels        compiles and launches every kernel of the dtype
+    frame        frame.Frame           a forward's row layout (meta), scratch and workspace
+    state        state.StreamState     KV cache, conv and recurrent state, snapshots
+    norms        norms.Norms           norms, embedding rows, conversions
+    projections  projections.Projections  x @ W.T: decode GEMVs, their tuner, cuBLAS
+    attn         attention.Attention   full attention, decode and prefill
+    deltanet     deltanet.DeltaNet     the Gated DeltaNet mixer
+    sampling     sampling.Sampling     greedy picks and draws on the device
+    graphs       graphs.DecodeGraphs   the captured decode steps (made at warm-up)
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.backends.base import Backend, Batch
-from engine.backends.cuda.deltanet import DeltaNetMixin
-from engine.backends.cuda.gemv import Pro
+from engine.backends.cuda.attention import Attention
+from engine.backends.cuda.deltanet import DeltaNet
+from engine.backends.cuda.frame import Frame
+from engine.backends.cuda.launch import Kernels
 from engine.backends.cuda.modules import use_cache_dir
-from engine.backends.cuda.prefill import prefill_attention
-from engine.backends.cuda.scratch import RegionCarver
-from engine.backends.cuda.state import StateMixin
-from engine.backends.cuda.weights import DWeight, QWeight, upload
-from engine.config import ModelConfig
+from engine.backends.cuda.norms import Norms
+from engine.backends.cuda.projections import Projections
+from engine.backends.cuda.sampling import Sampling
+from engine.backends.cuda.state import StreamState
+from engine.backends.cuda.tuning import Tuning
+from engine.backends.cuda.weights import upload
+from engine.config import EngineSettings, ModelConfig
 from engine.errors import DeviceOutOfMemory
-from engine.memory.scratch import decode_splits
 from engine.memory.workspace import ATTN_QUERY_ROWS
 
-META_ROWS = 8
+if TYPE_CHECKING:
+    from engine.backends.cuda.graphs import DecodeGraphs
+    from engine.memory import Decision, DevicePool
 
 
-class CudaBackend(StateMixin, DeltaNetMixin, Backend):
+class CudaBackend(Backend):
     name = "cuda"
 
     def __init__(
         self,
-        settings: Any = None,
+        settings: EngineSettings | None = None,
         dtype: str = "bfloat16",
         max_rows: int = 512,
-        pool: Any = None,
-    ):
+        pool: DevicePool | None = None,
+        tuning: Tuning | None = None,
+    ) -> None:
         import cupy
 
-        from engine.backends.cuda.ops import Ops
         from engine.memory import CupyPool
 
-        use_cache_dir(getattr(settings, "cache_dir", None))
-        self.ops = Ops(dtype, overlap=getattr(settings, "overlap_launches", True))
+        super().__init__(settings)
+        use_cache_dir(self.settings.cache_dir)
+        self.kernels = Kernels(dtype, overlap=self.settings.overlap_launches)
+        self.tuning = tuning or Tuning()
         self.dtype = dtype
-        self.cp = cupy
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream.use()
         # Every long-lived block (weights, state, scratch, workspace, saved prompts) comes
         # from this pool, which enforces the memory limit and reports what Snug holds.
-        self.pool = pool or CupyPool(limit=getattr(settings, "limit_bytes", None))
-        self.graphs: Any = None  # set by graphs.DecodeGraphs; torn down before buffers move
-        self.scratch = RegionCarver("scratch", spill=("head",))
-        self.workspace = RegionCarver("workspace", spill=("ws",))
-        self.mem_scratch: Any = None  # engine.memory.Scratch, made by alloc_state
-        self.mem_workspace: Any = None  # engine.memory.Workspace
+        self.pool = pool or CupyPool(limit=self.settings.limit_bytes)
+        self.graphs: DecodeGraphs | None = None  # torn down before buffers move
         self.model: Any = None  # the forward the decode graphs capture (set at warm-up)
-        self._state_block: Any = None
-        self.capturing = False
-        self.step_splits: int | None = None  # caps the decode attention's grid (graphs.py)
         self.config: ModelConfig | None = None
         self.arena: Any = None
         self.max_rows = max_rows
-        self.slots = 0
-        self.context = 0
-        self.meta: Any = None
-        self.meta_host: Any = None
-        self.batch: Batch | None = None
-        self.nvalid = 0
-        self.counter: Any = None
-        self.argmax_work: Any = None  # greedy picks split over blocks (Ops.argmax)
-        self.picks: Any = None  # each decode row's next token (sample_rows)
-        self.seen: Any = None  # per slot, a bitmap of the ids its reply has (presence penalty)
-        self.draw_cand: Any = None  # the split draw's candidates (Ops.sample)
-        # Invariant 7: when the plan has no room for an untied embedding table on the card,
-        # it stays in host memory; each forward's rows are gathered on the host and copied
-        # into `emb_rows` with the batch layout (so a captured graph reads them too).
+        # What admission decided (`configure`): embeddings in host memory (invariant 7), and
+        # prefill attention's query rows.
         self.host_embeddings = False
-        self.score_rows = ATTN_QUERY_ROWS  # prefill attention query rows (the plan's choice)
-        self.host_table: Any = None
-        self.emb_rows: Any = None
-        self.emb_host: Any = None
+        self.score_rows = ATTN_QUERY_ROWS
+        k, t = self.kernels, self.tuning
+        self.frame = Frame(k.act_dtype, self._teardown_graphs)
+        self.state = StreamState(k, self.pool, self.stream)
+        self.norms = Norms(k, self.frame)
+        self.projections = Projections(k, self.frame, self.norms)
+        self.attn = Attention(k, self.frame, self.state, t)
+        self.deltanet = DeltaNet(k, self.frame, self.state, self.projections, t)
+        self.sampling = Sampling(k, self.frame, t)
 
-    # ----- memory reports -----------------------------------------------------------------
+    # ----- what admission decided ---------------------------------------------------------
     @property
     def act_itemsize(self) -> int:
-        return self.ops.act_itemsize
+        return self.kernels.act_itemsize
+
+    def configure(self, decision: Decision | None, vocab_rows: int) -> None:
+        """Rows per forward, where the embedding table lives and prefill attention's query
+        rows from `decision` (None: the constructor's max_rows, the table on the card, the
+        default query rows); `vocab_rows` bounds every pick (the rest is padding)."""
+        super().configure(decision, vocab_rows)
+        if decision is None:
+            self.host_embeddings, self.score_rows = False, ATTN_QUERY_ROWS
+            return
+        self.max_rows = decision.max_rows
+        self.host_embeddings = decision.host_embeddings
+        self.score_rows = decision.score_rows
 
     def held_bytes(self) -> int:
         """Bytes Snug holds on the card: the pool's blocks plus the small step buffers."""
         small = 0
-        if self.meta is not None:
-            small = self.meta.nbytes + self.counter.nbytes + self.argmax_work.nbytes
-            small += self.picks.nbytes + self.seen.nbytes
-            small += sum(a.nbytes for a in self.draw_cand)
+        if self.frame.meta is not None:
+            small = self.frame.nbytes + self.sampling.nbytes
         return self.pool.held_bytes + small
 
     def _teardown_graphs(self) -> None:
         if self.graphs is not None:
             self.graphs.teardown()
 
-    def _attach_blocks(self, _rows: int = 0) -> None:
-        """Point the carvers at the live scratch / workspace blocks (after a grow)."""
-        ms, mw = self.mem_scratch, self.mem_workspace
-        if ms is not None and ms.block is not None:
-            self.scratch.attach(ms.block, ms.layout.regions)
-        if mw is not None and mw.block is not None:
-            self.workspace.attach(mw.block, {"ws": (0, mw.nbytes)})
-
-    # ----- weights ------------------------------------------------------------------------
+    # ----- weights and state --------------------------------------------------------------
     def load_weights(self, checkpoint: Any, config: ModelConfig) -> dict[str, Any]:
+        import cupy
+
         self.stream.use()
         self.config = config
-        self.nvalid = config.vocab_size
+        self.vocab_rows = self.vocab_rows or config.vocab_size
         skip = ("embed_tokens",) if self.host_embeddings else ()
         if skip and config.tie_word_embeddings:
             raise ValueError("a tied embedding table is the LM head and must be on the card")
         try:
-            weights, self.arena = upload(checkpoint, self.ops, self.pool, skip)
-        except self.cp.cuda.memory.OutOfMemoryError as exc:
+            weights, self.arena = upload(checkpoint, self.norms, self.projections, self.pool, skip)
+        except cupy.cuda.memory.OutOfMemoryError as exc:
             raise DeviceOutOfMemory(
                 f"{checkpoint.dir}: the weights do not fit on the GPU ({exc}); choose a smaller "
                 "model or a 4-bit checkpoint"
             ) from exc
         if skip:
-            self.host_table = checkpoint.read("embed_tokens")  # packed 4-bit stays packed
+            self.state.host_table = checkpoint.read("embed_tokens")  # 4-bit stays packed
             weights["embed_tokens"] = None
         return weights
 
-    def _alloc_meta(self, cap: int) -> None:
+    def alloc_state(self, config: ModelConfig, slots: int, context: int) -> None:
+        """The state block, `meta`, the sampling buffers, and the scratch and workspace (to
+        be allocated when first ensured); a second call replaces everything sized by it."""
+        self.stream.use()
         self._teardown_graphs()
-        self.meta = self.cp.zeros((META_ROWS, cap), self.cp.int32)
-        mem = self.cp.cuda.alloc_pinned_memory(META_ROWS * cap * 4)
-        self.meta_host = np.frombuffer(mem, np.int32, META_ROWS * cap).reshape(META_ROWS, cap)
+        self.config = config
+        self.vocab_rows = self.vocab_rows or config.vocab_size
+        self.state.free()  # what the old shape held goes first, then the new state
+        self.frame.release_blocks()
+        self.state.alloc(config, slots, context)
+        rows = max(self.max_rows, 64)
+        self.frame.alloc_meta(rows)
+        self.sampling.alloc(rows, slots, config.vocab_size)
+        isz, mr = self.act_itemsize, self.max_rows
+        self.frame.alloc_blocks(self.pool, config, isz, mr, slots, context, self.score_rows)
+
+    def reset_slot(self, slot: int) -> None:
+        self.state.reset_slot(slot)
+
+    def save_slot(self, slot: int, length: int) -> Any:
+        return self.state.save_slot(slot, length)
+
+    def restore_slot(self, slot: int, snapshot: Any) -> None:
+        self.state.restore_slot(slot, snapshot)
+
+    def snapshot_bytes(self, length: int) -> int:
+        return self.state.snapshot_bytes(length)
+
+    def snapshot_nbytes(self, snapshot: Any) -> int:
+        return self.state.snapshot_nbytes(snapshot)
+
+    def free_snapshot(self, snapshot: Any) -> None:
+        self.state.free_snapshot(snapshot)
 
     # ----- host transfer ------------------------------------------------------------------
     def to_host(self, x: Any) -> np.ndarray:
-        if x.dtype == self.ops.act_dtype and self.dtype != "float32":
-            out = self.cp.empty(x.shape, self.cp.float32)
-            self.ops.to_f32(x, out)
+        import cupy
+
+        if x.dtype == self.kernels.act_dtype and self.dtype != "float32":
+            out = cupy.empty(x.shape, cupy.float32)
+            self.norms.to_f32(x, out)
             x = out
-        return self.cp.asnumpy(x, stream=self.stream, blocking=True)
+        return cupy.asnumpy(x, stream=self.stream, blocking=True)
 
     def write_batch(self, batch: Batch, ids: np.ndarray) -> None:
-        """Copy token ids and the row/segment layout into `meta` (asynchronously)."""
-        R, S = batch.rows, len(batch.segments)
-        if R > self.meta.shape[1]:
-            self._alloc_meta(R)
-        batch.check_context(self.context)
-        self.stream.synchronize()  # the pinned buffer may still feed the last copy
-        h = self.meta_host
-        h[0, :R] = ids
-        h[1, :R] = batch.positions()
-        rows = np.array([s.rows for s in batch.segments], np.int32)
-        row0 = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int32)
-        h[2, :R] = np.repeat([s.slot for s in batch.segments], rows)
-        h[3, :R] = np.arange(R, dtype=np.int32) - np.repeat(row0, rows)
-        h[4, :R] = np.repeat(rows, rows)
-        h[5, :S] = [s.slot for s in batch.segments]
-        h[6, :S] = row0
-        h[7, :S] = rows
-        self.meta.data.copy_from_host_async(h.ctypes.data, h.nbytes, self.stream)
+        """Copy token ids and the batch layout to the device (asynchronously); with host
+        embeddings, their rows too."""
+        self.frame.write(batch, ids, self.state.context, self.stream)
         if self.host_embeddings:
-            self._host_embedding_rows(ids[:R])
+            self.state.host_rows(ids[: batch.rows], self.max_rows)
 
     def prepare(self, batch: Batch, ids: np.ndarray) -> Any:
         self.stream.use()
-        if not self.capturing:
-            if self.mem_scratch is not None:
-                # Lazy growth happens here, before any kernel of this forward runs: a failed
-                # grow refuses this request and leaves every stream's state as it was.
-                self.mem_scratch.ensure(min(batch.rows, self.mem_scratch.max_rows))
-                if not batch.is_step:
-                    self.mem_workspace.ensure(min(batch.rows, self.mem_workspace.max_rows))
+        if not self.frame.capturing:
+            self.frame.ensure(batch)  # lazy growth, before any kernel of this forward
             self.write_batch(batch, np.asarray(ids, np.int32))
-            self.workspace.reset("ws")
-        self.scratch.reset("r1")  # the embedding output is layer -1's
-        self.batch = batch
-        return self.meta[0, : batch.rows]
+            self.frame.workspace.reset("ws")
+        self.frame.scratch.reset("r1")  # the embedding output is layer -1's
+        return self.frame.meta[0, : batch.rows]
 
     def begin_layer(self, index: int) -> None:
-        self.scratch.begin(f"r{index % 2}")
+        self.frame.scratch.begin(f"r{index % 2}")
 
     def begin_head(self) -> None:
-        self.scratch.begin("head")
-
-    def _meta_rows(self, R: int) -> tuple[Any, Any, Any, Any]:
-        m = self.meta
-        return m[1, :R], m[2, :R], m[3, :R], m[4, :R]
-
-    def _segs(self, S: int) -> tuple[Any, Any, Any]:
-        m = self.meta
-        return m[5, :S], m[6, :S], m[7, :S]
-
-    def take(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
-        return self.scratch.take(shape, self.ops.act_dtype if dtype is None else dtype)
+        self.frame.scratch.begin("head")
 
     # ----- ops ----------------------------------------------------------------------------
     def embedding(self, table: Any, ids: Any) -> Any:
+        R = ids.shape[0]
         if table is None:  # host embeddings: rows were copied in by write_batch
-            R = ids.shape[0]
-            out = self.take((R, self.config.hidden_size))
-            out[...] = self.emb_rows[:R]
+            out = self.frame.take((R, self.config.hidden_size))
+            out[...] = self.state.emb_rows[:R]
             return out
-        out = self.take((ids.shape[0], table.shape[1]))
-        self.ops.embedding(table, ids, out)
+        out = self.frame.take((R, table.shape[1]))
+        self.norms.embed_into(table, ids, out)
         return out
 
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any:
-        out = self.take(x.shape)
-        self.ops.rms_norm(x, weight, out, eps)
-        return out
+        return self.norms.rms_norm(x, weight, eps)
 
     def add_rms_norm(self, x: Any, delta: Any, weight: Any, eps: float) -> tuple[Any, Any]:
-        out, h = self.take(x.shape), self.take(x.shape)
-        self.ops.add_rms_norm(x, delta, weight, out, h, eps)
-        return out, h
+        return self.norms.add_rms_norm(x, delta, weight, eps)
 
     def linear(self, x: Any, weight: Any) -> Any:
-        out = self.take((x.shape[0], weight.shape[0]))
-        self._linear_into(x, weight, out)
-        return out
-
-    def _one_product(self, rows: int, weights: list[Any]) -> Any:
-        """The one weight that computes all of `weights` in a single launch: the weight
-        itself, or at one row the stored group (weights.FUSED_GROUPS) they are parts of."""
-        if len(weights) == 1:
-            return weights[0]
-        fused = getattr(weights[0], "fused", None)
-        whole = (
-            fused is not None
-            and rows == 1
-            and all(getattr(w, "fused", None) is fused for w in weights)
-            and sum(w.shape[0] for w in weights) == fused.shape[0]
-            and self.ops.gemv_ok(fused, 1)
-        )
-        return fused if whole else None
-
-    @staticmethod
-    def _parts(out: Any, weights: list[Any]) -> list[Any]:
-        if len(weights) == 1:
-            return [out]
-        return [out[:, w.row0 : w.row0 + w.shape[0]] for w in weights]
+        return self.projections.linear(x, weight)
 
     def linear_many(self, x: Any, weights: list[Any]) -> list[Any]:
-        """A one-row step multiplies a stored group in one launch and hands out each part's
-        slice of the output; anything else runs part by part."""
-        product = self._one_product(x.shape[0], weights)
-        if product is None or len(weights) == 1:
-            return [self.linear(x, w) for w in weights]
-        out = self.take((1, product.shape[0]))
-        self.ops.gemv(x, product, out)
-        return self._parts(out, weights)
+        return self.projections.linear_many(x, weights)
 
     def norm_linear_many(
         self, x: Any, delta: Any, weight: Any, eps: float, weights: list[Any]
     ) -> tuple[list[Any], Any]:
-        """Add, norm and projection in one gemv4 launch where it applies (`Ops.pro_ok`)."""
-        product = self._one_product(x.shape[0], weights)
-        if product is None or not self.ops.pro_ok(x, product, 1):
-            return super().norm_linear_many(x, delta, weight, eps, weights)
-        h = x if delta is None else self.take(x.shape)
-        out = self.take((x.shape[0], product.shape[0]))
-        pro = Pro(1, weight, eps, delta=delta, h=None if delta is None else h)
-        self.ops.gemv(x, product, out, pro=pro)
-        return self._parts(out, weights), h
+        """Add, norm and projection in one launch where it applies, else one by one."""
+        fused = self.projections.norm_linear_many(x, delta, weight, eps, weights)
+        return super().norm_linear_many(x, delta, weight, eps, weights) if fused is None else fused
 
     def norm_mlp(
         self, x: Any, delta: Any, weight: Any, eps: float, gate: Any, up: Any, down: Any
     ) -> tuple[Any, Any]:
-        if type(gate) is not type(up) or not self.ops.pro_ok(x, gate, 1):
+        fused = self.projections.norm_mlp(x, delta, weight, eps, gate, up, down)
+        if fused is None:
             return super().norm_mlp(x, delta, weight, eps, gate, up, down)
-        h = self.take(x.shape)
-        act = self.take((x.shape[0], gate.shape[0]))
-        self.ops.gemv(x, gate, act, up=up, pro=Pro(1, weight, eps, delta=delta, h=h))
-        return self.linear(act, down), h
-
-    def _linear_into(self, x: Any, weight: Any, out: Any) -> None:
-        if self.ops.gemv_ok(weight, x.shape[0]):
-            self.ops.gemv(x, weight, out)
-            return
-        if isinstance(weight, QWeight):
-            self.workspace.begin("ws")
-            dense = self.workspace.take(weight.shape, self.ops.act_dtype)
-            self.ops.dequant(weight, dense)
-        else:
-            dense = weight.data if isinstance(weight, DWeight) else weight
-        self.ops.gemm(x, dense, out)
+        return fused
 
     def mlp(self, x: Any, gate: Any, up: Any, down: Any) -> Any:
-        R = x.shape[0]
-        h = self.take((R, gate.shape[0]))
-        if type(gate) is type(up) and self.ops.gemv_ok(gate, R):
-            self.ops.gemv(x, gate, h, up=up)
-        else:
-            g, u = self.linear(x, gate), self.linear(x, up)
-            self.ops.swiglu(g, u, h)
-        return self.linear(h, down)
+        return self.projections.mlp(x, gate, up, down)
 
     def take_rows(self, x: Any, rows: np.ndarray) -> Any:
-        rows = np.asarray(rows, np.int32)
-        if len(rows) == x.shape[0] and np.array_equal(rows, np.arange(len(rows))):
-            return x
-        out = self.take((len(rows), x.shape[1]))
-        self.ops.gather_rows(x, self.cp.asarray(rows), out)
-        return out
+        return self.norms.take_rows(x, rows)
 
     def attention(
         self,
@@ -327,83 +263,72 @@ class CudaBackend(StateMixin, DeltaNetMixin, Backend):
         batch: Batch,
         ahead: tuple = (),
     ) -> Any:
-        c = self.config
-        R = qg.shape[0]
-        Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        heads = (Hq, Hkv, hd)
-        kc, vc = self.kv_k[layer], self.kv_v[layer]
-        q = self.take((R, Hq * hd))
-        meta = self._meta_rows(R)
-        self.ops.attn_prep(
-            qg,
-            k,
-            v,
-            q_norm,
-            k_norm,
-            meta,
-            q,
-            kc,
-            vc,
-            heads,
-            c.rotary_dim,
-            self.context,
-            c.rope_theta,
-            c.rms_norm_eps,
-            ahead if batch.is_step else (),
-        )
-        out = self.take((R, Hq * hd))
-        if batch.is_step:
-            split, nsmax = decode_splits(self.context, self.step_splits)
-            po = self.take((R, Hq, nsmax, hd), self.cp.float32)
-            pml = self.take((R, Hq, nsmax, 2), self.cp.float32)
-            self.ops.attn_decode(
-                q, kc, vc, meta[0], meta[1], po, pml, heads, self.context, split, nsmax
-            )
-            self.ops.attn_combine(po, pml, qg, meta[0], out, heads, split, nsmax)
-            return out
-        row0 = 0
-        for seg in batch.segments:
-            prefill_attention(self, q, qg, kc, vc, seg, row0, out)
-            row0 += seg.rows
-        return out
+        return self.attn.forward(layer, qg, k, v, q_norm, k_norm, batch, ahead)
 
-    # ----- lifetime -----------------------------------------------------------------------
+    def gated_delta(
+        self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict, batch: Batch
+    ) -> Any:
+        return self.deltanet.gated_delta(layer, mixed, z, b, a, weights, batch)
+
+    def gated_delta_out(
+        self,
+        layer: int,
+        mixed: Any,
+        z: Any,
+        b: Any,
+        a: Any,
+        weights: dict,
+        out_proj: Any,
+        batch: Batch,
+        ahead: tuple = (),
+    ) -> Any:
+        """The gated output norm inside out_proj's launch where it applies, else apart."""
+        args = (layer, mixed, z, b, a, weights, out_proj, batch)
+        out = self.deltanet.gated_delta_out(*args, ahead)
+        return super().gated_delta_out(*args) if out is None else out
+
+    # ----- lifetime and decode ------------------------------------------------------------
     def warm_up(self, model: Any, eager: bool) -> None:
         """Compile every kernel a request will use and, when the whole scratch fits
         (`eager`), allocate scratch and workspace at max rows and capture the decode graph
         of every batch size up to the stream count, so no request pays for an allocation or
-        a capture (invariant 4). Runs on the hidden spare slot; live streams are untouched."""
+        a capture (invariant 4); eager, the one-row step's projections are then re-chosen by
+        the step's own time (`DecodeGraphs.tune`, where a step is short). Runs on the slots
+        before any stream is live and leaves them zeroed."""
         from engine.backends.cuda.graphs import TUNE_BUDGET_S, TUNE_MAX_STEP_S
 
         self.model = model
         graphs = self._decode_graphs()
+        fr = self.frame
         if eager:
-            self.mem_scratch.ensure(self.mem_scratch.max_rows)
-            self.mem_workspace.ensure(self.mem_workspace.max_rows)
-        rows = min(self.max_rows, self.context, 64 if not eager else self.max_rows)
+            fr.mem_scratch.ensure(fr.mem_scratch.max_rows)
+            fr.mem_workspace.ensure(fr.mem_workspace.max_rows)
+        rows = min(self.max_rows, self.state.context, 64 if not eager else self.max_rows)
         model.forward(Batch.window(0, 0, rows), np.zeros(rows, np.int32))
-        for batch_size in range(1, self.slots + 1):
+        for batch_size in range(1, self.state.slots + 1):
             graphs.warm(batch_size)  # compiles and tunes the step kernels for this size
             if eager:
                 graphs.capture(batch_size)
         step = tuple(graphs.keys.get(1, ()))
-        if eager and self.ops.tune_in_step and step not in self.ops.step_tuned:
+        tuner = self.projections.tuner
+        if eager and step not in tuner.step_tuned:
             graphs.tune(1, max_step_s=TUNE_MAX_STEP_S, budget_s=TUNE_BUDGET_S)
-            self.ops.step_tuned.add(step)  # later loads of these shapes keep the choices
-        for slot in range(self.slots):
+            tuner.step_tuned.add(step)  # later loads of these shapes keep the choices
+        for slot in range(self.state.slots):
             self.reset_slot(slot)
         self.stream.synchronize()
 
-    def decode_step(self, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
-        """One decode row per stream through the captured graph (captured on first use);
-        returns (logits [B, V], greedy tokens [B] int32) on the device."""
-        return self._decode_graphs().replay(batch, ids)
+    def decode_step(self, model: Any, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
+        """One decode row per stream through the captured graph (captured on first use, of
+        the model warm-up gave); returns (logits [B, V], greedy tokens [B] int32) on the
+        device."""
+        return self._decode_graphs(model).replay(batch, ids)
 
     @property
-    def steps_read_picks(self) -> bool:
-        """Whether a step can take its input ids from the previous step's picks on the
-        device (`launch_step` with no batch): not where embedding rows are gathered on the
-        host from ids the host must know first (invariant 7)."""
+    def launches_steps(self) -> bool:
+        """A step can take its input ids from the previous step's picks on the device: not
+        where embedding rows are gathered on the host from ids the host must know first
+        (invariant 7)."""
         return not self.host_embeddings
 
     def launch_step(self, batch: Batch | None, ids: Any, rows: list) -> Any:
@@ -411,86 +336,55 @@ class CudaBackend(StateMixin, DeltaNetMixin, Backend):
         after the last one, fed by its picks on the device)."""
         return self._decode_graphs().launch(batch, ids, rows)
 
-    def _decode_graphs(self) -> Any:
-        """The model's DecodeGraphs, made on first use (it registers itself as self.graphs)."""
+    def _decode_graphs(self, model: Any = None) -> DecodeGraphs:
+        """The DecodeGraphs, made on first use (it registers itself as self.graphs)."""
         from engine.backends.cuda.graphs import DecodeGraphs
 
-        return self.graphs or DecodeGraphs(self, self.model)
+        return self.graphs or DecodeGraphs(self, model if self.model is None else self.model)
+
+    @contextmanager
+    def capture_mode(self, splits: int | None) -> Iterator[None]:
+        """While a decode graph is captured: no batch is written and nothing grows, the
+        scratch refuses to spill, launches overlap where they can, the projections' choice
+        keys are recorded in order, and the attention grid is capped at `splits`."""
+        fr, k = self.frame, self.kernels
+        fr.capturing = fr.scratch.capturing = k.graphing = True
+        self.projections.tuner.step_keys = []
+        self.attn.step_splits = splits
+        try:
+            yield
+        finally:
+            fr.capturing = fr.scratch.capturing = k.graphing = False
+            self.attn.step_splits = None
 
     def release(self) -> None:
         """Free graphs, scratch, workspace, state and weights (unload)."""
         self._teardown_graphs()
         self.graphs = None
-        for mem in (self.mem_scratch, self.mem_workspace):
-            if mem is not None:
-                mem.release()
-        self.scratch.detach()
-        self.workspace.detach()
-        for block in (self._state_block, getattr(self.arena, "alloc", None)):
-            if block is not None:
-                block.free()
-        self._state_block = self.arena = None
+        self.frame.release_blocks()
+        self.frame.detach()
+        self.state.free()
+        if self.arena is not None and self.arena.alloc is not None:
+            self.arena.alloc.free()
+        self.arena = None
         self.stream.synchronize()
 
     # ----- sampling on the device ---------------------------------------------------------
+    @property
+    def samples_on_device(self) -> bool:
+        return True
+
     def sample_greedy(self, logits: Any, out: Any = None) -> Any:
         """argmax over the real vocabulary of each row, int32 on the device."""
-        if out is None:
-            out = self.take((logits.shape[0],), self.cp.int32)
-        self.ops.argmax(logits, min(self.nvalid, logits.shape[1]), out, self.argmax_work)
-        return out
+        return self.sampling.greedy(logits, self.vocab_rows, out)
 
-    def sample_rows(self, logits: Any, greedy: Any, rows: list, in_place: bool = False) -> Any:
-        """The next token of each row of a decode step, on the device: rows[i] None takes
-        greedy[i] (the step's argmax), else the `engine.sampling.Draw` draws from logits[i]
-        (with a presence penalty, the slot's bitmap of seen ids updated first). Returns int32
-        [len(rows)] on the device: greedy itself where in_place (the draws overwrite their
-        rows; no copies), else a copy."""
-        picks = greedy[: len(rows)] if in_place else self.picks[: len(rows)]
-        if not in_place:
-            picks[...] = greedy[: len(rows)]
-        for i, d in enumerate(rows):
-            if d is None:
-                continue
-            seen = None
-            if d.penalty:
-                seen = self.seen[d.slot]
-                if d.clear or d.mark:
-                    ids = self.cp.asarray(np.asarray(d.mark, np.int32)) if d.mark else None
-                    self.ops.mark_seen(seen, ids, d.clear)
-            self.ops.sample(
-                logits[i : i + 1],
-                min(self.nvalid, logits.shape[1]),
-                d.top_k,
-                d.top_p,
-                d.temperature,
-                d.seed,
-                None,  # every draw is seeded: nothing carried between calls
-                picks[i : i + 1],
-                seen,
-                d.penalty,
-                self.draw_cand,
-            )
-        return picks
+    def sample_rows(self, logits: Any, greedy: Any, rows: list, *, in_place: bool = False) -> Any:
+        """Each decode row's next token on the device (`Sampling.rows`); `in_place`: the
+        draws overwrite their rows of `greedy`, which is returned (a launched step's picks)."""
+        return self.sampling.rows(logits, greedy, rows, self.vocab_rows, in_place)
 
     def sample(
         self, logits: Any, temperature: float, top_k: int, top_p: float, seed: int, out: Any = None
     ) -> Any:
         """top-k (at most 1024; 0 means 1024) then top-p sampling at `temperature`."""
-        if temperature <= 0:
-            return self.sample_greedy(logits, out)
-        if out is None:
-            out = self.take((logits.shape[0],), self.cp.int32)
-        k = 1024 if top_k <= 0 else min(top_k, 1024)
-        self.ops.sample(
-            logits,
-            min(self.nvalid, logits.shape[1]),
-            k,
-            top_p,
-            temperature,
-            seed,
-            self.counter,
-            out,
-            cand=self.draw_cand,
-        )
-        return out
+        return self.sampling.sample(logits, self.vocab_rows, temperature, top_k, top_p, seed, out)

@@ -1,28 +1,69 @@
-"""The DeltaNet layer's steps on the CUDA backend: conv, gates and the delta-rule scan
-(`gdn_step` for a decode step where the head sizes fit one launch, else `gdn_prep` then
-`gdn_scan` or, for a prompt, `gdn_chunk`), and the gated output norm, which at decode sizes
-runs as out_proj's prologue."""
+"""The Gated DeltaNet layer on the CUDA backend (gdn.cu, gdn_chunk.cu).
+
+A decode step runs the causal conv, the gates, the l2 norms and the delta rule in one launch
+(`gdn_step`, or `gdn_step_split` over a cluster of blocks a key head) where the head sizes
+fit, and that launch brings the weights read next toward L2 while it leaves memory idle.
+Elsewhere `gdn_prep` computes q, k, v and the gates (a step's prep also shifts the conv
+state), a window's conv state is updated after every row has read it (`gdn_conv_state`),
+and the delta rule runs token by token (`gdn_scan`) or, for a window, in chunks
+(`gdn_chunk`, where the GPU's shared memory allows). The gated output norm runs as its own
+kernel (`gdn_out`) or, at decode sizes, as out_proj's prologue.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from engine.backends.base import Batch
-from engine.backends.cuda.gemv import Pro
+from engine.backends.cuda.frame import Frame
+from engine.backends.cuda.launch import (
+    Kernels,
+    ahead_spans,
+    cdiv,
+    compute_capability,
+    smem_per_block,
+)
+from engine.backends.cuda.projections import Pro, Projections, Prologue
+from engine.backends.cuda.state import StreamState
+from engine.backends.cuda.tuning import Tuning
+
+i32, f32 = np.int32, np.float32
 
 
-class DeltaNetMixin:
-    """Mixed into CudaBackend (before `Backend`, whose `gated_delta_out` it falls back to);
-    uses its `config`, `cp`, `ops`, `conv`, `recurrent`, `take`, `_segs` and `_meta_rows`."""
+def chunk_smem(gc: int) -> int:
+    """Shared-memory bytes of gdn_chunk<gc> (the buffers listed at the top of gdn_chunk.cu)."""
+    ldk, ldv, ldc = 129, 33, gc + 1
+    return 4 * (2 * gc * ldk + 2 * gc * ldv + 2 * gc * ldc + 128 * ldv + 4 * gc)
 
+
+class DeltaNet:
+    """Owns gdn.cu and gdn_chunk.cu; reads and updates the conv and recurrent state of
+    `state`, carves from `frame`, and runs out_proj with its prologue on `projections`."""
+
+    def __init__(
+        self,
+        kernels: Kernels,
+        frame: Frame,
+        state: StreamState,
+        projections: Projections,
+        tuning: Tuning,
+    ) -> None:
+        self.k, self.frame, self.state = kernels, frame, state
+        self.projections, self.tuning = projections, tuning
+        self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
+
+    # ----- the ops ------------------------------------------------------------------------
     def gated_delta(
         self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict, batch: Batch
     ) -> Any:
-        c = self.config
-        o = self._gated_delta_core(layer, mixed, b, a, weights, batch)
-        y = self.take((mixed.shape[0], c.value_dim))
+        """`Backend.gated_delta`: the mixer's output [R, VD] before out_proj."""
+        c = self.state.config
+        o = self.core(layer, mixed, b, a, weights, batch)
+        y = self.frame.take((mixed.shape[0], c.value_dim))
         Hv, dv = c.linear_num_value_heads, c.linear_value_head_dim
-        self.ops.gdn_out(o, z, weights["norm"], y, Hv, dv, c.rms_norm_eps)
+        self.out(o, z, weights["norm"], y, Hv, dv, c.rms_norm_eps)
         return y
 
     def gated_delta_out(
@@ -37,82 +78,219 @@ class DeltaNetMixin:
         batch: Batch,
         ahead: tuple = (),
     ) -> Any:
-        """At decode sizes the gated output norm runs inside out_proj's launch (`Pro` 2), and
-        a step's DeltaNet launch brings out_proj's weights and the heads of `ahead`'s toward
-        L2 (`Ops.l2_ahead`)."""
-        c = self.config
+        """`Backend.gated_delta_out` where the gated output norm can run inside out_proj's
+        launch (its GATED_NORM prologue), else None (nothing done). A step's DeltaNet launch
+        brings out_proj's weights and the heads of `ahead`'s toward L2."""
+        c = self.state.config
         dv = c.linear_value_head_dim
-        if not self.ops.pro_ok(z, out_proj, 2, head_dim=dv):
-            return super().gated_delta_out(layer, mixed, z, b, a, weights, out_proj, batch)
-        o = self._gated_delta_core(layer, mixed, b, a, weights, batch, (out_proj, *ahead))
-        out = self.take((mixed.shape[0], out_proj.shape[0]))
-        pro = Pro(2, weights["norm"], c.rms_norm_eps, o=o, head_dim=dv)
-        self.ops.gemv(z, out_proj, out, pro=pro)
+        if not self.projections.pro_ok(z, out_proj, Prologue.GATED_NORM, head_dim=dv):
+            return None
+        o = self.core(layer, mixed, b, a, weights, batch, (out_proj, *ahead))
+        out = self.frame.take((mixed.shape[0], out_proj.shape[0]))
+        pro = Pro(Prologue.GATED_NORM, weights["norm"], c.rms_norm_eps, o=o, head_dim=dv)
+        self.projections.gemv(z, out_proj, out, pro=pro)
         return out
 
-    def _gated_delta_core(
+    def core(
         self, layer: int, mixed: Any, b: Any, a: Any, weights: dict, batch: Batch, ahead=()
     ) -> Any:
         """Conv, gates and the delta-rule scan; returns the fp32 output `o` [R, VD] before
         its gated norm. A step (one row per stream) runs all of it in one `gdn_step` launch
-        (which brings the weights read next, `ahead`, toward L2) where the head sizes allow, else
-        the prep kernel updates the conv state itself; a window needs the separate pass after
-        every row has read it."""
-        c, cp, ops = self.config, self.cp, self.ops
+        (which brings the weights read next, `ahead`, toward L2) where the head sizes allow,
+        else the prep kernel updates the conv state itself; a window needs the separate pass
+        after every row has read it."""
+        import cupy
+
+        c, fr = self.state.config, self.frame
         R, S = mixed.shape[0], len(batch.segments)
         Hk, Hv = c.linear_num_key_heads, c.linear_num_value_heads
         dk, dv, K = c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim
         assert dk == 128 and dv % 4 == 0, "the DeltaNet kernels assume key head dim 128"
-        f = cp.float32
+        f = cupy.float32
         step = batch.is_step
-        segs = self._segs(S)
-        if step and K <= 4 and ops.gdn_step_shape(Hk, Hv, dk, dv):
-            o = self.take((R, Hv * dv), f)
-            ops.gdn_step(
-                mixed,
-                weights["conv1d"],
-                self.conv[layer],
-                a,
-                b,
-                weights["A_log"],
-                weights["dt_bias"],
-                self.recurrent[layer],
-                segs,
-                S,
-                o,
-                (Hk, Hv, dk, dv, K),
-                ahead=ahead,
-            )
+        segs = fr.segs(S)
+        conv, recurrent = self.state.conv[layer], self.state.recurrent[layer]
+        dims = (Hk, Hv, dk, dv, K)
+        if step and K <= 4 and self.step_shape(Hk, Hv, dk, dv):
+            o = fr.take((R, Hv * dv), f)
+            w = (weights["conv1d"], conv, a, b, weights["A_log"], weights["dt_bias"])
+            self.step(mixed, *w, recurrent, segs, S, o, dims, ahead=ahead)
             return o
         outs = (
-            self.take((R, Hk * dk), f),
-            self.take((R, Hk * dk), f),
-            self.take((R, Hv * dv), f),
-            self.take((R, Hv), f),
-            self.take((R, Hv), f),
+            fr.take((R, Hk * dk), f),
+            fr.take((R, Hk * dk), f),
+            fr.take((R, Hv * dv), f),
+            fr.take((R, Hv), f),
+            fr.take((R, Hv), f),
         )
-        _, row_slot, row_tl, _ = self._meta_rows(R)
-        cstate = self.conv[layer]
-        ops.gdn_prep(
-            mixed,
-            weights["conv1d"],
-            cstate,
-            a,
-            b,
-            weights["A_log"],
-            weights["dt_bias"],
-            row_slot,
-            row_tl,
-            outs,
-            (Hk, Hv, dk, dv, K),
-            update_state=step,
-        )
+        _, row_slot, row_tl, _ = fr.rows(R)
+        w = (weights["conv1d"], conv, a, b, weights["A_log"], weights["dt_bias"])
+        self.prep(mixed, *w, row_slot, row_tl, outs, dims, update_state=step)
         if not step:
-            ops.gdn_conv_state(mixed, cstate, segs, S, c.conv_dim, K)
-        o = self.take((R, Hv * dv), f)
+            self.conv_state(mixed, conv, segs, S, c.conv_dim, K)
+        o = fr.take((R, Hv * dv), f)
         q, k, v, g, beta = outs
-        state = self.recurrent[layer]
-        chunked = not step and ops.chunked_prefill
-        if not (chunked and ops.gdn_chunk(q, k, v, g, beta, state, segs, S, o, Hk, Hv, dv)):
-            ops.gdn_scan(q, k, v, g, beta, state, segs, S, o, Hk, Hv, dv)
+        if step or not self.chunk(q, k, v, g, beta, recurrent, segs, S, o, Hk, Hv, dv):
+            self.scan(q, k, v, g, beta, recurrent, segs, S, o, Hk, Hv, dv)
         return o
+
+    # ----- kernels ------------------------------------------------------------------------
+    def prep(
+        self,
+        mixed,
+        conv_w,
+        cstate,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        row_slot,
+        row_tl,
+        outs,
+        dims,
+        update_state=False,
+    ):
+        """Conv, SiLU, l2 norms and gates into `outs` (q, k, v, g, beta); with
+        `update_state` (a step) the conv state is shifted too."""
+        Hk, Hv, dk, dv, K = dims
+        R = mixed.shape[0]
+        self.k.run(
+            "gdn.cu",
+            "gdn_prep",
+            (R, 2 * Hk + Hv + 1),
+            (128,),
+            (
+                mixed,
+                conv_w,
+                cstate,
+                a,
+                b,
+                A_log,
+                dt_bias,
+                row_slot,
+                row_tl,
+                *outs,
+                i32(Hk),
+                i32(Hv),
+                i32(dk),
+                i32(dv),
+                i32(K),
+                i32(1 if update_state else 0),
+            ),
+        )
+
+    def step_shape(self, Hk: int, Hv: int, dk: int, dv: int) -> tuple[int, int] | None:
+        """(columns per warp, threads) of `gdn_step` for these head sizes, or None where it
+        does not apply (then a step runs gdn_prep and gdn_scan)."""
+        if dk != 128 or Hv % Hk or Hv // Hk > 8:
+            return None
+        gv = Hv // Hk
+        cols = gv * dv
+        for nc in (4, 8):
+            threads = cols // nc * 32
+            if cols <= 256 and dv % nc == 0 and 2 * dk + cols + gv <= threads <= 1024:
+                return nc, threads
+        return None
+
+    def split_shape(self, Hk: int, Hv: int, dk: int, dv: int) -> tuple[int, int] | None:
+        """(columns per warp, threads) of `gdn_step_split` over `deltanet_step_blocks`
+        blocks a key head, or None where it does not apply (then one block takes a key
+        head)."""
+        P = self.tuning.deltanet_step_blocks
+        if not P or not self.step_shape(Hk, Hv, dk, dv):
+            return None
+        cols = Hv // Hk * dv
+        if compute_capability() < 90 or cols % P or dv % (cols // P):
+            return None
+        cb = cols // P
+        for nc in (8, 4, 2, 1):
+            threads = cb // nc * 32
+            if cb % nc == 0 and 2 * dk + cb + 1 <= threads <= 1024:
+                return nc, threads
+        return None
+
+    def step(
+        self,
+        mixed,
+        conv_w,
+        cstate,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state,
+        segs,
+        n_segs,
+        o,
+        dims,
+        ahead=(),
+    ):
+        """A decode step's conv, gates and delta rule in one launch (`gdn_step`, or
+        `gdn_step_split` where `split_shape` allows); the caller has checked `step_shape`
+        and a conv of at most 4 taps. `ahead`: the weights read next (out_proj, gate, up),
+        which the launch brings toward L2 (launch.ahead_spans)."""
+        Hk, Hv, dk, dv, K = dims
+        split = self.split_shape(Hk, Hv, dk, dv)
+        if split is not None:
+            (nc, threads), P = split, self.tuning.deltanet_step_blocks
+            sym, grid = f"gdn_step_split<{nc},{P}>", (Hk * P, n_segs)
+        else:
+            nc, threads = self.step_shape(Hk, Hv, dk, dv)
+            sym, grid = f"gdn_step<{nc}>", (Hk, n_segs)
+        self.k.run(
+            "gdn.cu",
+            sym,
+            grid,
+            (threads,),
+            (mixed, conv_w, cstate, a, b, A_log, dt_bias, state, *segs[:2], o)
+            + (i32(Hk), i32(Hv), i32(dv), i32(K))
+            + ahead_spans(ahead, self.tuning),
+        )
+
+    def conv_state(self, mixed, cstate, segs, n_segs, C, K):
+        """A window's conv state: each segment's last K-1 rows of `mixed`."""
+        self.k.run(
+            "gdn.cu",
+            "gdn_conv_state",
+            (cdiv(C, 256), n_segs),
+            (256,),
+            (mixed, cstate, *segs, i32(C), i32(K)),
+        )
+
+    def scan(self, q, k, v, g, beta, state, segs, n_segs, o, Hk, Hv, dv):
+        """The delta rule token by token."""
+        nc = 4
+        self.k.run(
+            "gdn.cu",
+            f"gdn_scan<{nc}>",
+            (Hv * dv // (nc * 4), n_segs),
+            (128,),
+            (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv)),
+        )
+
+    def chunk_rows(self) -> int:
+        """Rows per chunk of `gdn_chunk`: the largest whose shared memory the GPU gives one
+        block (64 on Hopper and Ada data-centre parts, 32 on most consumer cards)."""
+        if self._chunk_rows is None:
+            fits = [gc for gc in (64, 32, 16) if chunk_smem(gc) <= smem_per_block()]
+            self._chunk_rows = fits[0] if fits else 0
+        return self._chunk_rows
+
+    def chunk(self, q, k, v, g, beta, state, segs, n_segs, o, Hk, Hv, dv) -> bool:
+        """The delta rule over windows in chunks (gdn_chunk.cu); False (nothing launched)
+        where the GPU's shared memory or the head size does not allow it."""
+        gc = self.chunk_rows()
+        if not gc or dv % 32:
+            return False
+        fn = self.k.fn("gdn_chunk.cu", f"gdn_chunk<{gc}>")
+        smem = chunk_smem(gc)
+        self.k.allow_smem(fn, ("gdn_chunk", gc), smem)
+        args = (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv))
+        self.k.launch(fn, (Hv, dv // 32, n_segs), (256,), args, smem)
+        return True
+
+    def out(self, o, z, w, y, Hv, dv, eps):
+        """The gated output norm: y = rms_norm per head(o) * w * silu(z)."""
+        self.k.run(
+            "gdn.cu", "gdn_out", (o.shape[0], Hv), (128,), (o, z, w, y, i32(Hv), i32(dv), f32(eps))
+        )

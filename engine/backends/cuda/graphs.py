@@ -93,8 +93,8 @@ class DecodeGraphs:
         tunes the projections for this size, which must not happen inside a capture), then
         zero those slots. Only for slots that hold no live stream: at load, or in tests."""
         be, B = self.be, batch_size
-        if B > be.meta.shape[1]:
-            be._alloc_meta(B)
+        if B > be.frame.meta.shape[1]:
+            be.frame.alloc_meta(B)
         self.model.forward(Batch.step([(s, 0) for s in range(B)]), np.zeros(B, np.int32))
         for slot in range(B):
             be.reset_slot(slot)
@@ -103,7 +103,7 @@ class DecodeGraphs:
     def short_limit(self) -> int:
         """The longest row (keys, the new one included) the graph for short rows takes; 0
         where the context has no more than SHORT_SPLITS splits (one graph does for all)."""
-        least, splits = decode_splits(self.be.context)
+        least, splits = decode_splits(self.be.state.context)
         return least * SHORT_SPLITS if splits > SHORT_SPLITS else 0
 
     def capture(self, batch_size: int, short_only: bool = False) -> None:
@@ -123,32 +123,21 @@ class DecodeGraphs:
         be = self.be
         batch = Batch.step([(s, 0) for s in range(B)])
         ids = np.zeros(B, np.int32)
-        be.scratch.reset()
+        be.frame.scratch.reset()
         be.prepare(batch, ids)  # sizes the scratch for B rows before capture
         be.stream.synchronize()
-        be.capturing = True
-        be.scratch.capturing = True
-        be.ops.graphing = True
-        be.ops.step_keys = []
-        be.step_splits = splits
         stream = be.stream
-        try:
-            with on_stream(stream):
-                stream.begin_capture()
-                try:
-                    logits = self.model.forward(batch, ids)
-                    tokens = be.meta[0, :B]
-                    be.sample_greedy(logits, out=tokens)
-                    be.ops.advance(be.meta[1], B)
-                finally:
-                    graph = stream.end_capture()
-        finally:
-            be.capturing = False
-            be.scratch.capturing = False
-            be.ops.graphing = False
-            be.step_splits = None
+        with be.capture_mode(splits), on_stream(stream):
+            stream.begin_capture()
+            try:
+                logits = self.model.forward(batch, ids)
+                tokens = be.frame.meta[0, :B]
+                be.sample_greedy(logits, out=tokens)
+                be.sampling.advance(be.frame.meta[1], B)
+            finally:
+                graph = stream.end_capture()
         graph.upload(stream)
-        self.keys[B] = list(dict.fromkeys(be.ops.step_keys))
+        self.keys[B] = list(dict.fromkeys(be.projections.tuner.step_keys))
         return _Captured(graph, logits, tokens)
 
     def _pick(self, B: int, longest: int) -> _Captured:
@@ -226,15 +215,15 @@ class DecodeGraphs:
         budget_s: float | None = None,
     ) -> tuple[float, float]:
         """Re-choose the step's projection variants by the step's own time: for each choice
-        key the step uses, in order, its candidates (Ops.step_candidates: the `keep` fastest
-        alone, None: all, and the variants that request their weights at once) are tried in
-        the captured step, and a change stays where the step gets faster by more
-        than `gain` (coordinate descent, `passes` rounds, after trying every key's first
-        variant of those at once together; a change kept is timed again, and that second
-        time is the one to beat). Skipped where the step takes more
-        than `max_step_s`; no candidate is tried once `budget_s` seconds have gone. Writes
-        slots 0.. (the caller resets them). Returns the step's seconds before and after."""
-        B, ops = batch_size, self.be.ops
+        key the step uses, in order, its candidates (ProjectionTuner.step_candidates: the
+        `keep` fastest alone, None: all, and the variants that request their weights at
+        once) are tried in the captured step, and a change stays where the step gets faster
+        by more than `gain` (coordinate descent, `passes` rounds, after trying every key's
+        first variant of those at once together; a change kept is timed again, and that
+        second time is the one to beat). Skipped where the step takes more than
+        `max_step_s`; no candidate is tried once `budget_s` seconds have gone. Writes slots
+        0.. (the caller resets them). Returns the step's seconds before and after."""
+        B, tuner = batch_size, self.be.projections.tuner
         start = time.perf_counter()
         if B not in self.graphs:
             self.capture(B)
@@ -243,13 +232,13 @@ class DecodeGraphs:
             return base, base
         # First every key at once to its fastest variant (alone) of those that request their
         # weights at once: together they gain more than one key at a time shows.
-        seed = {k: c[0] for k in self.keys.get(B, []) if (c := ops.step_candidates(k, 0))}
-        if any(ops.gemv_choice[k] != c for k, c in seed.items()):
+        seed = {k: c[0] for k in self.keys.get(B, []) if (c := tuner.step_candidates(k, 0))}
+        if any(tuner.choice[k] != c for k, c in seed.items()):
             best = self._trial(B, seed, best, gain)
         for _ in range(passes):
             for key in self.keys.get(B, []):
-                for cand in ops.step_candidates(key, keep):
-                    if cand == ops.gemv_choice[key]:
+                for cand in tuner.step_candidates(key, keep):
+                    if cand == tuner.choice[key]:
                         continue
                     if budget_s is not None and time.perf_counter() - start > budget_s:
                         break
@@ -263,7 +252,7 @@ class DecodeGraphs:
         beat next: a time that passed is likely one of the lucky ones, so a kept change is
         timed again and later candidates are held to what the step takes, not to its
         luckiest timing."""
-        choice = self.be.ops.gemv_choice
+        choice = self.be.projections.tuner.choice
         kept = {k: choice[k] for k in change}
         choice.update(change)
         self._recapture(B, short_only=True)

@@ -1,4 +1,6 @@
-"""Kernel launches with programmatic dependent launch (PDL) on Hopper and newer.
+"""Kernel launches: `Kernels`, through which every kernel family compiles and launches; the
+device properties that launch geometry reads (SM count, L2 bytes, shared memory per block,
+each asked once a device); and programmatic dependent launch (PDL) on Hopper and newer.
 
 A decode step is a chain of about two hundred short kernels. Launched normally, each one
 starts only after the previous one has finished and its writes are flushed, so every
@@ -24,6 +26,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from engine.backends.cuda.modules import function
+from engine.backends.cuda.tuning import Tuning
+from engine.backends.cuda.weights import QWeight
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
@@ -97,8 +103,8 @@ def _driver_launch() -> Any:
     return fn
 
 
-_SMS: dict[int, int] = {}
 _CAPABILITY: dict[int, int] = {}
+_PROPERTIES: dict[int, dict] = {}
 
 
 def compute_capability() -> int:
@@ -111,14 +117,39 @@ def compute_capability() -> int:
     return _CAPABILITY[dev.id]
 
 
-def sm_count() -> int:
-    """The current device's number of streaming multiprocessors (asked once a device)."""
+def _properties() -> dict:
+    """The current device's properties (cudaGetDeviceProperties, asked once a device)."""
     import cupy
 
     dev = cupy.cuda.Device()
-    if dev.id not in _SMS:
-        _SMS[dev.id] = int(cupy.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"])
-    return _SMS[dev.id]
+    if dev.id not in _PROPERTIES:
+        _PROPERTIES[dev.id] = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    return _PROPERTIES[dev.id]
+
+
+def sm_count() -> int:
+    """The current device's number of streaming multiprocessors (132 on an H200)."""
+    return int(_properties()["multiProcessorCount"])
+
+
+def l2_bytes() -> int:
+    """The current device's L2 cache bytes (60 MB on an H200)."""
+    return int(_properties()["l2CacheSize"])
+
+
+def smem_per_block() -> int:
+    """Shared memory bytes one block may opt in to (227 KiB on an H200)."""
+    return int(_properties()["sharedMemPerBlockOptin"])
+
+
+def cdiv(a: int, b: int) -> int:
+    """`a / b` rounded up."""
+    return -(-a // b)
+
+
+def grid_cap() -> int:
+    """Blocks of a grid-stride kernel (conversions, swiglu, the SIMT gemv): 16 an SM."""
+    return 16 * sm_count()
 
 
 def pdl_available() -> bool:
@@ -140,6 +171,30 @@ def byte_span(w: Any) -> tuple:
     lo = min(int(a.data.ptr) for a in parts)
     hi = max(int(a.data.ptr) + a.nbytes for a in parts)
     return (np.uint64(lo), np.int64((hi - lo) & ~15))
+
+
+def ahead_spans(ahead: tuple, tuning: Tuning) -> tuple:
+    """The three (pointer, bytes) pairs of a decode launch that brings the weights read next
+    toward L2 while it leaves memory idle (gdn_step, attn_prep: `prefetch_ahead` in
+    common.cuh): all of the first (out_proj or o_proj), the first `l2_mlp_fraction` of the
+    next two's codes (the MLP's gate and up), each at most `l2_span_share` of the card's L2;
+    null where a weight is missing or not quantized."""
+    out: tuple = ()
+    cap = None
+    for i in range(3):
+        w = ahead[i] if i < len(ahead) else None
+        if not isinstance(w, QWeight):
+            out += byte_span(None)
+            continue
+        if cap is None:
+            cap = int(l2_bytes() * tuning.l2_span_share) & ~15
+        if i == 0:
+            ptr, n = byte_span(w)
+        else:
+            ptr = np.uint64(w.packed.data.ptr)
+            n = int(w.packed.nbytes * tuning.l2_mlp_fraction) & ~15
+        out += (ptr, np.int64(min(int(n), cap)))
+    return out
 
 
 def _param(arg: Any) -> Any:
@@ -186,3 +241,56 @@ def launch_pdl(
         raise RuntimeError(
             f"cuLaunchKernelEx failed with CUresult {rc} (grid {grid}, block {block})"
         )
+
+
+class Kernels:
+    """Compiles and launches the kernels of one activation dtype ('bfloat16', 'float16' or
+    'float32'); every kernel family launches through one of these.
+
+    Half-precision arrays are CuPy float16, bf16 arrays are stored as uint16. Launches made
+    while a decode graph is captured (`graphing`) use programmatic dependent launch where the
+    GPU and driver have it and the settings allow it (`pdl`); eager launches go through
+    CuPy, whose launch path costs less host time.
+    """
+
+    def __init__(self, dtype: str, overlap: bool = True) -> None:
+        import cupy
+
+        from engine.backends.cuda import blas
+
+        if dtype not in blas.TYPES:
+            raise ValueError(f"dtype {dtype!r}: choose bfloat16, float16 or float32")
+        self.dtype = dtype
+        self.act_dtype = {
+            "float32": cupy.float32,
+            "float16": cupy.float16,
+            "bfloat16": cupy.uint16,
+        }[dtype]
+        self.act_itemsize = 4 if dtype == "float32" else 2
+        self.cuda_type = blas.TYPES[dtype]  # the activation type as cuBLAS names it
+        self.pdl = overlap and pdl_available()
+        self.graphing = False  # a decode graph is being captured
+        self._smem_set: dict[tuple, int] = {}
+
+    def fn(self, file: str, symbol: str) -> Any:
+        """The compiled kernel `symbol` of `kernels/<file>` for this dtype."""
+        return function(file, symbol, self.dtype)
+
+    def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+        """Every kernel goes through here: with PDL its start overlaps the previous one's end."""
+        if self.pdl and self.graphing:
+            launch_pdl(fn, grid, block, args, shared_mem)
+        else:
+            fn(grid, block, args, shared_mem=shared_mem)
+
+    def run(self, file: str, symbol: str, grid: tuple, block: tuple, args: tuple, smem: int = 0):
+        """Launch kernel `symbol` of `kernels/<file>`."""
+        self.launch(self.fn(file, symbol), grid, block, args, smem)
+
+    def allow_smem(self, fn: Any, key: tuple, smem: int) -> None:
+        """Let kernel `fn` (cached under `key`) take `smem` bytes of dynamic shared memory,
+        set once per size. The 48 KiB default counts static shared memory too, so sizes
+        above 40 KiB ask for it explicitly."""
+        if smem > 40 * 1024 and self._smem_set.get(key, 0) < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+            self._smem_set[key] = smem

@@ -25,7 +25,7 @@ def use_cache_dir(cache_dir: str | None) -> None:
 
 
 @functools.cache
-def _source(name: str) -> str:
+def source(name: str) -> str:
     """The text of `kernels/<name>` with its local `#include "x.cuh"` lines inlined, each
     header once (NVRTC is given one string, not a directory)."""
     seen: set[str] = set()
@@ -50,7 +50,17 @@ def function(file: str, symbol: str, dtype: str) -> Any:
 
     options = ("-std=c++17", f"-DACT_KIND={ACT_KINDS[dtype]}")
     if "<" in symbol:
-        module = cupy.RawModule(code=_source(file), options=options, name_expressions=[symbol])
+        module = cupy.RawModule(code=source(file), options=options, name_expressions=[symbol])
     else:
-        module = cupy.RawModule(code=_source(file), options=options)
+        module = cupy.RawModule(code=source(file), options=options)
     return module.get_function(symbol)
+
+
+def module(file: str, dtype: str, names: list[str], defines: tuple[str, ...] = ()) -> Any:
+    """One module of `kernels/<file>` holding the template instances `names` (one compile
+    for many), with extra `-D` flags `defines`."""
+    import cupy
+
+    options = ("-std=c++17", f"-DACT_KIND={ACT_KINDS[dtype]}")
+    options += tuple(f"-D{d}" for d in defines)
+    return cupy.RawModule(code=source(file), options=options, name_expressions=names)

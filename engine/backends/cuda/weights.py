@@ -10,11 +10,15 @@ fp32.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.memory.arena import ALIGN, arena_bytes, checkpoint_specs, is_small, padded, rows8
+
+if TYPE_CHECKING:
+    from engine.backends.cuda.norms import Norms
+    from engine.backends.cuda.projections import Projections
 
 
 @dataclass
@@ -111,7 +115,7 @@ class Arena:
         return self.block[start : start + n].view(dt).reshape(shape)
 
 
-def _convert_into(ops: Any, raw: np.ndarray, dst: Any) -> None:
+def _convert_into(norms: Norms, raw: np.ndarray, dst: Any) -> None:
     """Upload a host array (bf16 as uint16, f16 or f32) and convert it into `dst`."""
     import cupy
 
@@ -123,21 +127,24 @@ def _convert_into(ops: Any, raw: np.ndarray, dst: Any) -> None:
         raw = raw.astype(np.float32, copy=False)
         kind = "from_f32"
     tmp = cupy.asarray(np.ascontiguousarray(raw))
-    ops.convert(kind, tmp.reshape(-1), dst.reshape(-1))
+    norms.convert(kind, tmp.reshape(-1), dst.reshape(-1))
 
 
 def upload(
-    checkpoint: Any, ops: Any, pool: Any = None, skip: tuple[str, ...] = ()
+    checkpoint: Any,
+    norms: Norms,
+    projections: Projections,
+    pool: Any = None,
+    skip: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], Arena]:
     """Upload every tensor the forward reads into one arena; return name -> device weight.
-    Tensors named in `skip` stay on the host (an embedding table the plan put there)."""
+    Tensors named in `skip` stay on the host (an embedding table the plan put there).
+    `norms` converts to the activation type, `projections` puts 4-bit matrices in blocks."""
     import cupy
 
-    sizes = {
-        k: v
-        for k, v in arena_bytes(checkpoint_specs(checkpoint), ops.act_itemsize).items()
-        if k not in skip
-    }
+    act = norms.k.act_dtype
+    specs = checkpoint_specs(checkpoint)
+    sizes = {k: v for k, v in arena_bytes(specs, norms.k.act_itemsize).items() if k not in skip}
     arena = Arena(sum(sizes.values()), pool)
     weights: dict[str, Any] = {}
     fusable = _groups(checkpoint, list(sizes))
@@ -146,11 +153,11 @@ def upload(
         info = checkpoint.tensors[name]
         shape = tuple(info.shape)
         if name in fusable:
-            _upload_group(checkpoint, ops, arena, fusable[name], weights)
+            _upload_group(checkpoint, norms, projections, arena, fusable[name], weights)
         elif name in grouped:
             continue  # uploaded with its group
         elif info.quant is not None:
-            _upload_group(checkpoint, ops, arena, [name], weights)
+            _upload_group(checkpoint, norms, projections, arena, [name], weights)
         elif is_small(name, shape):
             arr = np.ascontiguousarray(checkpoint.read(name), dtype=np.float32)
             dst = arena.carve(arr.shape, cupy.float32)
@@ -158,17 +165,25 @@ def upload(
             weights[name] = dst
         else:
             raw = np.asarray(checkpoint.read_raw(name))
-            dst = arena.carve(shape, ops.act_dtype)
-            _convert_into(ops, raw.reshape(shape), dst)
+            dst = arena.carve(shape, act)
+            _convert_into(norms, raw.reshape(shape), dst)
             weights[name] = DWeight(dst, shape) if len(shape) == 2 else dst
     cupy.cuda.get_current_stream().synchronize()
     return weights, arena
 
 
-def _upload_group(checkpoint: Any, ops: Any, arena: Arena, names: list[str], weights: dict):
+def _upload_group(
+    checkpoint: Any,
+    norms: Norms,
+    projections: Projections,
+    arena: Arena,
+    names: list[str],
+    weights: dict,
+) -> None:
     """Upload quantized projections as one [sum of out, in] matrix (one name: just that
     matrix); each part is a row view. Rows are carved to a multiple of 8 (the padding zeroed)
-    and put in 8-row blocks where the decode kernel will read them (`Ops.blocks_ok`)."""
+    and put in 8-row blocks where the decode kernel will read them
+    (`Projections.blocks_ok`)."""
     import cupy
 
     infos = [checkpoint.tensors[n] for n in names]
@@ -176,8 +191,8 @@ def _upload_group(checkpoint: Any, ops: Any, arena: Arena, names: list[str], wei
     rows = sum(t.shape[0] for t in infos)
     groups = cols // q.group_size
     dp = arena.carve((rows8(rows), cols * q.bits // 32), cupy.uint32)
-    ds = arena.carve((rows8(rows), groups), ops.act_dtype)
-    db = arena.carve((rows8(rows), groups), ops.act_dtype)
+    ds = arena.carve((rows8(rows), groups), norms.k.act_dtype)
+    db = arena.carve((rows8(rows), groups), norms.k.act_dtype)
     for a in (dp, ds, db):
         a[rows:] = 0
     r0 = 0
@@ -186,12 +201,12 @@ def _upload_group(checkpoint: Any, ops: Any, arena: Arena, names: list[str], wei
         packed, scales, biases = checkpoint.read_raw(name)
         part = slice(r0, r0 + out)
         dp[part].set(np.ascontiguousarray(packed).view(np.uint32).reshape(out, -1))
-        _convert_into(ops, np.asarray(scales).reshape(out, groups), ds[part])
-        _convert_into(ops, np.asarray(biases).reshape(out, groups), db[part])
+        _convert_into(norms, np.asarray(scales).reshape(out, groups), ds[part])
+        _convert_into(norms, np.asarray(biases).reshape(out, groups), db[part])
         r0 += out
-    blocked = ops.blocks_ok(q.bits, q.group_size, cols)
+    blocked = projections.blocks_ok(q.bits, q.group_size, cols)
     if blocked:
-        ops.to_blocks(dp, ds, db)
+        projections.to_blocks(dp, ds, db)
     dp, ds, db = dp[:rows], ds[:rows], db[:rows]
     whole = QWeight(dp, ds, db, q.bits, q.group_size, (rows, cols), blocked=blocked)
     if len(names) == 1:
@@ -207,7 +222,7 @@ def _upload_group(checkpoint: Any, ops: Any, arena: Arena, names: list[str], wei
         r0 += out
 
 
-def blocked_copy(ops: Any, w: QWeight) -> QWeight:
+def blocked_copy(projections: Projections, w: QWeight) -> QWeight:
     """A copy of a row-ordered 4-bit g64 matrix in 8-row blocks (for tests and benchmarks:
     `upload` blocks the checkpoint's matrices in place)."""
     import cupy
@@ -218,6 +233,6 @@ def blocked_copy(ops: Any, w: QWeight) -> QWeight:
         b = cupy.zeros((rows8(rows), a.shape[1]), a.dtype)
         b[:rows] = a
         padded.append(b)
-    ops.to_blocks(*padded)
+    projections.to_blocks(*padded)
     p, s, b = (a[:rows] for a in padded)
     return QWeight(p, s, b, w.bits, w.group_size, w.shape, blocked=True)

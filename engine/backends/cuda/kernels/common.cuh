@@ -131,7 +131,7 @@ __device__ __forceinline__ void prefetch_share(const unsigned char* p, long long
   }
 #endif
 }
-// The three spans of Ops._ahead_spans (the weights read next: the first one whole, the heads
+// The three spans of launch.ahead_spans (the weights read next: the first one whole, the heads
 // of the MLP's gate and up codes), this block's share of each; null spans are skipped.
 __device__ __forceinline__ void prefetch_ahead(const unsigned char* p1, long long n1, const unsigned char* p2,
                                                long long n2, const unsigned char* p3, long long n3,

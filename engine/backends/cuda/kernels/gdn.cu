@@ -268,7 +268,7 @@ __device__ __forceinline__ float delta_columns(float4 (&S)[NC], const float* sq,
 // 2*128 + (Hv/Hk)*dv + Hv/Hk <= threads. `ahead` (null: none): the blocks also bring
 // [ahead, ahead + ahead_bytes), the next projection's weights, toward L2 before the wait,
 // while memory is otherwise idle (the step reads little beside its state), then likewise
-// ahead2 and ahead3 (the heads of the MLP's gate and up codes; Ops._ahead_spans).
+// ahead2 and ahead3 (the heads of the MLP's gate and up codes; launch.ahead_spans).
 // The arithmetic is gdn_prep's and gdn_scan's: the states come out bit for bit the same, the
 // outputs to rounding (the delta rule takes one column at a time here).
 template <int NC>

@@ -87,7 +87,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   uint2* const wa = wbase + wid * UG * 32;
   uint2* const wb = wbase + (NT / 32 + wid) * UG * 32;
   unsigned* const wq = reinterpret_cast<unsigned*>(wbase + 2 * (NT / 32) * UG * 32) + wid * UG * 32;
-  // late (a measurement, Ops.gemv_weights_late): the first weights are requested after the
+  // late (a measurement; the engine passes 0): the first weights are requested after the
   // activations are staged, not before the wait, so the staging does not queue behind them.
   auto first_weights = [&]() {
     if constexpr (ASYNC) {

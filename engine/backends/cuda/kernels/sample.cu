@@ -8,8 +8,8 @@ __device__ __forceinline__ unsigned okey(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// grid (S), 1024 threads. out[s] = argmax_j<nvalid logits[s, j] (lowest index on ties).
-extern "C" __global__ void argmax_rows(const act_t* __restrict__ logits, int ldl, int nvalid,
+// grid (S), 1024 threads. out[s] = argmax_j<vocab_rows logits[s, j] (lowest index on ties).
+extern "C" __global__ void argmax_rows(const act_t* __restrict__ logits, int ldl, int vocab_rows,
                                        int* __restrict__ out) {
   pdl_start();
   __shared__ float sv[32];
@@ -17,7 +17,7 @@ extern "C" __global__ void argmax_rows(const act_t* __restrict__ logits, int ldl
   const act_t* row = logits + (long)blockIdx.x * ldl;
   float best = -INFINITY;
   int bi = 0x7fffffff;
-  for (int j = threadIdx.x; j < nvalid; j += blockDim.x) {
+  for (int j = threadIdx.x; j < vocab_rows; j += blockDim.x) {
     float x = ld(row + j);
     if (x > best) { best = x; bi = j; }
   }
@@ -49,13 +49,13 @@ extern "C" __global__ void argmax_rows(const act_t* __restrict__ logits, int ldl
 // and merges it into work[2s] with atomicMax; the last block of the row (ticket work[2s+1])
 // writes out[s] and zeroes both words for the next call. A graph replays it as it is.
 extern "C" __global__ void __launch_bounds__(256)
-argmax_split(const act_t* __restrict__ logits, int ldl, int nvalid, int* __restrict__ out,
+argmax_split(const act_t* __restrict__ logits, int ldl, int vocab_rows, int* __restrict__ out,
              unsigned long long* __restrict__ work) {
   pdl_start();
   __shared__ unsigned long long sk[8];
   const act_t* row = logits + (long)blockIdx.y * ldl;
-  const int per = (nvalid + gridDim.x - 1) / gridDim.x;
-  const int j0 = blockIdx.x * per, j1 = min(nvalid, j0 + per);
+  const int per = (vocab_rows + gridDim.x - 1) / gridDim.x;
+  const int j0 = blockIdx.x * per, j1 = min(vocab_rows, j0 + per);
   unsigned long long best = 0;  // below every real key (okey(-inf) > 0)
   for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
     const float x = ld(row + j);
@@ -112,15 +112,15 @@ extern "C" __global__ void mark_seen(unsigned* __restrict__ seen, int words, con
 }
 
 // Logits j0..j0+7 of a row, the presence penalty taken off (seen null: none), NaN past
-// nvalid: one 16-byte load (two in fp32) where all eight are there. j0 is a multiple of 8,
+// vocab_rows: one 16-byte load (two in fp32) where all eight are there. j0 is a multiple of 8,
 // so the eight share one word of the bitmap.
-__device__ __forceinline__ void chunk8(const act_t* __restrict__ row, int j0, int nvalid,
+__device__ __forceinline__ void chunk8(const act_t* __restrict__ row, int j0, int vocab_rows,
                                        const unsigned* __restrict__ seen, float penalty, float* x) {
-  if (j0 + 8 <= nvalid) {
+  if (j0 + 8 <= vocab_rows) {
     load_vec<8>(row + j0, x);
   } else {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = j0 + e < nvalid ? ld(row + j0 + e) : __int_as_float(0x7fffffff);
+    for (int e = 0; e < 8; ++e) x[e] = j0 + e < vocab_rows ? ld(row + j0 + e) : __int_as_float(0x7fffffff);
   }
   if (seen != nullptr) {
     const unsigned w = seen[j0 >> 5] >> (j0 & 31);
@@ -197,18 +197,18 @@ __device__ float kth_largest32(float v, int k, float* vals, float* warp_kth, uns
 #define DRAW_NB 128
 #define DRAW_CAP 64
 extern "C" __global__ void __launch_bounds__(256)
-draw_candidates(const act_t* __restrict__ row, int nvalid, int k, const unsigned* __restrict__ seen,
+draw_candidates(const act_t* __restrict__ row, int vocab_rows, int k, const unsigned* __restrict__ seen,
                 float penalty, float* __restrict__ cand_v, int* __restrict__ cand_i,
                 unsigned* __restrict__ cand_n) {
   pdl_start();
   __shared__ float vals[256], warp_kth[2 * 8 + 1], sh_t;
   __shared__ unsigned sh_count, sh_n;
-  const int nch = (nvalid + 7) >> 3, per = (nch + gridDim.x - 1) / gridDim.x;
+  const int nch = (vocab_rows + 7) >> 3, per = (nch + gridDim.x - 1) / gridDim.x;
   const int c0 = blockIdx.x * per, c1 = min(nch, c0 + per);
   float mx = -INFINITY;
   for (int c = c0 + (int)threadIdx.x; c < c1; c += blockDim.x) {
     float x[8];
-    chunk8(row, 8 * c, nvalid, seen, penalty, x);
+    chunk8(row, 8 * c, vocab_rows, seen, penalty, x);
 #pragma unroll
     for (int e = 0; e < 8; ++e) mx = x[e] > mx ? x[e] : mx;  // NaN never wins
   }
@@ -219,7 +219,7 @@ draw_candidates(const act_t* __restrict__ row, int nvalid, int k, const unsigned
   int* bi = cand_i + blockIdx.x * DRAW_CAP;
   for (int c = c0 + (int)threadIdx.x; c < c1; c += blockDim.x) {  // the stretch again (L1/L2)
     float x[8];
-    chunk8(row, 8 * c, nvalid, seen, penalty, x);
+    chunk8(row, 8 * c, vocab_rows, seen, penalty, x);
 #pragma unroll
     for (int e = 0; e < 8; ++e)
       if (x[e] == x[e] && x[e] >= t) {
@@ -235,10 +235,10 @@ draw_candidates(const act_t* __restrict__ row, int nvalid, int k, const unsigned
 // eight a thread a round), else `val` one a thread a round; NaN stands for what is past it.
 template <bool WIDE, int U, class F, class Chunks, class Val>
 __device__ __forceinline__ void each_logit(F&& f, Chunks& chunks, Val& val, const act_t* row,
-                                           int nvalid) {
+                                           int vocab_rows) {
   const int lane = threadIdx.x & 31, NT = blockDim.x;
   if constexpr (WIDE) {
-    for (int c0 = threadIdx.x - lane; c0 < (nvalid + 7) >> 3; c0 += NT * U) {
+    for (int c0 = threadIdx.x - lane; c0 < (vocab_rows + 7) >> 3; c0 += NT * U) {
       float x[U][8];
       chunks(c0, x);
 #pragma unroll
@@ -247,9 +247,9 @@ __device__ __forceinline__ void each_logit(F&& f, Chunks& chunks, Val& val, cons
         for (int e = 0; e < 8; ++e) f(x[u][e], 8 * (c0 + lane + u * NT) + e);
     }
   } else {
-    for (int base = threadIdx.x - lane; base < nvalid; base += NT) {
+    for (int base = threadIdx.x - lane; base < vocab_rows; base += NT) {
       const int j = base + lane;
-      f(j < nvalid ? val(row, j) : __int_as_float(0x7fffffff), j);
+      f(j < vocab_rows ? val(row, j) : __int_as_float(0x7fffffff), j);
     }
   }
 }
@@ -264,7 +264,7 @@ __device__ __forceinline__ void each_logit(F&& f, Chunks& chunks, Val& val, cons
 // reads its candidates instead of the row (the whole row where a block's did not fit).
 template <bool WIDE>
 __global__ void __launch_bounds__(1024, 1)
-sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_k, float top_p,
+sample_topk_topp(const act_t* __restrict__ logits, int ldl, int vocab_rows, int top_k, float top_p,
                  float temperature, unsigned long long seed, unsigned* __restrict__ counter,
                  int* __restrict__ out, unsigned* __restrict__ seen, float penalty,
                  const float* __restrict__ cand_v, const int* __restrict__ cand_i,
@@ -283,7 +283,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   __shared__ int ci[CAP];
   const act_t* row = logits + (long)blockIdx.x * ldl;
   const int tid = threadIdx.x;
-  const int k = max(1, min(top_k, min(CAP, nvalid)));
+  const int k = max(1, min(top_k, min(CAP, vocab_rows)));
   // Fast path: one histogram of the keys' top 11 bits (counts aggregated per warp: most
   // logits share a few bins), then every logit in the bins at and above the one holding the
   // k-th largest goes straight into cv_/ci when they fit (CAP); the sort below orders them.
@@ -300,7 +300,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
     if (ok && lane == __ffs(peers) - 1) atomicAdd(&wide[bin], (unsigned)__popc(peers));
   };
   constexpr int U = 4;  // WIDE: chunks of 8 logits a thread per round
-  const int nch = (nvalid + 7) >> 3, NT = blockDim.x;
+  const int nch = (vocab_rows + 7) >> 3, NT = blockDim.x;
   // Chunks c0 + lane + u * NT: every whole chunk's 16-byte loads and bitmap word are issued
   // before any is used (through chunk8 each load waited behind the previous chunk's branch
   // and penalty, per the SASS); the row's last, partial chunk goes through chunk8.
@@ -311,7 +311,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = c0 + lane + u * NT;
-      const bool whole = 8 * c + 8 <= nvalid;
+      const bool whole = 8 * c + 8 <= vocab_rows;
 #pragma unroll
       for (int i = 0; i < PV; ++i)
         raw[u][i] = whole ? __ldg(reinterpret_cast<const uint4*>(row + 8 * c) + i) : make_uint4(0u, 0u, 0u, 0u);
@@ -320,7 +320,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = c0 + lane + u * NT;
-      if (8 * c + 8 <= nvalid) {
+      if (8 * c + 8 <= vocab_rows) {
 #pragma unroll
         for (int i = 0; i < PV; ++i) {
           const act_t* e = reinterpret_cast<const act_t*>(&raw[u][i]);
@@ -331,7 +331,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
         for (int e = 0; e < 8; ++e)
           if ((sw[u] >> e) & 1u) x[u][e] -= penalty;
       } else if (c < nch) {
-        chunk8(row, 8 * c, nvalid, seen, penalty, x[u]);
+        chunk8(row, 8 * c, vocab_rows, seen, penalty, x[u]);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[u][e] = qnan;
@@ -418,7 +418,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
 #pragma unroll
       for (int q = 0; q < 8; ++q) mx = fmaxf(mx, x[q]);
     } else {
-      each_logit<WIDE, U>([&](float v, int) { mx = v > mx ? v : mx; }, chunks, val, row, nvalid);
+      each_logit<WIDE, U>([&](float v, int) { mx = v > mx ? v : mx; }, chunks, val, row, vocab_rows);
     }
     const bool over = __syncthreads_or(nb > DRAW_CAP);
     // The k-th largest of the threads' maxima (a bitonic sort of all 1,024 for k > 32).
@@ -444,7 +444,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
       for (int q = 0; q < 8; ++q) collect(x[q] >= t, x[q], j[q]);
     } else if (t > -INFINITY) {
       each_logit<WIDE, U>([&](float v, int j) { collect(v == v && v >= t, v, j); }, chunks, val,
-                          row, nvalid);
+                          row, vocab_rows);
     }
     __syncthreads();
     kept = t > -INFINITY && sh_taken <= CAP;
@@ -452,7 +452,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   if (!kept) {  // the histogram path
   for (int b = tid; b < 2048; b += blockDim.x) wide[b] = 0;
   __syncthreads();
-  each_logit<WIDE, U>([&](float v, int) { count(v); }, chunks, val, row, nvalid);
+  each_logit<WIDE, U>([&](float v, int) { count(v); }, chunks, val, row, vocab_rows);
   __syncthreads();
   if (tid == 0) {
     unsigned cum = 0;
@@ -467,14 +467,14 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   auto gather = [&](float x, int j) {  // the logits in the bins at and above bstar
     collect(x == x && (okey(x) >> 21) >= bstar, x, j);
   };
-  each_logit<WIDE, U>(gather, chunks, val, row, nvalid);
+  each_logit<WIDE, U>(gather, chunks, val, row, vocab_rows);
   __syncthreads();
   if (sh_taken > CAP) {
     unsigned prefix = 0, mask = 0, krem = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
       __syncthreads();
-      for (int j = tid; j < nvalid; j += blockDim.x) {
+      for (int j = tid; j < vocab_rows; j += blockDim.x) {
         unsigned key = okey(val(row, j));
         if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
       }
@@ -496,7 +496,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
     if (tid == 0) sh_eq = 0;
     cv_[tid] = -INFINITY; ci[tid] = 0x7fffffff;
     __syncthreads();
-    for (int j = tid; j < nvalid; j += blockDim.x) {
+    for (int j = tid; j < vocab_rows; j += blockDim.x) {
       float x = val(row, j);
       unsigned key = okey(x);
       bool take = key > prefix;
@@ -537,7 +537,7 @@ sample_topk_topp(const act_t* __restrict__ logits, int ldl, int nvalid, int top_
   float lo = tid == 0 ? 0.f : cv_[tid - 1];
   if (tid < n && u >= lo && (u < cv_[tid] || tid == n - 1)) {
     out[blockIdx.x] = ci[tid];
-    if (seen != nullptr && ci[tid] < nvalid) atomicOr(seen + (ci[tid] >> 5), 1u << (ci[tid] & 31));
+    if (seen != nullptr && ci[tid] < vocab_rows) atomicOr(seen + (ci[tid] >> 5), 1u << (ci[tid] & 31));
   }
   __syncthreads();
   if (tid == 0 && counter != nullptr) counter[blockIdx.x] = c + 1;

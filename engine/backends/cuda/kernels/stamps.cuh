@@ -1,5 +1,5 @@
-// Diagnostics for tools/stamp_step.py, compiled in only with -DSNUG_STAMPS: thread 0 of every
-// block of a projection notes the global time (ns) at entry, when the previous kernel's
+// Diagnostics for tools/profile_step.py --stamps, compiled in only with -DSNUG_STAMPS: thread
+// 0 of every block of a projection notes the global time (ns) at entry, when the previous kernel's
 // outputs became readable, when its activations were staged, after its first tile's products
 // and at exit, and appends them with the weight pointer and shape as one record of 8 words.
 #pragma once

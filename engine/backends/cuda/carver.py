@@ -33,8 +33,9 @@ def _nbytes(shape: tuple[int, ...], itemsize: int) -> int:
 class RegionCarver:
     """Bump allocation inside named regions `(offset, size)` of one block."""
 
-    def __init__(self, name: str, spill: tuple[str, ...] = ()) -> None:
+    def __init__(self, name: str, spill: tuple[str, ...] = (), dtype: Any = None) -> None:
         self.name = name
+        self.dtype = dtype  # what `take` carves when it is given no dtype
         self.spill = spill  # regions that may take from the CuPy pool when full (not in capture)
         self.block: Any = None  # an engine.memory Allocation
         self.regions: dict[str, tuple[int, int]] = {}
@@ -60,10 +61,11 @@ class RegionCarver:
         self._overflow.clear()
         self.begin(region)
 
-    def take(self, shape: tuple[int, ...], dtype: Any) -> Any:
+    def take(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
+        """A view of `shape` (of `dtype`, else the carver's) at the region's next offset."""
         import cupy
 
-        dt = cupy.dtype(dtype)
+        dt = cupy.dtype(self.dtype if dtype is None else dtype)
         n = _nbytes(shape, dt.itemsize)
         start, end = self.offset, self.offset + (n + ALIGN - 1) // ALIGN * ALIGN
         base, size = self.regions.get(self.region, (0, -1))

@@ -1,0 +1,245 @@
+"""Gated full attention on the CUDA backend (attention.cu, cuBLAS for prompts).
+
+Every forward starts with `attn_prep`: q/k RMSNorm, partial RoPE, the KV-cache append. A
+decode step then runs the split-KV `attn_decode` (partials per split) and `attn_combine`
+(the output gate fused in); a step's prep also brings the weights read next toward L2.
+
+A window (prefill) runs per segment, in chunks of query rows sized to the workspace: for
+each chunk and KV head, one strided-batched GEMM forms the scores of the `Hq / Hkv` query
+heads that share it (fp32, scaled by hd^-1/2), `softmax_causal` turns them into
+probabilities in the activation type (zero past each row's last visible key), a second GEMM
+multiplies them by V, and `attn_gate` applies the output gate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from engine.backends.base import Batch, Segment
+from engine.backends.cuda.blas import matmul
+from engine.backends.cuda.frame import Frame
+from engine.backends.cuda.launch import Kernels, ahead_spans, sm_count
+from engine.backends.cuda.state import StreamState
+from engine.backends.cuda.tuning import Tuning
+from engine.memory.arena import ALIGN
+from engine.memory.scratch import decode_splits
+
+i32, f32 = np.int32, np.float32
+SCORE_BUDGET = 512 << 20  # bytes of scores + probabilities per chunk without a workspace
+
+
+class Attention:
+    """Owns attention.cu and the prefill products. `step_splits`, set while the decode graph
+    for short rows is captured (graphs.py), caps the split-KV grid."""
+
+    def __init__(self, kernels: Kernels, frame: Frame, state: StreamState, tuning: Tuning):
+        self.k, self.frame, self.state, self.tuning = kernels, frame, state, tuning
+        self.step_splits: int | None = None
+
+    def forward(
+        self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, batch: Batch, ahead
+    ) -> Any:
+        """`Backend.attention`: [R, Hq*hd] from the projections of full layer `layer`."""
+        import cupy
+
+        c, st, fr = self.state.config, self.state, self.frame
+        R = qg.shape[0]
+        heads = (c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+        Hq, _, hd = heads
+        kc, vc = st.kv_k[layer], st.kv_v[layer]
+        q = fr.take((R, Hq * hd))
+        meta = fr.rows(R)
+        prep = (qg, k, v, q_norm, k_norm, meta, q, kc, vc, heads, c.rotary_dim, st.context)
+        self.prep(*prep, c.rope_theta, c.rms_norm_eps, ahead if batch.is_step else ())
+        out = fr.take((R, Hq * hd))
+        if batch.is_step:
+            split, nsmax = decode_splits(st.context, self.step_splits)
+            po = fr.take((R, Hq, nsmax, hd), cupy.float32)
+            pml = fr.take((R, Hq, nsmax, 2), cupy.float32)
+            self.decode(q, kc, vc, meta[0], meta[1], po, pml, heads, st.context, split, nsmax)
+            self.combine(po, pml, qg, meta[0], out, heads, split, nsmax)
+            return out
+        row0 = 0
+        for seg in batch.segments:
+            self.prefill(q, qg, kc, vc, seg, row0, out)
+            row0 += seg.rows
+        return out
+
+    # ----- kernels ------------------------------------------------------------------------
+    def prep(self, qg, k, v, qn, kn, meta, qout, kc, vc, heads, rot, ctx, theta, eps, ahead=()):
+        """q/k norm and RoPE into `qout` and the KV cache; `ahead` (a step's next weights)
+        toward L2."""
+        Hq, Hkv, hd = heads
+        R = qg.shape[0]
+        pos, row_slot, row_tl, row_n = meta
+        self.k.run(
+            "attention.cu",
+            "attn_prep",
+            (R, Hq + Hkv),
+            (hd,),
+            (
+                qg,
+                k,
+                v,
+                qn,
+                kn,
+                pos,
+                row_slot,
+                row_tl,
+                row_n,
+                qout,
+                kc,
+                vc,
+                i32(Hq),
+                i32(Hkv),
+                i32(hd),
+                i32(rot),
+                i32(ctx),
+                np.float64(theta),
+                f32(eps),
+            )
+            + ahead_spans(ahead, self.tuning),
+            hd * 4,
+        )
+
+    def decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, least, nsmax):
+        """Split-KV decode attention: nsmax splits a KV head at most, each of at least
+        `least` keys (engine.memory.scratch.decode_splits); partials to po / pml."""
+        Hq, Hkv, hd = heads
+        R = q.shape[0]
+        group = Hq // Hkv
+        if group > 8 or hd % 32:
+            raise ValueError(
+                f"num_attention_heads / num_key_value_heads = {group}, head_dim = {hd}: the "
+                "decode attention kernel takes at most 8 query heads per KV head and a head_dim "
+                "that is a multiple of 32"
+            )
+        # (query heads held, keys per warp at a time, warps): fewer keys when more heads are
+        # held, so that the registers of both fit. 8 warps take a 32-key split in one round
+        # of loads, all before the wait, where the grid is small enough (one block an SM:
+        # 176 registers a thread at head_dim 256) and their partials fit in the kernel's
+        # 32 KiB of static shared memory for them.
+        gm, ku = (4, 4) if group <= 4 else (8, 2)
+        nw = 8 if nsmax * Hkv * R <= sm_count() and gm * hd * 4 * 8 <= 32768 else 4
+        self.k.run(
+            "attention.cu",
+            f"attn_decode<{hd // 32},{gm},{ku},{nw}>",
+            (nsmax, Hkv, R),
+            (32 * nw,),
+            (
+                q,
+                kc,
+                vc,
+                pos,
+                row_slot,
+                po,
+                pml,
+                i32(Hq),
+                i32(Hkv),
+                i32(ctx),
+                i32(least),
+                i32(nsmax),
+                f32(hd**-0.5),
+            ),
+        )
+
+    def combine(self, po, pml, qg, pos, out, heads, least, nsmax):
+        """The splits' partials into each head's output, times its gate."""
+        Hq, _, hd = heads
+        self.k.run(
+            "attention.cu",
+            "attn_combine",
+            (out.shape[0], Hq),
+            (hd,),
+            (po, pml, qg, pos, out, i32(Hq), i32(hd), i32(least), i32(nsmax)),
+        )
+
+    def softmax_causal(self, scores, probs, tq, t0, start, L):
+        rows = scores.size // L
+        self.k.run(
+            "attention.cu",
+            "softmax_causal",
+            (rows,),
+            (256,),
+            (scores, probs, i32(tq), i32(t0), i32(start), i32(L)),
+        )
+
+    def gate(self, o, qg, out, rows, row0, Hq, hd):
+        self.k.run(
+            "attention.cu",
+            "attn_gate",
+            (rows, Hq),
+            (hd,),
+            (o, qg, out, i32(rows), i32(row0), i32(Hq), i32(hd)),
+        )
+
+    # ----- prefill ------------------------------------------------------------------------
+    def prefill(self, q, qg, kc, vc, seg: Segment, row0: int, out) -> None:
+        """Attention of segment `seg` (rows from `row0` of the batch) into `out`; `q` holds
+        the normalised, rotated queries as `[Hq, rows, hd]` per segment (see attention.cu)."""
+        import cupy
+
+        c, kern, fr = self.state.config, self.k, self.frame
+        Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        gq, rows, L = Hq // Hkv, seg.rows, seg.start + seg.rows
+        t_act, t32 = kern.cuda_type, 0
+        isz = kern.act_itemsize
+        ws = fr.mem_workspace
+        budget = ws.nbytes - 2 * ALIGN if ws is not None and ws.block is not None else SCORE_BUDGET
+        tq = max(1, min(rows, budget // (Hq * L * (4 + isz))))
+        o = fr.take((Hq, rows, hd))
+        qseg = q[row0:]  # [Hq, rows, hd] laid out from row0 * Hq * hd
+        for t0 in range(0, rows, tq):
+            n = min(tq, rows - t0)
+            fr.workspace.begin("ws")
+            scores = fr.workspace.take((Hq, n, L), cupy.float32)  # [Hq, n, L]
+            probs = fr.workspace.take((Hq, n, L), kern.act_dtype)
+            for h in range(Hkv):
+                kbase = kc[seg.slot, h]  # [context, hd]
+                a_ptr = qseg.data.ptr + ((h * gq * rows + t0) * hd) * isz
+                matmul(
+                    a_ptr,
+                    t_act,
+                    hd,
+                    kbase.data.ptr,
+                    t_act,
+                    hd,
+                    True,
+                    scores[h * gq].data.ptr,
+                    t32,
+                    L,
+                    n,
+                    L,
+                    hd,
+                    alpha=hd**-0.5,
+                    batch=gq,
+                    stride_a=rows * hd,
+                    stride_b=0,
+                    stride_c=n * L,
+                )
+            self.softmax_causal(scores, probs, n, t0, seg.start, L)
+            for h in range(Hkv):
+                vbase = vc[seg.slot, h]
+                o_ptr = o.data.ptr + ((h * gq * rows + t0) * hd) * isz
+                matmul(
+                    probs[h * gq].data.ptr,
+                    t_act,
+                    L,
+                    vbase.data.ptr,
+                    t_act,
+                    hd,
+                    False,
+                    o_ptr,
+                    t_act,
+                    hd,
+                    n,
+                    hd,
+                    L,
+                    batch=gq,
+                    stride_a=n * L,
+                    stride_b=0,
+                    stride_c=rows * hd,
+                )
+        self.gate(o, qg, out, rows, row0, Hq, hd)

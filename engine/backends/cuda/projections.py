@@ -1,0 +1,457 @@
+"""Projections: `x @ W.T` for every weight the forward multiplies.
+
+Decode-sized inputs (1 to 8 rows) run a GEMV kernel: `gemv4.cu` (tensor cores, MLX 4-bit
+g64 weights in 8-row blocks, half activations) or the SIMT `gemv.cu` (any bits in row order,
+dense weights, fp32), each in the variant chosen for its shape (projection_tuning.py).
+`gemv4` can also compute its own input from the previous kernel's outputs (a `Prologue`):
+the residual add and RMSNorm before every projection, or the DeltaNet's gated per-head norm
+before out_proj. Each block recomputes the norm of the (one to eight) input rows it stages,
+which is cheap next to the weights it streams, and saves a kernel boundary per norm.
+
+Larger inputs go to cuBLAS (blas.py), a quantized weight first dequantized into the
+workspace (quant.cu). quant.cu also rearranges 4-bit matrices into gemv4's 8-row blocks at
+load (`to_blocks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from engine.backends.cuda import blas
+from engine.backends.cuda.frame import Frame
+from engine.backends.cuda.launch import (
+    Kernels,
+    cdiv,
+    compute_capability,
+    grid_cap,
+    or_null,
+    sm_count,
+    smem_per_block,
+)
+from engine.backends.cuda.modules import module
+from engine.backends.cuda.norms import Norms
+from engine.backends.cuda.projection_tuning import ProjectionTuner
+from engine.backends.cuda.weights import DWeight, QWeight
+
+i32, f32 = np.int32, np.float32
+GEMV_MAX_ROWS = 8
+# SIMT kernel (gemv.cu): (rows per warp, 16-byte chunks in flight per lane and row)
+GEMV_VARIANTS = ((1, 4), (2, 4), (4, 2), (4, 4))
+GEMV_SWIGLU_VARIANTS = ((2, 4), (2, 2), (2, 8))
+# Tensor-core kernel (gemv4.cu): (warps per 16-row tile or 0 = enough for at most `groups`
+# groups each, tiles per block, groups per load step, next step prefetched)
+GEMV4_VARIANTS = (
+    (4, 2, 2, True),
+    (8, 1, 4, True),
+    (16, 1, 2, True),
+    (2, 4, 4, True),
+    (32, 1, 2, True),
+    (0, 1, 8, False),
+    (0, 2, 8, False),
+    (0, 4, 8, False),
+    (0, 2, 4, False),
+)
+GEMV4_MAXT = 768  # largest block of the auto-sized variants
+# A prologue is recomputed by every block, once: the grid is capped at what the GPU holds
+# at once (blocks loop over tiles), so even the LM head's 248,320 rows take one norm per
+# resident block, about 500 at the 4B, instead of a separate norm kernel and its boundary.
+PRO_MAX_OUT = 1 << 24
+PRO_SUMS = 256  # shared-memory slots for the prologue's row (or head) sums
+
+
+class Prologue(IntEnum):
+    """What gemv4 stages as its input: its PRO template argument (gemv4_parts.cuh). In bf16
+    the kernel runs ADD_NORM in one pass by itself (its PRO 4)."""
+
+    NONE = 0
+    ADD_NORM = 1  # rms_norm(x + delta) * norm, storing x + delta: before every projection
+    GATED_NORM = 2  # rms_norm per head(o) * norm * silu(x): the DeltaNet's before out_proj
+    GATED_NORM_FOLDED = 5  # GATED_NORM in one pass (bf16, heads a multiple of 64 wide)
+
+
+@dataclass(frozen=True)
+class Pro:
+    """A gemv4 prologue. ADD_NORM: stage `rms_norm(x + delta) * norm` (delta may be None)
+    and store `x + delta` to `h` (None: not stored). GATED_NORM: stage
+    `rms_norm_per_head(o) * norm * silu(x)` with heads of `head_dim` values (o fp32)."""
+
+    kind: Prologue
+    norm: Any
+    eps: float
+    delta: Any = None
+    h: Any = None
+    o: Any = None
+    head_dim: int = 0
+
+
+def _wargs(w: Any) -> tuple[Any, Any, Any]:
+    if isinstance(w, QWeight):
+        return w.packed, w.scales, w.biases
+    return w.data, w.data, w.data  # scales/biases unused for dense weights
+
+
+def _pro_args(pro: Pro | None) -> tuple:
+    """The prologue's kernel arguments (d, nw, h, o, hd, eps), null pointers where unused."""
+    if pro is None:
+        return (*(or_null(None),) * 4, i32(0), f32(0))
+    return (
+        or_null(pro.delta),
+        pro.norm,
+        or_null(pro.h),
+        or_null(pro.o),
+        i32(pro.head_dim),
+        f32(pro.eps),
+    )
+
+
+class Projections:
+    """Owns gemv.cu, gemv4.cu, quant.cu's dequantization and blocks, and the cuBLAS product.
+
+    `frame` and `norms` are what the ops (`linear`, `mlp`, ...) carve from and fall back to;
+    the kernel-level methods (`gemv`, `gemv_run`, `dequant`, ...) need neither, as tools and
+    tests use them."""
+
+    # Extra -D flags for gemv4.cu (tools/profile_step.py --stamps compiles its clock records in).
+    gemv4_defines: tuple[str, ...] = ()
+
+    def __init__(
+        self, kernels: Kernels, frame: Frame | None = None, norms: Norms | None = None
+    ) -> None:
+        self.k, self.frame, self.norms = kernels, frame, norms
+        self.dtype = kernels.dtype
+        self.tuner = ProjectionTuner(kernels.dtype)
+        self._mma_ok: bool | None = None
+        self._resident: dict[tuple, int] = {}  # (kernel, threads, smem) -> blocks at once
+        self._gemv4_modules: dict[tuple, Any] = {}  # (rows, swiglu, prologue) -> module
+        self._gemv4_kernels: dict[str, Any] = {}  # symbol -> kernel
+
+    # ----- the ops ------------------------------------------------------------------------
+    def linear(self, x: Any, w: Any) -> Any:
+        out = self.frame.take((x.shape[0], w.shape[0]))
+        self.linear_into(x, w, out)
+        return out
+
+    def linear_into(self, x: Any, w: Any, out: Any) -> None:
+        if self.gemv_ok(w, x.shape[0]):
+            self.gemv(x, w, out)
+            return
+        if isinstance(w, QWeight):
+            ws = self.frame.workspace
+            ws.begin("ws")
+            dense = ws.take(w.shape, self.k.act_dtype)
+            self.dequant(w, dense)
+        else:
+            dense = w.data if isinstance(w, DWeight) else w
+        self.gemm(x, dense, out)
+
+    def one_product(self, rows: int, weights: list[Any]) -> Any:
+        """The one weight that computes all of `weights` in a single launch: the weight
+        itself, or at one row the stored group (weights.FUSED_GROUPS) they are parts of."""
+        if len(weights) == 1:
+            return weights[0]
+        first = weights[0]
+        fused = first.fused if isinstance(first, QWeight) else None
+        whole = (
+            fused is not None
+            and rows == 1
+            and all(isinstance(w, QWeight) and w.fused is fused for w in weights)
+            and sum(w.shape[0] for w in weights) == fused.shape[0]
+            and self.gemv_ok(fused, 1)
+        )
+        return fused if whole else None
+
+    @staticmethod
+    def parts(out: Any, weights: list[Any]) -> list[Any]:
+        """Each part's columns of the output of their group's product."""
+        if len(weights) == 1:
+            return [out]
+        return [out[:, w.row0 : w.row0 + w.shape[0]] for w in weights]
+
+    def linear_many(self, x: Any, weights: list[Any]) -> list[Any]:
+        """A one-row step multiplies a stored group in one launch and hands out each part's
+        slice of the output; anything else runs part by part."""
+        product = self.one_product(x.shape[0], weights)
+        if product is None or len(weights) == 1:
+            return [self.linear(x, w) for w in weights]
+        out = self.frame.take((1, product.shape[0]))
+        self.gemv(x, product, out)
+        return self.parts(out, weights)
+
+    def norm_linear_many(
+        self, x: Any, delta: Any, weight: Any, eps: float, weights: list[Any]
+    ) -> tuple[list[Any], Any] | None:
+        """Add, norm and projection in one gemv4 launch where it applies (`pro_ok`), else
+        None (nothing done)."""
+        product = self.one_product(x.shape[0], weights)
+        if product is None or not self.pro_ok(x, product, Prologue.ADD_NORM):
+            return None
+        h = x if delta is None else self.frame.take(x.shape)
+        out = self.frame.take((x.shape[0], product.shape[0]))
+        pro = Pro(Prologue.ADD_NORM, weight, eps, delta=delta, h=None if delta is None else h)
+        self.gemv(x, product, out, pro=pro)
+        return self.parts(out, weights), h
+
+    def norm_mlp(
+        self, x: Any, delta: Any, weight: Any, eps: float, gate: Any, up: Any, down: Any
+    ) -> tuple[Any, Any] | None:
+        """Add, norm and the SwiGLU's gate and up in one launch where it applies, then down;
+        else None (nothing done)."""
+        if type(gate) is not type(up) or not self.pro_ok(x, gate, Prologue.ADD_NORM):
+            return None
+        h = self.frame.take(x.shape)
+        act = self.frame.take((x.shape[0], gate.shape[0]))
+        pro = Pro(Prologue.ADD_NORM, weight, eps, delta=delta, h=h)
+        self.gemv(x, gate, act, up=up, pro=pro)
+        return self.linear(act, down), h
+
+    def mlp(self, x: Any, gate: Any, up: Any, down: Any) -> Any:
+        R = x.shape[0]
+        h = self.frame.take((R, gate.shape[0]))
+        if type(gate) is type(up) and self.gemv_ok(gate, R):
+            self.gemv(x, gate, h, up=up)
+        else:
+            g, u = self.linear(x, gate), self.linear(x, up)
+            self.norms.swiglu(g, u, h)
+        return self.linear(h, down)
+
+    # ----- which kernel -------------------------------------------------------------------
+    def gemv_ok(self, w: Any, rows: int) -> bool:
+        if rows > GEMV_MAX_ROWS:
+            return False
+        cols = w.shape[1]
+        if isinstance(w, QWeight):
+            if w.blocked:  # only gemv4 reads 8-row blocks
+                return self._gemv4_room(rows, cols)
+            return (cols * w.bits) % 128 == 0
+        return (cols * self.k.act_itemsize) % 16 == 0
+
+    def blocks_ok(self, bits: int, group_size: int, cols: int) -> bool:
+        """Whether a quantized matrix is stored in 8-row blocks (weights.QWeight.blocked):
+        where gemv4 reads it (4-bit g64, half activations, compute capability 8.0+, a row's
+        input fits its shared memory) and an 8-row block fits `to_blocks`' (4 bytes a
+        column)."""
+        if self.dtype == "float32" or bits != 4 or group_size != 64 or cols % 64:
+            return False
+        return self._gemv4_room(1, cols) and 4 * cols <= smem_per_block()
+
+    def pro_ok(self, x: Any, w: Any, kind: Prologue, head_dim: int = 0) -> bool:
+        """Whether gemv4 can run `x @ w.T` with prologue `kind` (else: separate kernels)."""
+        R, cols = x.shape
+        if R > GEMV_MAX_ROWS or not self._gemv4_ok(x, w) or x.data.ptr % 16:
+            return False
+        if x.strides[1] != x.itemsize or x.strides[0] % 16:
+            return False
+        if kind == Prologue.ADD_NORM:
+            return w.shape[0] <= PRO_MAX_OUT and R <= PRO_SUMS
+        seg = head_dim // 8
+        return (
+            head_dim % 8 == 0
+            and 0 < seg <= 32
+            and seg & (seg - 1) == 0
+            and cols % head_dim == 0
+            and R * (cols // head_dim) <= PRO_SUMS
+        )
+
+    def _mma(self) -> bool:
+        """Whether the GPU runs gemv4: mma.m16n8k16 on half types and cp.async need compute
+        capability 8.0; older cards (GTX 16xx, RTX 20xx, in fp16) run the SIMT kernel and
+        separate norms."""
+        if self._mma_ok is None:
+            self._mma_ok = compute_capability() >= 80
+        return self._mma_ok
+
+    def _gemv4_room(self, rows: int, cols: int) -> bool:
+        """Whether gemv4's staged input of `rows` rows fits in shared memory."""
+        return self._mma() and self._gemv4_smem(rows, cols, 1024) <= smem_per_block()
+
+    def _gemv4_ok(self, x: Any, w: Any) -> bool:
+        if self.dtype == "float32" or not isinstance(w, QWeight) or not w.blocked:
+            return False
+        return self._gemv4_room(x.shape[0], w.shape[1])
+
+    # ----- choice and launch --------------------------------------------------------------
+    def gemv(self, x: Any, w: Any, out: Any, up: Any = None, pro: Pro | None = None) -> None:
+        """out[m] = x[m] @ w.T for m < rows <= 8; with `up`, out = silu(x@w.T) * (x@up.T);
+        with `pro` (gemv4 only, see `pro_ok`), x is first transformed as `Pro` says.
+
+        The kernel and its variant are picked per shape by timing each candidate once
+        (outside graph capture); the choice is kept for the process.
+        """
+        key = self.gemv_key(x, w, up, pro)
+        choice = self.tuner.choice.get(key)
+        if choice is None:
+            choice = self.choose(key, x, w, out, up, pro)
+        if self.k.graphing:
+            self.tuner.step_keys.append(key)
+        self.gemv_run(choice, x, w, out, up, pro)
+
+    @staticmethod
+    def gemv_key(x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> tuple:
+        """What a tuned choice is kept under: (bits, rows, out, in, swiglu, prologue kind,
+        8-row blocks): the two orders of a matrix run different kernels."""
+        q = isinstance(w, QWeight)
+        bits, blocked = (w.bits, w.blocked) if q else (0, False)
+        kind = int(pro.kind) if pro else 0
+        return (bits, x.shape[0], w.shape[0], x.shape[1], up is not None, kind, blocked)
+
+    def gemv_candidates(self, x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> list:
+        """Kernel variants that can run this product: ('mma', ks, tpb, ug, pipe) for gemv4
+        (4-bit weights in 8-row blocks), else ('old', rpw, u) for the SIMT kernel."""
+        if self._gemv4_ok(x, w):
+            return [("mma", *v) for v in GEMV4_VARIANTS]
+        assert pro is None, "only gemv4 has prologues"
+        return [("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS)]
+
+    def choose(self, key: tuple, x, w, out, up=None, pro: Pro | None = None) -> tuple:
+        """The variant for `key`, timing every candidate once (the first candidate, not
+        kept, inside a graph capture or where it is the only one)."""
+        import cupy
+
+        cands = self.gemv_candidates(x, w, up, pro)
+        current = cupy.cuda.get_current_stream()
+        if current.is_capturing() or len(cands) == 1:
+            return cands[0]
+        # The candidates run on the caller's stream once its queue is empty, into buffers of
+        # their own: timing never races with, or writes into, what the forward is using. A
+        # prologue that stores the residual stores the same values every time.
+        current.synchronize()
+        own_out = cupy.empty(out.shape, out.dtype)
+        if pro is not None and pro.h is not None:
+            pro = replace(pro, h=cupy.empty(pro.h.shape, pro.h.dtype))
+        return self.tuner.rank(key, cands, lambda c: self.gemv_run(c, x, w, own_out, up, pro))
+
+    def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None) -> None:
+        if choice[0] == "mma":
+            self._gemv4_launch(x, w, out, up, pro, choice[1:])
+        else:
+            assert pro is None, "the SIMT kernel has no prologue"
+            self._gemv_launch(x, w, out, up, *choice[1:])
+
+    def _gemv4_smem(self, rows: int, cols: int, threads: int, kind: int = 1) -> int:
+        """Dynamic shared bytes of gemv4 (gemv4.cu's layout); a prologue (kind != 0) keeps
+        its norm weight there too."""
+        xs_sx_red = rows * (cols // 8 + 1) * 16 + cols // 64 * 32 + threads * 16
+        return xs_sx_red + (cols * 4 if kind else 0)
+
+    @staticmethod
+    def _gemv4_shape(cols: int, v: tuple) -> tuple[int, int]:
+        """(warps per tile, threads per block) of variant v for rows of `cols` columns."""
+        ks, tpb, ug = v[0], v[1], v[2]
+        if ks == 0:
+            ks = max(1, min(cdiv(cols // 64, ug), GEMV4_MAXT // (32 * tpb)))
+        return ks, 32 * ks * tpb
+
+    def _gemv4_launch(self, x, w, out, up, pro: Pro | None, v: tuple) -> None:
+        R, cols = x.shape
+        n_out = w.shape[0]
+        swiglu = up is not None
+        kind = pro.kind if pro else Prologue.NONE
+        if kind == Prologue.GATED_NORM and self.dtype == "bfloat16" and pro.head_dim % 64 == 0:
+            kind = Prologue.GATED_NORM_FOLDED  # each group's sum scaled by its head's norm
+        fn = self.gemv4_kernel(R, swiglu, v, kind)
+        tpb = v[1]
+        _, threads = self._gemv4_shape(cols, v)
+        smem = self._gemv4_smem(R, cols, threads, kind)
+        self.k.allow_smem(fn, (R, swiglu, v, int(kind)), smem)  # beside 1 KiB of sums
+        rows = 8 if swiglu else 16
+        blocks = cdiv(cdiv(n_out, rows), tpb)
+        grid = (min(blocks, self._gemv4_resident(fn, threads, smem)),)
+        a = _wargs(w)
+        b = _wargs(up) if swiglu else a
+        ldx = x.strides[0] // x.itemsize
+        args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
+        args += (*_pro_args(pro), i32(0))  # late = 0: first weights requested before the wait
+        self.k.launch(fn, grid, (threads,), args, smem)
+
+    def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:
+        """Blocks of `fn` the whole GPU holds at once: the grid is capped there and blocks
+        loop over the remaining tiles."""
+        key = (fn.kernel.ptr, threads, smem)
+        n = self._resident.get(key)
+        if n is None:
+            from cupy_backends.cuda.api import driver
+
+            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, smem)
+            n = self._resident[key] = max(1, per_sm) * sm_count()
+        return n
+
+    @staticmethod
+    def gemv4_symbol(R: int, swiglu: bool, v: tuple, kind: int) -> str:
+        """The gemv4 template instance of variant `v` (the kernel's ASYNC staging is unused)."""
+        ks, tpb, ug, pipe = v
+        maxt = 32 * ks * tpb if ks else GEMV4_MAXT
+        sw, pp = ("true" if b else "false" for b in (swiglu, pipe))
+        return f"gemv4<{R},{sw},{tpb},{ug},{pp},{maxt},{int(kind)},false>"
+
+    def gemv4_kernel(self, R: int, swiglu: bool, v: tuple, kind: int = 0) -> Any:
+        """The compiled gemv4 kernel of variant `v`. One module per (rows, swiglu, prologue)
+        holds every variant: one compile, not nine."""
+        sym = self.gemv4_symbol(R, swiglu, v, kind)
+        fn = self._gemv4_kernels.get(sym)
+        if fn is not None:
+            return fn
+        mod = self._gemv4_modules.get((R, swiglu, int(kind)))
+        if mod is None:
+            names = [self.gemv4_symbol(R, swiglu, c, kind) for c in GEMV4_VARIANTS]
+            mod = module("gemv4.cu", self.dtype, names, self.gemv4_defines)
+            self._gemv4_modules[(R, swiglu, int(kind))] = mod
+        fn = self._gemv4_kernels[sym] = mod.get_function(sym)
+        return fn
+
+    @property
+    def gemv4_modules(self) -> list[Any]:
+        """The gemv4 modules compiled so far (tools read their stamp records)."""
+        return list(self._gemv4_modules.values())
+
+    def _gemv_launch(self, x, w, out, up, rpw: int, u: int) -> None:
+        R, cols = x.shape
+        n_out = w.shape[0]
+        swiglu = up is not None
+        bits = w.bits if isinstance(w, QWeight) else 0
+        sym = f"gemv<{bits},{R},{rpw},{'true' if swiglu else 'false'},{u}>"
+        groups = n_out if swiglu else cdiv(n_out, rpw)
+        grid = (max(1, min(cdiv(groups, 8), grid_cap())),)
+        a = _wargs(w)
+        b = _wargs(up) if swiglu else a
+        g = w.group_size if bits else 64
+        args = (*a, *b, x, i32(cols), out, i32(out.shape[1]), i32(n_out), i32(cols), i32(g))
+        self.k.launch(self.k.fn("gemv.cu", sym), grid, (256,), args)
+
+    # ----- prompt-sized products and quantized storage --------------------------------------
+    def gemm(self, x: Any, wt: Any, out: Any) -> None:
+        """out[R, n] = x[R, k] @ wt[n, k].T with cuBLAS (wt dense, activation type)."""
+        R, kdim = x.shape
+        n = wt.shape[0]
+        t, ldo = self.k.cuda_type, out.shape[1]
+        x_ptr, w_ptr, out_ptr = x.data.ptr, wt.data.ptr, out.data.ptr
+        blas.matmul(x_ptr, t, kdim, w_ptr, t, kdim, True, out_ptr, t, ldo, R, n, kdim)
+
+    def dequant(self, w: QWeight, out: Any) -> None:
+        """out = the dense [rows, cols] matrix of w in the activation type."""
+        rows, cols = w.shape
+        nwords = rows * cols * w.bits // 32
+        self.k.run(
+            "quant.cu",
+            f"dequant<{w.bits},{int(w.blocked)}>",
+            (min(cdiv(nwords, 256), grid_cap() * 4),),
+            (256,),
+            (w.packed, w.scales, w.biases, out, np.int64(rows), i32(cols), i32(w.group_size)),
+        )
+
+    def to_blocks(self, packed: Any, scales: Any, biases: Any) -> None:
+        """Rearrange a 4-bit g64 matrix ([rows, in/8] codes, [rows, in/64] scales and biases,
+        rows a multiple of 8) in place into the 8-row blocks gemv4 reads (quant.cu)."""
+        rows, words = packed.shape
+        for a, sym, n, unit in (
+            (packed, "to_blocks<unsigned,8>", words, 4),
+            (scales, "to_blocks<unsigned short,1>", scales.shape[1], 2),
+            (biases, "to_blocks<unsigned short,1>", biases.shape[1], 2),
+        ):
+            fn = self.k.fn("quant.cu", sym)
+            smem = 8 * n * unit
+            self.k.allow_smem(fn, ("to_blocks", sym), smem)
+            self.k.launch(fn, (rows // 8,), (256,), (a, i32(n)), smem)

@@ -5,35 +5,89 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.cli_plan import add_plan_parser
 from engine.config import EngineSettings
-from engine.errors import SnugError
+from engine.errors import RequestRefused, SnugError
+from engine.server.cli import add_serve_parser, run_serve
 
 
 def _parse_ids(text: str) -> list[int]:
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        ids = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--prompt-ids {text!r}: expected comma-separated integers such as 1,2,3"
+            f"expected comma-separated token ids such as 1,2,3, got {text[:80]!r}"
         ) from None
+    negative = [i for i in ids if i < 0]
+    if negative:
+        raise argparse.ArgumentTypeError(f"token id {negative[0]} is negative; ids are >= 0")
+    return ids
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low` ("argument --x: must be >= 1, got 0")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text[:40]!r}")
+    return value
+
+
+def _gib(text: str) -> float:
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
+    return value
+
+
+def _utf8_text(text: str) -> str:
+    """Command-line text that was valid UTF-8 (Python maps invalid bytes in argv to lone
+    surrogates, which the tokenizer cannot encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raw = text.encode("utf-8", "surrogateescape")
+        where = len(text[: exc.start].encode("utf-8", "surrogateescape"))
+        raise argparse.ArgumentTypeError(
+            f"is not valid UTF-8 text (byte 0x{raw[where]:02x} at offset {where}); pass UTF-8, "
+            "or token ids with --prompt-ids"
+        ) from None
+    return text
 
 
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reserve-gib",
-        type=float,
+        type=_gib,
         default=None,
         help="memory left for other programs (default 0.5, env SNUG_MEMORY_RESERVE_GIB)",
     )
     p.add_argument(
         "--limit-gib",
-        type=float,
+        type=_gib,
         default=None,
         help="cap on what Snug may hold on the GPU (env SNUG_MEMORY_LIMIT_GIB)",
     )
@@ -46,27 +100,42 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text from a prompt")
     g.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors)")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="a user message (chat template applied unless --raw)")
+    src.add_argument(
+        "--prompt", type=_utf8_text, help="a user message (chat template applied unless --raw)"
+    )
     src.add_argument("--prompt-ids", type=_parse_ids, help="token ids, e.g. 1,2,3")
     g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, no template")
-    g.add_argument("--system", default=None, help="system prompt for the chat template")
+    g.add_argument("--system", type=_utf8_text, help="system prompt for the chat template")
     g.add_argument("--thinking", choices=["on", "off", "default"], default="default")
-    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument(
+        "--max-new-tokens", type=_int_at_least(1), default=256, help="at least 1 (default 256)"
+    )
     g.add_argument("--greedy", action="store_true")
-    g.add_argument("--temperature", type=float, default=0.7)
-    g.add_argument("--top-k", type=int, default=20)
-    g.add_argument("--top-p", type=float, default=0.8)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--temperature", type=_finite_float, default=0.7)
+    g.add_argument("--top-k", type=_int_at_least(0), default=20, help="0 = off (default 20)")
+    g.add_argument("--top-p", type=_finite_float, default=0.8)
+    g.add_argument("--min-p", type=_finite_float, default=0.0)
+    g.add_argument("--presence-penalty", type=_finite_float, default=0.0)
+    g.add_argument("--seed", type=_int_at_least(0), default=None)
     g.add_argument(
         "--backend",
         choices=["auto", "cuda", "numpy"],
         default=None,
         help="default: auto (env SNUG_BACKEND)",
     )
-    g.add_argument("--context", type=int, default=4096)
-    g.add_argument("--max-rows", type=int, default=512)
+    g.add_argument(
+        "--context",
+        type=_int_at_least(1),
+        default=4096,
+        help="tokens per stream, at least 1; capped at the model's max_position_embeddings "
+        "(default 4096)",
+    )
+    g.add_argument(
+        "--max-rows",
+        type=_int_at_least(1),
+        default=512,
+        help="prompt rows per forward pass, at least 1 (default 512)",
+    )
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
     _add_memory_flags(g)
 
@@ -75,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
 
     add_plan_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
@@ -86,18 +156,36 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from engine.session import Engine, GenerationParams
+    from engine.session import Engine
 
     engine = Engine.load(args.model, _settings(args), context=args.context, max_rows=args.max_rows)
+    try:
+        return _generate(engine, args)
+    finally:
+        engine.unload()
+
+
+def _prompt_ids(engine, args: argparse.Namespace) -> list[int]:
     if args.prompt_ids is not None:
-        prompt_ids = args.prompt_ids
-    elif args.raw:
-        prompt_ids = engine.tokenizer.encode(args.prompt)
-    else:
-        messages = [{"role": "system", "content": args.system}] if args.system else []
-        messages.append({"role": "user", "content": args.prompt})
-        thinking = {"on": True, "off": False}.get(args.thinking)
-        prompt_ids = engine.chat_ids(messages, enable_thinking=thinking)
+        outside = [i for i in args.prompt_ids if i >= engine.vocab_rows]
+        if outside:
+            raise RequestRefused(
+                f"--prompt-ids: token id {outside[0]} is outside the vocabulary of "
+                f"{engine.vocab_rows} tokens (ids 0 to {engine.vocab_rows - 1})"
+            )
+        return args.prompt_ids
+    if args.raw:
+        return engine.tokenizer.encode(args.prompt)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    messages.append({"role": "user", "content": args.prompt})
+    thinking = {"on": True, "off": False}.get(args.thinking)
+    return engine.chat_ids(messages, enable_thinking=thinking)
+
+
+def _generate(engine, args: argparse.Namespace) -> int:
+    from engine.session import GenerationParams
+
+    prompt_ids = _prompt_ids(engine, args)
     params = GenerationParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -141,7 +229,6 @@ def run_generate(args: argparse.Namespace) -> int:
                 f"{stats.new_tokens} new; first token {stats.ttft_s * 1000:.0f} ms; "
                 f"{stats.decode_tok_s:.1f} tokens/s\n"
             )
-    engine.unload()
     return 0
 
 
@@ -197,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_generate(args)
         if args.command == "info":
             return run_info(args)
+        if args.command == "serve":
+            return run_serve(args)
         if args.command == "plan":
             from engine.cli_plan import run_plan
 

@@ -5,15 +5,25 @@ This is the one module that reads environment variables (see `EngineSettings.fro
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ConfigError
+from engine.config_checks import (
+    FLOAT_RANGES,
+    INT_RANGES,
+    check_bool,
+    check_eos_ids,
+    check_float,
+    check_int,
+    check_products,
+    is_int,
+)
+from engine.errors import ConfigError, quoted
+from engine.json_limits import read_json_file
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 LINEAR, FULL = "linear_attention", "full_attention"
@@ -31,7 +41,7 @@ class QuantSpec:
     def __post_init__(self) -> None:
         if self.mode != "affine":
             raise ConfigError(
-                f"quantization mode {self.mode!r} is not supported "
+                f"quantization mode {quoted(self.mode)} is not supported "
                 "(only 'affine', as mlx-lm writes)"
             )
         if self.bits not in (4, 8):
@@ -88,15 +98,20 @@ class ModelConfig:
     source: str = "config.json"
 
     def __post_init__(self) -> None:
-        positive = (
-            "hidden_size num_hidden_layers num_attention_heads num_key_value_heads head_dim "
-            "linear_num_key_heads linear_num_value_heads linear_key_head_dim "
-            "linear_value_head_dim linear_conv_kernel_dim intermediate_size vocab_size"
-        ).split()
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{self.source}: {name} = {value!r} must be a positive integer")
+        # Types and ranges first (config_checks), products next: all before anything is sized.
+        source = self.source
+        for f in fields(self):
+            if f.name in INT_RANGES:
+                check_int(source, f.name, getattr(self, f.name))
+            elif f.name in FLOAT_RANGES:
+                check_float(source, f.name, getattr(self, f.name))
+        check_bool(source, "tie_word_embeddings", self.tie_word_embeddings)
+        check_eos_ids(source, self.eos_token_ids, self.vocab_size)
+        check_products(source, self)
+        if not isinstance(self.layer_types, tuple) or not all(
+            isinstance(t, str) for t in self.layer_types
+        ):
+            raise ConfigError(f"{source}: layer_types must be a list of strings")
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(
                 f"{self.source}: layer_types has {len(self.layer_types)} entries but "
@@ -104,7 +119,10 @@ class ModelConfig:
             )
         unknown = sorted(set(self.layer_types) - {LINEAR, FULL})
         if unknown:
-            raise ConfigError(f"{self.source}: layer_types holds unknown kinds {unknown}")
+            raise ConfigError(
+                f"{self.source}: layer_types holds unknown kinds {quoted(unknown)} (known: "
+                f"{LINEAR}, {FULL})"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"{self.source}: num_attention_heads = {self.num_attention_heads} is not a "
@@ -121,8 +139,6 @@ class ModelConfig:
                 f"rotary dim {self.rotary_dim} for head_dim {self.head_dim}; it must be even "
                 "and at most head_dim"
             )
-        if not (0 < self.rms_norm_eps < 1):
-            raise ConfigError(f"{self.source}: rms_norm_eps = {self.rms_norm_eps} is out of range")
 
     # Derived sizes, named as in the spec.
     @property
@@ -159,20 +175,28 @@ def _layer_schedule(text: Mapping[str, Any], n_layers: int, source: str) -> tupl
     if types is not None:
         if not isinstance(types, list):
             raise ConfigError(f"{source}: layer_types must be a list, got {type(types).__name__}")
+        if len(types) != n_layers:  # checked before the list is copied
+            raise ConfigError(
+                f"{source}: layer_types has {len(types)} entries but num_hidden_layers = {n_layers}"
+            )
         return tuple(types)
-    interval = text.get("full_attention_interval", 4)
-    if not isinstance(interval, int) or interval <= 0:
-        raise ConfigError(f"{source}: full_attention_interval = {interval!r} must be positive")
+    interval = check_int(source, "full_attention_interval", text.get("full_attention_interval", 4))
     return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(n_layers))
 
 
 def _quant_spec(raw: Any, where: str) -> QuantSpec:
-    try:
-        return QuantSpec(
-            bits=int(raw["bits"]), group_size=int(raw["group_size"]), mode=raw.get("mode", "affine")
+    bits, group, mode = (
+        (raw.get("bits"), raw.get("group_size"), raw.get("mode", "affine"))
+        if isinstance(raw, Mapping)
+        else (None, None, None)
+    )
+    if not (is_int(bits) and is_int(group) and isinstance(mode, str)):
+        raise ConfigError(
+            f"{where}: quantization entry {quoted(raw)} needs integer bits and group_size "
+            "(and a string mode, if any)"
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: quantization entry {raw!r} needs bits and group_size") from exc
+    try:
+        return QuantSpec(bits=bits, group_size=group, mode=mode)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -184,7 +208,7 @@ def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], source: str):
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{source}: quantization must be an object, got {raw!r}")
+        raise ConfigError(f"{source}: quantization must be an object, got {quoted(raw)}")
     default = _quant_spec(raw, source)
     overrides: dict[str, QuantSpec | None] = {}
     for key, value in raw.items():
@@ -193,30 +217,59 @@ def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], source: str):
         if value is False:
             overrides[key] = None
         elif isinstance(value, Mapping):
-            overrides[key] = _quant_spec(value, f"{source} [quantization.{key}]")
+            overrides[key] = _quant_spec(value, f"{source} [quantization.{quoted(key)}]")
     return QuantConfig(default=default, overrides=overrides)
 
 
-def _eos_ids(top: Mapping[str, Any], text: Mapping[str, Any]) -> tuple[int, ...]:
+def _eos_ids(top: Mapping[str, Any], text: Mapping[str, Any], source: str) -> tuple[int, ...]:
     ids: list[int] = []
     for raw in (text.get("eos_token_id"), top.get("eos_token_id")):
+        if raw is None:
+            continue
         for value in raw if isinstance(raw, list) else [raw]:
-            if isinstance(value, int) and value not in ids:
+            if not is_int(value):
+                raise ConfigError(
+                    f"{source}: eos_token_id {quoted(value)} must be an integer token id or a "
+                    "list of them; fix it in config.json"
+                )
+            if value not in ids:
                 ids.append(value)
     return tuple(ids)
 
 
-def parse_config(top: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
-    """Build a ModelConfig from a parsed config.json (nested `qwen3_5` or flat `qwen3_5_text`)."""
+def _rope(text: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """`rope_parameters` (transformers 5) or `rope_scaling` (older saves), or {}."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = text.get(key)
+        if rope is None:
+            continue
+        if not isinstance(rope, Mapping):
+            raise ConfigError(
+                f"{source}: {key} = {quoted(rope)} must be an object such as "
+                '{"rope_theta": 10000000, "partial_rotary_factor": 0.25}; fix it in config.json'
+            )
+        if rope:
+            return rope
+    return {}
+
+
+def parse_config(top: Any, source: str = "config.json") -> ModelConfig:
+    """Build a ModelConfig from a parsed config.json (nested `qwen3_5` or flat `qwen3_5_text`).
+
+    Every value is checked for its JSON type and range (engine.config_checks) as it is read,
+    so anything but a plausible Qwen3.5 ends in a ConfigError naming the key and value.
+    """
+    if not isinstance(top, Mapping):
+        raise ConfigError(f"{source}: the top level must be a JSON object, got {quoted(top)}")
     model_type = top.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(
-            f"{source}: model_type {model_type!r} is not supported; Snug runs Qwen3.5 dense "
-            f"models ({', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"{source}: model_type {quoted(model_type)} is not supported; Snug runs Qwen3.5 "
+            f"dense models ({', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     text = top.get("text_config", top) if model_type == "qwen3_5" else top
     if not isinstance(text, Mapping):
-        raise ConfigError(f"{source}: text_config must be an object")
+        raise ConfigError(f"{source}: text_config must be an object, got {quoted(text)}")
     required = (
         "hidden_size num_hidden_layers num_attention_heads num_key_value_heads "
         "linear_num_key_heads linear_num_value_heads linear_key_head_dim linear_value_head_dim "
@@ -225,38 +278,38 @@ def parse_config(top: Mapping[str, Any], source: str = "config.json") -> ModelCo
     missing = [k for k in required if k not in text]
     if missing:
         raise ConfigError(f"{source}: text_config is missing {', '.join(missing)}")
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    n_layers = text["num_hidden_layers"]
+    defaults = {
+        "head_dim": 256,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 262144,
+        "mtp_num_hidden_layers": 0,
+    }
+    ints = {
+        key: check_int(source, key, text.get(key, defaults.get(key)))
+        for key in (*required, *defaults)
+        if key != "mtp_num_hidden_layers" or text.get(key) is not None
+    }
+    rope = _rope(text, source)
+    floats = {
+        "rms_norm_eps": text.get("rms_norm_eps", 1e-6),
+        "rope_theta": rope.get("rope_theta", text.get("rope_theta", 1e7)),
+        "partial_rotary_factor": rope.get(
+            "partial_rotary_factor", text.get("partial_rotary_factor", 0.25)
+        ),
+    }
     tie = text.get("tie_word_embeddings", top.get("tie_word_embeddings", False))
-    try:
-        return ModelConfig(
-            hidden_size=text["hidden_size"],
-            num_hidden_layers=n_layers,
-            layer_types=_layer_schedule(text, n_layers if isinstance(n_layers, int) else 0, source),
-            num_attention_heads=text["num_attention_heads"],
-            num_key_value_heads=text["num_key_value_heads"],
-            head_dim=text.get("head_dim", 256),
-            linear_num_key_heads=text["linear_num_key_heads"],
-            linear_num_value_heads=text["linear_num_value_heads"],
-            linear_key_head_dim=text["linear_key_head_dim"],
-            linear_value_head_dim=text["linear_value_head_dim"],
-            linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
-            intermediate_size=text["intermediate_size"],
-            vocab_size=text["vocab_size"],
-            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 1e7))),
-            partial_rotary_factor=float(
-                rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
-            ),
-            tie_word_embeddings=bool(tie),
-            max_position_embeddings=int(text.get("max_position_embeddings", 262144)),
-            eos_token_ids=_eos_ids(top, text),
-            mtp_num_hidden_layers=int(text.get("mtp_num_hidden_layers", 0) or 0),
-            quantization=_quantization(top, text, source),
-            source=source,
-        )
-    except TypeError as exc:
-        raise ConfigError(f"{source}: a field has the wrong type ({exc})") from exc
+    return ModelConfig(
+        **ints,
+        layer_types=_layer_schedule(text, ints["num_hidden_layers"], source),
+        **{key: check_float(source, key, value) for key, value in floats.items()},
+        tie_word_embeddings=check_bool(source, "tie_word_embeddings", tie),
+        eos_token_ids=_eos_ids(top, text, source),
+        quantization=_quantization(top, text, source),
+        source=source,
+    )
+
+
+MAX_CONFIG_BYTES = 16 << 20  # a real config.json is a few KB; MLX overrides add tens of KB
 
 
 def load_config(model_dir: str | os.PathLike[str]) -> ModelConfig:
@@ -267,12 +320,7 @@ def load_config(model_dir: str | os.PathLike[str]) -> ModelConfig:
             f"{path}: config.json not found; pick a folder that holds a Hugging Face or MLX "
             "checkpoint (config.json, *.safetensors, tokenizer.json)"
         )
-    try:
-        top = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot be read as JSON ({exc})") from exc
-    if not isinstance(top, dict):
-        raise ConfigError(f"{path}: the top level must be a JSON object")
+    top = read_json_file(path, ConfigError, MAX_CONFIG_BYTES)
     return parse_config(top, source=str(path))
 
 

@@ -1,5 +1,7 @@
 """Named errors. Each message names the file, key or value at fault and the setting to change."""
 
+import reprlib
+
 
 class SnugError(Exception):
     """Base of every error the engine raises on purpose."""
@@ -48,3 +50,29 @@ class DoesNotFit(SnugError):
     def __init__(self, message: str, decision: object = None) -> None:
         super().__init__(message)
         self.decision = decision
+
+
+class NumericalError(RequestRefused):
+    """The model produced NaN or infinite logits: the weights or the compute dtype are at fault,
+    and sampling from them would print garbage (or token 0) without a word."""
+
+
+class TemplateLimitError(TemplateError):
+    """The chat template ran past its time, size or nesting budget (engine.template_sandbox)."""
+
+
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxdict, _QUOTE.maxlist, _QUOTE.maxtuple = 3, 6, 8, 8
+_QUOTE.maxstring, _QUOTE.maxother, _QUOTE.maxlong = 160, 160, 40
+
+
+def quoted(value: object, limit: int = 200) -> str:
+    """`repr(value)` cut to at most `limit` characters, for messages that quote a value read
+    from a downloaded file: a 100 MB header entry must not become a 100 MB message."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"<an integer of {value.bit_length()} bits>"  # repr of a huge int is slow
+    try:
+        text = _QUOTE.repr(value)
+    except (ValueError, RecursionError, MemoryError):
+        text = f"<a {type(value).__name__} that cannot be shown>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -6,7 +6,8 @@
 
 Each stream owns a backend state slot. A prompt runs as windows of at most `max_rows` rows
 (prefill), then one row per step (decode); `generate_many` steps several streams together in
-one batch, and gives each the same tokens it would get alone.
+one batch, and gives each the same tokens it would get alone. `engine.scheduler` serves
+requests that come and go (continuous batching) with the same stream primitives.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import numpy as np
 
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
-from engine.errors import BackendUnavailable, DeviceOutOfMemory, DoesNotFit, RequestRefused
+from engine.errors import (
+    BackendUnavailable,
+    DeviceOutOfMemory,
+    DoesNotFit,
+    NumericalError,
+    RequestRefused,
+)
 from engine.memory import Card, Decision, checkpoint_specs, decide
 from engine.memory.arena import act_itemsize
 from engine.models.qwen35 import Qwen35Model
@@ -300,7 +307,17 @@ class Engine:
             stream.ids.extend(chunk)
             outputs.append(self.backend.to_host(logits))
         out = np.concatenate(outputs) if all_logits else outputs[-1][-1]
-        return out.astype(np.float32)
+        out = out.astype(np.float32)
+        # NaN/Inf logits: refused by name, not sampled as token 0 (one row checked: cheap).
+        last = out[-1] if all_logits else out
+        if not np.isfinite(last).all():
+            bad = int(last.size - np.isfinite(last).sum())
+            raise NumericalError(
+                f"the model produced NaN/Inf logits ({bad} of {last.size} for the prompt's last "
+                f"token); check the checkpoint's weights in {self.model_dir} for NaN or "
+                "infinite values, or run with SNUG_COMPUTE_DTYPE=float32 if float16 overflows"
+            )
+        return out
 
     def step(self, streams: list[_Stream], ids: list[int]) -> np.ndarray:
         """One decode row for each stream; returns logits `[len(streams), V]`."""

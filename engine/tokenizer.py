@@ -3,7 +3,8 @@
 `tokenizer.json` is read with the `tokenizers` library. The chat template is Jinja text
 downloaded with the model, so it renders in an immutable sandbox that refuses access to
 Python internals (`''.__class__`, `cycler.__init__.__globals__`) instead of silently
-rendering them as empty strings.
+rendering them as empty strings, and within time and size budgets
+(engine.template_sandbox) so that a hostile template cannot hang or exhaust the machine.
 """
 
 from __future__ import annotations
@@ -16,20 +17,26 @@ from typing import Any
 
 import jinja2
 from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.sandbox import SecurityError
 from tokenizers import Tokenizer as _HFTokenizer
 
-from engine.errors import TemplateError, TokenizerError
+from engine.errors import TemplateError, TemplateLimitError, TokenizerError
+from engine.json_limits import read_json_file
+from engine.template_sandbox import BoundedSandbox, LimitHit, TemplateLimits
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 REPLACEMENT = "\ufffd"
+MAX_TOKENIZER_CONFIG_BYTES = 16 << 20  # Qwen3.5's is 16 KB, template included
 
 
 class Tokenizer:
     """Text <-> token ids for one model, plus its chat template. Build with `load`."""
+
+    # Budgets of one chat-template compile or render; set before the first render to change.
+    template_limits = TemplateLimits()
 
     def __init__(
         self,
@@ -47,6 +54,7 @@ class Tokenizer:
         self.template_source = template_source
         self._special = dict(special or {})  # bos_token, eos_token, pad_token for templates
         self._compiled: jinja2.Template | None = None
+        self._env: BoundedSandbox | None = None
         self.vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
         self.eos_ids = self._collect_eos(eos_ids)
 
@@ -115,11 +123,13 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Render `messages` ([{"role", "content"}, ...]) with the model's chat template.
 
         `enable_thinking` is passed to the template only when given, so the template's own
-        default (thinking on for Qwen3.5 4B/9B, off for 0.8B/2B) applies otherwise.
+        default (thinking on for Qwen3.5 4B/9B, off for 0.8B/2B) applies otherwise. `tools`
+        (OpenAI function specs, `{"type": "function", "function": {...}}`) likewise.
         """
         template = self._get_template()
         variables: dict[str, Any] = {
@@ -129,8 +139,14 @@ class Tokenizer:
         }
         if enable_thinking is not None:
             variables["enable_thinking"] = enable_thinking
+        if tools is not None:
+            variables["tools"] = tools
+        return self._render(template, variables)
+
+    def _render(self, template: jinja2.Template, variables: dict[str, Any]) -> str:
+        assert self._env is not None
         try:
-            return template.render(**variables)
+            return self._env.render_bounded(template, variables)
         except TemplateError:
             raise
         except SecurityError as exc:
@@ -138,17 +154,35 @@ class Tokenizer:
                 f"{self.template_source}: the chat template tried to reach outside its sandbox "
                 f"({exc}); the template is unsafe, replace it or use raw prompts"
             ) from exc
+        except (LimitHit, RecursionError, MemoryError) as exc:
+            raise self._limit_error(exc, "rendering") from None
         except Exception as exc:  # any Jinja or Python error inside the template
             raise TemplateError(
                 f"{self.template_source}: rendering the chat template failed "
-                f"({type(exc).__name__}: {exc})"
+                f"({type(exc).__name__}: {str(exc)[:200]})"
             ) from exc
 
+    def _limit_error(self, exc: BaseException, stage: str) -> TemplateLimitError:
+        if isinstance(exc, RecursionError):
+            what = "nests too deeply (Python's recursion limit)"
+        elif isinstance(exc, MemoryError):
+            what = "ran out of memory"
+        else:
+            what = str(exc)
+        return TemplateLimitError(
+            f"{self.template_source or TEMPLATE_FILE}: {stage} the chat template was stopped: "
+            f"it {what}; a real chat template stays far inside these limits, so replace the "
+            "template or use raw prompts"
+        )
+
     def chat_ids(
-        self, messages: list[dict[str, Any]], enable_thinking: bool | None = None
+        self,
+        messages: list[dict[str, Any]],
+        enable_thinking: bool | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat, ending in the assistant generation prompt."""
-        return self.encode(self.apply_chat_template(messages, True, enable_thinking))
+        return self.encode(self.apply_chat_template(messages, True, enable_thinking, tools))
 
     def _get_template(self) -> jinja2.Template:
         if self._compiled is not None:
@@ -164,18 +198,27 @@ class Tokenizer:
             raise TemplateError(f"{source}: the chat template refused the messages: {message}")
 
         env = _SandboxEnvironment(
+            self.template_limits,
             trim_blocks=True,
             lstrip_blocks=True,
             extensions=[_GenerationTag, "jinja2.ext.loopcontrols"],
         )
-        env.filters["tojson"] = _tojson
+        env.filters["tojson"] = env.guard_filter(_tojson, "tojson")
         env.globals["raise_exception"] = raise_exception
         try:
-            self._compiled = env.from_string(self.template)
+            self._compiled = env.compile_bounded(self.template)
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateError(
                 f"{source}: line {exc.lineno}: the chat template is not valid Jinja ({exc.message})"
             ) from exc
+        except (LimitHit, RecursionError, MemoryError) as exc:
+            raise self._limit_error(exc, "compiling") from None
+        except Exception as exc:  # Python's compiler refusing the generated code, and the like
+            raise TemplateError(
+                f"{source}: the chat template cannot be compiled ({type(exc).__name__}: "
+                f"{str(exc)[:200]})"
+            ) from exc
+        self._env = env
         return self._compiled
 
 
@@ -226,7 +269,7 @@ class StreamDecoder:
 # -- template environment --------------------------------------------------------------------
 
 
-class _SandboxEnvironment(ImmutableSandboxedEnvironment):
+class _SandboxEnvironment(BoundedSandbox):
     """Raise on unsafe attribute access instead of rendering an empty Undefined."""
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
@@ -256,10 +299,7 @@ def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, *
 def _read_tokenizer_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"{path}: cannot be read as JSON ({exc})") from exc
+    data = read_json_file(path, TokenizerError, MAX_TOKENIZER_CONFIG_BYTES)
     if not isinstance(data, dict):
         raise TokenizerError(f"{path}: the top level must be a JSON object")
     return data
@@ -269,7 +309,13 @@ def _find_template(folder: Path, tok_config: Mapping[str, Any]) -> tuple[str | N
     """The chat template text and where it came from (for error messages)."""
     path = folder / TEMPLATE_FILE
     if path.is_file():
+        limit = 4 * TemplateLimits.max_template_chars  # bytes: up to 4 per character
         try:
+            if path.stat().st_size > limit:
+                raise TokenizerError(
+                    f"{path}: is {path.stat().st_size:,} bytes, over the {limit:,} a chat "
+                    "template ever needs (Qwen3.5's is 8 KB); replace the file"
+                )
             return path.read_text(encoding="utf-8"), str(path)
         except (OSError, UnicodeDecodeError) as exc:
             raise TokenizerError(f"{path}: cannot be read ({exc})") from exc

@@ -27,7 +27,7 @@ from engine.checkpoint.names import (
 from engine.checkpoint.quantized import QuantizedTensor
 from engine.checkpoint.safetensors_file import READABLE, SafetensorsFile, WeightFiles, find_weights
 from engine.config import ModelConfig, QuantSpec, load_config
-from engine.errors import CheckpointError
+from engine.errors import CheckpointError, quoted
 
 FLOAT_DTYPES = ("bf16", "f16", "f32")
 
@@ -114,7 +114,7 @@ class Checkpoint:
             return self.tensors[name]
         except KeyError:
             raise CheckpointError(
-                f"{self.dir}: no tensor named {name!r} (internal names, e.g. "
+                f"{self.dir}: no tensor named {quoted(name)} (internal names, e.g. "
                 "'layers.0.mlp.up_proj'; see docs/architecture.md)"
             ) from None
 
@@ -187,15 +187,15 @@ class Checkpoint:
                     want = stored_conv_layout(self.format)
                     layout = f" (stored as {list(stored)}; {self.format} files use {want})"
                 raise CheckpointError(
-                    f"{src.file.path}: tensor {name} ({src.key!r}) has shape {list(info.shape)} "
-                    f"but config.json implies {list(shape)}{layout}; check that config.json "
-                    "belongs to these weights"
+                    f"{src.file.path}: tensor {name} ({quoted(src.key)}) has shape "
+                    f"{list(info.shape)} but config.json implies {list(shape)}{layout}; check "
+                    "that config.json belongs to these weights"
                 )
             if info.quant is None and info.dtype not in FLOAT_DTYPES:
                 raise CheckpointError(
-                    f"{src.file.path}: tensor {name} ({src.key!r}) is stored as {info.dtype}, "
-                    f"expected one of {', '.join(FLOAT_DTYPES)} (or a quantized triple with "
-                    ".scales and .biases)"
+                    f"{src.file.path}: tensor {name} ({quoted(src.key)}) is stored as "
+                    f"{info.dtype}, expected one of {', '.join(FLOAT_DTYPES)} (or a quantized "
+                    "triple with .scales and .biases)"
                 )
 
 
@@ -211,8 +211,9 @@ def _collect(
         if info.name in tensors:
             other = sources[info.name]
             raise CheckpointError(
-                f"{src.file.path}: {src.key!r} and {other.key!r} (in {other.file.path.name}) "
-                f"both map to tensor {info.name}; the file mixes two naming schemes"
+                f"{src.file.path}: {quoted(src.key)} and {quoted(other.key)} (in "
+                f"{other.file.path.name}) both map to tensor {info.name}; the file mixes two "
+                "naming schemes"
             )
         tensors[info.name] = info
         sources[info.name] = src
@@ -237,12 +238,13 @@ def _collect(
             continue
         if key.endswith(".biases"):
             raise CheckpointError(
-                f"{f.path}: {key!r} has no matching .scales; the quantized module is incomplete"
+                f"{f.path}: {quoted(key)} has no matching .scales; the quantized module is "
+                "incomplete"
             )
         entry = f.entries[key]
         if entry.dtype not in READABLE:
             raise CheckpointError(
-                f"{f.path}: tensor {key!r} has dtype {entry.dtype}, which Snug cannot read "
+                f"{f.path}: tensor {quoted(key)} has dtype {entry.dtype}, which Snug cannot read "
                 f"(readable: {', '.join(READABLE)})"
             )
         shape = conv_logical_shape(entry.shape, fmt) if is_conv(name) else entry.shape
@@ -262,21 +264,21 @@ def _quantized(
     for key in (weight_key, biases_key):
         if key not in files.by_key:
             raise CheckpointError(
-                f"{f.path}: {scales_key!r} exists but {key!r} does not; the quantized "
+                f"{f.path}: {quoted(scales_key)} exists but {quoted(key)} does not; the quantized "
                 "module is incomplete, fetch the weights again"
             )
     spec = cfg.quantization.for_module(module) if cfg.quantization is not None else None
     if spec is None:
         raise CheckpointError(
-            f"{f.path}: {module} is quantized ({scales_key!r} exists) but {cfg.source} gives "
+            f"{f.path}: {module} is quantized ({quoted(scales_key)} exists) but {cfg.source} gives "
             "no quantization for it; add the converter's `quantization` entry to config.json"
         )
     wf, bf = files.by_key[weight_key], files.by_key[biases_key]
     packed, scales, biases = wf.entries[weight_key], f.entries[scales_key], bf.entries[biases_key]
     if packed.dtype != "U32" or len(packed.shape) != 2:
         raise CheckpointError(
-            f"{wf.path}: quantized weight {weight_key!r} is {packed.dtype} {list(packed.shape)}; "
-            "expected U32 [out, in*bits/32]"
+            f"{wf.path}: quantized weight {quoted(weight_key)} is {packed.dtype} "
+            f"{list(packed.shape)}; expected U32 [out, in*bits/32]"
         )
     out, words = packed.shape
     cols = words * 32 // spec.bits
@@ -288,11 +290,11 @@ def _quantized(
             or e.dtype not in ("BF16", "F16", "F32")
         ):
             raise CheckpointError(
-                f"{ef.path}: {e.name!r} is {e.dtype} {list(e.shape)}, but {weight_key!r} "
-                f"{list(packed.shape)} at bits = {spec.bits}, group_size = {spec.group_size} "
-                f"(from {cfg.source}) means in = {cols} and needs float [{out}, "
-                f"{cols}/{spec.group_size}]; the quantization settings in config.json do not "
-                "match the weights"
+                f"{ef.path}: {quoted(e.name)} is {e.dtype} {list(e.shape)}, but "
+                f"{quoted(weight_key)} {list(packed.shape)} at bits = {spec.bits}, "
+                f"group_size = {spec.group_size} (from {cfg.source}) means in = {cols} and "
+                f"needs float [{out}, {cols}/{spec.group_size}]; the quantization settings in "
+                "config.json do not match the weights"
             )
     info = TensorInfo(
         name=name,

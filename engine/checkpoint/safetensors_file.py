@@ -2,13 +2,13 @@
 
 The format is an 8-byte little-endian header length, a JSON header mapping each tensor name
 to `{"dtype", "shape", "data_offsets": [begin, end]}` (offsets relative to the end of the
-header), then the raw little-endian data. Only the header is read at open; each tensor is
-read on request with one seek + read, so a multi-GiB file never sits in memory at once.
+header), then the raw little-endian data. Only the header is read at open, and checked as
+the format specifies (engine.checkpoint.header); each tensor is read on request with one
+seek + read, so a multi-GiB file never sits in memory at once.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -18,27 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from engine.bf16 import from_bf16
-from engine.errors import CheckpointError
-
-# Bytes per element for every dtype the format defines: used to check sizes and offsets
-# even for tensors Snug never reads (a vision tower in FP8 must not break the open).
-ITEMSIZE = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "U16": 2,
-    "I16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "U32": 4,
-    "I32": 4,
-    "F32": 4,
-    "U64": 8,
-    "I64": 8,
-    "F64": 8,
-}
+from engine.checkpoint.header import MAX_HEADER_BYTES, Entry, parse_header
+from engine.errors import CheckpointError, quoted
+from engine.json_limits import read_json_file
 
 # The dtypes Snug can read, with the numpy dtype of the stored bytes (BF16 as its raw bits).
 READABLE = {
@@ -50,24 +32,6 @@ READABLE = {
     "U8": np.dtype("u1"),
     "I64": np.dtype("<i8"),
 }
-
-# A header larger than this is not a real checkpoint header (the 9B index is ~60 KiB).
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One tensor's place in the file: dtype as written, shape and absolute byte range."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
 
 
 class SafetensorsFile:
@@ -97,65 +61,27 @@ class SafetensorsFile:
                         "the download is incomplete, fetch the file again"
                     )
                 (header_len,) = struct.unpack("<Q", head)
-                if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+                if header_len > MAX_HEADER_BYTES:
                     raise CheckpointError(
-                        f"{path}: header length {header_len} does not fit in the file "
-                        f"({size} bytes); the file is truncated or not a safetensors file"
+                        f"{path}: header length {header_len:,} is over the format's limit of "
+                        f"{MAX_HEADER_BYTES:,} bytes; the file is damaged or not a "
+                        "safetensors file"
+                    )
+                if 8 + header_len > size:
+                    raise CheckpointError(
+                        f"{path}: header length {header_len:,} does not fit in the file "
+                        f"({size:,} bytes); the file is truncated or not a safetensors file"
                     )
                 raw = f.read(header_len)
         except OSError as exc:
             raise CheckpointError(f"{path}: cannot be read ({exc})") from exc
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(
-                f"{path}: the safetensors header is not valid JSON ({exc}); the file is "
-                "damaged, fetch it again"
-            ) from exc
-        if not isinstance(header, dict):
-            raise CheckpointError(f"{path}: the safetensors header must be a JSON object")
-        data_start = 8 + header_len
-        for name, spec in header.items():
-            if name == "__metadata__":
-                if isinstance(spec, dict):
-                    self.metadata = {str(k): str(v) for k, v in spec.items()}
-                continue
-            self.entries[name] = self._entry(name, spec, data_start, size)
-
-    def _entry(self, name: str, spec: object, data_start: int, size: int) -> Entry:
-        path = self.path
-        try:
-            dtype = spec["dtype"]  # type: ignore[index]
-            shape = tuple(int(d) for d in spec["shape"])  # type: ignore[index]
-            begin, end = (int(o) for o in spec["data_offsets"])  # type: ignore[index]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(
-                f"{path}: header entry for tensor {name!r} is malformed ({spec!r}); it needs "
-                "dtype, shape and data_offsets"
-            ) from exc
-        if dtype not in ITEMSIZE:
-            raise CheckpointError(
-                f"{path}: tensor {name!r} has unknown dtype {dtype!r}; known dtypes are "
-                f"{', '.join(ITEMSIZE)}"
-            )
-        expected = math.prod(shape) * ITEMSIZE[dtype]
-        if begin < 0 or end - begin != expected:
-            raise CheckpointError(
-                f"{path}: tensor {name!r} ({dtype} {list(shape)}) needs {expected} bytes but "
-                f"its data_offsets [{begin}, {end}] span {end - begin}; the header is damaged"
-            )
-        if data_start + end > size:
-            raise CheckpointError(
-                f"{path}: file is truncated: tensor {name!r} ends at byte {data_start + end} "
-                f"but the file has {size} bytes; the download is incomplete, fetch it again"
-            )
-        return Entry(name, dtype, shape, data_start + begin, data_start + end)
+        self.entries, self.metadata = parse_header(raw, path, size)
 
     def entry(self, name: str) -> Entry:
         try:
             return self.entries[name]
         except KeyError:
-            raise CheckpointError(f"{self.path}: has no tensor {name!r}") from None
+            raise CheckpointError(f"{self.path}: has no tensor {quoted(name)}") from None
 
     def read_raw(self, name: str, rows: slice | None = None) -> np.ndarray:
         """The stored array (BF16 as uint16 bits), optionally only a range of leading rows.
@@ -167,7 +93,7 @@ class SafetensorsFile:
         dtype = READABLE.get(e.dtype)
         if dtype is None:
             raise CheckpointError(
-                f"{self.path}: tensor {name!r} has dtype {e.dtype}, which Snug cannot read "
+                f"{self.path}: tensor {quoted(name)} has dtype {e.dtype}, which Snug cannot read "
                 f"(readable: {', '.join(READABLE)})"
             )
         shape = e.shape
@@ -186,10 +112,12 @@ class SafetensorsFile:
                 f.seek(start)
                 got = f.readinto(buf)
         except OSError as exc:
-            raise CheckpointError(f"{self.path}: reading tensor {name!r} failed ({exc})") from exc
+            raise CheckpointError(
+                f"{self.path}: reading tensor {quoted(name)} failed ({exc})"
+            ) from exc
         if got != len(buf):
             raise CheckpointError(
-                f"{self.path}: file is truncated: tensor {name!r} got {got} of "
+                f"{self.path}: file is truncated: tensor {quoted(name)} got {got} of "
                 f"{len(buf)} bytes; fetch the file again"
             )
         return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
@@ -239,18 +167,18 @@ def find_weights(model_dir: Path) -> WeightFiles:
         for key in f.entries:
             if key in out.by_key:
                 raise CheckpointError(
-                    f"{model_dir}: tensor {key!r} is in both {out.by_key[key].path.name} and "
+                    f"{model_dir}: tensor {quoted(key)} is in both {out.by_key[key].path.name} and "
                     f"{path.name}; remove the stray file or add {INDEX_NAME}"
                 )
             out.by_key[key] = f
     return out
 
 
+MAX_INDEX_BYTES = 64 << 20  # the index of a 400B-parameter model is under 2 MB
+
+
 def _from_index(index: Path) -> WeightFiles:
-    try:
-        raw = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{index}: cannot be read as JSON ({exc})") from exc
+    raw = read_json_file(index, CheckpointError, MAX_INDEX_BYTES)
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index}: has no weight_map object mapping tensor names to shards")
@@ -260,21 +188,23 @@ def _from_index(index: Path) -> WeightFiles:
         # Shard names come from a downloaded file: refuse anything but a plain file name.
         if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
             raise CheckpointError(
-                f"{index}: weight_map[{key!r}] = {shard!r} is not a file name in this folder"
+                f"{index}: weight_map[{quoted(key)}] = {quoted(shard)} is not a file name in "
+                "this folder"
             )
         f = opened.get(shard)
         if f is None:
             path = index.parent / shard
             if not path.is_file():
                 raise CheckpointError(
-                    f"{index}: shard {shard} (holding {key!r}) is missing from {index.parent}; "
+                    f"{index}: shard {shard} (holding {quoted(key)}) is missing from "
+                    f"{index.parent}; "
                     "the download is incomplete, fetch that file"
                 )
             f = opened[shard] = SafetensorsFile(path)
             out.metadata = out.metadata or f.metadata
         if key not in f.entries:
             raise CheckpointError(
-                f"{index}: weight_map puts {key!r} in {shard}, but that file does not hold it"
+                f"{index}: weight_map puts {quoted(key)} in {shard}, but that file does not hold it"
             )
         out.by_key[key] = f
     return out

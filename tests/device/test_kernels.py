@@ -350,7 +350,8 @@ def _unaligned(dl):
     import cupy
 
     rows, V = dl.shape
-    out = cupy.zeros((rows, V + 8), dl.dtype)[:, 1 : V + 1]
+    # Contiguous rows (the kernels take the row length as the stride), one element late.
+    out = cupy.zeros(rows * V + 8, dl.dtype)[1 : rows * V + 1].reshape(rows, V)
     out[...] = dl
     assert out.data.ptr % 16
     return out

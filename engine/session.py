@@ -203,8 +203,9 @@ class Engine:
         self.eos_ids = frozenset(eos)
         self.vocab_rows = vocab_rows(tokenizer, self.config)
         cache_bytes = HOST_PROMPT_CACHE_BYTES
-        if decision is not None:
-            cache_bytes = decision.breakdown.prompt_cache
+        if decision is not None:  # on the card, or in host memory (one of the two is 0)
+            b = decision.breakdown
+            cache_bytes = b.prompt_cache + b.prompt_cache_on_host
         self.prompt_cache = PromptCache(on_evict=backend.free_snapshot, budget_bytes=cache_bytes)
 
     @property

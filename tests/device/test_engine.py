@@ -247,3 +247,40 @@ def test_fused_projections_give_the_numpy_tokens(tmp_path):
     assert tokens(engine, ids) == want
     assert engine.generate_many([ids, ids[:30]], GREEDY)[0] == want  # two rows: part by part
     engine.unload()
+
+
+def test_saved_states_in_host_memory_resume_as_on_the_card(model_dir, monkeypatch):
+    """Where the plan keeps the saved prompt states in pinned host memory, a follow-up turn
+    restores from there (nothing held on the card for it) and gives the same tokens, and
+    the restored state is the saved one bit for bit."""
+    import dataclasses
+
+    import engine.session as session
+
+    admit = session.admit_load
+
+    def on_host(*args, **kw):
+        return dataclasses.replace(admit(*args, **kw), prompt_cache_on_host=True)
+
+    first, follow = prompt(150, seed=3), None
+    replies = {}
+    for where in ("card", "host"):
+        if where == "host":
+            monkeypatch.setattr(session, "admit_load", on_host)
+        engine = Engine.load(model_dir, cuda(), context=1024, max_rows=256)
+        reply = tokens(engine, first)
+        follow = first + reply + prompt(40, seed=4)
+        entry = engine.prompt_cache.lookup(follow)
+        assert entry is not None
+        be = engine.backend
+        assert ("pinned" in entry.snapshot) == (where == "host")
+        if where == "host":
+            assert "prompt_cache" not in be.pool.held_by_tag()
+            slot = 0
+            be.restore_slot(slot, entry.snapshot)
+            again = be.state._save_to_host(slot, entry.snapshot["length"])
+            for part in ("kv_k", "kv_v", "conv", "recurrent"):
+                assert np.array_equal(again[part], entry.snapshot[part]), part
+        replies[where] = tokens(engine, follow)
+        engine.unload()
+    assert replies["host"] == replies["card"]

@@ -108,6 +108,7 @@ class CudaBackend(Backend):
         self.max_rows = decision.max_rows
         self.host_embeddings = decision.host_embeddings
         self.score_rows = decision.score_rows
+        self.state.snapshots_on_host = decision.prompt_cache_on_host
 
     def held_bytes(self) -> int:
         """Bytes Snug holds on the card: the pool's blocks plus the small step buffers."""

@@ -7,9 +7,12 @@ on the slots before any stream is live, and a graph capture executes nothing):
     conv        [linear layers, slots, K-1, C]           activation type
     recurrent   [linear layers, slots, Hv, dv, dk]       fp32 (value column contiguous)
 
-A saved stream (prompt cache) is a copy of one slot in its own `prompt_cache` block: a dict
-with its `length`, the `block` and the four copies. Host embeddings (invariant 7) live here
-too: the rows of a forward's ids, gathered on the host and copied to `emb_rows`.
+A saved stream (prompt cache) is a copy of one slot: a dict with its `length` and the four
+copies, in its own `prompt_cache` pool block (`block`), or, where the plan put the saved
+states in host memory (invariant 8: they leave the card before the prefill chunks shrink),
+in pinned host memory (`pinned`), copied over PCIe in contiguous runs with no device
+buffer in between. Host embeddings (invariant 7) live here too: the rows of a forward's
+ids, gathered on the host and copied to `emb_rows`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class StreamState:
         self.host_table: Any = None
         self.emb_rows: Any = None
         self.emb_host: Any = None
+        self.snapshots_on_host = False  # the plan's choice (Decision.prompt_cache_on_host)
 
     def alloc(self, config: ModelConfig, slots: int, context: int) -> None:
         """Carve and zero the state block of `slots` streams of up to `context` tokens (the
@@ -82,9 +86,54 @@ class StreamState:
             for arr in (self.kv_k, self.kv_v, self.conv, self.recurrent):
                 arr[:, slot] = 0
 
+    def _runs(self, slot: int, length: int) -> dict[str, list[Any]]:
+        """One slot's state as contiguous device runs, in snapshot order per part: KV per
+        (layer, head) over the first `length` tokens, conv and recurrent per layer."""
+        L, H = self.kv_k.shape[0], self.kv_k.shape[2]
+        kv = [(layer, h) for layer in range(L) for h in range(H)]
+        return {
+            "kv_k": [self.kv_k[layer, slot, h, :length] for layer, h in kv],
+            "kv_v": [self.kv_v[layer, slot, h, :length] for layer, h in kv],
+            "conv": [self.conv[layer, slot] for layer in range(self.conv.shape[0])],
+            "recurrent": [self.recurrent[layer, slot] for layer in range(self.recurrent.shape[0])],
+        }
+
+    def _save_to_host(self, slot: int, length: int) -> dict:
+        """The slot's state copied into one pinned host buffer (freed with the snapshot)."""
+        import cupy
+
+        runs = self._runs(slot, length)
+        total = sum(r.nbytes for part in runs.values() for r in part)
+        pinned = cupy.cuda.alloc_pinned_memory(max(total, 1))
+        flat = np.frombuffer(pinned, np.uint8, total)
+        snapshot: dict = {"length": length, "pinned": pinned, "nbytes": total}
+        offset = 0
+        for name, part in runs.items():
+            start = offset
+            for run in part:
+                run.data.copy_to_host_async(flat[offset:].ctypes.data, run.nbytes, self.stream)
+                offset += run.nbytes
+            snapshot[name] = flat[start:offset]
+        self.stream.synchronize()
+        return snapshot
+
+    def _restore_from_host(self, slot: int, snapshot: dict) -> None:
+        runs = self._runs(slot, snapshot["length"])
+        for name, part in runs.items():
+            src, offset = snapshot[name], 0
+            for run in part:
+                ptr = src[offset:].ctypes.data
+                run.data.copy_from_host_async(ptr, run.nbytes, self.stream)
+                offset += run.nbytes
+        # The host buffer must outlive the copies; the next forward is ordered after them.
+        self.stream.synchronize()
+
     def save_slot(self, slot: int, length: int) -> dict:
-        """A copy of one stream's state in its own `prompt_cache` pool block (raises
-        DeviceOutOfMemory when the card or the limit has no room for it)."""
+        """A copy of one stream's state: in pinned host memory where the plan put the saved
+        states, else in its own `prompt_cache` pool block (raises DeviceOutOfMemory when
+        the card or the limit has no room for it)."""
+        if self.snapshots_on_host:
+            return self._save_to_host(slot, length)
         parts = {
             "kv_k": self.kv_k[:, slot, :, :length],
             "kv_v": self.kv_v[:, slot, :, :length],
@@ -101,6 +150,9 @@ class StreamState:
 
     def restore_slot(self, slot: int, snapshot: dict) -> None:
         self.reset_slot(slot)
+        if "pinned" in snapshot:
+            self._restore_from_host(slot, snapshot)
+            return
         n = snapshot["length"]
         with on_stream(self.stream):
             self.kv_k[:, slot, :, :n] = snapshot["kv_k"]
@@ -119,11 +171,16 @@ class StreamState:
 
     @staticmethod
     def snapshot_nbytes(snapshot: dict) -> int:
-        """Bytes a snapshot holds: its block's."""
+        """Bytes a snapshot holds: its block's, or its pinned host buffer's."""
+        if "pinned" in snapshot:
+            return int(snapshot["nbytes"])
         return int(snapshot["block"].nbytes)
 
     @staticmethod
     def free_snapshot(snapshot: dict) -> None:
+        if "pinned" in snapshot:
+            snapshot.clear()  # the pinned buffer goes with its last reference
+            return
         snapshot["block"].free()
 
     def host_rows(self, ids: np.ndarray, max_rows: int) -> None:

@@ -7,7 +7,7 @@
 #   tools/device_check.sh bench --first-request      # or --small-card (tools/bench_decode.py)
 #   tools/device_check.sh stamps --tuned             # tools/profile_step.py --stamps
 # Logs, JSON and the markdown tables go to $OUT (or ./device_out). The projection kernels are
-# compiled first, in parallel (tools/warm_kernels.py); the full test run then takes about 3.5
+# compiled first, in parallel (tools/kernels.py warm); the full test run then takes about 3.5
 # minutes on an H200; `tests 'attention or delta'` runs a part.
 set -o pipefail
 OUT=${OUT:-./device_out}
@@ -35,7 +35,7 @@ trap pack_cache EXIT
 warm=(--rows "${WARM_ROWS:-1,2,3,8}")
 [ "$mode" = profile ] || [ "$mode" = timeline ] && warm=(--rows 1 --dtypes bfloat16)
 [ "$mode" = stamps ] && warm=(--rows 1 --dtypes bfloat16 --define SNUG_STAMPS)
-timeout 300 python3 tools/warm_kernels.py "${warm[@]}" > "$OUT/warm_kernels.log" 2>&1 ||
+timeout 300 python3 tools/kernels.py warm "${warm[@]}" > "$OUT/warm_kernels.log" 2>&1 ||
   echo "warm_kernels failed (see $OUT/warm_kernels.log); the runs compile as they go"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 status=0

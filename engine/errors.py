@@ -27,6 +27,11 @@ class BackendUnavailable(SnugError):
     """The requested backend cannot run here (for example: no NVIDIA GPU for `cuda`)."""
 
 
+class UnsupportedModel(BackendUnavailable):
+    """The CUDA kernels do not cover this model's shape (a config key's value) or this GPU;
+    the numpy backend runs it. Raised at load, before anything is allocated."""
+
+
 class RequestRefused(SnugError):
     """One request cannot be served; the engine and every other stream stay intact."""
 

@@ -28,6 +28,32 @@ from engine.memory.scratch import decode_splits
 
 i32, f32 = np.int32, np.float32
 SCORE_BUDGET = 512 << 20  # bytes of scores + probabilities per chunk without a workspace
+MAX_GROUP = 8  # query heads a KV head that attn_decode holds at most
+STATIC_SMEM = 48 * 1024  # static shared memory a kernel may declare
+
+
+def decode_held(group: int) -> tuple[int, int]:
+    """(query heads held, keys per warp at a time) of attn_decode for `group` query heads a
+    KV head: fewer keys when more heads are held, so that the registers of both fit."""
+    return (4, 4) if group <= 4 else (8, 2)
+
+
+def decode_smem(held: int, hd: int, warps: int) -> int:
+    """Static shared bytes of attn_decode: each warp's partial output, max and sum per held
+    query head (sm_o, sm_m, sm_l in attention.cu)."""
+    return 4 * warps * held * (hd + 2)
+
+
+def decode_kernel(
+    group: int, hd: int, nsmax: int, Hkv: int, R: int, sm_count: int
+) -> tuple[str, int]:
+    """(attn_decode instance, warps a block) of a step's grid (nsmax, Hkv, R). 8 warps take a 32-key
+    split in one round of loads, all before the wait, where the grid is small enough (one
+    block an SM: 176 registers a thread at head_dim 256) and their partials fit in the
+    kernel's 32 KiB of static shared memory for them; else 4."""
+    gm, ku = decode_held(group)
+    nw = 8 if nsmax * Hkv * R <= sm_count and gm * hd * 4 * 8 <= 32768 else 4
+    return f"attn_decode<{hd // 32},{gm},{ku},{nw}>", nw
 
 
 class Attention:
@@ -52,7 +78,8 @@ class Attention:
         q = fr.take((R, Hq * hd))
         meta = fr.rows(R)
         prep = (qg, k, v, q_norm, k_norm, meta, q, kc, vc, heads, c.rotary_dim, st.context)
-        self.prep(*prep, c.rope_theta, c.rms_norm_eps, ahead if batch.is_step else ())
+        ahead = ahead if batch.is_step and self.k.prefetch else ()
+        self.prep(*prep, c.rope_theta, c.rms_norm_eps, ahead)
         out = fr.take((R, Hq * hd))
         if batch.is_step:
             split, nsmax = decode_splits(st.context, self.step_splits)
@@ -109,23 +136,12 @@ class Attention:
         `least` keys (engine.memory.scratch.decode_splits); partials to po / pml."""
         Hq, Hkv, hd = heads
         R = q.shape[0]
-        group = Hq // Hkv
-        if group > 8 or hd % 32:
-            raise ValueError(
-                f"num_attention_heads / num_key_value_heads = {group}, head_dim = {hd}: the "
-                "decode attention kernel takes at most 8 query heads per KV head and a head_dim "
-                "that is a multiple of 32"
-            )
-        # (query heads held, keys per warp at a time, warps): fewer keys when more heads are
-        # held, so that the registers of both fit. 8 warps take a 32-key split in one round
-        # of loads, all before the wait, where the grid is small enough (one block an SM:
-        # 176 registers a thread at head_dim 256) and their partials fit in the kernel's
-        # 32 KiB of static shared memory for them.
-        gm, ku = (4, 4) if group <= 4 else (8, 2)
-        nw = 8 if nsmax * Hkv * R <= sm_count() and gm * hd * 4 * 8 <= 32768 else 4
+        # support.check_model refused any other shape at load
+        assert Hq // Hkv <= MAX_GROUP and hd % 32 == 0, (Hq, Hkv, hd)
+        sym, nw = decode_kernel(Hq // Hkv, hd, nsmax, Hkv, R, sm_count())
         self.k.run(
             "attention.cu",
-            f"attn_decode<{hd // 32},{gm},{ku},{nw}>",
+            sym,
             (nsmax, Hkv, R),
             (32 * nw,),
             (

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Batch
+from engine.backends.cuda.card import runs_cluster_split
 from engine.backends.cuda.frame import Frame
 from engine.backends.cuda.launch import (
     Kernels,
@@ -32,10 +33,76 @@ from engine.backends.cuda.tuning import Tuning
 i32, f32 = np.int32, np.float32
 
 
+STEP_MAX_TAPS = 4  # conv taps a decode step's one launch takes (STEP_MAXK in gdn.cu)
+SCAN_COLUMNS = 4  # value columns a warp of the token-by-token delta rule (gdn_scan)
+SCAN = f"gdn_scan<{SCAN_COLUMNS}>"
+
+
+def chunk_symbol(gc: int) -> str:
+    return f"gdn_chunk<{gc}>"
+
+
 def chunk_smem(gc: int) -> int:
     """Shared-memory bytes of gdn_chunk<gc> (the buffers listed at the top of gdn_chunk.cu)."""
     ldk, ldv, ldc = 129, 33, gc + 1
     return 4 * (2 * gc * ldk + 2 * gc * ldv + 2 * gc * ldc + 128 * ldv + 4 * gc)
+
+
+def chunk_rows_for(smem_per_block: int) -> int:
+    """Rows per chunk of `gdn_chunk`: the largest whose shared memory one block may take
+    (64 on sm_90 and sm_80, 32 on the 99 KiB consumer cards, 16 on sm_75), 0 for none."""
+    fits = [gc for gc in (64, 32, 16) if chunk_smem(gc) <= smem_per_block]
+    return fits[0] if fits else 0
+
+
+def step_shape(Hk: int, Hv: int, dk: int, dv: int) -> tuple[int, int] | None:
+    """(columns per warp, threads) of `gdn_step` for these head sizes, or None where it
+    does not apply (then a step runs gdn_prep and gdn_scan)."""
+    if dk != 128 or Hv % Hk or Hv // Hk > 8:
+        return None
+    gv = Hv // Hk
+    cols = gv * dv
+    for nc in (4, 8):
+        threads = cols // nc * 32
+        if cols <= 256 and dv % nc == 0 and 2 * dk + cols + gv <= threads <= 1024:
+            return nc, threads
+    return None
+
+
+def split_shape(
+    Hk: int, Hv: int, dk: int, dv: int, blocks: int, capability: int
+) -> tuple[int, int] | None:
+    """(columns per warp, threads) of `gdn_step_split` over `blocks` blocks a key head (a
+    thread block cluster: `card.runs_cluster_split`), or None where it does not apply (then
+    one block takes a key head)."""
+    P = blocks
+    if not P or not step_shape(Hk, Hv, dk, dv) or not runs_cluster_split(capability):
+        return None
+    cols = Hv // Hk * dv
+    if cols % P or dv % (cols // P):
+        return None
+    cb = cols // P
+    for nc in (8, 4, 2, 1):
+        threads = cb // nc * 32
+        if cb % nc == 0 and 2 * dk + cb + 1 <= threads <= 1024:
+            return nc, threads
+    return None
+
+
+def step_kernel(
+    Hk: int, Hv: int, dk: int, dv: int, K: int, blocks: int, capability: int
+) -> tuple[str, int, int] | None:
+    """(instance, blocks a key head, threads) of a decode step's one DeltaNet launch:
+    `gdn_step_split` where `split_shape` allows, else `gdn_step`; None where neither applies
+    (then gdn_prep and gdn_scan)."""
+    if K > STEP_MAX_TAPS or step_shape(Hk, Hv, dk, dv) is None:
+        return None
+    split = split_shape(Hk, Hv, dk, dv, blocks, capability)
+    if split is not None:
+        nc, threads = split
+        return f"gdn_step_split<{nc},{blocks}>", blocks, threads
+    nc, threads = step_shape(Hk, Hv, dk, dv)
+    return f"gdn_step<{nc}>", 1, threads
 
 
 class DeltaNet:
@@ -111,7 +178,7 @@ class DeltaNet:
         segs = fr.segs(S)
         conv, recurrent = self.state.conv[layer], self.state.recurrent[layer]
         dims = (Hk, Hv, dk, dv, K)
-        if step and K <= 4 and self.step_shape(Hk, Hv, dk, dv):
+        if step and K <= STEP_MAX_TAPS and self.step_shape(Hk, Hv, dk, dv):
             o = fr.take((R, Hv * dv), f)
             w = (weights["conv1d"], conv, a, b, weights["A_log"], weights["dt_bias"])
             self.step(mixed, *w, recurrent, segs, S, o, dims, ahead=ahead)
@@ -180,34 +247,13 @@ class DeltaNet:
         )
 
     def step_shape(self, Hk: int, Hv: int, dk: int, dv: int) -> tuple[int, int] | None:
-        """(columns per warp, threads) of `gdn_step` for these head sizes, or None where it
-        does not apply (then a step runs gdn_prep and gdn_scan)."""
-        if dk != 128 or Hv % Hk or Hv // Hk > 8:
-            return None
-        gv = Hv // Hk
-        cols = gv * dv
-        for nc in (4, 8):
-            threads = cols // nc * 32
-            if cols <= 256 and dv % nc == 0 and 2 * dk + cols + gv <= threads <= 1024:
-                return nc, threads
-        return None
+        """`step_shape` (module level) of these head sizes."""
+        return step_shape(Hk, Hv, dk, dv)
 
     def split_shape(self, Hk: int, Hv: int, dk: int, dv: int) -> tuple[int, int] | None:
-        """(columns per warp, threads) of `gdn_step_split` over `deltanet_step_blocks`
-        blocks a key head, or None where it does not apply (then one block takes a key
-        head)."""
+        """`split_shape` over `deltanet_step_blocks` blocks a key head on this GPU."""
         P = self.tuning.deltanet_step_blocks
-        if not P or not self.step_shape(Hk, Hv, dk, dv):
-            return None
-        cols = Hv // Hk * dv
-        if compute_capability() < 90 or cols % P or dv % (cols // P):
-            return None
-        cb = cols // P
-        for nc in (8, 4, 2, 1):
-            threads = cb // nc * 32
-            if cb % nc == 0 and 2 * dk + cb + 1 <= threads <= 1024:
-                return nc, threads
-        return None
+        return split_shape(Hk, Hv, dk, dv, P, compute_capability())
 
     def step(
         self,
@@ -230,21 +276,16 @@ class DeltaNet:
         and a conv of at most 4 taps. `ahead`: the weights read next (out_proj, gate, up),
         which the launch brings toward L2 (launch.ahead_spans)."""
         Hk, Hv, dk, dv, K = dims
-        split = self.split_shape(Hk, Hv, dk, dv)
-        if split is not None:
-            (nc, threads), P = split, self.tuning.deltanet_step_blocks
-            sym, grid = f"gdn_step_split<{nc},{P}>", (Hk * P, n_segs)
-        else:
-            nc, threads = self.step_shape(Hk, Hv, dk, dv)
-            sym, grid = f"gdn_step<{nc}>", (Hk, n_segs)
+        P = self.tuning.deltanet_step_blocks
+        sym, per_head, threads = step_kernel(Hk, Hv, dk, dv, K, P, compute_capability())
         self.k.run(
             "gdn.cu",
             sym,
-            grid,
+            (Hk * per_head, n_segs),
             (threads,),
             (mixed, conv_w, cstate, a, b, A_log, dt_bias, state, *segs[:2], o)
             + (i32(Hk), i32(Hv), i32(dv), i32(K))
-            + ahead_spans(ahead, self.tuning),
+            + ahead_spans(ahead if self.k.prefetch else (), self.tuning),
         )
 
     def conv_state(self, mixed, cstate, segs, n_segs, C, K):
@@ -259,21 +300,19 @@ class DeltaNet:
 
     def scan(self, q, k, v, g, beta, state, segs, n_segs, o, Hk, Hv, dv):
         """The delta rule token by token."""
-        nc = 4
+        nc = SCAN_COLUMNS
         self.k.run(
             "gdn.cu",
-            f"gdn_scan<{nc}>",
+            SCAN,
             (Hv * dv // (nc * 4), n_segs),
             (128,),
             (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv)),
         )
 
     def chunk_rows(self) -> int:
-        """Rows per chunk of `gdn_chunk`: the largest whose shared memory the GPU gives one
-        block (64 on Hopper and Ada data-centre parts, 32 on most consumer cards)."""
+        """Rows per chunk of `gdn_chunk` on this GPU (`chunk_rows_for`)."""
         if self._chunk_rows is None:
-            fits = [gc for gc in (64, 32, 16) if chunk_smem(gc) <= smem_per_block()]
-            self._chunk_rows = fits[0] if fits else 0
+            self._chunk_rows = chunk_rows_for(smem_per_block())
         return self._chunk_rows
 
     def chunk(self, q, k, v, g, beta, state, segs, n_segs, o, Hk, Hv, dv) -> bool:
@@ -282,7 +321,7 @@ class DeltaNet:
         gc = self.chunk_rows()
         if not gc or dv % 32:
             return False
-        fn = self.k.fn("gdn_chunk.cu", f"gdn_chunk<{gc}>")
+        fn = self.k.fn("gdn_chunk.cu", chunk_symbol(gc))
         smem = chunk_smem(gc)
         self.k.allow_smem(fn, ("gdn_chunk", gc), smem)
         args = (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv))

@@ -1,6 +1,7 @@
 """Kernel launches: `Kernels`, through which every kernel family compiles and launches; the
-device properties that launch geometry reads (SM count, L2 bytes, shared memory per block,
-each asked once a device); and programmatic dependent launch (PDL) on Hopper and newer.
+device properties that launch geometry reads (compute capability, SM count, L2 bytes, shared
+memory per block, each asked once a device: `card()`); and programmatic dependent launch
+(PDL) where `card.runs_pdl` allows it (compute capability 9.0 and newer).
 
 A decode step is a chain of about two hundred short kernels. Launched normally, each one
 starts only after the previous one has finished and its writes are flushed, so every
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.cuda.card import Card, runs_bulk_prefetch, runs_pdl
 from engine.backends.cuda.modules import function
 from engine.backends.cuda.tuning import Tuning
 from engine.backends.cuda.weights import QWeight
@@ -142,6 +144,11 @@ def smem_per_block() -> int:
     return int(_properties()["sharedMemPerBlockOptin"])
 
 
+def card() -> Card:
+    """The current device as the backend's choices read it (catalog.py, support.py)."""
+    return Card(compute_capability(), sm_count(), l2_bytes(), smem_per_block())
+
+
 def cdiv(a: int, b: int) -> int:
     """`a / b` rounded up."""
     return -(-a // b)
@@ -153,8 +160,8 @@ def grid_cap() -> int:
 
 
 def pdl_available() -> bool:
-    """True on a compute capability 9.0+ device whose driver has `cuLaunchKernelEx`."""
-    return compute_capability() >= 90 and _driver_launch() is not None
+    """True where the card runs PDL (`card.runs_pdl`) and the driver has `cuLaunchKernelEx`."""
+    return runs_pdl(compute_capability()) and _driver_launch() is not None
 
 
 def or_null(a: Any) -> Any:
@@ -250,7 +257,11 @@ class Kernels:
     Half-precision arrays are CuPy float16, bf16 arrays are stored as uint16. Launches made
     while a decode graph is captured (`graphing`) use programmatic dependent launch where the
     GPU and driver have it and the settings allow it (`pdl`); eager launches go through
-    CuPy, whose launch path costs less host time.
+    CuPy, whose launch path costs less host time. `prefetch`: the decode step's launches
+    bring the weights read next toward L2 (`card.runs_bulk_prefetch`). `catalog`, set at
+    load (catalog.instances), holds every (file, symbol) the backend may request for the
+    model: a request outside it is a bug in the catalog, which CI compiles for each
+    architecture (tests/engine/test_nvrtc_archs.py).
     """
 
     def __init__(self, dtype: str, overlap: bool = True) -> None:
@@ -269,11 +280,21 @@ class Kernels:
         self.act_itemsize = 4 if dtype == "float32" else 2
         self.cuda_type = blas.TYPES[dtype]  # the activation type as cuBLAS names it
         self.pdl = overlap and pdl_available()
+        self.prefetch = runs_bulk_prefetch(compute_capability())
         self.graphing = False  # a decode graph is being captured
+        self.catalog: frozenset[tuple[str, str]] | None = None
         self._smem_set: dict[tuple, int] = {}
+
+    def check(self, file: str, symbols: list[str]) -> None:
+        """Every one of `symbols` of `kernels/<file>` is in the catalog (where one is set)."""
+        if self.catalog is not None:
+            missing = [s for s in symbols if (file, s) not in self.catalog]
+            assert not missing, f"{file}: {missing} not in catalog.instances"
 
     def fn(self, file: str, symbol: str) -> Any:
         """The compiled kernel `symbol` of `kernels/<file>` for this dtype."""
+        if self.catalog is not None and (file, symbol) not in self.catalog:
+            self.check(file, [symbol])
         return function(file, symbol, self.dtype)
 
     def launch(self, fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:

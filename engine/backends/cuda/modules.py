@@ -43,16 +43,22 @@ def source(name: str) -> str:
 _INCLUDE = re.compile(r'^#include "([\w.]+\.cuh)"$', re.M)
 
 
+def options(dtype: str, defines: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """NVRTC options of every kernel file for activation dtype `dtype` (CuPy adds the
+    device's architecture; nvrtc.compile an explicit one)."""
+    return ("-std=c++17", f"-DACT_KIND={ACT_KINDS[dtype]}", *(f"-D{d}" for d in defines))
+
+
 @functools.cache
 def function(file: str, symbol: str, dtype: str) -> Any:
     """The compiled kernel `symbol` of `kernels/<file>` for activation dtype `dtype`."""
     import cupy
 
-    options = ("-std=c++17", f"-DACT_KIND={ACT_KINDS[dtype]}")
+    opts = options(dtype)
     if "<" in symbol:
-        module = cupy.RawModule(code=source(file), options=options, name_expressions=[symbol])
+        module = cupy.RawModule(code=source(file), options=opts, name_expressions=[symbol])
     else:
-        module = cupy.RawModule(code=source(file), options=options)
+        module = cupy.RawModule(code=source(file), options=opts)
     return module.get_function(symbol)
 
 
@@ -61,6 +67,5 @@ def module(file: str, dtype: str, names: list[str], defines: tuple[str, ...] = (
     for many), with extra `-D` flags `defines`."""
     import cupy
 
-    options = ("-std=c++17", f"-DACT_KIND={ACT_KINDS[dtype]}")
-    options += tuple(f"-D{d}" for d in defines)
-    return cupy.RawModule(code=source(file), options=options, name_expressions=names)
+    opts = options(dtype, defines)
+    return cupy.RawModule(code=source(file), options=opts, name_expressions=names)

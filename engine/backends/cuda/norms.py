@@ -16,6 +16,11 @@ from engine.backends.cuda.weights import DWeight, QWeight
 i32, f32 = np.int32, np.float32
 
 
+def embed_symbol(bits: int, blocked: bool) -> str:
+    """quant.cu's gather of quantized embedding rows (8-row blocks or MLX's row order)."""
+    return f"embed_q<{bits},{int(blocked)}>"
+
+
 class Norms:
     """Owns norm.cu and quant.cu's gathers and conversions. `frame` (None for the
     conversions alone, as the weight upload uses them) is where the ops carve outputs."""
@@ -41,7 +46,7 @@ class Norms:
         if isinstance(table, QWeight):
             self.k.run(
                 "quant.cu",
-                f"embed_q<{table.bits},{int(table.blocked)}>",
+                embed_symbol(table.bits, table.blocked),
                 (R,),
                 (256,),
                 (

@@ -16,13 +16,33 @@ load (`to_blocks`).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
 from engine.backends.cuda import blas
+from engine.backends.cuda.card import runs_mma
 from engine.backends.cuda.frame import Frame
+from engine.backends.cuda.gemv_plan import (  # the variants: tools and tests read them here
+    GEMV4_VARIANTS,  # noqa: F401
+    GEMV_SWIGLU_VARIANTS,  # noqa: F401
+    GEMV_VARIANTS,  # noqa: F401
+    TO_BLOCKS,
+    Prologue,
+    blocked_layout,
+    dequant_symbol,
+    gemv4_blocks,
+    gemv4_kind,
+    gemv4_module,
+    gemv4_smem,
+    gemv4_symbol,
+    gemv4_threads,
+    gemv4_variants,
+    gemv_fits,
+    prologue_fits,
+    simt_symbol,
+    simt_variants,
+)
 from engine.backends.cuda.launch import (
     Kernels,
     cdiv,
@@ -38,39 +58,6 @@ from engine.backends.cuda.projection_tuning import ProjectionTuner
 from engine.backends.cuda.weights import DWeight, QWeight
 
 i32, f32 = np.int32, np.float32
-GEMV_MAX_ROWS = 8
-# SIMT kernel (gemv.cu): (rows per warp, 16-byte chunks in flight per lane and row)
-GEMV_VARIANTS = ((1, 4), (2, 4), (4, 2), (4, 4))
-GEMV_SWIGLU_VARIANTS = ((2, 4), (2, 2), (2, 8))
-# Tensor-core kernel (gemv4.cu): (warps per 16-row tile or 0 = enough for at most `groups`
-# groups each, tiles per block, groups per load step, next step prefetched)
-GEMV4_VARIANTS = (
-    (4, 2, 2, True),
-    (8, 1, 4, True),
-    (16, 1, 2, True),
-    (2, 4, 4, True),
-    (32, 1, 2, True),
-    (0, 1, 8, False),
-    (0, 2, 8, False),
-    (0, 4, 8, False),
-    (0, 2, 4, False),
-)
-GEMV4_MAXT = 768  # largest block of the auto-sized variants
-# A prologue is recomputed by every block, once: the grid is capped at what the GPU holds
-# at once (blocks loop over tiles), so even the LM head's 248,320 rows take one norm per
-# resident block, about 500 at the 4B, instead of a separate norm kernel and its boundary.
-PRO_MAX_OUT = 1 << 24
-PRO_SUMS = 256  # shared-memory slots for the prologue's row (or head) sums
-
-
-class Prologue(IntEnum):
-    """What gemv4 stages as its input: its PRO template argument (gemv4_parts.cuh). In bf16
-    the kernel runs ADD_NORM in one pass by itself (its PRO 4)."""
-
-    NONE = 0
-    ADD_NORM = 1  # rms_norm(x + delta) * norm, storing x + delta: before every projection
-    GATED_NORM = 2  # rms_norm per head(o) * norm * silu(x): the DeltaNet's before out_proj
-    GATED_NORM_FOLDED = 5  # GATED_NORM in one pass (bf16, heads a multiple of 64 wide)
 
 
 @dataclass(frozen=True)
@@ -220,58 +207,41 @@ class Projections:
 
     # ----- which kernel -------------------------------------------------------------------
     def gemv_ok(self, w: Any, rows: int) -> bool:
-        if rows > GEMV_MAX_ROWS:
-            return False
-        cols = w.shape[1]
-        if isinstance(w, QWeight):
-            if w.blocked:  # only gemv4 reads 8-row blocks
-                return self._gemv4_room(rows, cols)
-            return (cols * w.bits) % 128 == 0
-        return (cols * self.k.act_itemsize) % 16 == 0
+        bits, blocked = (w.bits, w.blocked) if isinstance(w, QWeight) else (0, False)
+        isz = self.k.act_itemsize
+        return gemv_fits(rows, w.shape[1], bits, blocked, isz, self._mma(), smem_per_block())
 
     def blocks_ok(self, bits: int, group_size: int, cols: int) -> bool:
-        """Whether a quantized matrix is stored in 8-row blocks (weights.QWeight.blocked):
-        where gemv4 reads it (4-bit g64, half activations, compute capability 8.0+, a row's
-        input fits its shared memory) and an 8-row block fits `to_blocks`' (4 bytes a
-        column)."""
-        if self.dtype == "float32" or bits != 4 or group_size != 64 or cols % 64:
-            return False
-        return self._gemv4_room(1, cols) and 4 * cols <= smem_per_block()
+        """Whether a quantized matrix is stored in 8-row blocks (`blocked_layout`)."""
+        return blocked_layout(self.dtype, bits, group_size, cols, self._mma(), smem_per_block())
 
     def pro_ok(self, x: Any, w: Any, kind: Prologue, head_dim: int = 0) -> bool:
         """Whether gemv4 can run `x @ w.T` with prologue `kind` (else: separate kernels)."""
         R, cols = x.shape
-        if R > GEMV_MAX_ROWS or not self._gemv4_ok(x, w) or x.data.ptr % 16:
+        blocked = isinstance(w, QWeight) and w.blocked
+        args = (R, cols, w.shape[0], kind, head_dim, blocked, self.dtype, self._mma())
+        if not prologue_fits(*args, smem_per_block()):
             return False
-        if x.strides[1] != x.itemsize or x.strides[0] % 16:
-            return False
-        if kind == Prologue.ADD_NORM:
-            return w.shape[0] <= PRO_MAX_OUT and R <= PRO_SUMS
-        seg = head_dim // 8
-        return (
-            head_dim % 8 == 0
-            and 0 < seg <= 32
-            and seg & (seg - 1) == 0
-            and cols % head_dim == 0
-            and R * (cols // head_dim) <= PRO_SUMS
-        )
+        return not (x.data.ptr % 16 or x.strides[1] != x.itemsize or x.strides[0] % 16)
 
     def _mma(self) -> bool:
-        """Whether the GPU runs gemv4: mma.m16n8k16 on half types and cp.async need compute
-        capability 8.0; older cards (GTX 16xx, RTX 20xx, in fp16) run the SIMT kernel and
-        separate norms."""
+        """Whether the GPU runs gemv4 (`card.runs_mma`): older cards (GTX 16xx, RTX 20xx, in
+        fp16) run the SIMT kernel and separate norms."""
         if self._mma_ok is None:
-            self._mma_ok = compute_capability() >= 80
+            self._mma_ok = runs_mma(compute_capability())
         return self._mma_ok
 
-    def _gemv4_room(self, rows: int, cols: int) -> bool:
-        """Whether gemv4's staged input of `rows` rows fits in shared memory."""
-        return self._mma() and self._gemv4_smem(rows, cols, 1024) <= smem_per_block()
-
-    def _gemv4_ok(self, x: Any, w: Any) -> bool:
+    def _gemv4_ok(self, x: Any, w: Any, kind: int = Prologue.NONE) -> bool:
         if self.dtype == "float32" or not isinstance(w, QWeight) or not w.blocked:
             return False
-        return self._gemv4_room(x.shape[0], w.shape[1])
+        return self._mma() and bool(self._gemv4_variants(x.shape[0], w.shape[1], kind))
+
+    def _gemv4_variants(self, rows: int, cols: int, kind: int) -> list[tuple]:
+        return gemv4_variants(rows, cols, kind, smem_per_block())
+
+    def _kind(self, pro: Pro | None) -> int:
+        """The PRO template argument of a prologue (`gemv4_kind`)."""
+        return gemv4_kind(pro.kind, self.dtype, pro.head_dim) if pro else Prologue.NONE
 
     # ----- choice and launch --------------------------------------------------------------
     def gemv(self, x: Any, w: Any, out: Any, up: Any = None, pro: Pro | None = None) -> None:
@@ -301,10 +271,11 @@ class Projections:
     def gemv_candidates(self, x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> list:
         """Kernel variants that can run this product: ('mma', ks, tpb, ug, pipe) for gemv4
         (4-bit weights in 8-row blocks), else ('old', rpw, u) for the SIMT kernel."""
-        if self._gemv4_ok(x, w):
-            return [("mma", *v) for v in GEMV4_VARIANTS]
+        kind = self._kind(pro)
+        if self._gemv4_ok(x, w, kind):
+            return [("mma", *v) for v in self._gemv4_variants(x.shape[0], w.shape[1], kind)]
         assert pro is None, "only gemv4 has prologues"
-        return [("old", *v) for v in (GEMV_SWIGLU_VARIANTS if up is not None else GEMV_VARIANTS)]
+        return [("old", *v) for v in simt_variants(up is not None)]
 
     def choose(self, key: tuple, x, w, out, up=None, pro: Pro | None = None) -> tuple:
         """The variant for `key`, timing every candidate once (the first candidate, not
@@ -331,34 +302,16 @@ class Projections:
             assert pro is None, "the SIMT kernel has no prologue"
             self._gemv_launch(x, w, out, up, *choice[1:])
 
-    def _gemv4_smem(self, rows: int, cols: int, threads: int, kind: int = 1) -> int:
-        """Dynamic shared bytes of gemv4 (gemv4.cu's layout); a prologue (kind != 0) keeps
-        its norm weight there too."""
-        xs_sx_red = rows * (cols // 8 + 1) * 16 + cols // 64 * 32 + threads * 16
-        return xs_sx_red + (cols * 4 if kind else 0)
-
-    @staticmethod
-    def _gemv4_shape(cols: int, v: tuple) -> tuple[int, int]:
-        """(warps per tile, threads per block) of variant v for rows of `cols` columns."""
-        ks, tpb, ug = v[0], v[1], v[2]
-        if ks == 0:
-            ks = max(1, min(cdiv(cols // 64, ug), GEMV4_MAXT // (32 * tpb)))
-        return ks, 32 * ks * tpb
-
     def _gemv4_launch(self, x, w, out, up, pro: Pro | None, v: tuple) -> None:
         R, cols = x.shape
         n_out = w.shape[0]
         swiglu = up is not None
-        kind = pro.kind if pro else Prologue.NONE
-        if kind == Prologue.GATED_NORM and self.dtype == "bfloat16" and pro.head_dim % 64 == 0:
-            kind = Prologue.GATED_NORM_FOLDED  # each group's sum scaled by its head's norm
+        kind = self._kind(pro)
         fn = self.gemv4_kernel(R, swiglu, v, kind)
-        tpb = v[1]
-        _, threads = self._gemv4_shape(cols, v)
-        smem = self._gemv4_smem(R, cols, threads, kind)
-        self.k.allow_smem(fn, (R, swiglu, v, int(kind)), smem)  # beside 1 KiB of sums
-        rows = 8 if swiglu else 16
-        blocks = cdiv(cdiv(n_out, rows), tpb)
+        _, threads = gemv4_threads(cols, v)
+        smem = gemv4_smem(R, cols, threads, kind)
+        self.k.allow_smem(fn, (R, swiglu, v, int(kind)), smem)  # beside the static sums
+        blocks = gemv4_blocks(n_out, swiglu, v[1])
         grid = (min(blocks, self._gemv4_resident(fn, threads, smem)),)
         a = _wargs(w)
         b = _wargs(up) if swiglu else a
@@ -379,13 +332,7 @@ class Projections:
             n = self._resident[key] = max(1, per_sm) * sm_count()
         return n
 
-    @staticmethod
-    def gemv4_symbol(R: int, swiglu: bool, v: tuple, kind: int) -> str:
-        """The gemv4 template instance of variant `v` (the kernel's ASYNC staging is unused)."""
-        ks, tpb, ug, pipe = v
-        maxt = 32 * ks * tpb if ks else GEMV4_MAXT
-        sw, pp = ("true" if b else "false" for b in (swiglu, pipe))
-        return f"gemv4<{R},{sw},{tpb},{ug},{pp},{maxt},{int(kind)},false>"
+    gemv4_symbol = staticmethod(gemv4_symbol)
 
     def gemv4_kernel(self, R: int, swiglu: bool, v: tuple, kind: int = 0) -> Any:
         """The compiled gemv4 kernel of variant `v`. One module per (rows, swiglu, prologue)
@@ -396,7 +343,8 @@ class Projections:
             return fn
         mod = self._gemv4_modules.get((R, swiglu, int(kind)))
         if mod is None:
-            names = [self.gemv4_symbol(R, swiglu, c, kind) for c in GEMV4_VARIANTS]
+            names = gemv4_module(R, swiglu, kind)
+            self.k.check("gemv4.cu", names)
             mod = module("gemv4.cu", self.dtype, names, self.gemv4_defines)
             self._gemv4_modules[(R, swiglu, int(kind))] = mod
         fn = self._gemv4_kernels[sym] = mod.get_function(sym)
@@ -412,7 +360,7 @@ class Projections:
         n_out = w.shape[0]
         swiglu = up is not None
         bits = w.bits if isinstance(w, QWeight) else 0
-        sym = f"gemv<{bits},{R},{rpw},{'true' if swiglu else 'false'},{u}>"
+        sym = simt_symbol(bits, R, rpw, swiglu, u)
         groups = n_out if swiglu else cdiv(n_out, rpw)
         grid = (max(1, min(cdiv(groups, 8), grid_cap())),)
         a = _wargs(w)
@@ -436,7 +384,7 @@ class Projections:
         nwords = rows * cols * w.bits // 32
         self.k.run(
             "quant.cu",
-            f"dequant<{w.bits},{int(w.blocked)}>",
+            dequant_symbol(w.bits, w.blocked),
             (min(cdiv(nwords, 256), grid_cap() * 4),),
             (256,),
             (w.packed, w.scales, w.biases, out, np.int64(rows), i32(cols), i32(w.group_size)),
@@ -447,9 +395,9 @@ class Projections:
         rows a multiple of 8) in place into the 8-row blocks gemv4 reads (quant.cu)."""
         rows, words = packed.shape
         for a, sym, n, unit in (
-            (packed, "to_blocks<unsigned,8>", words, 4),
-            (scales, "to_blocks<unsigned short,1>", scales.shape[1], 2),
-            (biases, "to_blocks<unsigned short,1>", biases.shape[1], 2),
+            (packed, TO_BLOCKS[0], words, 4),
+            (scales, TO_BLOCKS[1], scales.shape[1], 2),
+            (biases, TO_BLOCKS[1], biases.shape[1], 2),
         ):
             fn = self.k.fn("quant.cu", sym)
             smem = 8 * n * unit

@@ -31,6 +31,11 @@ i32, f32 = np.int32, np.float32
 DRAW_NB, DRAW_CAP = 128, 64
 
 
+def draw_symbol(wide: bool) -> str:
+    """The draw's instance: 16-byte loads of a 16-byte aligned row (WIDE), or one by one."""
+    return f"sample_topk_topp<{'true' if wide else 'false'}>"
+
+
 def draw_buffers() -> tuple:
     """The split draw's candidates (one row at a time), zeroed: values float32 and ids int32
     of DRAW_NB * DRAW_CAP slots, and each block's count (uint32, DRAW_NB)."""
@@ -207,7 +212,7 @@ class Sampling:
             self.draw_candidates(logits, vocab_rows, top_k, seen, penalty, cand)
         self.k.run(
             "sample.cu",
-            f"sample_topk_topp<{'true' if wide else 'false'}>",
+            draw_symbol(wide),
             (logits.shape[0],),
             (1024,),
             (

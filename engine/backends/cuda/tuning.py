@@ -16,7 +16,7 @@ from engine.errors import ConfigError
 @dataclass(frozen=True)
 class Tuning:
     # Blocks a key head of the decode step's DeltaNet launch (gdn_step_split, a thread block
-    # cluster; compute capability 9.0+); 0, or where the head sizes do not split: one block.
+    # cluster, where card.runs_cluster_split); 0, or where the head sizes do not split: one.
     deltanet_step_blocks: int = 4
     # Share of the next MLP's gate and up codes that a decode step's DeltaNet and attention
     # launches bring toward L2 (after all of out_proj or o_proj).

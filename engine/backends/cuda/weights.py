@@ -52,10 +52,11 @@ FUSED_GROUPS = (
 )
 
 
-def _groups(checkpoint: Any, names: list[str]) -> dict[str, list[str]]:
+def fused_groups(tensors: Any, names: list[str]) -> dict[str, list[str]]:
     """First name of each fusable group -> the group's names, for groups whose parts are all
     quantized alike with the same input width and whose part boundaries stay 16-byte aligned
-    in the output (so every part's slice of a one-row output can be read with vector loads)."""
+    in the output (so every part's slice of a one-row output can be read with vector loads).
+    `tensors`: name -> what has `.shape` and `.quant` (a checkpoint's tensors, or specs)."""
     present = set(names)
     out: dict[str, list[str]] = {}
     layers = {n.split(".")[1] for n in names if n.startswith("layers.")}
@@ -64,7 +65,7 @@ def _groups(checkpoint: Any, names: list[str]) -> dict[str, list[str]]:
             group = [f"layers.{i}.{prefix}{p}" for p in parts]
             if not all(g in present for g in group):
                 continue
-            infos = [checkpoint.tensors[g] for g in group]
+            infos = [tensors[g] for g in group]
             q0 = infos[0].quant
             if q0 is None or any(t.quant != q0 or t.shape[1] != infos[0].shape[1] for t in infos):
                 continue
@@ -147,7 +148,7 @@ def upload(
     sizes = {k: v for k, v in arena_bytes(specs, norms.k.act_itemsize).items() if k not in skip}
     arena = Arena(sum(sizes.values()), pool)
     weights: dict[str, Any] = {}
-    fusable = _groups(checkpoint, list(sizes))
+    fusable = fused_groups(checkpoint.tensors, list(sizes))
     grouped = {n for g in fusable.values() for n in g}
     for name in sizes:
         info = checkpoint.tensors[name]

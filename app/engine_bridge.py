@@ -34,7 +34,8 @@ class EngineLike(Protocol):
 class LoadRequest:
     """What the GUI asks the engine thread to load, and under which rules.
 
-    `settings` are the engine's (environment first, then the user's settings). With
+    `settings` are the engine's (environment first, then the user's settings), the prompt
+    cache's folder (in the app's data folder) and tier budgets among them. With
     `refuse_cpu` the worker refuses a load that would run on the numpy backend, before
     loading when `gpu_present` is False (whether NVML has found a card; None: not asked).
     """

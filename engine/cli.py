@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.cli_cache import add_cache_parser
 from engine.cli_plan import add_plan_parser
 from engine.config import EngineSettings
 from engine.errors import RequestRefused, SnugError
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(sub)
     add_serve_parser(sub)
+    add_cache_parser(sub)
     return parser
 
 
@@ -286,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_info(args)
         if args.command == "serve":
             return run_serve(args)
+        if args.command == "cache":
+            return args.func(args)
         if args.command == "plan":
             from engine.cli_plan import run_plan
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -333,6 +334,9 @@ ENV_BACKEND = "SNUG_BACKEND"
 ENV_CACHE = "SNUG_CACHE_DIR"
 ENV_DTYPE = "SNUG_COMPUTE_DTYPE"
 ENV_OVERLAP = "SNUG_OVERLAP_LAUNCHES"
+ENV_PROMPT_CACHE = "SNUG_PROMPT_CACHE_DIR"
+ENV_HOST_CACHE = "SNUG_PROMPT_CACHE_HOST_GIB"
+ENV_DISK_CACHE = "SNUG_PROMPT_CACHE_DISK_GIB"
 COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
 DEFAULT_RESERVE_GIB = 0.5
 
@@ -349,6 +353,11 @@ class EngineSettings:
     # Let each GPU kernel start while the previous one finishes (Hopper and newer); off
     # only to measure what it gains or to rule it out.
     overlap_launches: bool = True
+    # The prompt cache's lower tiers (engine.prompt_cache): saved states in host memory, and
+    # on disk in `prompt_cache_dir` (None: no disk tier). 0 bytes turns a tier off.
+    prompt_cache_dir: str | None = None
+    prompt_cache_host_bytes: int = 2 * GIB
+    prompt_cache_disk_bytes: int = 8 * GIB
 
     def __post_init__(self) -> None:
         if self.reserve_bytes < 0:
@@ -364,6 +373,12 @@ class EngineSettings:
                 f"compute dtype {self.compute_dtype!r} is unknown: choose "
                 f"{', '.join(COMPUTE_DTYPES)} ({ENV_DTYPE})"
             )
+        for name, value, env in (
+            ("host", self.prompt_cache_host_bytes, ENV_HOST_CACHE),
+            ("disk", self.prompt_cache_disk_bytes, ENV_DISK_CACHE),
+        ):
+            if value < 0:
+                raise ConfigError(f"prompt cache {name} budget {value} bytes is negative ({env})")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EngineSettings:
@@ -384,6 +399,14 @@ class EngineSettings:
             if overlap not in ("0", "1"):
                 raise ConfigError(f"{ENV_OVERLAP}={overlap!r} must be 0 or 1")
             out = replace(out, overlap_launches=overlap == "1")
+        if env.get(ENV_PROMPT_CACHE, "").strip():
+            out = replace(out, prompt_cache_dir=env[ENV_PROMPT_CACHE].strip())
+        if env.get(ENV_HOST_CACHE, "").strip():
+            host = _gib(env[ENV_HOST_CACHE], ENV_HOST_CACHE)
+            out = replace(out, prompt_cache_host_bytes=int(round(host * GIB)))
+        if env.get(ENV_DISK_CACHE, "").strip():
+            disk = _gib(env[ENV_DISK_CACHE], ENV_DISK_CACHE)
+            out = replace(out, prompt_cache_disk_bytes=int(round(disk * GIB)))
         return out
 
     def with_gib(self, reserve: float | None = None, limit: float | None = None) -> EngineSettings:
@@ -404,3 +427,28 @@ def _gib(text: str, name: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise ConfigError(f"{name}={text!r} must be a finite, non-negative number of GiB")
     return value
+
+
+def default_data_dir(environ: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
+    """The app's data folder, as Qt's AppDataLocation names it for organisation and
+    application "Snug" (the chats live there too): the engine finds it without Qt, so that
+    `snug cache clear` clears what the app keeps."""
+    env = os.environ if environ is None else environ
+    platform = platform or sys.platform
+    home = Path(env.get("HOME") or Path.home())
+    if platform == "win32":
+        base = Path(env.get("APPDATA") or home / "AppData" / "Roaming")
+    elif platform == "darwin":
+        base = home / "Library" / "Application Support"
+    else:
+        xdg = env.get("XDG_DATA_HOME", "")
+        base = Path(xdg) if os.path.isabs(xdg) else home / ".local" / "share"
+    return base / "Snug" / "Snug"
+
+
+def default_prompt_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the prompt cache's disk tier lives: SNUG_PROMPT_CACHE_DIR, else
+    `<data folder>/prompt-cache`."""
+    env = os.environ if environ is None else environ
+    chosen = env.get(ENV_PROMPT_CACHE, "").strip()
+    return Path(chosen) if chosen else default_data_dir(env) / "prompt-cache"

@@ -1,17 +1,52 @@
 """Saved stream states, so a chat that goes on does not prefill its history again.
 
-After a reply, the stream's state (KV up to its length, conv and recurrent state) is saved
-under the exact token ids it holds. A later prompt that starts with those ids restores the
-snapshot and prefills only the rest. DeltaNet state cannot be cut back to an earlier token, so
-only an exact prefix match is reused; anything else starts fresh, which gives the same tokens.
+At the end of each prompt's prefill and of each reply, the stream's state (KV up to its
+length, conv and recurrent state) is saved under the exact token ids it holds. A later
+prompt that starts with those ids restores the snapshot and prefills only the rest; the
+prefill's chunks fall at the same absolute positions either way, so the state is the one an
+uninterrupted run has (invariant 6). DeltaNet state cannot be cut back to an earlier token,
+so only an exact prefix match is reused; anything else starts fresh, with the same tokens.
+
+Three tiers, each least-recently-used within its own byte budget:
+
+    device   the backend's own snapshots (a pool block on the card, or pinned host memory
+             where the plan put them there; numpy arrays on the numpy backend)
+    host     HostSnapshots: host numpy arrays (pinned on CUDA), `host_cache_bytes`
+    disk     engine.snapshot_store in the app's data folder, `disk_cache_bytes`
+
+A snapshot evicted from a faster tier moves down where the lower tier has room, and one too
+large for the device tier goes to the host tier. The disk copy is written when the snapshot
+is taken, by a writer thread (the engine thread converts it to host arrays first: no copy
+for host memory, one for a device block), so a crash or a restart keeps the conversation.
+A restore takes the longest matching snapshot from whichever tier has it (the fastest on a
+tie); one that does not check out is refused with a logged reason, and the prompt is
+prefilled afresh.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from engine.errors import DeviceOutOfMemory
+from engine.snapshot_store import (
+    DiskWriter,
+    HostSnapshot,
+    SnapshotMismatch,
+    SnapshotStore,
+    StoreKey,
+    entry_name,
+    model_fingerprint,
+)
+
+log = logging.getLogger(__name__)
+
+TIERS = ("device", "host", "disk")
 
 
 @dataclass(frozen=True)
@@ -22,11 +57,20 @@ class CacheEntry:
 
 
 class PromptCache:
-    """Least-recently-used snapshots, bounded by a byte budget (from the memory plan)."""
+    """One tier: least-recently-used snapshots, bounded by a byte budget.
 
-    def __init__(self, budget_bytes: int, on_evict: Callable[[Any], None] | None = None):
+    `on_evict(snapshot)` frees an evicted snapshot's memory; `move_down(entry)`, called
+    first, may hand it to a lower tier. `clear` drops without moving down."""
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        on_evict: Callable[[Any], None] | None = None,
+        move_down: Callable[[CacheEntry], None] | None = None,
+    ):
         self.budget_bytes = max(0, int(budget_bytes))
-        self.on_evict = on_evict  # frees a snapshot's memory (device snapshots)
+        self.on_evict = on_evict
+        self.move_down = move_down
         self._entries: OrderedDict[tuple[int, ...], CacheEntry] = OrderedDict()
 
     @property
@@ -36,7 +80,10 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, prompt: list[int]) -> CacheEntry | None:
+    def __contains__(self, ids: tuple[int, ...]) -> bool:
+        return ids in self._entries
+
+    def lookup(self, prompt: list[int], touch: bool = True) -> CacheEntry | None:
         """The longest saved state whose ids are a proper prefix of `prompt` (one token at
         least must remain to produce logits)."""
         best = None
@@ -44,9 +91,17 @@ class PromptCache:
             if len(key) < len(prompt) and tuple(prompt[: len(key)]) == key:
                 if best is None or len(key) > len(best.ids):
                     best = entry
-        if best is not None:
+        if best is not None and touch:
             self._entries.move_to_end(best.ids)
         return best
+
+    def touch(self, ids: tuple[int, ...]) -> None:
+        self._entries.move_to_end(ids)
+
+    def get(self, ids: tuple[int, ...]) -> CacheEntry:
+        """The entry saved for exactly `ids`, touched."""
+        self._entries.move_to_end(ids)
+        return self._entries[ids]
 
     def make_room(self, nbytes: int) -> bool:
         """Evict the oldest snapshots until `nbytes` more fit the budget; False if they never
@@ -57,7 +112,7 @@ class PromptCache:
             self._evict(next(iter(self._entries)))
         return True
 
-    def store(self, ids: list[int], snapshot: Any, nbytes: int) -> bool:
+    def store(self, ids: list[int] | tuple[int, ...], snapshot: Any, nbytes: int) -> bool:
         """Keep a snapshot, evicting the oldest ones to stay in budget; False if it cannot fit
         (the caller still owns the snapshot then)."""
         key = tuple(ids)
@@ -68,11 +123,268 @@ class PromptCache:
         self._entries[key] = CacheEntry(key, snapshot, nbytes)
         return True
 
-    def _evict(self, key: tuple[int, ...]) -> None:
+    def drop(self, ids: tuple[int, ...]) -> None:
+        """Evict one entry without moving it down (it did not check out)."""
+        self._evict(ids, move=False)
+
+    def _evict(self, key: tuple[int, ...], move: bool = True) -> None:
         entry = self._entries.pop(key)
+        if move and self.move_down is not None:
+            self.move_down(entry)
         if self.on_evict is not None:
             self.on_evict(entry.snapshot)
 
     def clear(self) -> None:
         while self._entries:
-            self._evict(next(iter(self._entries)))
+            self._evict(next(iter(self._entries)), move=False)
+
+
+@dataclass
+class CacheStats:
+    """What the tiers did (tests and logs read it)."""
+
+    hits: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    misses: int = 0
+    refused: int = 0  # matching snapshots that did not check out (prefilled afresh)
+    saved: int = 0
+    moved_down: int = 0
+
+
+class TieredPromptCache:
+    """The prompt cache of one engine: device, host and disk tiers over one backend.
+
+    Engine thread only (the disk writer's thread sees host arrays, never the backend)."""
+
+    def __init__(
+        self,
+        backend: Any,
+        device_bytes: int,
+        host_bytes: int = 0,
+        store: SnapshotStore | None = None,
+    ) -> None:
+        self.backend = backend
+        self.device = PromptCache(device_bytes, backend.free_snapshot, self._device_out)
+        self.host = PromptCache(host_bytes, move_down=self._host_out)
+        self.disk = DiskWriter(store) if store is not None else None
+        self.stats = CacheStats()
+        self._deferred: list[tuple[int, ...]] = []  # saved, their disk copy not yet queued
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held in memory (device and host tiers)."""
+        return self.device.held_bytes + self.host.held_bytes
+
+    def __len__(self) -> int:
+        return len(self.device) + len(self.host)
+
+    def lookup(self, prompt: list[int]) -> CacheEntry | None:
+        """The longest match in memory (device tier first on a tie), touched."""
+        best = None
+        for tier in (self.device, self.host):
+            entry = tier.lookup(prompt, touch=False)
+            if entry is not None and (best is None or len(entry.ids) > len(best[1].ids)):
+                best = (tier, entry)
+        if best is None:
+            return None
+        best[0].touch(best[1].ids)
+        return best[1]
+
+    def where(self, prompt: list[int]) -> tuple[str, tuple[int, ...]] | None:
+        """(tier, ids) of the snapshot a restore of `prompt` would take first, or None."""
+        found = []
+        for name, tier in (("device", self.device), ("host", self.host)):
+            entry = tier.lookup(prompt, touch=False)
+            if entry is not None:
+                found.append((len(entry.ids), -TIERS.index(name), name, entry.ids))
+        ids = self.disk.store.lookup(prompt) if self.disk is not None else None
+        if ids is not None:
+            found.append((len(ids), -TIERS.index("disk"), "disk", ids))
+        if not found:
+            return None
+        _, _, name, ids = max(found)
+        return name, ids
+
+    # ----- save --------------------------------------------------------------------------
+    def save(self, slot: int, ids: list[int], defer_disk: bool = False) -> None:
+        """Keep the slot's state, which holds exactly `ids`: in the device tier where it
+        has room, else in the host tier; on disk too (queued to the writer). With
+        `defer_disk` (a save inside a request: its prompt's turn start or end) the disk copy,
+        which costs a copy to the host, waits for `persist_deferred` at the request's end."""
+        key = tuple(ids)
+        if self.disk is not None:
+            self.disk.reap()
+        if not key:
+            return
+        for tier in (self.device, self.host):
+            if key in tier:  # the same ids hold the same state (resumed = fresh)
+                tier.touch(key)
+                return
+        snapshot = self._take(slot, key)
+        if snapshot is None and (self.host.budget_bytes > 0 or self.disk is not None):
+            try:
+                snapshot = self.backend.save_slot_to_host(slot, len(key))
+            except DeviceOutOfMemory:
+                return  # no memory to keep it in: the next turn prefills its history
+            self.host.store(key, snapshot, snapshot.nbytes)
+        if snapshot is not None:
+            self.stats.saved += 1
+            if defer_disk:
+                self._deferred.append(key)
+            else:
+                self._write(key, snapshot)
+
+    def persist_deferred(self) -> None:
+        """Queue the disk copies of the saves `save(defer_disk=True)` held back, for those
+        still in a memory tier (the end of a request: off its critical path)."""
+        keys, self._deferred = self._deferred, []
+        for key in keys:
+            for tier in (self.device, self.host):
+                if key in tier:
+                    self._write(key, tier.get(key).snapshot)
+                    break
+
+    def _take(self, slot: int, key: tuple[int, ...]) -> Any:
+        """A device-tier snapshot of the slot, stored there; None where it has no room."""
+        expected = self.backend.snapshot_bytes(len(key))
+        if expected is not None and not self.device.make_room(expected):
+            return None
+        try:
+            snapshot = self.backend.save_slot(slot, len(key))
+        except DeviceOutOfMemory:
+            return None  # no room on the card: the host tier may take it
+        if not self.device.store(key, snapshot, self.backend.snapshot_nbytes(snapshot)):
+            self.backend.free_snapshot(snapshot)
+            return None
+        return snapshot
+
+    def _write(self, key: tuple[int, ...], snapshot: Any) -> None:
+        """Queue the disk copy of `snapshot` (a device-tier snapshot or a HostSnapshot)."""
+        if self.disk is None or self.disk.has(key):
+            return
+        if not isinstance(snapshot, HostSnapshot):
+            try:
+                snapshot = self.backend.snapshot_to_host(snapshot)
+            except DeviceOutOfMemory:
+                return
+        self.disk.submit(key, snapshot)
+
+    def _device_out(self, entry: CacheEntry) -> None:
+        """A device-tier snapshot leaves: its host copy goes to the host tier if it fits,
+        and to disk if it is not there yet."""
+        key = entry.ids
+        written = self.disk is None or self.disk.has(key)
+        if key in self.host or (self.host.budget_bytes < entry.nbytes and written):
+            return
+        try:
+            host = self.backend.snapshot_to_host(entry.snapshot)
+        except DeviceOutOfMemory:
+            return
+        if self.host.store(key, host, host.nbytes):
+            self.stats.moved_down += 1
+        if not written:
+            self.disk.submit(key, host)  # type: ignore[union-attr]
+
+    def _host_out(self, entry: CacheEntry) -> None:
+        """A host-tier snapshot leaves: to disk, unless it is there already."""
+        if self.disk is not None and not self.disk.has(entry.ids):
+            self.disk.submit(entry.ids, entry.snapshot)
+            self.stats.moved_down += 1
+
+    # ----- restore -----------------------------------------------------------------------
+    def restore(self, slot: int, prompt: list[int]) -> tuple[int, ...]:
+        """Put the longest snapshot that `prompt` extends into the slot; return its ids
+        (empty: nothing restored, the slot is reset and the prompt is prefilled whole)."""
+        if self.disk is not None:
+            self.disk.reap()
+        while True:
+            found = self.where(prompt)
+            if found is None:
+                self.stats.misses += 1
+                return ()
+            tier, ids = found
+            if self._restore_from(tier, slot, ids):
+                self.stats.hits[tier] += 1
+                log.debug(
+                    "prompt cache: restored %d of %d tokens (%s)", len(ids), len(prompt), tier
+                )
+                return ids
+            self.stats.refused += 1
+            self.backend.reset_slot(slot)
+
+    def _restore_from(self, tier: str, slot: int, ids: tuple[int, ...]) -> bool:
+        if tier == "disk":
+            assert self.disk is not None
+            snapshot = self.disk.store.load(ids)  # None: refused and logged by the store
+            if snapshot is None:
+                return False
+        else:
+            snapshot = (self.device if tier == "device" else self.host).get(ids).snapshot
+        if isinstance(snapshot, HostSnapshot) and snapshot.length != len(ids):
+            why = f"it holds {snapshot.length} tokens, its ids {len(ids)}"
+            return self._refuse(tier, ids, why)
+        try:
+            self.backend.restore_slot(slot, snapshot)
+        except SnapshotMismatch as exc:
+            return self._refuse(tier, ids, str(exc))
+        if tier == "disk":  # it is in host memory now: keep it there while it has room
+            self.host.store(ids, snapshot, snapshot.nbytes)
+        return True
+
+    def _refuse(self, tier: str, ids: tuple[int, ...], why: str) -> bool:
+        log.warning(
+            "prompt cache: refusing a saved state of %d tokens from the %s tier: %s; the "
+            "prompt is prefilled afresh",
+            len(ids),
+            tier,
+            why,
+        )
+        if tier == "disk":
+            assert self.disk is not None
+            store = self.disk.store
+            store.remove(entry_name(store.key, ids))
+        else:
+            (self.device if tier == "device" else self.host).drop(ids)
+        return False
+
+    # ----- lifetime ----------------------------------------------------------------------
+    def flush(self) -> None:
+        """Wait for the queued disk writes (tests, and before a restart)."""
+        if self.disk is not None:
+            self.disk.flush()
+
+    def clear(self) -> None:
+        """Drop every saved state in memory, and this model's on disk."""
+        self.device.clear()
+        self.host.clear()
+        if self.disk is not None:
+            self.disk.flush()
+            self.disk.store.clear()
+
+    def close(self) -> None:
+        """At unload: finish the disk writes (a restart finds them), free the memory tiers."""
+        if self.disk is not None:
+            self.disk.close()
+        self.device.clear()
+        self.host.clear()
+
+
+def open_prompt_cache(
+    backend: Any, model_dir: str | os.PathLike[str], tensors: dict[str, Any], device_bytes: int
+) -> TieredPromptCache:
+    """The prompt cache of an engine: budgets and folder from the backend's settings
+    (`prompt_cache_host_bytes`, `prompt_cache_dir`, `prompt_cache_disk_bytes`); the disk
+    tier's entries are keyed by the model's fingerprint, the engine's version and the
+    backend's precision."""
+    import engine
+
+    settings = backend.settings
+    store = None
+    if settings.prompt_cache_dir and settings.prompt_cache_disk_bytes > 0:
+        folder = Path(settings.prompt_cache_dir).expanduser()
+        try:
+            fingerprint = model_fingerprint(model_dir, tensors)
+            key = StoreKey(fingerprint, engine.__version__, backend.precision)
+            store = SnapshotStore(folder, key, settings.prompt_cache_disk_bytes)
+        except OSError as exc:  # a read-only or missing parent folder: memory tiers only
+            log.warning("prompt cache: no disk tier, %s cannot be used (%s)", folder, exc)
+    return TieredPromptCache(backend, device_bytes, settings.prompt_cache_host_bytes, store)

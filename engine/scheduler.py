@@ -8,15 +8,18 @@ their `TokenEvent`s through a per-request sink (a queue by default).
     one iteration (`run_once`) on the engine thread:  ▼
       1. admit waiting requests into free slots (restoring a saved prompt state if any)
       2. end cancelled requests: their slot is free before anything else runs
-      3. prefill ONE chunk (at most `prefill_chunk` <= max_rows rows) of the oldest request
-         still prefilling; when its prompt is done, its first token is picked and it joins
+      3. prefill ONE chunk (at most `prefill_chunk` <= max_rows rows, ending where the
+         stream's position reaches a multiple of it or the prompt's last turn starts) of
+         the oldest request still prefilling; when its prompt is done, its first token is
+         picked, its state is saved, and it joins
       4. ONE decode step: one row for every stream that is decoding, in one batch
 
 So a decoding stream waits at most one prefill chunk plus its own decode step between two
 tokens (`SchedulerStats.longest_gap_s` measures it; tests/engine/test_scheduler.py checks
-it). Each request keeps its own sampler, and the chunks of a prompt start where
-`Engine.prefill` starts them, so a request gets the same tokens as `Engine.generate` gives
-it alone (greedy in fp32: exactly; seeded sampling on the host: the same draws).
+it). Each request keeps its own sampler, and the chunks of a prompt fall at the absolute
+positions where `Engine.prefill` cuts them (with the default `prefill_chunk`), restored
+state or not, so a request gets the same tokens as `Engine.generate` gives it alone
+(greedy in fp32: exactly; seeded sampling on the host: the same draws).
 
 While a scheduler runs, every generation on its engine goes through it: the engine is not
 thread-safe, and only the scheduler's thread touches it.
@@ -35,7 +38,7 @@ from typing import Any
 
 from engine.errors import RequestRefused
 from engine.sampling import Sampler
-from engine.session import Engine, GenerationParams, TokenEvent, _Stream
+from engine.session import Engine, GenerationParams, TokenEvent, _Stream, aligned_chunks
 from engine.tokenizer import StreamDecoder
 
 Sink = Callable[[Any], None]  # receives TokenEvents, or one exception that ends the request
@@ -88,6 +91,7 @@ class Request:
         self.sampler: Sampler | None = None
         self.decoder: Any = None
         self.todo: list[int] = []  # prompt ids still to prefill
+        self.cut: int | None = None  # Engine.turn_start of the prompt
         self.generated: list[int] = []
         self.next_token = NO_TOKEN  # picked, not yet fed to the stream
         self.t0 = self.t_first = self.last_token_at = 0.0
@@ -256,6 +260,7 @@ class Scheduler:
                 request.decoder = StreamDecoder(self.engine.tokenizer)
                 request.stream = self.engine._open_stream()
                 request.todo = self.engine._resume(request.stream, request.prompt_ids)
+                request.cut = self.engine.turn_start(request.prompt_ids)
             except Exception as exc:
                 self._fail(request, exc)
                 continue
@@ -279,10 +284,13 @@ class Scheduler:
         request = next((r for r in self._running if r.todo), None)
         if request is None:
             return False
-        chunk, request.todo = request.todo[: self.prefill_chunk], request.todo[self.prefill_chunk :]
+        assert request.stream is not None
+        position = len(request.stream.ids)
+        _, end = next(aligned_chunks(position, len(request.todo), self.prefill_chunk, request.cut))
+        chunk, request.todo = request.todo[:end], request.todo[end:]
         t = time.perf_counter()
         try:
-            logits = self.engine.prefill(request.stream, chunk)
+            logits = self.engine.prefill(request.stream, chunk, cut=request.cut)
             token = NO_TOKEN if request.todo else self._first_token(request, logits)
         except Exception as exc:
             self._fail(request, exc)
@@ -293,6 +301,9 @@ class Scheduler:
         if token != NO_TOKEN:
             request.t_first = now
             self._take(request, token, now)
+            cheap = self.engine.backend.cheap_snapshots
+            if request.stream is not None and cheap:  # fed nothing yet: the prompt's end
+                self.engine._save(request.stream, defer_disk=True)
         return True
 
     def _decode_one(self) -> bool:
@@ -385,6 +396,7 @@ class Scheduler:
         try:
             if save:
                 self.engine._save(stream)
+            self.engine.prompt_cache.persist_deferred()
         finally:
             self.engine._close_stream(stream)
 

@@ -12,6 +12,7 @@ requests that come and go (continuous batching) with the same stream primitives.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +26,6 @@ from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
 from engine.errors import (
     BackendUnavailable,
-    DeviceOutOfMemory,
     DoesNotFit,
     NumericalError,
     RequestRefused,
@@ -33,11 +33,13 @@ from engine.errors import (
 from engine.memory import Card, Decision, checkpoint_specs, decide
 from engine.memory.arena import act_itemsize
 from engine.models.qwen35 import Qwen35Model
-from engine.prompt_cache import PromptCache
+from engine.prompt_cache import open_prompt_cache
 from engine.sampling import Sampler, SamplingParams
 
 Progress = Callable[[str, float], None]
 HOST_PROMPT_CACHE_BYTES = 1 << 30  # saved stream states kept in host memory (numpy backend)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,24 @@ class _Stream:
     ids: list[int] = field(default_factory=list)  # every token now in the slot's state
 
 
-def select_backend(settings: EngineSettings, max_rows: int = 512) -> Backend:
-    """`numpy`, `cuda`, or `auto` (cuda when an NVIDIA GPU and CuPy are usable)."""
+def aligned_chunks(
+    position: int, count: int, rows: int, cut: int | None = None
+) -> Iterator[tuple[int, int]]:
+    """(start, end) offsets into `count` ids fed from absolute `position`, cut where the
+    position reaches a multiple of `rows`, and at absolute position `cut`: the same cuts
+    with or without a restored state."""
+    start = 0
+    while start < count:
+        end = min(count, start + rows - (position + start) % rows)
+        if cut is not None and position + start < cut < position + end:
+            end = cut - position
+        yield start, end
+        start = end
+
+
+def select_backend(settings: EngineSettings, max_rows: int = 512, config: Any = None) -> Backend:
+    """`numpy`, `cuda`, or `auto` (cuda when an NVIDIA GPU and CuPy are usable, and its
+    kernels cover the card and the model `config`; else numpy, and the log says why)."""
     choice = settings.backend
     if choice == "numpy":
         from engine.backends.numpy_backend import NumpyBackend
@@ -86,8 +104,20 @@ def select_backend(settings: EngineSettings, max_rows: int = 512) -> Backend:
     reason = cuda_unavailable_reason()
     if reason is None:
         from engine.backends.cuda.backend import CudaBackend
+        from engine.errors import UnsupportedModel
 
-        return CudaBackend(settings=settings, dtype=_device_dtype(settings), max_rows=max_rows)
+        try:
+            backend = CudaBackend(
+                settings=settings, dtype=_device_dtype(settings), max_rows=max_rows
+            )
+            if config is not None:
+                backend.check_model(config)
+            return backend
+        except UnsupportedModel as exc:
+            if choice == "cuda":
+                raise
+            reason = str(exc)
+            log.warning("running on the CPU: %s", exc)
     if choice == "cuda":
         raise BackendUnavailable(
             f"backend 'cuda' cannot run here: {reason}. Choose the "
@@ -148,7 +178,11 @@ def admit_load(
     # The planner sizes activations from the settings; the backend must agree.
     assert backend.act_itemsize == act_itemsize(settings), (backend.act_itemsize, settings)
     pool = backend.pool
-    card = Card(total=pool.card_total(), free=pool.card_free(), held=backend.held_bytes())
+    from engine.device import probe_gpu
+
+    gpu = probe_gpu()  # NVML: the card's bandwidth and tensor throughput, for the prediction
+    speed = gpu.speed if gpu is not None else None
+    card = Card(pool.card_total(), pool.card_free(), backend.held_bytes(), speed)
     decision = decide(
         checkpoint_specs(checkpoint),
         checkpoint.config,
@@ -202,11 +236,12 @@ class Engine:
         eos = set(tokenizer.eos_ids) | set(self.config.eos_token_ids)
         self.eos_ids = frozenset(eos)
         self.vocab_rows = vocab_rows(tokenizer, self.config)
+        self._im_start = tokenizer.token_to_id("<|im_start|>")
         cache_bytes = HOST_PROMPT_CACHE_BYTES
         if decision is not None:  # on the card, or in host memory (one of the two is 0)
             b = decision.breakdown
             cache_bytes = b.prompt_cache + b.prompt_cache_on_host
-        self.prompt_cache = PromptCache(on_evict=backend.free_snapshot, budget_bytes=cache_bytes)
+        self.prompt_cache = open_prompt_cache(backend, model_dir, checkpoint.tensors, cache_bytes)
 
     @property
     def backend_name(self) -> str:
@@ -238,7 +273,7 @@ class Engine:
         model_dir = Path(model_dir)
         checkpoint = Checkpoint.open(model_dir)
         tokenizer = Tokenizer.load(model_dir, eos_token_ids=checkpoint.config.eos_token_ids)
-        backend = select_backend(settings, max_rows)
+        backend = select_backend(settings, max_rows, checkpoint.config)
         config = checkpoint.config
         if context is not None:
             context = min(context, config.max_position_embeddings)
@@ -296,17 +331,35 @@ class Engine:
                 f"is {self.context}; raise the context length setting or start a new chat"
             )
 
-    def prefill(self, stream: _Stream, ids: list[int], all_logits: bool = False) -> np.ndarray:
-        """Run `ids` through the stream in windows of max_rows; return the last logits
-        `[V]` (or `[len(ids), V]` with all_logits)."""
+    def turn_start(self, prompt: list[int]) -> int | None:
+        """Where the prompt's last turn begins: its last `<|im_start|>` (a chat prompt's
+        assistant header). The next prompt of a chat repeats the conversation before it but
+        not always the tokens after (a template renders the reply from its text, without
+        the empty think block the generation prompt held), so a prompt's prefill always
+        ends a window there, cache or not, and saves the state there."""
+        if self._im_start is None or not prompt:
+            return None
+        hits = np.flatnonzero(np.asarray(prompt) == self._im_start)
+        return int(hits[-1]) if hits.size and hits[-1] > 0 else None
+
+    def prefill(
+        self, stream: _Stream, ids: list[int], all_logits: bool = False, cut: int | None = None
+    ) -> np.ndarray:
+        """Run `ids` through the stream in windows of at most max_rows; return the last
+        logits `[V]` (or `[len(ids), V]` with all_logits). Windows end at absolute positions
+        that are multiples of max_rows (the first one after a restored state runs up to the
+        next multiple), so a resumed prompt computes what an uninterrupted one does; and at
+        `cut` (`turn_start`), where the state is saved."""
         self._check_room(stream, len(ids))
         outputs = []
-        for start in range(0, len(ids), self.max_rows):
-            chunk = ids[start : start + self.max_rows]
+        for start, end in aligned_chunks(len(stream.ids), len(ids), self.max_rows, cut):
+            chunk = ids[start:end]
             batch = Batch.window(stream.slot, len(stream.ids), len(chunk))
             logits = self.model.forward(batch, np.asarray(chunk), all_logits=all_logits)
             stream.ids.extend(chunk)
             outputs.append(self.backend.to_host(logits))
+            if len(stream.ids) == cut and self.backend.cheap_snapshots:
+                self._save(stream, defer_disk=True)
         out = np.concatenate(outputs) if all_logits else outputs[-1][-1]
         out = out.astype(np.float32)
         # NaN/Inf logits: refused by name, not sampled as token 0 (one row checked: cheap).
@@ -385,7 +438,8 @@ class Engine:
         completed = False
         try:
             t0 = time.perf_counter()
-            logits = self.prefill(stream, self._resume(stream, list(prompt_ids)))
+            todo = self._resume(stream, list(prompt_ids))
+            logits = self.prefill(stream, todo, cut=self.turn_start(prompt_ids))
             generated: list[int] = []
             token = sampler(logits, generated)
             t_first = time.perf_counter()
@@ -411,6 +465,10 @@ class Engine:
                     yield TokenEvent(token, text, True, reason, stats)
                     return
                 yield TokenEvent(token, text)
+                if len(generated) == 1 and self.backend.cheap_snapshots:
+                    # The state is the prompt's, fed nothing yet. Its disk copy (a copy to
+                    # the host) waits for the reply's end, off the decode's path.
+                    self._save(stream, defer_disk=True)
                 if launch is None:
                     token = self._next_tokens([stream], [token], [sampler], [generated])[0]
                     continue
@@ -432,6 +490,7 @@ class Engine:
         finally:
             if completed:
                 self._save(stream)
+            self.prompt_cache.persist_deferred()
             self._close_stream(stream)
 
     def _launcher(self, sampler: Sampler) -> Callable[..., Any] | None:
@@ -452,26 +511,14 @@ class Engine:
         return sampler.device_draw(generated, stream.slot)
 
     def _resume(self, stream: _Stream, prompt_ids: list[int]) -> list[int]:
-        """Restore the longest saved state that the prompt extends; return the ids left."""
-        entry = self.prompt_cache.lookup(prompt_ids)
-        if entry is None:
-            return prompt_ids
-        self.backend.restore_slot(stream.slot, entry.snapshot)
-        stream.ids = list(entry.ids)
-        return prompt_ids[len(entry.ids) :]
+        """Restore the longest saved state that the prompt extends, from whichever tier of
+        the prompt cache has it; return the ids left to prefill."""
+        stream.ids = list(self.prompt_cache.restore(stream.slot, prompt_ids))
+        return prompt_ids[len(stream.ids) :]
 
-    def _save(self, stream: _Stream) -> None:
-        """Keep the stream's state for a follow-up turn, within the prompt cache's budget."""
-        expected = self.backend.snapshot_bytes(len(stream.ids))
-        if expected is not None and not self.prompt_cache.make_room(expected):
-            return
-        try:
-            snapshot = self.backend.save_slot(stream.slot, len(stream.ids))
-        except DeviceOutOfMemory:
-            return  # no room to keep it: the next turn prefills its history again
-        nbytes = self.backend.snapshot_nbytes(snapshot)
-        if not self.prompt_cache.store(stream.ids, snapshot, nbytes):
-            self.backend.free_snapshot(snapshot)
+    def _save(self, stream: _Stream, defer_disk: bool = False) -> None:
+        """Keep the stream's state (the prompt's end, a reply's end) for a later prompt."""
+        self.prompt_cache.save(stream.slot, stream.ids, defer_disk=defer_disk)
 
     def generate_many(
         self, prompts: list[list[int]], params: GenerationParams | None = None
@@ -484,7 +531,8 @@ class Engine:
             outputs: list[list[int]] = [[] for _ in prompts]
             next_ids = []
             for s, ids, sampler, out in zip(streams, prompts, samplers, outputs, strict=True):
-                next_ids.append(sampler(self.prefill(s, list(ids)), out))
+                logits = self.prefill(s, list(ids), cut=self.turn_start(ids))
+                next_ids.append(sampler(logits, out))
             active = list(range(len(prompts)))
             while active:
                 still = []
@@ -522,8 +570,9 @@ class Engine:
         )
 
     def unload(self) -> None:
-        """Release weights and state; the engine cannot be used afterwards."""
-        self.prompt_cache.clear()
+        """Release weights and state (the prompt cache's disk writes are finished first);
+        the engine cannot be used afterwards."""
+        self.prompt_cache.close()
         self.backend.release()
         self.model = None  # type: ignore[assignment]
         self.backend = None  # type: ignore[assignment]

@@ -2,7 +2,7 @@
 
 A snapshot is a stream's state at an exact position (KV up to its length, DeltaNet conv and
 recurrent state) plus the token ids it holds. On disk each one is two files in the store's
-folder, named by a hash of the ids:
+folder, named by a hash of what it is (model, engine, precision) and of the ids:
 
     <hash>.safetensors   the state's arrays (bf16 as uint16 bits), written with safetensors
     <hash>.json          what it is: the ids, the model's fingerprint (config.json and the
@@ -12,18 +12,25 @@ folder, named by a hash of the ids:
 Both are written to temporary names and renamed into place, the JSON last, so a crash or a
 full disk mid-write leaves the old cache valid (an entry without its JSON is not an entry).
 A file that does not check out (truncated, corrupt, another model, engine version or
-precision) is refused with a logged reason and removed; the caller prefills afresh, never
-restores a wrong state. Least-recently-used entries are removed past the byte budget.
+precision) is refused with a logged reason; the caller prefills afresh, never restores a
+wrong state. Several models and engine versions may share the folder: the byte budget
+counts every entry in it, and the least recently used go first, whoever wrote them.
+
+`DiskWriter` saves on a thread of its own, so that a reply never waits for the disk.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
+import queue
 import tempfile
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +40,11 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when the layout of a snapshot changes
+WRITE_QUEUE_DEPTH = 4  # snapshots waiting for the writer; past it a write is skipped
+
+
+class SnapshotMismatch(ValueError):
+    """A host snapshot whose arrays are not the ones this backend's state holds."""
 
 
 @dataclass
@@ -46,6 +58,23 @@ class HostSnapshot:
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.arrays.values())
 
+    def check(self, expected: dict[str, tuple[tuple[int, ...], Any]]) -> None:
+        """Raise SnapshotMismatch unless the arrays are exactly `expected` (name -> shape,
+        dtype): a restore never broadcasts or casts a state into a slot."""
+        if set(self.arrays) != set(expected):
+            extra, missing = set(self.arrays) - set(expected), set(expected) - set(self.arrays)
+            raise SnapshotMismatch(
+                f"snapshot arrays differ from the state's: missing {sorted(missing)[:4]}, "
+                f"unexpected {sorted(extra)[:4]}"
+            )
+        for name, (shape, dtype) in expected.items():
+            a = self.arrays[name]
+            if tuple(a.shape) != tuple(shape) or a.dtype != np.dtype(dtype):
+                raise SnapshotMismatch(
+                    f"snapshot array {name} is {a.dtype}{list(a.shape)}, the state holds "
+                    f"{np.dtype(dtype)}{list(shape)}"
+                )
+
 
 @dataclass(frozen=True)
 class StoreKey:
@@ -58,13 +87,21 @@ class StoreKey:
 
 @dataclass
 class _Entry:
-    ids: tuple[int, ...]
+    ids: tuple[int, ...] | None  # None: another writer's entry whose ids could not be read
     nbytes: int
     used: float = field(default_factory=time.time)
+    foreign: str = ""  # why it is not this store's to restore ("" when it is)
 
 
 def ids_hash(ids: tuple[int, ...] | list[int]) -> str:
     return hashlib.sha256(np.asarray(ids, np.int64).tobytes()).hexdigest()[:32]
+
+
+def entry_name(key: StoreKey, ids: tuple[int, ...] | list[int]) -> str:
+    """The files' stem: the same ids under another model or engine get other files."""
+    h = hashlib.sha256(f"{key.model}|{key.engine}|{key.precision}|".encode())
+    h.update(np.asarray(ids, np.int64).tobytes())
+    return h.hexdigest()[:32]
 
 
 def model_fingerprint(model_dir: str | os.PathLike[str], tensors: dict[str, Any]) -> str:
@@ -84,75 +121,133 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _files_size(folder: Path, name: str) -> int:
+    total = 0
+    for suffix in (".json", ".safetensors"):
+        try:
+            total += (folder / f"{name}{suffix}").stat().st_size
+        except OSError:
+            pass
+    return total
+
+
 class SnapshotStore:
-    """A folder of snapshots for one (model, engine, precision), bounded by `budget_bytes`."""
+    """A folder of snapshots, restored for one (model, engine, precision), bounded by
+    `budget_bytes` over everything in the folder. Safe to use from two threads (the engine
+    thread reads, the writer thread saves): the index is guarded by a lock, and a file is
+    only ever replaced whole."""
 
     def __init__(self, folder: str | os.PathLike[str], key: StoreKey, budget_bytes: int):
         self.folder = Path(folder)
         self.key = key
         self.budget_bytes = max(0, int(budget_bytes))
         self._entries: dict[str, _Entry] = {}
+        self._told: set[str] = set()  # foreign entries whose refusal was logged
+        self._lock = threading.RLock()
         self.folder.mkdir(parents=True, exist_ok=True)
         self._scan()
 
     # ----- index -----------------------------------------------------------------------------
     def _scan(self) -> None:
-        """Index the entries whose JSON names this model, engine and precision; remove what
-        an interrupted save left (temporary files, data without its index)."""
+        """Index every entry (this key's, and others' for the budget); remove what an
+        interrupted save left (temporary files, data without its index)."""
         for leftover in self.folder.glob("*.tmp"):
             leftover.unlink(missing_ok=True)
         for data in self.folder.glob("*.safetensors"):
             if not data.with_suffix(".json").exists():
                 data.unlink(missing_ok=True)
         for meta_path in self.folder.glob("*.json"):
+            name = meta_path.stem
             try:
                 meta = json.loads(meta_path.read_text())
-                if not self._matches(meta):
+                if not isinstance(meta, dict):
+                    raise TypeError("the index is not an object")
+                used = meta_path.stat().st_mtime
+                why = self._mismatch(meta)
+                if why:
+                    self._entries[name] = _Entry(
+                        _ids_or_none(meta), _files_size(self.folder, name), used, why
+                    )
                     continue
                 ids = tuple(int(i) for i in meta["ids"])
-                if ids_hash(ids) != meta_path.stem:
+                if entry_name(self.key, ids) != name:
                     raise ValueError("the ids do not hash to the file's name")
-                used = meta_path.stat().st_mtime
-                self._entries[meta_path.stem] = _Entry(ids, int(meta["nbytes"]), used)
+                self._entries[name] = _Entry(ids, int(meta["nbytes"]), used)
             except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-                self._refuse(meta_path.stem, f"unreadable index ({type(exc).__name__}: {exc})")
+                self._refuse(name, f"unreadable index ({type(exc).__name__}: {exc})")
 
-    def _matches(self, meta: dict) -> bool:
-        return (
-            meta.get("format") == FORMAT
-            and meta.get("model") == self.key.model
-            and meta.get("engine") == self.key.engine
-            and meta.get("precision") == self.key.precision
-        )
+    def _mismatch(self, meta: dict) -> str:
+        """Why an index is not this store's to restore ("" when it is)."""
+        for label, want in (
+            ("format", FORMAT),
+            ("model", self.key.model),
+            ("engine", self.key.engine),
+            ("precision", self.key.precision),
+        ):
+            got = meta.get(label)
+            if got != want:
+                if label == "model":
+                    return "another model"
+                return f"{label} {str(got)[:40]!r} (this is {want!r})"
+        return ""
 
     @property
     def held_bytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values())
+        """Bytes of every entry in the folder (this key's and others')."""
+        with self._lock:
+            return sum(e.nbytes for e in self._entries.values())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        """Entries this store can restore."""
+        with self._lock:
+            return sum(1 for e in self._entries.values() if not e.foreign)
+
+    def contains(self, ids: tuple[int, ...] | list[int]) -> bool:
+        with self._lock:
+            return entry_name(self.key, ids) in self._entries
 
     def lookup(self, prompt: list[int]) -> tuple[int, ...] | None:
-        """The ids of the longest entry that is a proper prefix of `prompt`, or None."""
+        """The ids of the longest entry that is a proper prefix of `prompt`, or None. A
+        longer one saved by another model, engine or precision is refused, and logged."""
         best: tuple[int, ...] | None = None
-        for entry in self._entries.values():
-            ids = entry.ids
-            if len(ids) < len(prompt) and tuple(prompt[: len(ids)]) == ids:
-                if best is None or len(ids) > len(best):
+        foreign: list[tuple[str, _Entry]] = []
+        with self._lock:
+            for name, entry in self._entries.items():
+                ids = entry.ids
+                if ids is None or len(ids) >= len(prompt) or tuple(prompt[: len(ids)]) != ids:
+                    continue
+                if entry.foreign:
+                    foreign.append((name, entry))
+                elif best is None or len(ids) > len(best):
                     best = ids
+        for name, entry in foreign:
+            if name not in self._told and len(entry.ids or ()) > len(best or ()):
+                self._told.add(name)
+                log.info(
+                    "prompt cache: not restoring a saved state of %d tokens in %s: it was "
+                    "saved for %s; the prompt is prefilled afresh",
+                    len(entry.ids or ()),
+                    self.folder,
+                    entry.foreign,
+                )
         return best
 
     # ----- write -----------------------------------------------------------------------------
-    def save(self, ids: list[int], snapshot: HostSnapshot) -> bool:
-        """Write one snapshot atomically; False (logged) when it cannot be kept."""
+    def save(self, ids: list[int] | tuple[int, ...], snapshot: HostSnapshot) -> bool:
+        """Write one snapshot atomically; False (logged) when it cannot be kept. An entry
+        already saved for the same ids is the same state (resumed = fresh): kept as it is."""
         from safetensors.numpy import save_file
 
         key = tuple(int(i) for i in ids)
         nbytes = snapshot.nbytes
         if not key or nbytes > self.budget_bytes:
             return False
-        name = ids_hash(key)
-        self._make_room(nbytes, keep=name)
+        name = entry_name(self.key, key)
+        with self._lock:
+            if name in self._entries:
+                self._entries[name].used = time.time()
+                return True
+            self._make_room(nbytes, keep=name)
         data, meta = self.folder / f"{name}.safetensors", self.folder / f"{name}.json"
         tmp_data = tmp_meta = None
         try:
@@ -187,7 +282,8 @@ class SnapshotStore:
             for leftover in (tmp_data, tmp_meta):
                 if leftover is not None:
                     leftover.unlink(missing_ok=True)
-        self._entries[name] = _Entry(key, nbytes)
+        with self._lock:
+            self._entries[name] = _Entry(key, nbytes)
         return True
 
     def _make_room(self, nbytes: int, keep: str) -> None:
@@ -202,7 +298,8 @@ class SnapshotStore:
             self.remove(oldest)
 
     def remove(self, name: str) -> None:
-        self._entries.pop(name, None)
+        with self._lock:
+            self._entries.pop(name, None)
         for suffix in (".json", ".safetensors"):  # the JSON first: no half entry is indexed
             (self.folder / f"{name}{suffix}").unlink(missing_ok=True)
 
@@ -216,11 +313,11 @@ class SnapshotStore:
         out: the caller then prefills afresh."""
         from safetensors.numpy import load_file
 
-        name = ids_hash(ids)
+        name = entry_name(self.key, ids)
         data, meta_path = self.folder / f"{name}.safetensors", self.folder / f"{name}.json"
         try:
             meta = json.loads(meta_path.read_text())
-            if not self._matches(meta) or tuple(meta["ids"]) != tuple(ids):
+            if self._mismatch(meta) or tuple(meta["ids"]) != tuple(ids):
                 self._refuse(name, "it was saved for another model, engine or precision")
                 return None
             if _file_sha256(data) != meta["sha256"]:
@@ -232,15 +329,133 @@ class SnapshotStore:
             if got != want:
                 self._refuse(name, "its arrays are not the ones its index lists")
                 return None
+            length = int(meta["length"])
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             self._refuse(name, f"it cannot be read ({type(exc).__name__}: {exc})")
             return None
-        entry = self._entries.get(name)
-        if entry is not None:
-            entry.used = time.time()
-        os.utime(meta_path)
-        return HostSnapshot(int(meta["length"]), arrays)
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is not None:
+                entry.used = time.time()
+        try:
+            os.utime(meta_path)
+        except OSError:
+            pass  # a read-only folder still restores; only the recency is lost
+        return HostSnapshot(length, arrays)
 
     def clear(self) -> None:
-        for name in list(self._entries):
+        """Remove this key's entries (others' stay)."""
+        with self._lock:
+            names = [n for n, e in self._entries.items() if not e.foreign]
+        for name in names:
             self.remove(name)
+
+
+def _ids_or_none(meta: dict) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(i) for i in meta["ids"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def clear_folder(folder: str | os.PathLike[str], model: str | None = None) -> tuple[int, int]:
+    """Remove the saved states in `folder` (only those of the model with fingerprint `model`
+    when given), and what interrupted saves left; returns (entries, bytes) removed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return 0, 0
+    count = removed = 0
+    for meta_path in folder.glob("*.json"):
+        if model is not None:
+            try:
+                if json.loads(meta_path.read_text()).get("model") != model:
+                    continue
+            except (OSError, ValueError, AttributeError, RecursionError):
+                continue  # not readable: not known to be this model's
+        removed += _files_size(folder, meta_path.stem)
+        count += 1
+        for suffix in (".json", ".safetensors"):
+            (folder / f"{meta_path.stem}{suffix}").unlink(missing_ok=True)
+    if model is None:
+        for leftover in (*folder.glob("*.tmp"), *folder.glob("*.safetensors")):
+            removed += leftover.stat().st_size
+            leftover.unlink(missing_ok=True)
+    return count, removed
+
+
+class DiskWriter:
+    """Saves snapshots to a store on a thread of its own (bounded queue: a snapshot that
+    finds it full is not written now; `submit` returns False).
+
+    The thread touches numpy arrays only. The engine thread hands it host copies and keeps
+    a reference to each until its write is done (`reap`), so that the last reference to a
+    pinned buffer is never dropped here: freeing it is CuPy's business, on the engine thread.
+    """
+
+    def __init__(self, store: SnapshotStore, depth: int = WRITE_QUEUE_DEPTH) -> None:
+        self.store = store
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._held: dict[int, tuple[tuple[int, ...], HostSnapshot]] = {}  # engine thread
+        self._done: deque[int] = deque()  # tickets written (or failed), from the writer
+        self._tickets = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def has(self, ids: tuple[int, ...]) -> bool:
+        """Saved, or queued to be."""
+        self.reap()
+        return any(held[0] == ids for held in self._held.values()) or self.store.contains(ids)
+
+    def submit(self, ids: tuple[int, ...], snapshot: HostSnapshot) -> bool:
+        """Queue one snapshot; False when the queue is full (the write is skipped)."""
+        if self.has(ids):
+            return True
+        ticket = next(self._tickets)
+        try:
+            self._queue.put_nowait((ticket, ids, snapshot))
+        except queue.Full:
+            log.info("prompt cache: the disk writer is busy; a saved state is not written now")
+            return False
+        self._held[ticket] = (ids, snapshot)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="snug-cache-writer")
+            self._thread.daemon = True  # an interrupted write leaves the old cache valid
+            self._thread.start()
+        return True
+
+    def reap(self) -> None:
+        """Drop the snapshots whose writes are done (engine thread)."""
+        while self._done:
+            self._held.pop(self._done.popleft(), None)
+
+    def flush(self) -> None:
+        """Wait until every queued snapshot is written."""
+        if self._thread is not None:
+            self._queue.join()
+        self.reap()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        self.reap()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._queue.task_done()
+                return
+            ticket = item[0]
+            self._write(item)
+            del item  # this thread's last reference goes before the engine thread may reap
+            self._done.append(ticket)
+            self._queue.task_done()
+
+    def _write(self, item: tuple[int, tuple[int, ...], HostSnapshot]) -> None:
+        _, ids, snapshot = item
+        try:
+            self.store.save(ids, snapshot)
+        except Exception:  # a bug in a write must not stop the writer: later saves go on
+            log.exception("prompt cache: writing a saved state to %s failed", self.store.folder)

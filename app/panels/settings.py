@@ -39,6 +39,8 @@ RANGES = {
     "sampling/min_p": (0.0, 0.99, 0.01, 2),
     "sampling/max_new_tokens": (16, 32768, 256, 0),
     "server/port": (1024, 65535, 1, 0),
+    "cache/host_gib": (0.0, 256.0, 0.5, 1),
+    "cache/disk_gib": (0.0, 4096.0, 1.0, 1),
 }
 BACKEND_LABELS = {"auto": "Auto", "cuda": "GPU (CUDA)", "numpy": "CPU (numpy)"}
 GROUPS = (
@@ -66,6 +68,7 @@ GROUPS = (
     ),
     ("Chat", ("chat/thinking", "chat/system_prompt")),
     ("Local server", ("server/enabled", "server/port")),
+    ("Saved conversations", ("cache/host_gib", "cache/disk_gib")),
 )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
-from engine.config import GIB, EngineSettings
+from engine.config import GIB, EngineSettings, default_prompt_cache_dir
 from engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,10 @@ FIELDS: tuple[Field, ...] = (
     # and the server's clients then share one scheduler, set up when the model loads.
     Field("server/enabled", bool, False, "Serve the model (OpenAI API)", True),
     Field("server/port", int, 8000, "Server port", True, 1024, 65535),
+    # Saved conversation states below the card's (engine.prompt_cache): in host memory, and
+    # on disk in the app's data folder (prompt-cache/), so a chat resumes after a restart.
+    Field("cache/host_gib", float, 2.0, "Prompt cache in memory (GiB, 0 = off)", True, 0, 1 << 20),
+    Field("cache/disk_gib", float, 8.0, "Prompt cache on disk (GiB, 0 = off)", True, 0, 1 << 20),
 )
 BY_KEY = {f.key: f for f in FIELDS}
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -223,9 +227,11 @@ class AppSettings(QObject):
     def engine_settings(self) -> EngineSettings:
         """EngineSettings from the environment, with the fields these settings own replaced.
 
-        Reserve, limit and backend come from here; everything else the environment sets
-        (SNUG_COMPUTE_DTYPE, SNUG_OVERLAP_LAUNCHES, SNUG_CACHE_DIR...) passes through, less
-        any variable the engine refuses (reported in `problems`).
+        Reserve, limit, backend and the prompt cache's budgets come from here, and its disk
+        tier goes in the app's data folder (SNUG_PROMPT_CACHE_DIR moves it); everything
+        else the environment sets (SNUG_COMPUTE_DTYPE, SNUG_OVERLAP_LAUNCHES,
+        SNUG_CACHE_DIR...) passes through, less any variable the engine refuses (reported
+        in `problems`).
         """
         reserve = float(self.get("memory/reserve_gib"))
         limit = float(self.get("memory/limit_gib"))
@@ -237,6 +243,9 @@ class AppSettings(QObject):
             reserve_bytes=int(round(reserve * GIB)),
             limit_bytes=int(round(limit * GIB)) or None,  # 0 means no limit
             backend=self.backend,
+            prompt_cache_dir=env.prompt_cache_dir or str(default_prompt_cache_dir(os.environ)),
+            prompt_cache_host_bytes=int(round(float(self.get("cache/host_gib")) * GIB)),
+            prompt_cache_disk_bytes=int(round(float(self.get("cache/disk_gib")) * GIB)),
         )
 
     def sampling(self) -> dict[str, float | int]:

@@ -22,6 +22,7 @@ import numpy as np
 
 from engine.config import EngineSettings, ModelConfig
 from engine.errors import RequestRefused
+from engine.snapshot_store import HostSnapshot
 
 if TYPE_CHECKING:
     from engine.memory import Decision, DevicePool
@@ -78,6 +79,9 @@ class Batch:
     @staticmethod
     def step(slots_and_positions: list[tuple[int, int]]) -> Batch:
         return Batch(tuple(Segment(slot, pos, 1) for slot, pos in slots_and_positions))
+
+
+STATE_PARTS = ("kv_k", "kv_v", "conv", "recurrent")  # a snapshot's parts, in this order
 
 
 class PendingStep(Protocol):
@@ -149,7 +153,38 @@ class Backend(ABC):
 
     @abstractmethod
     def restore_slot(self, slot: int, snapshot: Any) -> None:
-        """Put a snapshot taken by `save_slot` back into a slot."""
+        """Put a snapshot back into a slot: one taken by `save_slot`, or a HostSnapshot
+        (`snapshot_to_host`'s, maybe read back from disk). A HostSnapshot whose arrays are
+        not exactly this state's (names, shapes, dtypes) raises SnapshotMismatch, with the
+        slot left reset."""
+
+    @property
+    def precision(self) -> str:
+        """What a saved state's bytes depend on besides the model: the backend and its
+        activation type ("numpy:float32", "cuda:bfloat16"). The disk tier keys files by it."""
+        return f"{self.name}:float32"
+
+    def snapshot_to_host(self, snapshot: Any) -> HostSnapshot:
+        """A `save_slot` snapshot as host numpy arrays, for the host and disk tiers: views
+        where it is in host memory already, one copy where it is on a device. Engine thread
+        only. The default reads the numpy backend's dict of per-layer lists."""
+        arrays = {f"{part}.{i}": a for part in STATE_PARTS for i, a in enumerate(snapshot[part])}
+        return HostSnapshot(int(snapshot["length"]), arrays)
+
+    def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
+        """`snapshot_to_host(save_slot(slot, length))`, where the device tier has no room
+        for the snapshot (a backend may copy straight to host memory)."""
+        snapshot = self.save_slot(slot, length)
+        host = self.snapshot_to_host(snapshot)
+        self.free_snapshot(snapshot)
+        return host
+
+    @property
+    def cheap_snapshots(self) -> bool:
+        """Whether `save_slot` is cheap enough to run inside a request (a copy where the
+        state lives); False where it costs a copy over PCIe into host memory, so the
+        session saves only at a request's end, off the reply's path."""
+        return True
 
     def snapshot_bytes(self, length: int) -> int | None:
         """Bytes `save_slot(slot, length)` will take, or None when unknown until taken."""

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from engine.backends import gdn
-from engine.backends.base import Backend, Batch
+from engine.backends.base import STATE_PARTS, Backend, Batch
 from engine.config import EngineSettings, ModelConfig
+from engine.snapshot_store import HostSnapshot, SnapshotMismatch
 
 # Output rows of a quantized weight dequantized at once by `linear` (bounds host memory).
 DEQUANT_BLOCK_ROWS = 4096
@@ -153,6 +154,8 @@ class NumpyBackend(Backend):
 
     def restore_slot(self, slot: int, snapshot: Any) -> None:
         self.reset_slot(slot)
+        if isinstance(snapshot, HostSnapshot):
+            snapshot = self._from_host(snapshot)
         n = snapshot["length"]
         for dst, src in zip(self.kv_k, snapshot["kv_k"], strict=True):
             dst[slot, :, :n] = src
@@ -162,6 +165,30 @@ class NumpyBackend(Backend):
             dst[slot] = src
         for dst, src in zip(self.recurrent, snapshot["recurrent"], strict=True):
             dst[slot] = src
+
+    def _from_host(self, host: HostSnapshot) -> dict:
+        """`save_slot`'s dict from a HostSnapshot whose arrays are exactly this state's
+        (SnapshotMismatch otherwise: nothing is broadcast or cast)."""
+        n = host.length
+        if not 0 < n <= self.context:
+            raise SnapshotMismatch(f"snapshot of {n} tokens for a context of {self.context}")
+        layers = {
+            "kv_k": [(a.shape[1], n, a.shape[3]) for a in self.kv_k],
+            "kv_v": [(a.shape[1], n, a.shape[3]) for a in self.kv_v],
+            "conv": [a.shape[1:] for a in self.conv],
+            "recurrent": [a.shape[1:] for a in self.recurrent],
+        }
+        host.check(
+            {
+                f"{part}.{i}": (shape, np.float32)
+                for part in STATE_PARTS
+                for i, shape in enumerate(layers[part])
+            }
+        )
+        out: dict = {"length": n}
+        for part in STATE_PARTS:
+            out[part] = [host.arrays[f"{part}.{i}"] for i in range(len(layers[part]))]
+        return out
 
     # ----- host transfer ------------------------------------------------------------------
     def to_host(self, x: Any) -> np.ndarray:

@@ -15,6 +15,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def prompt_cache_dir(tmp_path_factory):
+    """The engine's saved prompt states go to a temp folder, not the user's data folder
+    (AppSettings.engine_settings puts them there unless SNUG_PROMPT_CACHE_DIR says)."""
+    path = tmp_path_factory.mktemp("prompt-cache")
+    old = os.environ.get("SNUG_PROMPT_CACHE_DIR")
+    os.environ["SNUG_PROMPT_CACHE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("SNUG_PROMPT_CACHE_DIR", None)
+    else:
+        os.environ["SNUG_PROMPT_CACHE_DIR"] = old
+
+
 @pytest.fixture
 def settings_store(tmp_path):
     from PySide6.QtCore import QSettings

@@ -88,7 +88,9 @@ def engine(tiny_checkpoint, monkeypatch):
     import engine.session as session
 
     model_dir = tiny_checkpoint("tied-l8-r4-hd64", "hf-fp32")
-    monkeypatch.setattr(session, "select_backend", lambda settings, rows: DeviceStandIn(settings))
+    monkeypatch.setattr(
+        session, "select_backend", lambda settings, rows, config=None: DeviceStandIn(settings)
+    )
     engine = Engine.load(model_dir, EngineSettings(backend="numpy"), context=256, max_rows=64)
     engine.device_rows = engine.backend.device_rows
     assert MARK not in engine.eos_ids

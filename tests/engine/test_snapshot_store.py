@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 
-from engine.snapshot_store import HostSnapshot, SnapshotStore, StoreKey, ids_hash
+from engine.snapshot_store import HostSnapshot, SnapshotStore, StoreKey, entry_name
 
 KEY = StoreKey(model="m" * 64, engine="0.1.0", precision="numpy:float32")
 
@@ -45,7 +45,7 @@ def test_a_damaged_file_is_refused_and_removed(tmp_path, caplog, damage):
     ids = list(range(50))
     store = SnapshotStore(tmp_path, KEY, 1 << 30)
     store.save(ids, _snapshot(50))
-    data = tmp_path / f"{ids_hash(ids)}.safetensors"
+    data = tmp_path / f"{entry_name(KEY, ids)}.safetensors"
     raw = bytearray(data.read_bytes())
     if damage == "corrupt":
         raw[-5] ^= 0xFF

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.backends.base import Backend, Batch
+from engine.backends.cuda import catalog, nvrtc, support
 from engine.backends.cuda.attention import Attention
 from engine.backends.cuda.deltanet import DeltaNet
 from engine.backends.cuda.frame import Frame
-from engine.backends.cuda.launch import Kernels
+from engine.backends.cuda.launch import Kernels, card
 from engine.backends.cuda.modules import use_cache_dir
 from engine.backends.cuda.norms import Norms
 from engine.backends.cuda.projections import Projections
@@ -43,6 +44,7 @@ from engine.backends.cuda.weights import upload
 from engine.config import EngineSettings, ModelConfig
 from engine.errors import DeviceOutOfMemory
 from engine.memory.workspace import ATTN_QUERY_ROWS
+from engine.snapshot_store import HostSnapshot
 
 if TYPE_CHECKING:
     from engine.backends.cuda.graphs import DecodeGraphs
@@ -65,6 +67,11 @@ class CudaBackend(Backend):
         from engine.memory import CupyPool
 
         super().__init__(settings)
+        # A card, dtype or NVRTC the kernels do not cover is refused by name, before the
+        # stream, the pool or any compile.
+        self.card = card()
+        version, archs = nvrtc.loaded_version(), nvrtc.supported_archs()
+        support.check_card(self.card.capability, dtype, version, archs)
         use_cache_dir(self.settings.cache_dir)
         self.kernels = Kernels(dtype, overlap=self.settings.overlap_launches)
         self.tuning = tuning or Tuning()
@@ -125,6 +132,12 @@ class CudaBackend(Backend):
     def load_weights(self, checkpoint: Any, config: ModelConfig) -> dict[str, Any]:
         import cupy
 
+        from engine.memory.arena import checkpoint_specs
+
+        support.check_model(config, self.card.capability, self.dtype)  # before the upload
+        specs = checkpoint_specs(checkpoint)
+        mods = catalog.modules(config, specs, self.dtype, self.card, self.tuning)
+        self.kernels.catalog = catalog.requests(mods)
         self.stream.use()
         self.config = config
         self.vocab_rows = self.vocab_rows or config.vocab_size
@@ -143,9 +156,20 @@ class CudaBackend(Backend):
             weights["embed_tokens"] = None
         return weights
 
+    @property
+    def cheap_snapshots(self) -> bool:
+        """Saved states in pinned host memory cost a copy over PCIe (and a pinned
+        allocation): the session takes those only at a request's end."""
+        return not self.state.snapshots_on_host
+
+    def check_model(self, config: ModelConfig) -> None:
+        """UnsupportedModel, naming the config key, where the kernels do not cover it."""
+        support.check_model(config, self.card.capability, self.dtype)
+
     def alloc_state(self, config: ModelConfig, slots: int, context: int) -> None:
         """The state block, `meta`, the sampling buffers, and the scratch and workspace (to
         be allocated when first ensured); a second call replaces everything sized by it."""
+        support.check_model(config, self.card.capability, self.dtype)
         self.stream.use()
         self._teardown_graphs()
         self.config = config
@@ -176,6 +200,16 @@ class CudaBackend(Backend):
 
     def free_snapshot(self, snapshot: Any) -> None:
         self.state.free_snapshot(snapshot)
+
+    def snapshot_to_host(self, snapshot: Any) -> HostSnapshot:
+        return self.state.snapshot_to_host(snapshot)
+
+    def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
+        return self.state.save_slot_to_host(slot, length)
+
+    @property
+    def precision(self) -> str:
+        return f"cuda:{self.dtype}"
 
     # ----- host transfer ------------------------------------------------------------------
     def to_host(self, x: Any) -> np.ndarray:

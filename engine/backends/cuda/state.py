@@ -11,8 +11,17 @@ A saved stream (prompt cache) is a copy of one slot: a dict with its `length` an
 copies, in its own `prompt_cache` pool block (`block`), or, where the plan put the saved
 states in host memory (invariant 8: they leave the card before the prefill chunks shrink),
 in pinned host memory (`pinned`), copied over PCIe in contiguous runs with no device
-buffer in between. Host embeddings (invariant 7) live here too: the rows of a forward's
-ids, gathered on the host and copied to `emb_rows`.
+buffer in between. For the host and disk tiers a snapshot becomes a `HostSnapshot`
+(`snapshot_to_host`: views of the pinned buffer, or one copy of a block into a new pinned
+one), one array per layer and part, bf16 as uint16 bits:
+
+    kv_k.<i>, kv_v.<i>   [Hkv, length, hd]   activation type
+    conv.<i>             [K-1, C]            activation type
+    recurrent.<i>        [Hv, dv, dk]        fp32
+
+and `restore_slot` takes one back (checked exactly against this state first). Host
+embeddings (invariant 7) live here too: the rows of a forward's ids, gathered on the host
+and copied to `emb_rows`.
 """
 
 from __future__ import annotations
@@ -21,11 +30,14 @@ from typing import Any
 
 import numpy as np
 
+from engine.backends.base import STATE_PARTS
 from engine.backends.cuda.launch import Kernels, on_stream
 from engine.bf16 import to_bf16
 from engine.checkpoint.quantized import QuantizedTensor
 from engine.config import ModelConfig
+from engine.errors import DeviceOutOfMemory
 from engine.memory.arena import ALIGN, padded
+from engine.snapshot_store import HostSnapshot, SnapshotMismatch
 
 
 class StreamState:
@@ -98,15 +110,27 @@ class StreamState:
             "recurrent": [self.recurrent[layer, slot] for layer in range(self.recurrent.shape[0])],
         }
 
-    def _save_to_host(self, slot: int, length: int) -> dict:
-        """The slot's state copied into one pinned host buffer (freed with the snapshot)."""
+    @staticmethod
+    def _pinned(total: int) -> np.ndarray:
+        """`total` bytes of pinned host memory as a uint8 array (the buffer lives as long
+        as the array or a view of it); DeviceOutOfMemory when the host has none to pin."""
         import cupy
 
+        try:
+            pinned = cupy.cuda.alloc_pinned_memory(max(total, 1))
+        except (cupy.cuda.memory.OutOfMemoryError, cupy.cuda.runtime.CUDARuntimeError) as exc:
+            raise DeviceOutOfMemory(
+                f"no pinned host memory for a saved prompt state of {total} bytes ({exc}); "
+                "lower the prompt cache's host budget (SNUG_PROMPT_CACHE_HOST_GIB)"
+            ) from None
+        return np.frombuffer(pinned, np.uint8, total)
+
+    def _save_to_host(self, slot: int, length: int) -> dict:
+        """The slot's state copied into one pinned host buffer (freed with the snapshot)."""
         runs = self._runs(slot, length)
         total = sum(r.nbytes for part in runs.values() for r in part)
-        pinned = cupy.cuda.alloc_pinned_memory(max(total, 1))
-        flat = np.frombuffer(pinned, np.uint8, total)
-        snapshot: dict = {"length": length, "pinned": pinned, "nbytes": total}
+        flat = self._pinned(total)
+        snapshot: dict = {"length": length, "pinned": flat, "nbytes": total}
         offset = 0
         for name, part in runs.items():
             start = offset
@@ -148,8 +172,11 @@ class StreamState:
                 dst[...] = src
         return {"length": length, "block": block, **dict(zip(parts, copies, strict=True))}
 
-    def restore_slot(self, slot: int, snapshot: dict) -> None:
+    def restore_slot(self, slot: int, snapshot: dict | HostSnapshot) -> None:
         self.reset_slot(slot)
+        if isinstance(snapshot, HostSnapshot):
+            self._restore_host_snapshot(slot, snapshot)
+            return
         if "pinned" in snapshot:
             self._restore_from_host(slot, snapshot)
             return
@@ -159,6 +186,86 @@ class StreamState:
             self.kv_v[:, slot, :, :n] = snapshot["kv_v"]
             self.conv[:, slot] = snapshot["conv"]
             self.recurrent[:, slot] = snapshot["recurrent"]
+
+    # ----- host snapshots (the host and disk tiers) ----------------------------------------
+    def _host_layout(self, length: int) -> dict[str, list[tuple[tuple[int, ...], Any]]]:
+        """Per part, each layer's (shape, dtype) in a HostSnapshot of `length` tokens."""
+        act = np.dtype(self.k.act_dtype)  # uint16 holds bf16 bits
+        L, _, H, _, hd = self.kv_k.shape
+        kv = [((H, length, hd), act)] * L
+        return {
+            "kv_k": kv,
+            "kv_v": kv,
+            "conv": [(tuple(self.conv.shape[2:]), act)] * self.conv.shape[0],
+            "recurrent": [(tuple(self.recurrent.shape[2:]), np.dtype(np.float32))]
+            * self.recurrent.shape[0],
+        }
+
+    def _host_views(self, length: int, parts: dict[str, np.ndarray]) -> HostSnapshot:
+        """A HostSnapshot over `parts` (per part its bytes, uint8, layers end to end: the
+        byte order of a block's copy and of a pinned snapshot alike)."""
+        arrays = {}
+        for part, layers in self._host_layout(length).items():
+            flat, offset = parts[part], 0
+            for i, (shape, dtype) in enumerate(layers):
+                nbytes = int(np.prod(shape)) * dtype.itemsize
+                arrays[f"{part}.{i}"] = flat[offset : offset + nbytes].view(dtype).reshape(shape)
+                offset += nbytes
+            assert offset == flat.nbytes, (part, offset, flat.nbytes)
+        return HostSnapshot(length, arrays)
+
+    def snapshot_to_host(self, snapshot: dict) -> HostSnapshot:
+        """A snapshot as host arrays: views of a pinned snapshot's buffer (no copy), or one
+        copy of a block's arrays into a new pinned buffer. The views keep the buffer alive
+        after `free_snapshot`."""
+        n = int(snapshot["length"])
+        if "pinned" in snapshot:
+            return self._host_views(n, {part: snapshot[part] for part in STATE_PARTS})
+        sources = [snapshot[part] for part in STATE_PARTS]
+        flat = self._pinned(sum(a.nbytes for a in sources))
+        parts, offset = {}, 0
+        for part, src in zip(STATE_PARTS, sources, strict=True):
+            assert src.flags.c_contiguous  # carved from the snapshot's block
+            if src.nbytes:
+                src.data.copy_to_host_async(flat[offset:].ctypes.data, src.nbytes, self.stream)
+            parts[part] = flat[offset : offset + src.nbytes]
+            offset += src.nbytes
+        self.stream.synchronize()  # the copies are done before the host reads them
+        return self._host_views(n, parts)
+
+    def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
+        """The slot's state straight into pinned host memory (no device block)."""
+        return self.snapshot_to_host(self._save_to_host(slot, length))
+
+    def _restore_host_snapshot(self, slot: int, host: HostSnapshot) -> None:
+        """Copy a HostSnapshot (pinned or pageable arrays) into the slot, run by run, after
+        checking it is exactly this state's layout (SnapshotMismatch otherwise)."""
+        n = host.length
+        if not 0 < n <= self.context:
+            raise SnapshotMismatch(f"snapshot of {n} tokens for a context of {self.context}")
+        layout = self._host_layout(n)
+        host.check(
+            {f"{p}.{i}": spec for p, layers in layout.items() for i, spec in enumerate(layers)}
+        )
+        a, H = host.arrays, self.kv_k.shape[2]
+        sources = {
+            part: [
+                np.ascontiguousarray(a[f"{part}.{i}"][h])
+                for i in range(len(layout[part]))
+                for h in range(H)
+            ]
+            for part in ("kv_k", "kv_v")
+        }
+        for part in ("conv", "recurrent"):
+            sources[part] = [
+                np.ascontiguousarray(a[f"{part}.{i}"]) for i in range(len(layout[part]))
+            ]
+        for part, runs in self._runs(slot, n).items():
+            for run, src in zip(runs, sources[part], strict=True):
+                assert run.nbytes == src.nbytes, (part, run.nbytes, src.nbytes)
+                run.data.copy_from_host_async(src.ctypes.data, run.nbytes, self.stream)
+        # The host arrays (`sources`) must outlive the copies.
+        self.stream.synchronize()
 
     def snapshot_bytes(self, length: int) -> int:
         """Bytes `save_slot` takes for a stream of `length` tokens."""

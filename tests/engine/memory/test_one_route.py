@@ -48,7 +48,7 @@ class CardProbe(NumpyBackend):
 def _load_decision(model_dir, settings, monkeypatch, **kw):
     probes = []
 
-    def select(s, rows):
+    def select(s, rows, config=None):
         probes.append(CardProbe(s))
         return probes[-1]
 

@@ -1,0 +1,71 @@
+"""`snug cache info|clear`: the prompt cache's saved states on disk (engine.prompt_cache).
+
+    snug cache info                 what the folder holds
+    snug cache clear                remove every saved state
+    snug cache clear --model DIR    only those of one checkpoint (any engine version)
+
+The folder is SNUG_PROMPT_CACHE_DIR, else `prompt-cache` in the app's data folder
+(~/.local/share/Snug/Snug on Linux); `--dir` names another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from engine.config import default_prompt_cache_dir
+
+
+def add_cache_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `cache` on an argparse subparsers object."""
+    p = subparsers.add_parser("cache", help="show or clear the saved prompt states on disk")
+    sub = p.add_subparsers(dest="cache_command", required=True)
+    info = sub.add_parser("info", help="the folder, its saved states and their size")
+    clear = sub.add_parser("clear", help="remove saved prompt states")
+    clear.add_argument("--model", help="only the states of this checkpoint folder")
+    for q in (info, clear):
+        q.add_argument(
+            "--dir",
+            help="the cache folder (default: SNUG_PROMPT_CACHE_DIR, else prompt-cache in "
+            "the app's data folder)",
+        )
+    p.set_defaults(func=run_cache)
+    return p
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    from engine.snapshot_store import clear_folder, model_fingerprint
+
+    folder = Path(args.dir).expanduser() if args.dir else default_prompt_cache_dir()
+    if args.cache_command == "clear":
+        model = None
+        if args.model:
+            from engine.checkpoint import Checkpoint
+
+            checkpoint = Checkpoint.open(Path(args.model))
+            model = model_fingerprint(checkpoint.dir, checkpoint.tensors)
+        count, nbytes = clear_folder(folder, model)
+        which = f" of {args.model}" if args.model else ""
+        print(f"removed {count} saved prompt states{which} ({_mib(nbytes)}) from {folder}")
+        return 0
+    entries, nbytes = 0, 0
+    kinds: dict[str, int] = {}
+    for meta_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        data = meta_path.with_suffix(".safetensors")
+        nbytes += meta_path.stat().st_size + (data.stat().st_size if data.exists() else 0)
+        entries += 1
+        try:
+            meta = json.loads(meta_path.read_text())
+            kind = f"engine {meta.get('engine')}, {meta.get('precision')}"
+        except (OSError, ValueError, AttributeError, RecursionError):
+            kind = "unreadable"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    print(f"{folder}: {entries} saved prompt states, {_mib(nbytes)}")
+    for kind, count in sorted(kinds.items()):
+        print(f"  {count:5d}  {kind}")
+    return 0
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"

@@ -1,0 +1,287 @@
+"""The prompt cache's tiers on the numpy backend (fp32): a conversation saved to disk and
+resumed by a new engine (and by a new process) is the uninterrupted run bit for bit; the
+prefill's windows fall at the same absolute positions restored or not; snapshots move down
+the tiers; the scheduler (the server's path) restores from whichever tier has the state."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import engine.session as session
+from engine.config import EngineSettings
+from engine.scheduler import NO_TOKEN, Scheduler
+from engine.session import Engine, GenerationParams, aligned_chunks
+
+NUMPY = EngineSettings(backend="numpy")
+GREEDY = GenerationParams(max_new_tokens=10, greedy=True)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 400, size=length).tolist()
+
+
+def on_disk(folder: Path, **kw) -> EngineSettings:
+    return dataclasses.replace(NUMPY, prompt_cache_dir=str(folder), **kw)
+
+
+def load(model: Path, settings: EngineSettings = NUMPY, **kw) -> Engine:
+    return Engine.load(model, settings, context=512, max_rows=64, **kw)
+
+
+def tokens(engine: Engine, ids: list[int]) -> list[int]:
+    return [e.token_id for e in engine.generate(ids, GREEDY)]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint) -> Path:
+    return tiny_checkpoint("tied-l8-r4-hd64", "hf-fp32")
+
+
+@pytest.fixture(scope="module")
+def turn(model, tmp_path_factory):
+    """One turn saved to disk: (folder, first prompt, reply, follow-up prompt)."""
+    folder = tmp_path_factory.mktemp("prompt-cache")
+    first = prompt(150, seed=5)
+    engine = load(model, on_disk(folder))
+    reply = tokens(engine, first)
+    engine.unload()  # finishes the disk writes
+    return folder, first, reply, first + reply + prompt(70, seed=6)
+
+
+def uninterrupted(model: Path, first: list[int], reply: list[int], follow: list[int]):
+    """The follow-up's logits on a stream that went on: prefill, the reply fed one step at
+    a time (as `generate` feeds it), then the rest; nothing saved, nothing restored."""
+    engine = load(model)
+    stream = engine._open_stream()
+    engine.prefill(stream, first)
+    for token in reply[:-1]:  # the last token of a reply is never fed
+        engine.step([stream], [token])
+    return engine.prefill(stream, follow[len(stream.ids) :], all_logits=True)
+
+
+def test_windows_end_at_multiples_of_max_rows_and_at_the_cut():
+    assert list(aligned_chunks(0, 150, 64)) == [(0, 64), (64, 128), (128, 150)]
+    assert list(aligned_chunks(159, 70, 64)) == [(0, 33), (33, 70)]  # to 192, then 229
+    assert list(aligned_chunks(0, 150, 64, cut=100)) == [(0, 64), (64, 100), (100, 128), (128, 150)]
+    assert list(aligned_chunks(130, 10, 64, cut=100)) == [(0, 10)]  # a cut behind: none
+    assert list(aligned_chunks(128, 64, 64, cut=192)) == [(0, 64)]  # a cut at the end: none
+
+
+def test_a_restored_prompt_runs_the_windows_of_an_uninterrupted_one(model, monkeypatch, turn):
+    """Every window of the resumed prefill ends where the uninterrupted run's do."""
+    folder, first, reply, follow = turn
+    engine = load(model, on_disk(folder))
+    windows = []
+    real = engine.model.forward
+
+    def spy(batch, ids, all_logits=False):
+        windows.append((batch.segments[0].start, batch.rows))
+        return real(batch, ids, all_logits=all_logits)
+
+    monkeypatch.setattr(engine.model, "forward", spy)
+    stream = engine._open_stream()
+    rest = engine._resume(stream, follow)
+    engine.prefill(stream, rest)
+    assert windows == [(159, 33), (192, 38)]  # restored at 159, then 192 = 3 * 64
+    engine.unload()
+
+
+def test_resumed_from_disk_by_a_new_engine_is_the_uninterrupted_run(model, turn):
+    """A new engine (a new store over the same folder) restores the longest saved state;
+    the logits of the rest of the prompt are those of the stream that went on, bit for bit,
+    and the reply is the one a fresh prefill of the whole history gives."""
+    folder, first, reply, follow = turn
+    want = uninterrupted(model, first, reply, follow)
+    engine = load(model, on_disk(folder))
+    assert engine.prompt_cache.where(follow) == ("disk", tuple(first + reply[:-1]))
+    stream = engine._open_stream()
+    rest = engine._resume(stream, follow)
+    got = engine.prefill(stream, rest, all_logits=True)
+    engine._close_stream(stream)
+    assert engine.prompt_cache.stats.hits["disk"] == 1
+    assert np.array_equal(got, want)  # exact: the same state, the same windows
+    # Against a fresh prefill of the whole history the windows differ where the state was
+    # taken (a reply is fed in steps): fp32 rounding only (measured: ~3e-6 of the largest).
+    fresh_engine = load(model)
+    fresh = fresh_engine.prefill(fresh_engine._open_stream(), follow, all_logits=True)
+    fresh = fresh[len(follow) - len(rest) :]
+    assert np.abs(got - fresh).max() <= 1e-5 * np.abs(fresh).max()
+    assert (got.argmax(-1) == fresh.argmax(-1)).all()
+    assert tokens(engine, follow) == tokens(load(model), follow)
+    engine.unload()
+
+
+def test_a_state_saved_at_a_multiple_of_max_rows_resumes_as_a_fresh_prefill(model, tmp_path):
+    """Where the saved state ends on a window boundary (128 = 2 * 64), the resumed prefill
+    runs exactly the windows of a fresh prefill of the whole prompt: equal bit for bit."""
+    first = prompt(128, seed=12)
+    engine = load(model, on_disk(tmp_path))
+    tokens(engine, first)
+    engine.unload()
+    follow = first + prompt(90, seed=13)
+    engine = load(model, on_disk(tmp_path))
+    stream = engine._open_stream()
+    rest = engine._resume(stream, follow)
+    assert len(stream.ids) == 128 and engine.prompt_cache.stats.hits["disk"] == 1
+    got = engine.prefill(stream, rest, all_logits=True)
+    fresh_engine = load(model)
+    fresh = fresh_engine.prefill(fresh_engine._open_stream(), follow, all_logits=True)
+    assert np.array_equal(got, fresh[128:])
+    engine._close_stream(stream)
+    engine.unload()
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import dataclasses, json, sys
+    import numpy as np
+    from engine.config import EngineSettings
+    from engine.session import Engine, GenerationParams
+
+    model, folder, ids_path, out = sys.argv[1:5]
+    follow = json.loads(open(ids_path).read())
+    settings = dataclasses.replace(EngineSettings(backend="numpy"), prompt_cache_dir=folder)
+    engine = Engine.load(model, settings, context=512, max_rows=64)
+    where = engine.prompt_cache.where(follow)
+    stream = engine._open_stream()
+    rest = engine._resume(stream, follow)
+    np.save(out, engine.prefill(stream, rest, all_logits=True))
+    engine._close_stream(stream)
+    params = GenerationParams(max_new_tokens=10, greedy=True)
+    reply = [e.token_id for e in engine.generate(follow, params)]
+    print(json.dumps({"where": where[0], "restored": len(where[1]), "reply": reply}))
+    """
+)
+
+
+def test_resumed_from_disk_in_a_new_process_is_the_uninterrupted_run(model, turn, tmp_path):
+    """The engine restarted for real: another Python process reads the folder."""
+    folder, first, reply, follow = turn
+    ids_path, out = tmp_path / "follow.json", tmp_path / "logits.npy"
+    ids_path.write_text(json.dumps(follow))
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(model), str(folder), str(ids_path), str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["where"] == "disk" and result["restored"] == len(first) + len(reply) - 1
+    assert np.array_equal(np.load(out), uninterrupted(model, first, reply, follow))
+    assert result["reply"] == tokens(load(model), follow)
+
+
+def test_a_chat_resumes_from_where_its_last_turn_began(model, tmp_path):
+    """A chat prompt is rendered again with the reply as the template writes it, not as it
+    was generated: the state saved where the prompt's last turn began (its last
+    <|im_start|>) is what the next prompt extends, from disk after a restart."""
+    engine = load(model, on_disk(tmp_path))
+    history = [{"role": "user", "content": "hello there"}]
+    ids = engine.chat_ids(history)
+    start = engine.turn_start(ids)
+    assert start is not None and ids[start:][:1] == [engine.tokenizer.token_to_id("<|im_start|>")]
+    reply = engine.tokenizer.decode(tokens(engine, ids), skip_special_tokens=True)
+    engine.unload()
+    history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
+    engine = load(model, on_disk(tmp_path))
+    follow = engine.chat_ids(history)
+    assert engine.prompt_cache.where(follow) == ("disk", tuple(ids[:start]))
+    assert tokens(engine, follow) == tokens(load(model), follow)
+    assert engine.prompt_cache.stats.hits["disk"] == 1
+    engine.unload()
+
+
+def test_a_snapshot_too_large_for_the_device_tier_goes_to_the_host_tier(model, monkeypatch):
+    monkeypatch.setattr(session, "HOST_PROMPT_CACHE_BYTES", 0)
+    engine = load(model)
+    first = prompt(40, seed=7)
+    reply = tokens(engine, first)
+    cache = engine.prompt_cache
+    assert len(cache.device) == 0 and len(cache.host) == 2  # the prompt's end, the reply's
+    follow = first + reply + prompt(9, seed=8)
+    assert cache.where(follow) == ("host", tuple(first + reply[:-1]))
+    assert tokens(engine, follow) == tokens(load(model), follow)
+    assert cache.stats.hits["host"] == 1
+
+
+def test_a_snapshot_evicted_from_the_device_tier_moves_down(model, monkeypatch, tmp_path):
+    """Room for one state on the "device": the prompt's end moves to the host tier when the
+    reply's end is saved, and is restored from there, the same as fresh."""
+    probe = load(model)
+    first = prompt(40, seed=9)
+    reply = tokens(probe, first)
+    one = probe.prompt_cache.device.lookup(first + reply).nbytes
+    monkeypatch.setattr(session, "HOST_PROMPT_CACHE_BYTES", one + one // 10)
+    engine = load(model, on_disk(tmp_path))
+    assert tokens(engine, first) == reply
+    cache = engine.prompt_cache
+    assert list(cache.device._entries) == [tuple(first + reply[:-1])]
+    assert list(cache.host._entries) == [tuple(first)] and cache.stats.moved_down == 1
+    cache.flush()
+    assert len(cache.disk.store) == 2  # both written when taken
+    other = first + prompt(5, seed=10)
+    assert cache.where(other) == ("host", tuple(first))
+    assert tokens(engine, other) == tokens(load(model), other)
+    engine.unload()
+
+
+def test_a_write_skipped_while_the_writer_was_busy_happens_when_the_host_tier_evicts(
+    model, monkeypatch, tmp_path
+):
+    from engine.snapshot_store import DiskWriter
+
+    monkeypatch.setattr(session, "HOST_PROMPT_CACHE_BYTES", 0)
+    real, calls = DiskWriter.submit, []
+
+    def busy_once(self, ids, snapshot):
+        calls.append(ids)
+        return False if len(calls) == 1 else real(self, ids, snapshot)
+
+    monkeypatch.setattr(DiskWriter, "submit", busy_once)
+    engine = load(model, on_disk(tmp_path, prompt_cache_host_bytes=1))
+    cache = engine.prompt_cache
+    cache.host.budget_bytes = 10**9
+    first = prompt(30, seed=11)
+    stream = engine._open_stream()
+    engine.prefill(stream, first)
+    engine._save(stream)  # the writer is "busy": kept in the host tier only
+    cache.flush()
+    assert tuple(first) in cache.host and not cache.disk.store.contains(first)
+    cache.host.make_room(cache.host.budget_bytes)  # evicts it: down to the disk
+    cache.flush()
+    assert cache.disk.store.contains(first) and calls == [tuple(first), tuple(first)]
+    engine._close_stream(stream)
+    engine.unload()
+
+
+def test_the_scheduler_restores_a_conversation_from_disk(model, turn):
+    """A request to the server that extends a saved conversation is served from the disk
+    tier, with the windows `Engine.prefill` runs and the tokens of a fresh prefill."""
+    folder, first, reply, follow = turn
+    engine = load(model, on_disk(folder))
+    scheduler = Scheduler(engine)
+    request = scheduler.submit(follow, GREEDY)
+    for _ in range(1000):
+        if request.done.is_set():
+            break
+        scheduler.run_once()
+    events = []
+    while not request._queue.empty():
+        events.append(request._queue.get())
+    got = [e.token_id for e in events if e.token_id != NO_TOKEN]
+    assert engine.prompt_cache.stats.hits["disk"] == 1
+    assert scheduler.stats.prefill_chunks == 2  # 159 -> 192 -> 230
+    assert got == tokens(load(model), follow)
+    engine.unload()

@@ -119,3 +119,16 @@ def test_a_host_snapshot_of_another_layout_is_refused(state):
         state.restore_slot(1, HostSnapshot(10, widened))
     with pytest.raises(SnapshotMismatch):
         state.restore_slot(1, HostSnapshot(65, host.arrays))  # past the context
+
+
+def test_a_pinned_snapshot_restores_the_slot_bit_for_bit(state):
+    """Where the plan keeps saved states in host memory, `save_slot` returns a pinned
+    snapshot; `restore_slot` takes it back through its host views."""
+    n = 31
+    state.snapshots_on_host = True
+    snapshot = state.save_slot(0, n)
+    assert "pinned" in snapshot and state.snapshot_nbytes(snapshot) == snapshot["nbytes"]
+    state.restore_slot(1, snapshot)
+    for a, b in zip(_slot(state, 1, n), _slot(state, 0, n), strict=True):
+        assert np.array_equal(a, b)
+    assert not state.kv_k[:, 1, :, n:].any()

@@ -15,7 +15,7 @@ import pytest
 
 from engine.backends.cuda import launch
 from engine.backends.cuda.attention import Attention, decode_kernel
-from engine.backends.cuda.card import REFERENCE_CARDS, Card
+from engine.backends.cuda.card import ARCH_CARDS, Card
 from engine.backends.cuda.deltanet import DeltaNet, chunk_rows_for, step_kernel
 from engine.backends.cuda.gemv_plan import (
     GEMV4_VARIANTS,
@@ -32,7 +32,7 @@ from engine.memory.shapes import shape_config
 from tests.engine.cuda_fakes import DeviceArray, Fn, RecordingKernels, use_card
 
 SMALL = Card(86, 20, 2 << 20, 99 * 1024)
-H200 = REFERENCE_CARDS[90]
+H200 = ARCH_CARDS[90]
 
 
 def _projections(monkeypatch) -> tuple[Projections, RecordingKernels]:

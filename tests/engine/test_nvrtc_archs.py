@@ -20,14 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from engine.backends.cuda.card import REFERENCE_CARDS, runs_bf16
+from engine.backends.cuda.card import ARCH_CARDS, runs_bf16
 from engine.backends.cuda.catalog import Module, modules
 from engine.memory.shapes import FORMATS, SHAPES, shape_config, shape_tensor_specs
 
 pytest.importorskip("cuda.pathfinder")
 nvrtc = pytest.importorskip("engine.backends.cuda.nvrtc")
 
-ARCHS = tuple(REFERENCE_CARDS)  # sm_75, 80, 86, 89, 90, 120
+ARCHS = tuple(ARCH_CARDS)  # sm_75, 80, 86, 89, 90, 120
 FULL = os.environ.get("SNUG_NVRTC_MATRIX") == "1"
 
 
@@ -43,7 +43,7 @@ def programs(capability: int, dtype: str) -> tuple[Module, ...]:
     """The catalog of every size and format on the reference card of this architecture, as
     NVRTC programs: gemv4 one a module (as the backend compiles it), every other file one
     program holding all its instances."""
-    card = REFERENCE_CARDS[capability]
+    card = ARCH_CARDS[capability]
     gemv4: set[Module] = set()
     files: dict[str, set[str]] = {}
     for size in SHAPES:
@@ -120,7 +120,7 @@ def test_the_catalog_follows_the_card():
 
     def names(capability, dtype="float16", fmt="mlx4"):
         config = shape_config("4B", fmt)
-        mods = modules(config, shape_tensor_specs(config, fmt), dtype, REFERENCE_CARDS[capability])
+        mods = modules(config, shape_tensor_specs(config, fmt), dtype, ARCH_CARDS[capability])
         return {(m.file, n) for m in mods for n in m.names}
 
     assert not any(f == "gemv4.cu" for f, _ in names(75))

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from engine.backends.cuda import nvrtc, support
-from engine.backends.cuda.card import REFERENCE_CARDS, runs_bf16
+from engine.backends.cuda.card import ARCH_CARDS, runs_bf16
 from engine.errors import BackendUnavailable, SnugError, UnsupportedModel
 from engine.memory.shapes import SHAPES, shape_config
 from tests.engine.cuda_fakes import use_card
@@ -43,7 +43,7 @@ def test_each_shape_the_kernels_do_not_take_names_its_key(changes, key):
     assert reason is not None and key in reason and "numpy" in reason
 
 
-@pytest.mark.parametrize("capability", sorted(REFERENCE_CARDS))
+@pytest.mark.parametrize("capability", sorted(ARCH_CARDS))
 def test_every_qwen35_size_loads_on_every_tested_card(capability):
     for size in SHAPES:
         for fmt in ("mlx4", "bf16"):
@@ -99,7 +99,7 @@ def test_the_backend_refuses_before_it_allocates(monkeypatch):
 
     from engine.backends.cuda.backend import CudaBackend
 
-    use_card(monkeypatch, REFERENCE_CARDS[120])
+    use_card(monkeypatch, ARCH_CARDS[120])
     monkeypatch.setattr(nvrtc, "loaded_version", lambda: (12, 4))
     monkeypatch.setattr(nvrtc, "supported_archs", lambda: (75, 80, 86, 89, 90))
 
@@ -111,7 +111,7 @@ def test_the_backend_refuses_before_it_allocates(monkeypatch):
         CudaBackend(dtype="bfloat16")
 
     be = CudaBackend.__new__(CudaBackend)  # as constructed on an H200, without the CUDA side
-    be.card, be.dtype = REFERENCE_CARDS[90], "bfloat16"
+    be.card, be.dtype = ARCH_CARDS[90], "bfloat16"
     config = _4b(linear_key_head_dim=64)
     with pytest.raises(UnsupportedModel, match="linear_key_head_dim = 64"):
         be.load_weights(None, config)  # the checkpoint is never read
@@ -124,5 +124,5 @@ def test_the_loaded_nvrtc_compiles_for_every_tested_card():
     architecture, RTX 50 included."""
     pytest.importorskip("cupy")
     version = nvrtc.loaded_version()
-    for capability in REFERENCE_CARDS:
+    for capability in ARCH_CARDS:
         assert support.nvrtc_refusal(capability, version, nvrtc.supported_archs()) is None

@@ -45,7 +45,7 @@ MIB = 1 << 20
 # One part of each tested architecture, as its properties read: the CI compile lists the
 # catalog for these (the opt-in shared memory is the architecture's), and CPU tests of the
 # backend's choices use them.
-REFERENCE_CARDS = {
+ARCH_CARDS = {
     75: Card(75, 46, 4 * MIB, 64 * 1024),  # RTX 2080
     80: Card(80, 108, 40 * MIB, 163 * 1024),  # A100
     86: Card(86, 20, 2 * MIB, 99 * 1024),  # RTX 3050

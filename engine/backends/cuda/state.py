@@ -141,17 +141,6 @@ class StreamState:
         self.stream.synchronize()
         return snapshot
 
-    def _restore_from_host(self, slot: int, snapshot: dict) -> None:
-        runs = self._runs(slot, snapshot["length"])
-        for name, part in runs.items():
-            src, offset = snapshot[name], 0
-            for run in part:
-                ptr = src[offset:].ctypes.data
-                run.data.copy_from_host_async(ptr, run.nbytes, self.stream)
-                offset += run.nbytes
-        # The host buffer must outlive the copies; the next forward is ordered after them.
-        self.stream.synchronize()
-
     def save_slot(self, slot: int, length: int) -> dict:
         """A copy of one stream's state: in pinned host memory where the plan put the saved
         states, else in its own `prompt_cache` pool block (raises DeviceOutOfMemory when
@@ -177,8 +166,8 @@ class StreamState:
         if isinstance(snapshot, HostSnapshot):
             self._restore_host_snapshot(slot, snapshot)
             return
-        if "pinned" in snapshot:
-            self._restore_from_host(slot, snapshot)
+        if "pinned" in snapshot:  # restored through its host views (no copy made)
+            self._restore_host_snapshot(slot, self.snapshot_to_host(snapshot))
             return
         n = snapshot["length"]
         with on_stream(self.stream):

@@ -168,6 +168,8 @@ class TieredPromptCache:
         self.disk = DiskWriter(store) if store is not None else None
         self.stats = CacheStats()
         self._deferred: list[tuple[int, ...]] = []  # saved, their disk copy not yet queued
+        self._in_reply = False  # a save inside a request: moves down without waiting
+        self._ready_spare()
 
     @property
     def held_bytes(self) -> int:
@@ -219,7 +221,11 @@ class TieredPromptCache:
             if key in tier:  # the same ids hold the same state (resumed = fresh)
                 tier.touch(key)
                 return
-        snapshot = self._take(slot, key)
+        self._in_reply = defer_disk
+        try:
+            snapshot = self._take(slot, key)
+        finally:
+            self._in_reply = False
         if snapshot is None and (self.host.budget_bytes > 0 or self.disk is not None):
             try:
                 snapshot = self.backend.save_slot_to_host(slot, len(key))
@@ -237,11 +243,21 @@ class TieredPromptCache:
         """Queue the disk copies of the saves `save(defer_disk=True)` held back, for those
         still in a memory tier (the end of a request: off its critical path)."""
         keys, self._deferred = self._deferred, []
+        if keys:
+            self.backend.settle_host_copies()  # the moves inside the reply are done
         for key in keys:
             for tier in (self.device, self.host):
                 if key in tier:
                     self._write(key, tier.get(key).snapshot)
                     break
+        self._ready_spare()  # for the next reply's moves (this one's may have used it)
+
+    def _ready_spare(self) -> None:
+        if self.device.budget_bytes > 0 and self.host.budget_bytes > 0:
+            try:
+                self.backend.ready_host_copy()
+            except DeviceOutOfMemory:
+                pass  # no memory to pin ahead: a move inside a reply pins its own
 
     def _take(self, slot: int, key: tuple[int, ...]) -> Any:
         """A device-tier snapshot of the slot, stored there; None where it has no room."""
@@ -270,23 +286,29 @@ class TieredPromptCache:
 
     def _device_out(self, entry: CacheEntry) -> None:
         """A device-tier snapshot leaves: its host copy goes to the host tier if it fits,
-        and to disk if it is not there yet."""
+        and to disk if it is not there yet. Inside a reply the copy is only queued (no wait
+        on the step in flight) and its disk copy waits for `persist_deferred`."""
         key = entry.ids
         written = self.disk is None or self.disk.has(key)
         if key in self.host or (self.host.budget_bytes < entry.nbytes and written):
             return
+        queued = self._in_reply
         try:
-            host = self.backend.snapshot_to_host(entry.snapshot)
+            host = self.backend.snapshot_to_host(entry.snapshot, wait=not queued)
         except DeviceOutOfMemory:
             return
         if self.host.store(key, host, host.nbytes):
             self.stats.moved_down += 1
         if not written:
-            self.disk.submit(key, host)  # type: ignore[union-attr]
+            if queued:
+                self._deferred.append(key)
+            else:
+                self.disk.submit(key, host)  # type: ignore[union-attr]
 
     def _host_out(self, entry: CacheEntry) -> None:
         """A host-tier snapshot leaves: to disk, unless it is there already."""
         if self.disk is not None and not self.disk.has(entry.ids):
+            self.backend.settle_host_copies()  # the writer reads its arrays
             self.disk.submit(entry.ids, entry.snapshot)
             self.stats.moved_down += 1
 

@@ -164,12 +164,21 @@ class Backend(ABC):
         activation type ("numpy:float32", "cuda:bfloat16"). The disk tier keys files by it."""
         return f"{self.name}:float32"
 
-    def snapshot_to_host(self, snapshot: Any) -> HostSnapshot:
+    def snapshot_to_host(self, snapshot: Any, wait: bool = True) -> HostSnapshot:
         """A `save_slot` snapshot as host numpy arrays, for the host and disk tiers: views
-        where it is in host memory already, one copy where it is on a device. Engine thread
-        only. The default reads the numpy backend's dict of per-layer lists."""
+        where it is in host memory already, one copy where it is on a device. With
+        `wait=False` a backend may only queue that copy (inside a reply: no wait on the
+        step in flight); the host reads the arrays after `settle_host_copies`. Engine
+        thread only. The default reads the numpy backend's dict of per-layer lists."""
         arrays = {f"{part}.{i}": a for part in STATE_PARTS for i, a in enumerate(snapshot[part])}
         return HostSnapshot(int(snapshot["length"]), arrays)
+
+    def settle_host_copies(self) -> None:  # noqa: B027 - host copies are done at once
+        """Wait for the copies `snapshot_to_host(wait=False)` queued."""
+
+    def ready_host_copy(self) -> None:  # noqa: B027 - nothing to prepare on the host
+        """Prepare, off a reply's path, what a device snapshot's move to host memory inside
+        a reply needs (the CUDA backend pins a buffer for one whole-context state)."""
 
     def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
         """`snapshot_to_host(save_slot(slot, length))`, where the device tier has no room

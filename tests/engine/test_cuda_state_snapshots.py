@@ -132,3 +132,34 @@ def test_a_pinned_snapshot_restores_the_slot_bit_for_bit(state):
     for a, b in zip(_slot(state, 1, n), _slot(state, 0, n), strict=True):
         assert np.array_equal(a, b)
     assert not state.kv_k[:, 1, :, n:].any()
+
+
+def test_a_move_inside_a_reply_takes_the_spare_and_waits_only_when_read(state, monkeypatch):
+    """`snapshot_to_host(wait=False)` queues the copy into the spare pinned buffer (no
+    allocation, no wait); `settle` waits once; a small state pins its own buffer."""
+    pinned: list[int] = []
+
+    def pin(n: int) -> np.ndarray:
+        pinned.append(n)
+        return np.zeros(n, np.uint8)
+
+    monkeypatch.setattr(StreamState, "_pinned", staticmethod(pin))
+    waits: list[int] = []
+    state.stream = SimpleNamespace(synchronize=lambda: waits.append(1))
+    state.keep_spare()
+    state.keep_spare()  # held already: nothing pinned
+    assert pinned == [state.snapshot_bytes(state.context)]
+    n = state.context - 4
+    host = state.snapshot_to_host(state.save_slot(0, n), wait=False)
+    assert len(pinned) == 1 and not waits
+    state.settle()
+    state.settle()
+    assert waits == [1]
+    kv_k, _, _, rec = _slot(state, 0, n)
+    assert np.array_equal(host.arrays["kv_k.0"], kv_k[0])
+    assert np.array_equal(host.arrays["recurrent.0"], rec[0])
+    state.keep_spare()
+    assert len(pinned) == 2  # the spare was taken: a new one
+    state._spare = np.zeros(4 * state.snapshot_bytes(state.context), np.uint8)
+    state.snapshot_to_host(state.save_slot(0, n), wait=False)
+    assert len(pinned) == 3 and state._spare is not None  # under half the spare: its own

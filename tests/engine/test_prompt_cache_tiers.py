@@ -237,6 +237,45 @@ def test_a_snapshot_evicted_from_the_device_tier_moves_down(model, monkeypatch, 
     engine.unload()
 
 
+def test_a_move_down_inside_a_reply_waits_for_nothing_until_the_reply_ends(
+    model, monkeypatch, tmp_path
+):
+    """A save inside a reply that evicts a device snapshot queues its copy to the host
+    (`wait=False`) and holds its disk copy back; the copies are waited for once, at the
+    request's end, before the writer reads them; the spare is readied again there."""
+    probe = load(model)
+    first = prompt(40, seed=9)
+    reply = tokens(probe, first)
+    one = probe.prompt_cache.device.lookup(first + reply).nbytes
+    monkeypatch.setattr(session, "HOST_PROMPT_CACHE_BYTES", one + one // 10)
+    engine = load(model, on_disk(tmp_path))
+    assert tokens(engine, first) == reply
+    calls: list[tuple[str, object]] = []
+    backend = engine.backend
+    to_host = backend.snapshot_to_host
+    monkeypatch.setattr(
+        backend, "snapshot_to_host", lambda s, wait=True: calls.append(("copy", wait)) or to_host(s)
+    )
+    monkeypatch.setattr(backend, "settle_host_copies", lambda: calls.append(("settle", None)))
+    monkeypatch.setattr(backend, "ready_host_copy", lambda: calls.append(("ready", None)))
+    cache = engine.prompt_cache
+    cache.flush()
+    written = len(cache.disk.store)
+    other = first + prompt(5, seed=10)
+    events = engine.generate(other, GREEDY)
+    next(events)  # the first token; the prompt's state is saved after it is yielded
+    next(events)
+    assert ("copy", False) in calls and ("settle", None) not in calls
+    assert tuple(first + reply[:-1]) in cache.host  # moved down (the copy only queued)
+    rest = [e.token_id for e in events]
+    assert len(rest) == GREEDY.max_new_tokens - 2
+    settle = calls.index(("settle", None))
+    assert calls.index(("copy", False)) < settle and calls[-1] == ("ready", None)
+    cache.flush()
+    assert len(cache.disk.store) > written  # the moved state's disk copy, after the wait
+    engine.unload()
+
+
 def test_a_write_skipped_while_the_writer_was_busy_happens_when_the_host_tier_evicts(
     model, monkeypatch, tmp_path
 ):

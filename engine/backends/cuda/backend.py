@@ -201,8 +201,15 @@ class CudaBackend(Backend):
     def free_snapshot(self, snapshot: Any) -> None:
         self.state.free_snapshot(snapshot)
 
-    def snapshot_to_host(self, snapshot: Any) -> HostSnapshot:
-        return self.state.snapshot_to_host(snapshot)
+    def snapshot_to_host(self, snapshot: Any, wait: bool = True) -> HostSnapshot:
+        return self.state.snapshot_to_host(snapshot, wait)
+
+    def settle_host_copies(self) -> None:
+        self.state.settle()
+
+    def ready_host_copy(self) -> None:
+        if not self.state.snapshots_on_host:
+            self.state.keep_spare()
 
     def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
         return self.state.save_slot_to_host(slot, length)

@@ -58,6 +58,11 @@ class StreamState:
         self.emb_rows: Any = None
         self.emb_host: Any = None
         self.snapshots_on_host = False  # the plan's choice (Decision.prompt_cache_on_host)
+        # A pinned buffer for one whole-context state, allocated off a reply's path
+        # (`keep_spare`): a device snapshot moved to host memory during a reply takes it and
+        # costs one copy queued on the stream, with no allocation and no wait.
+        self._spare: np.ndarray | None = None
+        self._copies_pending = False  # device-to-host copies queued and not yet waited for
 
     def alloc(self, config: ModelConfig, slots: int, context: int) -> None:
         """Carve and zero the state block of `slots` streams of up to `context` tokens (the
@@ -203,15 +208,21 @@ class StreamState:
             assert offset == flat.nbytes, (part, offset, flat.nbytes)
         return HostSnapshot(length, arrays)
 
-    def snapshot_to_host(self, snapshot: dict) -> HostSnapshot:
+    def snapshot_to_host(self, snapshot: dict, wait: bool = True) -> HostSnapshot:
         """A snapshot as host arrays: views of a pinned snapshot's buffer (no copy), or one
-        copy of a block's arrays into a new pinned buffer. The views keep the buffer alive
-        after `free_snapshot`."""
+        copy of a block's arrays into pinned memory (the spare where it is big enough, else
+        a new buffer). The views keep the buffer alive after `free_snapshot`. With
+        `wait=False` the copy is only queued on the stream: work queued after it (a restore,
+        a reuse of the block's memory) is ordered after it, and whatever reads the arrays
+        on the host calls `settle` first."""
         n = int(snapshot["length"])
         if "pinned" in snapshot:
             return self._host_views(n, {part: snapshot[part] for part in STATE_PARTS})
         sources = [snapshot[part] for part in STATE_PARTS]
-        flat = self._pinned(sum(a.nbytes for a in sources))
+        total = sum(a.nbytes for a in sources)
+        flat = self._take_spare(total) if not wait else None
+        if flat is None:
+            flat = self._pinned(total)
         parts, offset = {}, 0
         for part, src in zip(STATE_PARTS, sources, strict=True):
             assert src.flags.c_contiguous  # carved from the snapshot's block
@@ -219,8 +230,33 @@ class StreamState:
                 src.data.copy_to_host_async(flat[offset:].ctypes.data, src.nbytes, self.stream)
             parts[part] = flat[offset : offset + src.nbytes]
             offset += src.nbytes
-        self.stream.synchronize()  # the copies are done before the host reads them
+        if wait:
+            self.stream.synchronize()  # the copies are done before the host reads them
+            self._copies_pending = False
+        else:
+            self._copies_pending = True
         return self._host_views(n, parts)
+
+    def settle(self) -> None:
+        """Wait for the device-to-host copies `snapshot_to_host(wait=False)` queued."""
+        if self._copies_pending:
+            self.stream.synchronize()
+            self._copies_pending = False
+
+    def keep_spare(self) -> None:
+        """Hold a pinned buffer for one whole-context state (allocated now, off a reply's
+        path), unless one is held already."""
+        need = self.snapshot_bytes(self.context)
+        if self._spare is None or self._spare.nbytes < need:
+            self._spare = None  # the old buffer goes before the new one is pinned
+            self._spare = self._pinned(need)
+
+    def _take_spare(self, total: int) -> np.ndarray | None:
+        spare = self._spare
+        if spare is None or not spare.nbytes // 2 <= total <= spare.nbytes:
+            return None  # a small state pins its own buffer (the host tier counts its size)
+        self._spare = None
+        return spare[:total]
 
     def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
         """The slot's state straight into pinned host memory (no device block)."""
@@ -229,6 +265,7 @@ class StreamState:
     def _restore_host_snapshot(self, slot: int, host: HostSnapshot) -> None:
         """Copy a HostSnapshot (pinned or pageable arrays) into the slot, run by run, after
         checking it is exactly this state's layout (SnapshotMismatch otherwise)."""
+        self.settle()  # its arrays may be a queued copy's destination
         n = host.length
         if not 0 < n <= self.context:
             raise SnapshotMismatch(f"snapshot of {n} tokens for a context of {self.context}")

@@ -401,10 +401,11 @@ def _check_tojson(a: dict[str, Any], env: BoundedSandbox) -> int:
     indent = a.get("indent")
     if isinstance(indent, int) and indent > 64 or isinstance(indent, str) and len(indent) > 64:
         raise LimitHit("calls tojson with an indent over 64")
-    separators = a.get("kw", {}).get("separators") or ()
+    separators = a.get("separators") or a.get("kw", {}).get("separators") or ()
     if sum(measure(x, env.limits) for x in separators) > 16:
         raise LimitHit("calls tojson with separators over 16 characters")
-    return measure(a["value"], env.limits) * 2
+    # ensure_ascii writes a character outside ASCII as up to 12 (a surrogate pair of \\uXXXX)
+    return measure(a["value"], env.limits) * (12 if a.get("ensure_ascii") else 2)
 
 
 def _check_format(a: dict[str, Any], env: BoundedSandbox) -> int:

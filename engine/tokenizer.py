@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +21,25 @@ from jinja2.ext import Extension
 from jinja2.sandbox import SecurityError
 from tokenizers import Tokenizer as _HFTokenizer
 
-from engine.errors import TemplateError, TemplateLimitError, TokenizerError
+from engine.errors import TemplateError, TemplateLimitError, TokenizerError, quoted
 from engine.json_limits import read_json_file
 from engine.template_sandbox import BoundedSandbox, LimitHit, TemplateLimits
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
+EXTRA_TEMPLATES = "additional_chat_templates"  # transformers 5 saves named templates here
+MAX_TIME_FORMAT = 256  # characters of a strftime_now format
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 REPLACEMENT = "\ufffd"
 MAX_TOKENIZER_CONFIG_BYTES = 16 << 20  # Qwen3.5's is 16 KB, template included
+# Where a message's reasoning may be; transformers copies it to `reasoning_content` and
+# `thinking` before rendering, so a template reads it under either name.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# Content parts that carry pictures, video or sound (OpenAI and Hugging Face spellings).
+MEDIA_KEYS = frozenset(
+    {"image", "image_url", "input_image", "video", "video_url", "audio", "input_audio", "file"}
+)
 
 
 class Tokenizer:
@@ -47,13 +57,17 @@ class Tokenizer:
         template_source: str | None = None,
         special: Mapping[str, str] | None = None,
         eos_ids: Sequence[int] = (),
+        tool_template: str | None = None,
     ) -> None:
         self._tok = tok
         self.source = source
         self.template = template
         self.template_source = template_source
-        self._special = dict(special or {})  # bos_token, eos_token, pad_token for templates
-        self._compiled: jinja2.Template | None = None
+        # The named `tool_use` template, which transformers picks over the default when
+        # the request has tools.
+        self.tool_template = tool_template
+        self._special = dict(special or {})  # bos_token, eos_token, ... for templates
+        self._compiled_by_name: dict[str, jinja2.Template] = {}
         self._env: BoundedSandbox | None = None
         self.vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
         self.eos_ids = self._collect_eos(eos_ids)
@@ -79,19 +93,15 @@ class Tokenizer:
         except Exception as exc:  # the Rust library raises a bare Exception on bad input
             raise TokenizerError(f"{path}: cannot be loaded by `tokenizers` ({exc})") from exc
         tok_config = _read_tokenizer_config(folder / TOKENIZER_CONFIG)
-        template, template_source = _find_template(folder, tok_config)
-        special = {
-            key: text
-            for key in ("bos_token", "eos_token", "pad_token")
-            if (text := _token_text(tok_config.get(key))) is not None
-        }
+        template, template_source, tool_template = _find_template(folder, tok_config)
         return cls(
             tok,
             source=path,
             template=template,
             template_source=template_source,
-            special=special,
+            special=_template_tokens(tok_config),
             eos_ids=tuple(eos_token_ids),
+            tool_template=tool_template,
         )
 
     def _collect_eos(self, config_ids: Sequence[int]) -> tuple[int, ...]:
@@ -116,7 +126,7 @@ class Tokenizer:
 
     @property
     def has_chat_template(self) -> bool:
-        return self.template is not None
+        return self.template is not None or self.tool_template is not None
 
     def apply_chat_template(
         self,
@@ -127,26 +137,34 @@ class Tokenizer:
     ) -> str:
         """Render `messages` ([{"role", "content"}, ...]) with the model's chat template.
 
-        `enable_thinking` is passed to the template only when given, so the template's own
+        The template sees what transformers' `apply_chat_template` gives it: keys whose value
+        is None dropped, reasoning under `reasoning_content` and `thinking` whichever name
+        it came under, `tools` and `documents` (None when absent), the tokenizer's named
+        special tokens. `enable_thinking` is passed only when given, so the template's own
         default (thinking on for Qwen3.5 4B/9B, off for 0.8B/2B) applies otherwise. `tools`
-        (OpenAI function specs, `{"type": "function", "function": {...}}`) likewise.
+        are OpenAI function specs, `{"type": "function", "function": {...}}`.
+
+        Image, video and audio parts are refused with a TemplateError: Snug runs the text
+        model only, and a picture's placeholder tokens without the picture mislead it.
         """
-        template = self._get_template()
+        chat = _chat_messages(messages)
+        template = self._get_template("tool_use" if tools is not None else "default")
         variables: dict[str, Any] = {
             **self._special,
-            "messages": messages,
+            "messages": chat,
+            "tools": tools,
+            "documents": None,
             "add_generation_prompt": add_generation_prompt,
         }
         if enable_thinking is not None:
             variables["enable_thinking"] = enable_thinking
-        if tools is not None:
-            variables["tools"] = tools
         return self._render(template, variables)
 
     def _render(self, template: jinja2.Template, variables: dict[str, Any]) -> str:
-        assert self._env is not None
+        env = template.environment
+        assert isinstance(env, BoundedSandbox)
         try:
-            return self._env.render_bounded(template, variables)
+            return env.render_bounded(template, variables)
         except TemplateError:
             raise
         except SecurityError as exc:
@@ -184,29 +202,23 @@ class Tokenizer:
         """Token ids of the rendered chat, ending in the assistant generation prompt."""
         return self.encode(self.apply_chat_template(messages, True, enable_thinking, tools))
 
-    def _get_template(self) -> jinja2.Template:
-        if self._compiled is not None:
-            return self._compiled
-        if self.template is None:
+    def _get_template(self, name: str = "default") -> jinja2.Template:
+        """The compiled template: `tool_use` (for a request with tools) when the model
+        names one, else the default, as transformers' `get_chat_template` chooses."""
+        text = self.tool_template if name == "tool_use" else None
+        if text is None:
+            name, text = "default", self.template
+        if name in self._compiled_by_name:
+            return self._compiled_by_name[name]
+        if text is None:
             raise TokenizerError(
                 f"{self.source.parent}: no chat template (neither {TEMPLATE_FILE} nor "
                 f"`chat_template` in {TOKENIZER_CONFIG}); use raw prompts for this model"
             )
         source = self.template_source or TEMPLATE_FILE
-
-        def raise_exception(message: str) -> None:
-            raise TemplateError(f"{source}: the chat template refused the messages: {message}")
-
-        env = _SandboxEnvironment(
-            self.template_limits,
-            trim_blocks=True,
-            lstrip_blocks=True,
-            extensions=[_GenerationTag, "jinja2.ext.loopcontrols"],
-        )
-        env.filters["tojson"] = env.guard_filter(_tojson, "tojson")
-        env.globals["raise_exception"] = raise_exception
+        env = self._env or self._make_env(source)
         try:
-            self._compiled = env.compile_bounded(self.template)
+            compiled = env.compile_bounded(text)
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateError(
                 f"{source}: line {exc.lineno}: the chat template is not valid Jinja ({exc.message})"
@@ -219,7 +231,26 @@ class Tokenizer:
                 f"{str(exc)[:200]})"
             ) from exc
         self._env = env
-        return self._compiled
+        self._compiled_by_name[name] = compiled
+        return compiled
+
+    def _make_env(self, source: str) -> BoundedSandbox:
+        """The sandbox as transformers configures its own: trim_blocks, lstrip_blocks, loop
+        controls, `{% generation %}`, its `tojson`, `raise_exception` and `strftime_now`."""
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(f"{source}: the chat template refused the messages: {message}")
+
+        env = _SandboxEnvironment(
+            self.template_limits,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[_GenerationTag, "jinja2.ext.loopcontrols"],
+        )
+        env.filters["tojson"] = env.guard_filter(_tojson, "tojson")
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        return env
 
 
 class StreamDecoder:
@@ -290,10 +321,90 @@ class _GenerationTag(Extension):
         return jinja2.nodes.Scope(body).set_lineno(lineno)
 
 
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **kw: Any) -> str:
-    # Templates expect JSON text kept readable (no \\u escapes), as tool schemas are shown
-    # to the model verbatim; markupsafe escaping does not apply to plain-text prompts.
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, **kw)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # transformers' own `tojson`, argument order included (`x|tojson(2)` sets ensure_ascii,
+    # as there): JSON text kept readable (no \\u escapes), as tool schemas are shown to the
+    # model verbatim, and no markupsafe escaping, which does not apply to plain-text prompts.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format: str) -> str:
+    """The current local time, as transformers provides it (Llama 3 and others date their
+    system prompt with it)."""
+    if not isinstance(format, str) or len(format) > MAX_TIME_FORMAT:
+        raise LimitHit(
+            f"calls strftime_now with a format other than a short string (at most "
+            f"{MAX_TIME_FORMAT} characters)"
+        )
+    return datetime.now().strftime(format)
+
+
+def _chat_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """The messages as transformers hands them to a template: keys whose value is None
+    dropped (clients send `"tool_calls": null`), reasoning copied to `reasoning_content` and
+    `thinking` from whichever of those names or `reasoning` holds it; media refused."""
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+        raise TemplateError(
+            f"messages must be a list of {{'role': ..., 'content': ...}} objects, got "
+            f"{quoted(messages)}"
+        )
+    chat = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise TemplateError(
+                f"messages[{i}] must be an object with 'role' and 'content', got {quoted(message)}"
+            )
+        out = {key: value for key, value in message.items() if value is not None}
+        _refuse_media(out.get("content"), i)
+        reasoning = next((out[key] for key in REASONING_FIELDS if key in out), None)
+        if reasoning is not None:
+            out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
+        chat.append(out)
+    return chat
+
+
+def _refuse_media(content: Any, index: int) -> None:
+    """Raise a TemplateError naming the first image, video or audio part of `content`."""
+    if not isinstance(content, Sequence) or isinstance(content, str | bytes):
+        return
+    for j, part in enumerate(content):
+        if not isinstance(part, Mapping):
+            continue
+        kind = part.get("type")
+        keys = MEDIA_KEYS.intersection(k for k in part if isinstance(k, str))
+        if kind in MEDIA_KEYS or keys:
+            what = kind if kind in MEDIA_KEYS else sorted(keys)[0]
+            raise TemplateError(
+                f"messages[{index}].content[{j}] is a {quoted(what)} part: Snug runs the text "
+                "part of the model only and cannot see images, video or audio. Send the text "
+                "alone, or describe the picture in words"
+            )
+
+
+def _template_tokens(config: Mapping[str, Any]) -> dict[str, str]:
+    """The special tokens transformers 5 passes to a chat template: the named ones
+    (bos_token ... mask_token), any other `*_token` entry of tokenizer_config.json and the
+    `model_specific_special_tokens` / `extra_special_tokens` maps (image_token, ...)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(key, str) and key.endswith("_token"):
+            if (text := _token_text(value)) is not None:
+                out[key] = text
+    for group in ("extra_special_tokens", "model_specific_special_tokens"):
+        named = config.get(group)
+        if isinstance(named, Mapping):
+            for key, value in named.items():
+                if isinstance(key, str) and (text := _token_text(value)) is not None:
+                    out[key] = text
+    return out
 
 
 def _read_tokenizer_config(path: Path) -> dict[str, Any]:
@@ -305,29 +416,46 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def _find_template(folder: Path, tok_config: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """The chat template text and where it came from (for error messages)."""
-    path = folder / TEMPLATE_FILE
-    if path.is_file():
-        limit = 4 * TemplateLimits.max_template_chars  # bytes: up to 4 per character
-        try:
-            if path.stat().st_size > limit:
-                raise TokenizerError(
-                    f"{path}: is {path.stat().st_size:,} bytes, over the {limit:,} a chat "
-                    "template ever needs (Qwen3.5's is 8 KB); replace the file"
-                )
-            return path.read_text(encoding="utf-8"), str(path)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TokenizerError(f"{path}: cannot be read ({exc})") from exc
+def _read_template(path: Path) -> str:
+    limit = 4 * TemplateLimits.max_template_chars  # bytes: up to 4 per character
+    try:
+        if path.stat().st_size > limit:
+            raise TokenizerError(
+                f"{path}: is {path.stat().st_size:,} bytes, over the {limit:,} a chat "
+                "template ever needs (Qwen3.5's is 8 KB); replace the file"
+            )
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{path}: cannot be read ({exc})") from exc
+
+
+def _find_template(
+    folder: Path, tok_config: Mapping[str, Any]
+) -> tuple[str | None, str | None, str | None]:
+    """(default template, where it came from (for error messages), `tool_use` template).
+
+    As transformers 5 loads them: the files chat_template.jinja and
+    additional_chat_templates/tool_use.jinja when either exists, else tokenizer_config.json's
+    `chat_template`, a string or a list of named templates.
+    """
+    path, extra = folder / TEMPLATE_FILE, folder / EXTRA_TEMPLATES / "tool_use.jinja"
+    if path.is_file() or extra.is_file():
+        template = _read_template(path) if path.is_file() else None
+        tool = _read_template(extra) if extra.is_file() else None
+        return template, str(path if template is not None else extra), tool
     raw = tok_config.get("chat_template")
     where = f"{folder / TOKENIZER_CONFIG} [chat_template]"
     if isinstance(raw, str):
-        return raw, where
+        return raw, where, None
     if isinstance(raw, list):  # named templates: [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
-        if isinstance(named.get("default"), str):
-            return named["default"], where
-    return None, None
+        default, tool = named.get("default"), named.get("tool_use")
+        return (
+            default if isinstance(default, str) else None,
+            where,
+            tool if isinstance(tool, str) else None,
+        )
+    return None, None, None
 
 
 def _token_text(value: Any) -> str | None:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.cli_cache import add_cache_parser
-from engine.cli_plan import add_plan_parser
-from engine.config import EngineSettings
+from engine.cli_plan import add_kv_cache_flag, add_plan_parser, with_kv_cache
+from engine.config import DRAFT_CHOICES, EngineSettings
 from engine.errors import RequestRefused, SnugError
 from engine.server.cli import add_serve_parser, run_serve
 
@@ -138,7 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt rows per forward pass, at least 1 (default 512)",
     )
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    g.add_argument(
+        "--draft-tokens",
+        choices=DRAFT_CHOICES,
+        default=None,
+        help="tokens drafted a step with the checkpoint's MTP head: off, 1, 2, 3 or auto "
+        "(default: env SNUG_DRAFT_TOKENS, else off)",
+    )
     _add_memory_flags(g)
+    add_kv_cache_flag(g)
 
     i = sub.add_parser("info", help="print a checkpoint's config, format and byte sizes")
     i.add_argument("--model", required=True)
@@ -154,7 +162,9 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
     settings = EngineSettings.from_env().with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
     if getattr(args, "backend", None):
         settings = dataclasses.replace(settings, backend=args.backend)
-    return settings
+    if getattr(args, "draft_tokens", None):
+        settings = dataclasses.replace(settings, draft_tokens=args.draft_tokens)
+    return with_kv_cache(settings, args)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -219,6 +229,7 @@ def _generate(engine, args: argparse.Namespace) -> int:
                     "text": "".join(text),
                     "finish_reason": finish,
                     "backend": engine.backend_name,
+                    "drafting": engine.drafting,
                     "timings": timings,
                 }
             )
@@ -231,6 +242,8 @@ def _generate(engine, args: argparse.Namespace) -> int:
                 f"{stats.new_tokens} new; first token {stats.ttft_s * 1000:.0f} ms; "
                 f"{stats.decode_tok_s:.1f} tokens/s\n"
             )
+        if engine.drafting:
+            sys.stderr.write(f"[drafting] {engine.drafting}\n")
     return 0
 
 

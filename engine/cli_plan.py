@@ -4,26 +4,44 @@ Reads only config.json and the safetensors headers (or nothing at all with `--sh
 the card through NVML; it never starts CUDA.
 
     snug plan --model DIR [--context N] [--streams N] [--max-rows N] [--json]
-    snug plan --shape 4B --format mlx4 --card-gib 4
+    snug plan --shape 4B --format mlx4 --card-gib 4 [--kv-cache int8]
     snug plan --shape all --card-gib 4          one row per shape and format
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.config import GIB, EngineSettings, ModelConfig
+from engine.config import GIB, KV_CACHES, EngineSettings, ModelConfig
 from engine.device import no_gpu_reason, probe_gpu
 from engine.errors import SnugError
 from engine.memory import Card, Decision, TensorSpec, checkpoint_specs, decide
 from engine.memory.shapes import FORMATS, SHAPES, shape_config, shape_tensor_specs
 from engine.memory.speed import DEFAULT_SMALL_CARD, REFERENCE_CARDS, CardSpeed
 
-__all__ = ["add_plan_parser", "card_table", "run_plan"]
+__all__ = ["add_kv_cache_flag", "add_plan_parser", "card_table", "run_plan", "with_kv_cache"]
+
+
+def add_kv_cache_flag(p: argparse.ArgumentParser) -> None:
+    """`--kv-cache` on a command whose engine settings it sets (plan, generate, serve)."""
+    p.add_argument(
+        "--kv-cache",
+        choices=KV_CACHES,
+        default=None,
+        help="the KV cache: bf16 (the compute dtype, default) or int8 (8-bit with a scale "
+        "per token and head: about half the bytes; env SNUG_KV_CACHE)",
+    )
+
+
+def with_kv_cache(settings: EngineSettings, args: argparse.Namespace) -> EngineSettings:
+    """`settings` with the KV cache `--kv-cache` asked for, if any."""
+    kv = getattr(args, "kv_cache", None)
+    return settings if kv is None else dataclasses.replace(settings, kv_cache=kv)
 
 
 def model_specs(model_dir: str | Path) -> tuple[ModelConfig, dict[str, TensorSpec]]:
@@ -57,6 +75,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
         help=f"the card whose speed the prediction uses with --card-gib (default: the GPU "
         f"here, else {DEFAULT_SMALL_CARD})",
     )
+    add_kv_cache_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_plan)
     return p
@@ -81,7 +100,8 @@ def card_table(
     streams: int = 1,
     max_rows: int = 512,
 ) -> list[dict]:
-    """One row per shape and format: weights, verdict at `context`, the largest context."""
+    """One row per shape and format: weights, verdict at `context` (with the settings' KV
+    cache), the largest context with the KV cache in bf16 and with the 8-bit one."""
     rows = []
     card = Card(total=card_total, free=card_free)
     for name in SHAPES:
@@ -90,7 +110,11 @@ def card_table(
             specs = shape_tensor_specs(config, fmt)
             kw = dict(streams=streams, max_rows=max_rows)
             d = decide(specs, config, settings, card, context=context, **kw)
-            largest = decide(specs, config, settings, card, context=None, **kw)
+            largest = {}
+            for kv in KV_CACHES:
+                s = dataclasses.replace(settings, kv_cache=kv)
+                most = decide(specs, config, s, card, context=None, **kw)
+                largest[kv] = most.context if most.fits else 0
             b = d.breakdown
             rows.append(
                 {
@@ -98,7 +122,8 @@ def card_table(
                     "format": fmt,
                     "weights_gb": round((b.weights + b.embeddings_on_host) / 1e9, 2),
                     "verdict": d.verdict.value,
-                    "largest_context": largest.context if largest.fits else 0,
+                    "largest_context": largest["bf16"],
+                    "largest_context_int8": largest["int8"],
                 }
             )
     return rows
@@ -106,12 +131,15 @@ def card_table(
 
 def _format_card_table(rows: list[dict], card_total: int, context: int) -> str:
     at = f"at {context:,} tokens"
-    head = f"{'shape':<6} {'format':<6} {'weights':>9}  {at:<28} largest context"
+    head = f"{'shape':<6} {'format':<6} {'weights':>9}  {at:<28} {'largest context':<17} int8 KV"
     lines = [f"card: {card_total / GIB:.2f} GiB", head]
     for r in rows:
-        ctx = f"{r['largest_context']:,}" if r["largest_context"] else "-"
+        ctx, ctx8 = (
+            f"{r[key]:,}" if r[key] else "-" for key in ("largest_context", "largest_context_int8")
+        )
         lines.append(
-            f"{r['shape']:<6} {r['format']:<6} {r['weights_gb']:>6.2f} GB  {r['verdict']:<28} {ctx}"
+            f"{r['shape']:<6} {r['format']:<6} {r['weights_gb']:>6.2f} GB  {r['verdict']:<28} "
+            f"{ctx:<17} {ctx8}"
         )
     return "\n".join(lines)
 
@@ -119,6 +147,7 @@ def _format_card_table(rows: list[dict], card_total: int, context: int) -> str:
 def run_plan(args) -> int:
     """0: fits; 1: does not fit; 2: could not plan (no model, no card)."""
     settings = EngineSettings.from_env().with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
+    settings = with_kv_cache(settings, args)
     card = _card(args)
     if card is None:
         print(f"{no_gpu_reason()}; pass --card-gib to plan for a card", file=sys.stderr)

@@ -334,11 +334,36 @@ ENV_BACKEND = "SNUG_BACKEND"
 ENV_CACHE = "SNUG_CACHE_DIR"
 ENV_DTYPE = "SNUG_COMPUTE_DTYPE"
 ENV_OVERLAP = "SNUG_OVERLAP_LAUNCHES"
+ENV_BATCH_INVARIANT = "SNUG_BATCH_INVARIANT"
 ENV_PROMPT_CACHE = "SNUG_PROMPT_CACHE_DIR"
 ENV_HOST_CACHE = "SNUG_PROMPT_CACHE_HOST_GIB"
 ENV_DISK_CACHE = "SNUG_PROMPT_CACHE_DISK_GIB"
+ENV_KV_CACHE = "SNUG_KV_CACHE"
+ENV_DEVICE_PROPS = "SNUG_DEVICE_PROPS"
+ENV_DRAFT = "SNUG_DRAFT_TOKENS"
 COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
+# The full-attention layers' KV cache: "bf16" holds keys and values in the activation type
+# (bf16; fp16 on cards without bf16, fp32 in the fp32 exactness mode), "int8" holds 8-bit
+# codes with one fp32 scale per token and KV head (engine/backends/kv_int8.py).
+KV_CACHES = ("bf16", "int8")
 DEFAULT_RESERVE_GIB = 0.5
+# Drafting with the checkpoint's MTP head (engine/drafting.py): tokens drafted a step, or
+# "auto" (chosen from the acceptance seen so far), or "off".
+DRAFT_CHOICES = ("off", "1", "2", "3", "auto")
+MAX_DRAFT_TOKENS = 3
+
+
+def draft_setting(value: Any) -> str:
+    """The canonical draft_tokens setting for `value` (0 / "0" / "off", 1..3, "auto");
+    ConfigError for anything else."""
+    text = str(value).strip().lower()
+    text = "off" if text in ("0", "none", "") else text
+    if isinstance(value, bool) or text not in DRAFT_CHOICES:
+        raise ConfigError(
+            f"draft tokens {value!r} is unknown: choose {', '.join(DRAFT_CHOICES)} "
+            f"({ENV_DRAFT}, --draft-tokens, or the drafting setting)"
+        )
+    return text
 
 
 @dataclass(frozen=True)
@@ -353,11 +378,21 @@ class EngineSettings:
     # Let each GPU kernel start while the previous one finishes (Hopper and newer); off
     # only to measure what it gains or to rule it out.
     overlap_launches: bool = True
+    # Batch-invariant decode: a stream's tokens and logits do not depend on which streams
+    # share its decode steps (each row summed in the order it is at one row; the CUDA
+    # backend's projections and attention). `snug serve` turns it on where it admits more
+    # than one stream.
+    batch_invariant: bool = False
     # The prompt cache's lower tiers (engine.prompt_cache): saved states in host memory, and
     # on disk in `prompt_cache_dir` (None: no disk tier). 0 bytes turns a tier off.
     prompt_cache_dir: str | None = None
     prompt_cache_host_bytes: int = 2 * GIB
     prompt_cache_disk_bytes: int = 8 * GIB
+    kv_cache: str = "bf16"  # KV_CACHES: the cache in the activation type, or 8-bit
+    # Tests and measurements only: the CUDA backend reads the GPU as a card with these
+    # properties ("sms=20,l2_mb=2,smem_kb=99": `parse_device_props`; "": the GPU's own).
+    device_props: str = ""
+    draft_tokens: str = "off"  # DRAFT_CHOICES (an int 0..3 is taken too)
 
     def __post_init__(self) -> None:
         if self.reserve_bytes < 0:
@@ -372,6 +407,13 @@ class EngineSettings:
             raise ConfigError(
                 f"compute dtype {self.compute_dtype!r} is unknown: choose "
                 f"{', '.join(COMPUTE_DTYPES)} ({ENV_DTYPE})"
+            )
+        object.__setattr__(self, "draft_tokens", draft_setting(self.draft_tokens))
+        parse_device_props(self.device_props)  # ConfigError, naming the part, if malformed
+        if self.kv_cache not in KV_CACHES:
+            raise ConfigError(
+                f"kv_cache {self.kv_cache!r} is unknown: choose {' or '.join(KV_CACHES)} "
+                f"({ENV_KV_CACHE}, --kv-cache, or the KV cache setting)"
             )
         for name, value, env in (
             ("host", self.prompt_cache_host_bytes, ENV_HOST_CACHE),
@@ -394,11 +436,12 @@ class EngineSettings:
             out = replace(out, cache_dir=env[ENV_CACHE].strip())
         if env.get(ENV_DTYPE, "").strip():
             out = replace(out, compute_dtype=env[ENV_DTYPE].strip())
-        overlap = env.get(ENV_OVERLAP, "").strip()
-        if overlap:
-            if overlap not in ("0", "1"):
-                raise ConfigError(f"{ENV_OVERLAP}={overlap!r} must be 0 or 1")
-            out = replace(out, overlap_launches=overlap == "1")
+        overlap = env_switch(ENV_OVERLAP, env)
+        if overlap is not None:
+            out = replace(out, overlap_launches=overlap)
+        invariant = env_switch(ENV_BATCH_INVARIANT, env)
+        if invariant is not None:
+            out = replace(out, batch_invariant=invariant)
         if env.get(ENV_PROMPT_CACHE, "").strip():
             out = replace(out, prompt_cache_dir=env[ENV_PROMPT_CACHE].strip())
         if env.get(ENV_HOST_CACHE, "").strip():
@@ -407,7 +450,20 @@ class EngineSettings:
         if env.get(ENV_DISK_CACHE, "").strip():
             disk = _gib(env[ENV_DISK_CACHE], ENV_DISK_CACHE)
             out = replace(out, prompt_cache_disk_bytes=int(round(disk * GIB)))
+        if env.get(ENV_KV_CACHE, "").strip():
+            out = replace(out, kv_cache=env[ENV_KV_CACHE].strip().lower())
+        if env.get(ENV_DEVICE_PROPS, "").strip():
+            out = replace(out, device_props=env[ENV_DEVICE_PROPS].strip())
+        if env.get(ENV_DRAFT, "").strip():
+            out = replace(out, draft_tokens=env[ENV_DRAFT])
         return out
+
+    @property
+    def draft_max(self) -> int:
+        """The most tokens a step may draft: 0 (off), the fixed count, or 3 for "auto"."""
+        if self.draft_tokens == "off":
+            return 0
+        return MAX_DRAFT_TOKENS if self.draft_tokens == "auto" else int(self.draft_tokens)
 
     def with_gib(self, reserve: float | None = None, limit: float | None = None) -> EngineSettings:
         """Override reserve and/or limit in GiB (a limit of 0 means none)."""
@@ -417,6 +473,45 @@ class EngineSettings:
         if limit is not None:
             out = replace(out, limit_bytes=int(round(limit * GIB)) if limit > 0 else None)
         return out
+
+
+# SNUG_DEVICE_PROPS names: the Card field (engine/backends/cuda/card.py) each sets, its unit.
+DEVICE_PROPS = {
+    "sms": ("sm_count", 1),
+    "l2_mb": ("l2_bytes", 1 << 20),
+    "smem_kb": ("smem_per_block", 1024),
+}
+
+
+def parse_device_props(text: str) -> dict[str, int]:
+    """SNUG_DEVICE_PROPS ("sms=20,l2_mb=2,smem_kb=99", any of the three, comma-separated:
+    SMs, L2 MiB, shared KiB one block may opt in to) as the card properties it sets, in
+    counts and bytes ({"sm_count": 20, "l2_bytes": 2097152, "smem_per_block": 101376});
+    {} for "". ConfigError naming the part that is not one of those with a positive integer."""
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, _, value = (x.strip() for x in part.partition("="))
+        if name not in DEVICE_PROPS or not value.isdigit() or int(value) < 1:
+            raise ConfigError(
+                f"{ENV_DEVICE_PROPS}: {part!r} is not one of {', '.join(DEVICE_PROPS)} set to a "
+                'positive whole number (e.g. "sms=20,l2_mb=2,smem_kb=99")'
+            )
+        key, unit = DEVICE_PROPS[name]
+        out[key] = int(value) * unit
+    return out
+
+
+def env_switch(name: str, environ: Mapping[str, str] | None = None) -> bool | None:
+    """An on/off variable: 1 or 0, None where it is unset or empty (the default holds)."""
+    env = os.environ if environ is None else environ
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    if value not in ("0", "1"):
+        raise ConfigError(f"{name}={value!r} must be 0 or 1")
+    return value == "1"
 
 
 def _gib(text: str, name: str) -> float:

@@ -44,6 +44,11 @@ class WorkspaceGrowFailed(RequestRefused):
     """The prompt-projection workspace could not grow; the old workspace is kept."""
 
 
+class GraphCaptureFailed(RequestRefused):
+    """A decode step's CUDA graph could not be captured for lack of memory; the graphs
+    already captured and every stream's state are kept, and the next step tries again."""
+
+
 class DeviceOutOfMemory(SnugError):
     """A device allocation failed outside the growth paths (load, stream state, prompt cache)."""
 

@@ -78,6 +78,27 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, generated: Iterable[int] = ()) -> int:
         """Pick one token id from `logits [V]` given the ids generated so far."""
+        x = self._scores(logits, generated)
+        if self.params.is_greedy:
+            return int(np.argmax(x))
+        cand, probs = self._candidates(x)
+        return int(cand[self.rng.choice(probs.size, p=probs)])
+
+    def distribution(self, logits: np.ndarray, generated: Iterable[int] = ()) -> np.ndarray:
+        """The probabilities `__call__` draws from, over the real vocabulary `[vocab_rows]`
+        float64 (greedy: all of it on the argmax). Speculative sampling (engine.speculative)
+        compares the target's and the draft's."""
+        x = self._scores(logits, generated)
+        out = np.zeros(x.size, np.float64)
+        if self.params.is_greedy:
+            out[int(np.argmax(x))] = 1.0
+            return out
+        cand, probs = self._candidates(x)
+        out[cand] = probs
+        return out
+
+    def _scores(self, logits: np.ndarray, generated: Iterable[int]) -> np.ndarray:
+        """The logits over the real vocabulary, less the presence penalty."""
         p = self.params
         # A float32 copy, padding dropped (logits arrive as float32 or narrower, so nothing is
         # rounded); the probabilities below are computed in float64 on the candidates.
@@ -86,8 +107,12 @@ class Sampler:
             seen = np.fromiter(set(generated), dtype=np.int64)
             seen = seen[seen < self.vocab_rows]
             x[seen] -= p.presence_penalty
-        if p.is_greedy:
-            return int(np.argmax(x))
+        return x
+
+    def _candidates(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids that can be drawn, their probabilities) after temperature, top-k, min-p and
+        top-p."""
+        p = self.params
         # Only the top_k candidates (ties at the k-th value kept) can be drawn, so the rest of
         # the work runs on them: a 248K vocabulary costs one partition, not a sort.
         if 0 < p.top_k < x.size:
@@ -109,7 +134,7 @@ class Sampler:
             mask[order[:keep]] = True
             probs[~mask] = 0.0
         probs /= probs.sum()
-        return int(cand[self.rng.choice(probs.size, p=probs)])
+        return cand, probs
 
     @property
     def on_device(self) -> bool:

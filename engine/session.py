@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from engine import drafting
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
 from engine.errors import (
@@ -208,6 +209,8 @@ class Engine:
     # without waiting (`launch_step`): the GPU computes token t + 1 while the host streams
     # token t. Off: each step waits for its token (tests compare the two).
     pipelined_decode = True
+    drafter: Any = None  # engine.drafting.Drafter where the MTP head drafts (Engine.load)
+    drafting = ""  # what the load decided about drafting, or why it is unavailable
 
     def __init__(
         self,
@@ -284,19 +287,26 @@ class Engine:
             context, streams, max_rows = decision.context, decision.streams, decision.max_rows
         context = context or 8192
         backend.configure(decision, vocab_rows(tokenizer, config))
-        report("loading weights", 0.1)
-        weights = backend.load_weights(checkpoint, config)
-        report("allocating stream state", 0.9)
-        backend.alloc_state(config, streams, context)
-        model = Qwen35Model(config, backend, weights)
-        report("warming up", 0.95)
-        if eager is None:
-            eager = decision is None or decision.eager
-        backend.warm_up(model, eager=eager)
-        report("ready", 1.0)
-        return cls(
-            model_dir, checkpoint, tokenizer, backend, model, context, streams, max_rows, decision
-        )
+        try:
+            report("loading weights", 0.1)
+            backend.draft_tokens = (draft := drafting.choose(checkpoint, settings, decision)).tokens
+            weights = backend.load_weights(checkpoint, config)
+            report("allocating stream state", 0.9)
+            backend.alloc_state(config, streams, context)
+            model = Qwen35Model(config, backend, weights)
+            report("warming up", 0.95)
+            if eager is None:
+                eager = decision is None or decision.eager
+            backend.warm_up(model, eager=eager)
+            report("ready", 1.0)
+            args = (model_dir, checkpoint, tokenizer, backend, model, context, streams)
+            return drafting.attach(cls(*args, max_rows, decision), draft)
+        except BaseException:  # a failed load holds nothing; its error names what failed
+            try:
+                backend.release()
+            except Exception:
+                log.exception("releasing what a failed load allocated")
+            raise
 
     # ----- prompts ------------------------------------------------------------------------
     def chat_ids(
@@ -355,9 +365,14 @@ class Engine:
         for start, end in aligned_chunks(len(stream.ids), len(ids), self.max_rows, cut):
             chunk = ids[start:end]
             batch = Batch.window(stream.slot, len(stream.ids), len(chunk))
-            logits = self.model.forward(batch, np.asarray(chunk), all_logits=all_logits)
+            drafts = self.drafter is not None  # the MTP head follows the prompt
+            hidden = {"hidden": True} if drafts else {}
+            logits = self.model.forward(batch, np.asarray(chunk), all_logits=all_logits, **hidden)
             stream.ids.extend(chunk)
-            outputs.append(self.backend.to_host(logits))
+            if drafts:
+                self.drafter.follow(stream, ids[end] if end < len(ids) else None)
+            if all_logits or end == len(ids):  # the windows before queue without a wait
+                outputs.append(self.backend.to_host(logits))
             if len(stream.ids) == cut and self.backend.cheap_snapshots:
                 self._save(stream, defer_disk=True)
         out = np.concatenate(outputs) if all_logits else outputs[-1][-1]
@@ -395,10 +410,14 @@ class Engine:
         ids: list[int],
         samplers: list[Sampler],
         outputs: list[list[int]],
+        draft: bool = True,
     ) -> list[int]:
         """Decode one step and pick each stream's next token. Greedy requests without a
         presence penalty take the device's argmax, and what the device sampler does (top-k,
-        top-p, presence penalty; not min-p) draws there: 4 bytes come back, not the logits."""
+        top-p, presence penalty; not min-p) draws there: 4 bytes come back, not the logits.
+        One stream with a drafter (and `draft`): its drafting round instead."""
+        if draft and self.drafter is not None and len(streams) == 1:
+            return [self.drafter.next_token(streams[0], ids[0], samplers[0], outputs[0])]
         logits, greedy = self._step_device(streams, ids)
         plain = [s.params.takes_argmax for s in samplers]
         if greedy is not None and all(plain):
@@ -448,14 +467,13 @@ class Engine:
             pending = None  # a launched step that reads `token`; its pick is the next one
             while True:
                 generated.append(token)
-                fed = pending is not None  # `token` is in stream.ids already
                 if token in self.eos_ids:
                     reason = "stop"
                 elif len(generated) >= params.max_new_tokens:
                     reason = "length"
                 elif cancel is not None and cancel.is_set():
                     reason = "cancelled"
-                elif len(stream.ids) + (0 if fed else 1) > self.context:
+                elif len(prompt_ids) + len(generated) > self.context:  # no room to feed it
                     reason = "length"
                 text = "" if token in self.eos_ids else decoder.push(token)
                 if reason is not None:
@@ -497,7 +515,7 @@ class Engine:
         """The backend's `launch_step` where this request's steps can run without the host
         waiting for each token (their picks made on the device, each step taking its input
         from the last one's: `launches_steps`), else None."""
-        if not (self.pipelined_decode and self.backend.launches_steps):
+        if not (self.pipelined_decode and self.backend.launches_steps) or self.drafter:
             return None
         if not (sampler.on_device or sampler.params.takes_argmax):
             return None

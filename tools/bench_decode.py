@@ -418,12 +418,16 @@ def table(results: list[dict], bw: float, meta: dict) -> str:
 
 def serve(args, meta: dict) -> None:
     """--first-request / --small-card (see the module docstring): requests through
-    `Engine.load` and `Engine.generate` on the first model of --runs; writes serve.json."""
-    import cupy
-
+    `Engine.load` and `Engine.generate` on the first model of --runs, in this process (the
+    cell of tools/bench_small_card.py, the prompt cache kept between requests); writes
+    serve.json."""
     from engine.config import GIB
-    from engine.session import Engine, GenerationParams
     from engine.testing.synth import model_dir
+
+    try:
+        from tools.bench_small_card import serve_cell
+    except ImportError:  # run as a script without the repository root on the path
+        from bench_small_card import serve_cell
 
     shape, fmt = args.runs.split(",")[0].split(":")
     small = args.small_card
@@ -434,69 +438,52 @@ def serve(args, meta: dict) -> None:
     if small:
         settings = settings.with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
     context = None if small else max(prompts) + new + 64  # None: the largest the plan admits
-    free0, _ = cupy.cuda.runtime.memGetInfo()
-    t = time.perf_counter()
     path = model_dir(args.workdir, shape, fmt)
-    engine = Engine.load(path, settings, context=context, max_rows=512)
-    load_s = time.perf_counter() - t
-    d, be = engine.decision, engine.backend
-    print(d.format_table(), flush=True)
-    rng = np.random.default_rng(0)
-    params = GenerationParams(max_new_tokens=new, greedy=True)
-    rows = []
-    for n in prompts:
-        ids = rng.integers(0, 400, size=n).tolist()  # fresh ids: no prompt-cache hit
-        stats = list(engine.generate(ids, params))[-1].stats
-        rows.append(
-            {
-                "prompt_tokens": stats.prompt_tokens,
-                "new_tokens": stats.new_tokens,
-                "ttft_s": round(stats.ttft_s, 3),
-                "prefill_tok_s": round(stats.prefill_tok_s),
-                "decode_tok_s": round(stats.decode_tok_s, 1),
-                "scratch_rows": be.frame.mem_scratch.capacity_rows,
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
-    free1, _ = cupy.cuda.runtime.memGetInfo()
-    b = d.breakdown
-    planned = b.weights + b.stream_state_total + b.prompt_cache + b.scratch_peak + b.workspace_peak
-    later = [r["decode_tok_s"] for r in rows[1:]]
+    cell = serve_cell(path, settings, context, prompts[0], prompts[1:], new, clear=False)
+    rows = [cell["first"], *cell["rows"]]
+    later = [r["decode_tok_s"] for r in rows[1:] if "decode_tok_s" in r]
+    d = cell["decision"]
+    peak = max(r.get("pool_peak_bytes", 0) for r in rows)
+    planned = max(r.get("plan_peak_bytes", 0) for r in rows)
     res = meta | {
         "shape": shape,
         "format": fmt,
         "limit_gib": args.limit_gib if small else None,
         "reserve_gib": settings.reserve_bytes / GIB,
-        "verdict": str(d.verdict),
-        "context": d.context,
-        "max_rows": d.max_rows,
-        "eager": d.eager,
-        "load_s": round(load_s, 2),
+        "verdict": d["verdict"],
+        "context": d["context"],
+        "max_rows": d["max_rows"],
+        "eager": d["eager"],
+        "load_s": round(cell["load_s"], 2),
         "requests": rows,
         "first_over_later": rows[0]["decode_tok_s"] / np.mean(later) if later else None,
         "planned_gib": planned / GIB,
-        "pool_peak_gib": be.pool.peak_bytes / GIB,
-        "card_used_by_process_gib": (free0 - free1) / GIB,
-        "held_by_category": be.pool.held_by_category(),
+        "pool_peak_gib": peak / GIB,
+        "nvml_peak_gib": (cell["nvml_peak_bytes"] or 0) / GIB,
+        "nvml_before_gib": (cell["nvml_baseline_bytes"] or 0) / GIB,
+        "held_by_category": rows[-1].get("held_by_category"),
     }
     print("\n| request | prompt | TTFT s | prefill tok/s | decode tok/s | scratch rows |")
     print("|---|---|---|---|---|---|")
     for i, r in enumerate(rows):
+        if "ttft_s" not in r:
+            print(f"| {i + 1} | {r['prompt']} | {r['skipped']} | - | - | - |")
+            continue
         print(
-            f"| {i + 1} | {r['prompt_tokens']} | {r['ttft_s']} | {r['prefill_tok_s']} | "
-            f"{r['decode_tok_s']} | {r['scratch_rows']} |"
+            f"| {i + 1} | {r['prompt']} | {r['ttft_s']:.3f} | {r['prefill_tok_s']:.0f} | "
+            f"{r['decode_tok_s']:.1f} | {r.get('scratch_rows', '-')} |"
         )
     if later:
         print(f"\nfirst request's decode / later requests' mean: {res['first_over_later']:.3f}")
     print(
-        f"{d.verdict}: context {d.context:,}, max rows {d.max_rows}, "
-        f"{'eager' if d.eager else 'lazy'} scratch; plan {res['planned_gib']:.3f} GiB, pool "
-        f"peak {res['pool_peak_gib']:.3f} GiB; the process's card use "
-        f"{res['card_used_by_process_gib']:.3f} GiB (CUDA context and caches included)"
+        f"{d['verdict']}: context {d['context']:,}, max rows {d['max_rows']}, "
+        f"{'eager' if d['eager'] else 'lazy'} scratch; plan {res['planned_gib']:.3f} GiB (saved "
+        f"states at what they hold), pool peak {res['pool_peak_gib']:.3f} GiB (each request's "
+        f"own); the whole GPU's peak {res['nvml_peak_gib']:.3f} GiB (NVML, "
+        f"{res['nvml_before_gib']:.3f} before the load)"
     )
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "serve.json").write_text(json.dumps(res, indent=1))
-    engine.unload()
+    (Path(args.out) / "serve.json").write_text(json.dumps(res, indent=1, default=str))
 
 
 def main() -> None:

@@ -2,10 +2,13 @@
 # Device check: CUDA kernel and forward tests, the decode/prefill benchmark, a per-kernel
 # profile of one decode step, its timeline, the per-block clock records of its projections.
 # Usage (on the GPU machine, repo root):
-#   tools/device_check.sh [tests|bench|profile|timeline|stamps|all] [pytest -k expression or tool flags...]
+#   tools/device_check.sh [tests|bench|small-card|soak|draft|profile|timeline|stamps|all] [pytest -k expression or tool flags...]
 #   tools/device_check.sh bench --runs 4B:mlx4 --prefill 512,2048,8192 --hf=   # the table
 #   tools/device_check.sh bench --first-request      # or --small-card (tools/bench_decode.py)
 #   tools/device_check.sh stamps --tuned             # tools/profile_step.py --stamps
+#   tools/device_check.sh small-card --sizes 4B      # tools/bench_small_card.py (its log, small_card.md)
+#   tools/device_check.sh soak                       # tools/soak.py: 1,000 requests under 4 GiB (soak.json)
+#   tools/device_check.sh draft --shape 4B           # tools/bench_draft.py: MTP drafting (draft.md)
 # Logs, JSON and the markdown tables go to $OUT (or ./device_out). The projection kernels are
 # compiled first, in parallel (tools/kernels.py warm); the full test run then takes about 3.5
 # minutes on an H200; `tests 'attention or delta'` runs a part.
@@ -35,6 +38,9 @@ trap pack_cache EXIT
 warm=(--rows "${WARM_ROWS:-1,2,3,8}")
 [ "$mode" = profile ] || [ "$mode" = timeline ] && warm=(--rows 1 --dtypes bfloat16)
 [ "$mode" = stamps ] && warm=(--rows 1 --dtypes bfloat16 --define SNUG_STAMPS)
+[ "$mode" = small-card ] && warm=(--rows 1 --dtypes bfloat16)
+[ "$mode" = soak ] && warm=(--rows 1,2,3,4 --dtypes bfloat16)
+[ "$mode" = draft ] && warm=(--rows 1,2,3,4 --dtypes bfloat16)
 timeout 300 python3 tools/kernels.py warm "${warm[@]}" > "$OUT/warm_kernels.log" 2>&1 ||
   echo "warm_kernels failed (see $OUT/warm_kernels.log); the runs compile as they go"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
@@ -87,9 +93,28 @@ if [ "$mode" = timeline ]; then
     --sequence "$OUT/sequence.csv" | tee "$OUT/timeline.md"
   rm -f "$OUT/step.sqlite"
 fi
+if [ "$mode" = soak ]; then
+  commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+  timeout "${SOAK_TIMEOUT:-540}" python3 tools/soak.py --commit "$commit" --out "$OUT" "$@" 2>&1 |
+    tee "$OUT/soak.log"
+  status=$?
+fi
+if [ "$mode" = small-card ]; then
+  # Each cell in a process of its own; the full log to a file, the table and verdicts here.
+  commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+  timeout "${BENCH_TIMEOUT:-570}" python3 tools/bench_small_card.py --commit "$commit" \
+    --out "$OUT" "$@" > "$OUT/small_card.log" 2>&1
+  status=$?
+  cat "$OUT/small_card.md" 2>/dev/null || tail -n 40 "$OUT/small_card.log"
+fi
 if [ "$mode" = stamps ]; then
   timeout "${PROFILE_TIMEOUT:-300}" python3 tools/profile_step.py --stamps --out "$OUT" "$@" 2>&1 |
     tee "$OUT/stamps.md"
+  status=$?
+fi
+if [ "$mode" = draft ]; then
+  timeout "${BENCH_TIMEOUT:-540}" python3 tools/bench_draft.py --out "$OUT" "$@" 2>&1 |
+    tee "$OUT/draft.log"
   status=$?
 fi
 exit $status

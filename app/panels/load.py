@@ -239,6 +239,9 @@ class LoadPanel(QWidget):
                 f"{context:,} tokens · scratch "
                 + ("allocated at warm-up" if getattr(decision, "eager", False) else "lazy")
             )
+        drafting = str(getattr(decision, "drafting", "") or "")
+        if drafting:  # drafting with the MTP head, or why it is unavailable
+            lines.append(drafting[0].upper() + drafting[1:] + ".")
         if marker is not None:
             lines.append("The red line is what this card can give; the rest is missing.")
         self.detail.setText("\n".join(lines))
@@ -306,7 +309,9 @@ class LoadPanel(QWidget):
     def _loaded(self, info: dict) -> None:
         names = {"cuda": "GPU (CUDA)", "remote": "a remote server (nothing held here)"}
         backend = names.get(info.get("backend"), "CPU mode (numpy backend)")
-        self.stage.setText(f"Loaded on {backend} · holds {planning.fmt_bytes(info.get('held', 0))}")
+        text = f"Loaded on {backend} · holds {planning.fmt_bytes(info.get('held', 0))}"
+        drafting = str(info.get("drafting") or "")
+        self.stage.setText(text + (f" · {drafting}" if drafting else ""))
 
     def _failed(self, cls: str, message: str) -> None:
         self.error.setText(f"Could not load the model ({cls}): {message}")

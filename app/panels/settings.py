@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 from app.controllers import EngineController
 from app.server_controller import ServerController
 from app.state.settings import BACKENDS, BY_KEY, AppSettings
+from engine.config import DRAFT_CHOICES, KV_CACHES
 
 # Bounds the engine accepts (engine.sampling.SamplingParams.__post_init__): top_p in (0, 1],
 # min_p in [0, 1), temperature and top_k >= 0. A spin box cannot hold an open bound, so
@@ -43,6 +44,20 @@ RANGES = {
     "cache/disk_gib": (0.0, 4096.0, 1.0, 1),
 }
 BACKEND_LABELS = {"auto": "Auto", "cuda": "GPU (CUDA)", "numpy": "CPU (numpy)"}
+KV_CACHE_LABELS = {"bf16": "16-bit (bf16)", "int8": "8-bit (longer context)"}
+DRAFT_LABELS = {
+    "off": "Off",
+    "1": "1 token a step",
+    "2": "2 tokens a step",
+    "3": "3 tokens a step",
+    "auto": "Auto (by acceptance)",
+}
+# The settings edited with a list: key -> (values, label of each).
+CHOICES = {
+    "engine/backend": (BACKENDS, BACKEND_LABELS),
+    "engine/kv_cache": (KV_CACHES, KV_CACHE_LABELS),
+    "engine/draft_tokens": (DRAFT_CHOICES, DRAFT_LABELS),
+}
 GROUPS = (
     ("Memory", ("memory/reserve_gib", "memory/limit_gib")),
     (
@@ -50,6 +65,8 @@ GROUPS = (
         (
             "engine/backend",
             "engine/refuse_cpu",
+            "engine/kv_cache",
+            "engine/draft_tokens",
             "engine/context",
             "engine/max_rows",
             "engine/streams",
@@ -136,12 +153,13 @@ class SettingsPanel(QScrollArea):
     def _editor(self, key: str) -> QWidget:
         field, s = BY_KEY[key], self.settings
         value = s.get(key)
-        if key == "engine/backend":
+        if key in CHOICES:
+            values, labels = CHOICES[key]
             combo = QComboBox()
-            for name in BACKENDS:
-                combo.addItem(BACKEND_LABELS[name], name)
-            combo.setCurrentIndex(BACKENDS.index(s.backend))
-            combo.currentIndexChanged.connect(lambda i: s.set(key, BACKENDS[i]))
+            for name in values:
+                combo.addItem(labels[name], name)
+            combo.setCurrentIndex(values.index(self._choice(key)))
+            combo.currentIndexChanged.connect(lambda i: s.set(key, values[i]))
             return combo
         if field.kind is bool:
             box = QCheckBox()
@@ -168,6 +186,10 @@ class SettingsPanel(QScrollArea):
         spin.setValue(value)
         return spin
 
+    def _choice(self, key: str) -> str:
+        """The value a list setting shows (the backend as the engine names it)."""
+        return self.settings.backend if key == "engine/backend" else str(self.settings.get(key))
+
     def _changed(self, key: str, value: object) -> None:
         editor = self.editors.get(key)
         if editor is not None:
@@ -175,7 +197,7 @@ class SettingsPanel(QScrollArea):
             if isinstance(editor, QCheckBox):
                 editor.setChecked(bool(value))
             elif isinstance(editor, QComboBox):
-                editor.setCurrentIndex(BACKENDS.index(self.settings.backend))
+                editor.setCurrentIndex(CHOICES[key][0].index(self._choice(key)))
             elif isinstance(editor, QPlainTextEdit):
                 if editor.toPlainText() != value:
                     editor.setPlainText(str(value))

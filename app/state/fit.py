@@ -41,6 +41,8 @@ REPLAN_KEYS = {
     "engine/streams",
     "engine/max_rows",
     "engine/backend",
+    "engine/kv_cache",
+    "engine/draft_tokens",  # the MTP head's weights and state (engine.memory.draft)
 }
 FREE_STEP = 128 << 20  # the card's free bytes are planned in steps of this
 RAM_STEP = 256 << 20  # available RAM likewise, without a GPU

@@ -17,7 +17,13 @@ from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
-from engine.config import GIB, EngineSettings, default_prompt_cache_dir
+from engine.config import (
+    DRAFT_CHOICES,
+    GIB,
+    KV_CACHES,
+    EngineSettings,
+    default_prompt_cache_dir,
+)
 from engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -53,6 +59,10 @@ FIELDS: tuple[Field, ...] = (
         "engine/backend", str, "auto", "Backend", True, choices=BACKENDS + tuple(BACKEND_ALIASES)
     ),
     Field("engine/refuse_cpu", bool, False, "Refuse CPU mode", True),
+    # The KV cache in the compute dtype, or 8-bit (about half the bytes: a longer context).
+    Field("engine/kv_cache", str, "bf16", "KV cache", True, choices=KV_CACHES),
+    # Tokens drafted a step with the checkpoint's MTP head (Hugging Face checkpoints only).
+    Field("engine/draft_tokens", str, "off", "Drafting", True, choices=DRAFT_CHOICES),
     Field("sampling/temperature", float, 0.7, "Temperature", lo=0, hi=100),
     Field("sampling/top_p", float, 0.8, "Top-p", lo=0, hi=1),
     Field("sampling/top_k", int, 20, "Top-k", lo=0, hi=1 << 24),
@@ -213,6 +223,10 @@ class AppSettings(QObject):
         return value if value in BACKENDS else "auto"
 
     @property
+    def kv_cache(self) -> str:
+        return str(self.get("engine/kv_cache"))
+
+    @property
     def refuse_cpu(self) -> bool:
         return bool(self.get("engine/refuse_cpu"))
 
@@ -227,9 +241,9 @@ class AppSettings(QObject):
     def engine_settings(self) -> EngineSettings:
         """EngineSettings from the environment, with the fields these settings own replaced.
 
-        Reserve, limit, backend and the prompt cache's budgets come from here, and its disk
-        tier goes in the app's data folder (SNUG_PROMPT_CACHE_DIR moves it); everything
-        else the environment sets (SNUG_COMPUTE_DTYPE, SNUG_OVERLAP_LAUNCHES,
+        Reserve, limit, backend, the KV cache and the prompt cache's budgets come from here,
+        and its disk tier goes in the app's data folder (SNUG_PROMPT_CACHE_DIR moves it);
+        everything else the environment sets (SNUG_COMPUTE_DTYPE, SNUG_OVERLAP_LAUNCHES,
         SNUG_CACHE_DIR...) passes through, less any variable the engine refuses (reported
         in `problems`).
         """
@@ -243,6 +257,8 @@ class AppSettings(QObject):
             reserve_bytes=int(round(reserve * GIB)),
             limit_bytes=int(round(limit * GIB)) or None,  # 0 means no limit
             backend=self.backend,
+            kv_cache=self.kv_cache,
+            draft_tokens=str(self.get("engine/draft_tokens")),
             prompt_cache_dir=env.prompt_cache_dir or str(default_prompt_cache_dir(os.environ)),
             prompt_cache_host_bytes=int(round(float(self.get("cache/host_gib")) * GIB)),
             prompt_cache_disk_bytes=int(round(float(self.get("cache/disk_gib")) * GIB)),

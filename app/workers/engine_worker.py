@@ -71,6 +71,7 @@ class EngineWorker(QObject):
                 "backend": engine.backend_name,
                 "decision": getattr(engine, "decision", None),
                 "held": self._held(),
+                "drafting": getattr(engine, "drafting", ""),
                 "context": request.context,
                 "streams": request.streams,
             }

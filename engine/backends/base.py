@@ -30,11 +30,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Segment:
-    """`rows` consecutive tokens of the stream in state slot `slot`, from position `start`."""
+    """`rows` consecutive tokens of the stream in state slot `slot`, from position `start`.
+    `keep`: a drafting verify (engine/drafting.py); the DeltaNet layers keep the state after
+    each of its rows, so that `Backend.rewind` can return to any of them exactly."""
 
     slot: int
     start: int
     rows: int
+    keep: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,11 +80,18 @@ class Batch:
         return Batch((Segment(slot, start, rows),))
 
     @staticmethod
+    def verify(slot: int, start: int, rows: int) -> Batch:
+        """A window whose rows' DeltaNet states are kept (`Segment.keep`)."""
+        return Batch((Segment(slot, start, rows, keep=True),))
+
+    @staticmethod
     def step(slots_and_positions: list[tuple[int, int]]) -> Batch:
         return Batch(tuple(Segment(slot, pos, 1) for slot, pos in slots_and_positions))
 
 
 STATE_PARTS = ("kv_k", "kv_v", "conv", "recurrent")  # a snapshot's parts, in this order
+# The 8-bit KV cache's scales (engine/backends/kv_int8.py), after those in its snapshots.
+KV_SCALE_PARTS = ("kv_k_scale", "kv_v_scale")
 
 
 class PendingStep(Protocol):
@@ -161,8 +171,16 @@ class Backend(ABC):
     @property
     def precision(self) -> str:
         """What a saved state's bytes depend on besides the model: the backend and its
-        activation type ("numpy:float32", "cuda:bfloat16"). The disk tier keys files by it."""
-        return f"{self.name}:float32"
+        activation type ("numpy:float32", "cuda:bfloat16"), and the KV cache where it is
+        not the default (":kv-int8"). The disk tier keys files by it."""
+        return f"{self.name}:float32{self.kv_tag}"
+
+    @property
+    def kv_tag(self) -> str:
+        """The KV cache in `precision`: "" for the default, ":kv-int8" for the 8-bit one;
+        ":mtp" after it where a saved state holds the MTP head's KV layer (drafting)."""
+        kv = self.settings.kv_cache
+        return ("" if kv == "bf16" else f":kv-{kv}") + (":mtp" if self.draft_tokens else "")
 
     def snapshot_to_host(self, snapshot: Any, wait: bool = True) -> HostSnapshot:
         """A `save_slot` snapshot as host numpy arrays, for the host and disk tiers: views
@@ -170,7 +188,8 @@ class Backend(ABC):
         `wait=False` a backend may only queue that copy (inside a reply: no wait on the
         step in flight); the host reads the arrays after `settle_host_copies`. Engine
         thread only. The default reads the numpy backend's dict of per-layer lists."""
-        arrays = {f"{part}.{i}": a for part in STATE_PARTS for i, a in enumerate(snapshot[part])}
+        parts = [p for p in (*STATE_PARTS, *KV_SCALE_PARTS) if p in snapshot]
+        arrays = {f"{part}.{i}": a for part in parts for i, a in enumerate(snapshot[part])}
         return HostSnapshot(int(snapshot["length"]), arrays)
 
     def settle_host_copies(self) -> None:  # noqa: B027 - host copies are done at once
@@ -344,6 +363,37 @@ class Backend(ABC):
         """Each decode row's next token: rows[i] None takes greedy[i], else the
         `engine.sampling.Draw` draws from logits[i]. Only where `samples_on_device`."""
         raise NotImplementedError(f"the {self.name} backend does not sample on its own")
+
+    # ----- drafting with the MTP head (engine/drafting.py) ---------------------------------
+    # Set by the session before `load_weights`: the most tokens a step drafts (0: none).
+    # Then `load_weights` loads the `mtp.*` tensors too, and `alloc_state` gives each slot
+    # one more KV layer (index len(config.full_layers): the MTP head's own attention, saved
+    # with the slot) and room for the DeltaNet states of a verify's rows (`Segment.keep`).
+    draft_tokens: int = 0
+
+    def concat_cols(self, a: Any, b: Any) -> Any:
+        """`[a | b]`: `[R, Na + Nb]` from `[R, Na]` and `[R, Nb]`."""
+        return np.concatenate([a, b], axis=1)
+
+    def concat_rows(self, a: Any, b: Any) -> Any:
+        """`a` above `b`: `[Ra + Rb, N]`."""
+        return np.concatenate([a, b], axis=0)
+
+    def hold_rows(self, x: Any, rows: np.ndarray) -> Any:
+        """A copy of `x[rows]` that outlives the forward it came from."""
+        return np.array(x[rows])
+
+    def argmax_rows(self, logits: Any) -> np.ndarray:
+        """Each row's argmax over the real vocabulary (`vocab_rows`), on the host `[R]`."""
+        host = np.asarray(self.to_host(logits))
+        return np.argmax(host[:, : self.vocab_rows or host.shape[1]], axis=1)
+
+    def rewind(self, slot: int, rows: int) -> None:
+        """After a forward whose segment for `slot` kept its rows (`Segment.keep`): make the
+        slot's DeltaNet state (conv and recurrent) the one after its first `rows` rows. KV
+        entries past them stay: attention never reads past a row's own position, and the
+        next forward overwrites them."""
+        raise NotImplementedError(f"the {self.name} backend does not keep verify rows")
 
     def release(self) -> None:  # noqa: B027 - host memory frees itself
         """Free weights, state and buffers (unload); the backend is not used afterwards."""

@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends import gdn
-from engine.backends.base import STATE_PARTS, Backend, Batch
+from engine.backends import gdn, kv_int8
+from engine.backends.base import KV_SCALE_PARTS, STATE_PARTS, Backend, Batch
+from engine.backends.verify_rows import VerifyRows
 from engine.config import EngineSettings, ModelConfig
 from engine.snapshot_store import HostSnapshot, SnapshotMismatch
 
@@ -86,14 +87,20 @@ class NumpyBackend(Backend):
         self.kv_v: list[np.ndarray] = []
         self.conv: list[np.ndarray] = []
         self.recurrent: list[np.ndarray] = []
+        # The 8-bit KV cache (settings.kv_cache "int8"): kv_k / kv_v hold int8 codes and
+        # these their fp32 scales, one per token and KV head (engine/backends/kv_int8.py).
+        self.kv_int8 = self.settings.kv_cache == kv_int8.KV_INT8
+        self.kv_k_scale: list[np.ndarray] = []
+        self.kv_v_scale: list[np.ndarray] = []
         self.context = 0
+        self.verify_rows: VerifyRows | None = None  # a drafting verify's kept rows
 
     # ----- weights ------------------------------------------------------------------------
     def load_weights(self, checkpoint: Any, config: ModelConfig) -> dict[str, Any]:
         self.config = config
         weights = {}
         for name in checkpoint.tensors:
-            if name.startswith("mtp."):
+            if name.startswith("mtp.") and not self.draft_tokens:
                 continue
             weights[name] = checkpoint.read(name)
         self._cache_dequantized(weights, config)
@@ -112,23 +119,38 @@ class NumpyBackend(Backend):
                 self._dequantized[id(w)] = w.dequantize()
                 self._cached_bytes += nbytes
 
+    def _state_arrays(self) -> tuple[np.ndarray, ...]:
+        return (*self.kv_k, *self.kv_v, *self.conv, *self.recurrent, *self._scales())
+
+    def _scales(self) -> tuple[np.ndarray, ...]:
+        return (*self.kv_k_scale, *self.kv_v_scale)
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """A snapshot's parts: the scales follow the four of STATE_PARTS in int8."""
+        return STATE_PARTS + (KV_SCALE_PARTS if self.kv_int8 else ())
+
     def held_bytes(self) -> int:
-        state = sum(a.nbytes for a in (*self.kv_k, *self.kv_v, *self.conv, *self.recurrent))
-        return state + self._cached_bytes
+        return sum(a.nbytes for a in self._state_arrays()) + self._cached_bytes
 
     def release(self) -> None:
         """Drop the dequantized copies and the stream state."""
         self._dequantized.clear()
         self._cached_bytes = 0
         self.kv_k, self.kv_v, self.conv, self.recurrent = [], [], [], []
+        self.kv_k_scale, self.kv_v_scale = [], []
 
     # ----- state --------------------------------------------------------------------------
     def alloc_state(self, config: ModelConfig, slots: int, context: int) -> None:
         c = config
         self.config, self.context = c, context
         kv_shape = (slots, c.num_key_value_heads, context, c.head_dim)
-        self.kv_k = [np.zeros(kv_shape, np.float32) for _ in c.full_layers]
-        self.kv_v = [np.zeros(kv_shape, np.float32) for _ in c.full_layers]
+        kv_dtype = np.int8 if self.kv_int8 else np.float32
+        self.kv_k = [np.zeros(kv_shape, kv_dtype) for _ in c.full_layers]
+        self.kv_v = [np.zeros(kv_shape, kv_dtype) for _ in c.full_layers]
+        scales = kv_shape[:3] if self.kv_int8 else None
+        self.kv_k_scale = [np.zeros(scales, np.float32) for _ in c.full_layers if scales]
+        self.kv_v_scale = [np.zeros(scales, np.float32) for _ in c.full_layers if scales]
         conv_shape = (slots, c.linear_conv_kernel_dim - 1, c.conv_dim)
         self.conv = [np.zeros(conv_shape, np.float32) for _ in c.linear_layers]
         rec_shape = (
@@ -138,19 +160,33 @@ class NumpyBackend(Backend):
             c.linear_value_head_dim,
         )
         self.recurrent = [np.zeros(rec_shape, np.float32) for _ in c.linear_layers]
+        self.verify_rows = VerifyRows(c, slots, self.draft_tokens) if self.draft_tokens else None
+        if self.draft_tokens:  # the MTP head's KV layer, after the model's own
+            for layers in (self.kv_k, self.kv_v, self.kv_k_scale, self.kv_v_scale):
+                if layers:
+                    layers.append(np.zeros_like(layers[-1]))
+
+    def rewind(self, slot: int, rows: int) -> None:
+        if self.verify_rows is None:
+            super().rewind(slot, rows)
+        self.verify_rows.rewind(self.conv, self.recurrent, slot, rows)
 
     def reset_slot(self, slot: int) -> None:
-        for arr in (*self.kv_k, *self.kv_v, *self.conv, *self.recurrent):
-            arr[slot] = 0.0
+        for arr in self._state_arrays():
+            arr[slot] = 0
 
     def save_slot(self, slot: int, length: int) -> Any:
-        return {
+        out = {
             "length": length,
             "kv_k": [a[slot, :, :length].copy() for a in self.kv_k],
             "kv_v": [a[slot, :, :length].copy() for a in self.kv_v],
             "conv": [a[slot].copy() for a in self.conv],
             "recurrent": [a[slot].copy() for a in self.recurrent],
         }
+        if self.kv_int8:
+            out["kv_k_scale"] = [a[slot, :, :length].copy() for a in self.kv_k_scale]
+            out["kv_v_scale"] = [a[slot, :, :length].copy() for a in self.kv_v_scale]
+        return out
 
     def restore_slot(self, slot: int, snapshot: Any) -> None:
         self.reset_slot(slot)
@@ -165,6 +201,9 @@ class NumpyBackend(Backend):
             dst[slot] = src
         for dst, src in zip(self.recurrent, snapshot["recurrent"], strict=True):
             dst[slot] = src
+        for part in KV_SCALE_PARTS if self.kv_int8 else ():
+            for dst, src in zip(getattr(self, part), snapshot[part], strict=True):
+                dst[slot, :, :n] = src
 
     def _from_host(self, host: HostSnapshot) -> dict:
         """`save_slot`'s dict from a HostSnapshot whose arrays are exactly this state's
@@ -172,21 +211,20 @@ class NumpyBackend(Backend):
         n = host.length
         if not 0 < n <= self.context:
             raise SnapshotMismatch(f"snapshot of {n} tokens for a context of {self.context}")
+        f32, kv = np.dtype(np.float32), np.dtype(np.int8 if self.kv_int8 else np.float32)
         layers = {
-            "kv_k": [(a.shape[1], n, a.shape[3]) for a in self.kv_k],
-            "kv_v": [(a.shape[1], n, a.shape[3]) for a in self.kv_v],
-            "conv": [a.shape[1:] for a in self.conv],
-            "recurrent": [a.shape[1:] for a in self.recurrent],
+            "kv_k": [((a.shape[1], n, a.shape[3]), kv) for a in self.kv_k],
+            "kv_v": [((a.shape[1], n, a.shape[3]), kv) for a in self.kv_v],
+            "conv": [(a.shape[1:], f32) for a in self.conv],
+            "recurrent": [(a.shape[1:], f32) for a in self.recurrent],
+            "kv_k_scale": [((a.shape[1], n), f32) for a in self.kv_k_scale],
+            "kv_v_scale": [((a.shape[1], n), f32) for a in self.kv_v_scale],
         }
         host.check(
-            {
-                f"{part}.{i}": (shape, np.float32)
-                for part in STATE_PARTS
-                for i, shape in enumerate(layers[part])
-            }
+            {f"{part}.{i}": spec for part in self.parts for i, spec in enumerate(layers[part])}
         )
         out: dict = {"length": n}
-        for part in STATE_PARTS:
+        for part in self.parts:
             out[part] = [host.arrays[f"{part}.{i}"] for i in range(len(layers[part]))]
         return out
 
@@ -257,11 +295,10 @@ class NumpyBackend(Backend):
         for seg in batch.segments:
             rows = slice(row, row + seg.rows)
             end = seg.start + seg.rows
-            cache_k, cache_v = self.kv_k[layer][seg.slot], self.kv_v[layer][seg.slot]
-            cache_k[:, seg.start : end] = k[rows].transpose(1, 0, 2)
-            cache_v[:, seg.start : end] = v[rows].transpose(1, 0, 2)
-            keys = np.repeat(cache_k[:, :end], group, axis=0)  # [Hq, T, hd]
-            values = np.repeat(cache_v[:, :end], group, axis=0)
+            self._write_kv(layer, seg.slot, seg.start, k[rows], v[rows])
+            cache_k, cache_v = self._read_kv(layer, seg.slot, end)  # [Hkv, T, hd] each
+            keys = np.repeat(cache_k, group, axis=0)  # [Hq, T, hd]
+            values = np.repeat(cache_v, group, axis=0)
             qh = q[rows].transpose(1, 0, 2)  # [Hq, rows, hd]
             scores = (qh @ keys.transpose(0, 2, 1)) * scale  # [Hq, rows, T]
             visible = np.arange(end)[None, :] <= (seg.start + np.arange(seg.rows))[:, None]
@@ -272,6 +309,27 @@ class NumpyBackend(Backend):
             out[rows] = (probs @ values).transpose(1, 0, 2)
             row += seg.rows
         return out.reshape(R, Hq * hd) * sigmoid(gate)
+
+    def _write_kv(self, layer: int, slot: int, start: int, k: Any, v: Any) -> None:
+        """Keys and values `[T, Hkv, hd]` of positions start.. into the slot's cache (as int8
+        codes and scales in the 8-bit cache)."""
+        span = slice(start, start + k.shape[0])
+        pairs = ((self.kv_k, self.kv_k_scale, k), (self.kv_v, self.kv_v_scale, v))
+        for cache, scales, x in pairs:
+            rows = x.transpose(1, 0, 2)  # [Hkv, T, hd]
+            if self.kv_int8:
+                cache[layer][slot, :, span], scales[layer][slot, :, span] = kv_int8.quantize(rows)
+            else:
+                cache[layer][slot, :, span] = rows
+
+    def _read_kv(self, layer: int, slot: int, end: int) -> tuple[Any, Any]:
+        """The slot's first `end` keys and values, `[Hkv, end, hd]` fp32 each (the 8-bit
+        cache's dequantized: what every later row of attention reads)."""
+        k, v = self.kv_k[layer][slot, :, :end], self.kv_v[layer][slot, :, :end]
+        if not self.kv_int8:
+            return k, v
+        ks, vs = self.kv_k_scale[layer][slot, :, :end], self.kv_v_scale[layer][slot, :, :end]
+        return kv_int8.dequantize(k, ks), kv_int8.dequantize(v, vs)
 
     def gated_delta(
         self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict, batch: Batch
@@ -305,7 +363,11 @@ class NumpyBackend(Backend):
             state = self.recurrent[layer][seg.slot]  # [Hv, dk, dv] fp32, updated in place
             # A window runs the chunked form (big products); a step the recurrence.
             rule = gdn.chunked if seg.rows >= gdn.CHUNK else gdn.recurrent
-            out[rows] = rule(q, k, v, g[rows], beta[rows], state)
+            if seg.keep and self.verify_rows is not None:  # a verify: each row's state kept
+                args = (q, k, v, g[rows], beta[rows], state)
+                out[rows] = self.verify_rows.scan(layer, seg.slot, history, *args)
+            else:
+                out[rows] = rule(q, k, v, g[rows], beta[rows], state)
             row += seg.rows
         zz = z.reshape(-1, Hv, dv)
         y = rms(out, c.rms_norm_eps) * weights["norm"] * silu(zz)

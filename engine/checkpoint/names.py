@@ -120,6 +120,34 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+MTP_LAYER = "mtp.layers.0."  # the one layer of Qwen3.5's MTP head (mtp_num_hidden_layers 1)
+
+
+def expected_mtp_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The multi-token-prediction head's 15 tensors, as vLLM's Qwen3.5 MTP loader names
+    them: `fc` [H, 2H] over the concatenation [embedding, hidden] (embedding first), the
+    zero-centred norms `pre_fc_norm_embedding`, `pre_fc_norm_hidden` and `norm`, and one
+    full-attention decoder layer. It shares the model's embedding table and LM head."""
+    H, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    out: dict[str, tuple[int, ...]] = {"mtp.fc": (H, 2 * H)}
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        out[f"mtp.{n}"] = (H,)
+    p, a = MTP_LAYER, MTP_LAYER + "self_attn."
+    out[p + "input_layernorm"] = (H,)
+    out[p + "post_attention_layernorm"] = (H,)
+    out[a + "q_proj"] = (2 * hq * hd, H)
+    out[a + "k_proj"] = (hkv * hd, H)
+    out[a + "v_proj"] = (hkv * hd, H)
+    out[a + "o_proj"] = (H, hq * hd)
+    out[a + "q_norm"] = (hd,)
+    out[a + "k_norm"] = (hd,)
+    out[p + "mlp.gate_proj"] = (inter, H)
+    out[p + "mlp.up_proj"] = (inter, H)
+    out[p + "mlp.down_proj"] = (H, inter)
+    return out
+
+
 def conv_logical_shape(stored: tuple[int, ...], fmt: str) -> tuple[int, ...]:
     """[C, K] from HF's [C, 1, K] or MLX's [C, K, 1]; any other shape is returned as is
     so that the shape check reports what the file really holds."""

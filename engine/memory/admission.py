@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from engine.config import GIB, EngineSettings, ModelConfig, QuantConfig, QuantSpec
 from engine.memory.arena import TensorSpec, act_itemsize, arena_bytes
 from engine.memory.decision import Breakdown, Decision, Verdict
+from engine.memory.draft import draft_choice
 from engine.memory.growth import ladder_below
 from engine.memory.plan import Plan, WeightBytes, make_plan
 from engine.memory.shapes import shape_tensor_specs
@@ -201,6 +202,12 @@ def _suggest(
     if ctx >= CONTEXT_STEP:
         texts.append(f"shorten the context to {ctx:,} tokens")
         fixes.append(("context", ctx))
+    if plan.kv_cache != "int8" and plan.config.full_layers:
+        small = plan.with_kv_cache("int8")
+        if _fits(small, *args):
+            saved = plan.stream_state_total - small.stream_state_total
+            texts.append(f"use the 8-bit KV cache, int8 ({_gib(saved)} less stream state)")
+            fixes.append(("kv_cache", "int8"))
     if plan.streams > 1:
         fewer = max(
             (n for n in range(1, plan.streams) if _fits(plan.resized(streams=n), *args)), default=0
@@ -272,6 +279,7 @@ def admit(
             max_rows=plan.max_rows,
             eager=best.eager,
             host_embeddings=False,
+            kv_cache=plan.kv_cache,
             suggestions=texts,
             fixes=fixes,
             reason=f"{plan.config.source} needs {_gib(short)} more than this card can give "
@@ -309,6 +317,7 @@ def admit(
         host_embeddings=best.host_embeddings,
         prompt_cache_on_host=best.cache_on_host,
         score_rows=best.plan.score_rows,
+        kv_cache=plan.kv_cache,
         suggestions=(),
         fixes=(),
         reason=reason,
@@ -346,19 +355,33 @@ def decide(
     the largest context the card admits. Never raises for "does not fit".
     """
     itemsize = act_itemsize(settings)
-    weights = arena_bytes(specs, itemsize)
+    draft = draft_choice(specs, config, settings)  # the MTP head's weights and state, if on
+    weights = WeightBytes.from_tensors(
+        arena_bytes(specs, itemsize, mtp=draft.on), config, mtp_loaded=draft.on
+    )
     if context is not None:
         context = min(context, config.max_position_embeddings)
     wanted = SMALLEST_CONTEXT if context is None else context
-    plan = make_plan(weights, config, wanted, streams, max_rows, itemsize, prompt_cache_states)
+    plan = make_plan(
+        weights,
+        config,
+        wanted,
+        streams,
+        max_rows,
+        itemsize,
+        prompt_cache_states,
+        kv_cache=settings.kv_cache,
+        draft_tokens=draft.tokens,
+    )
     if context is None:
         best = largest_context(plan, card.free, card.total, card.held, settings)
         plan = plan.resized(context=max(best, SMALLEST_CONTEXT))
     decision = admit(plan, card.free, card.total, card.held, settings)
+    decision = replace(decision, draft_tokens=draft.tokens, drafting=draft.reason)
     if not decision.fits or card.speed is None:
         return decision
     b = decision.breakdown
-    speed = predict(
-        config, b.weights, plan.weights.embedding, decision.context, decision.max_rows, card.speed
-    )
+    table = 0 if decision.host_embeddings else plan.weights.embedding  # in b.weights or not
+    step_weights = b.weights - (plan.weights.mtp if draft.on else 0)  # a plain step's reads
+    speed = predict(config, step_weights, table, decision.context, decision.max_rows, card.speed)
     return replace(decision, prediction=speed)

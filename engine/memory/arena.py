@@ -13,8 +13,8 @@ the same bytes (`engine.memory.admission.decide`):
       dt_bias)
     dense [out, in]       the activation type
 
-Every carve is rounded up to ALIGN bytes. `mtp.*` (the multi-token-prediction head) is not
-loaded.
+Every carve is rounded up to ALIGN bytes. `mtp.*` (the multi-token-prediction head) is
+loaded only to draft with it (engine.memory.draft).
 """
 
 from __future__ import annotations
@@ -66,11 +66,14 @@ def checkpoint_specs(checkpoint: Any) -> dict[str, TensorSpec]:
     }
 
 
-def arena_bytes(specs: Mapping[str, TensorSpec], itemsize: int) -> dict[str, int]:
-    """Arena bytes per tensor name (what the CUDA backend's upload carves)."""
+def arena_bytes(
+    specs: Mapping[str, TensorSpec], itemsize: int, mtp: bool = False
+) -> dict[str, int]:
+    """Arena bytes per tensor name (what the CUDA backend's upload carves); `mtp.*` only
+    with `mtp` (drafting)."""
     sizes: dict[str, int] = {}
     for name, spec in specs.items():
-        if name.startswith("mtp."):
+        if name.startswith("mtp.") and not mtp:
             continue
         shape = spec.shape
         if spec.quant is not None:

@@ -63,10 +63,28 @@ class Decision:
     prompt_cache_on_host: bool = False  # saved prompt states in pinned host memory
     prediction: Prediction | None = None  # the speed it will give, where the card is known
     score_rows: int = ATTN_QUERY_ROWS  # prefill attention query rows the workspace holds
+    kv_cache: str = "bf16"  # how the KV cache is stored (EngineSettings.kv_cache)
+    # Drafting with the MTP head (engine.memory.draft): the most tokens a step drafts (0:
+    # none), and the sentence that says so, or why drafting is unavailable.
+    draft_tokens: int = 0
+    drafting: str = ""
 
     @property
     def fits(self) -> bool:
         return self.verdict is not Verdict.DOES_NOT_FIT
+
+    def planned_peak(self, prompt_cache_held: int | None = None) -> int:
+        """The most the plan holds in the pool at once: weights, stream states, scratch and
+        workspace (whole when eager, growth peak when lazy) and the saved prompt states on
+        the card. Those are counted at their budget (what admission reserves: a long chat
+        fills it), or at `prompt_cache_held`, what the prompt cache's device tier holds now,
+        at most that budget (the cache evicts to stay in it; 0 on the card when the states
+        live in host memory). Receipts compare the second with the pool's peak."""
+        b = self.breakdown
+        cache = b.prompt_cache
+        if prompt_cache_held is not None:
+            cache = min(cache, prompt_cache_held)
+        return b.weights + b.stream_state_total + cache + b.scratch_peak + b.workspace_peak
 
     def to_dict(self) -> dict:
         """JSON-ready."""
@@ -81,6 +99,9 @@ class Decision:
             "host_embeddings": self.host_embeddings,
             "prompt_cache_on_host": self.prompt_cache_on_host,
             "score_rows": self.score_rows,
+            "kv_cache": self.kv_cache,
+            "draft_tokens": self.draft_tokens,
+            "drafting": self.drafting,
             "breakdown": asdict(self.breakdown),
             "suggestions": list(self.suggestions),
             "fixes": [list(f) for f in self.fixes],
@@ -114,10 +135,13 @@ class Decision:
             lines.append(
                 f"admitted: {self.streams} stream(s) at {self.context:,} tokens, "
                 f"max rows {self.max_rows}, scratch {'eager' if self.eager else 'lazy'}"
+                + (", 8-bit KV cache" if self.kv_cache == "int8" else "")
             )
         lines += [f"  {name:<{width}}  {_gib(n):>12}" for name, n in rows]
         if self.prediction is not None:
             lines.append(f"speed: {self.prediction.sentence()}")
+        if self.drafting:  # "drafts 2 tokens a step ...", or why drafting is unavailable
+            lines.append(self.drafting[0].upper() + self.drafting[1:])
         lines += [f"  - {text}" for text in self.suggestions]
         return "\n".join(lines)
 

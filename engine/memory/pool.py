@@ -8,6 +8,8 @@ out-of-memory, which is how a large card stands in for a small one.
 
 Both pools raise `DeviceOutOfMemory` (with `.nbytes` and `.category`) for a failed
 allocation; the growth paths turn that into `ScratchGrowFailed` / `WorkspaceGrowFailed`.
+`fail_next(tag or category, n)` makes the next n allocations of that kind fail the same way
+(the fault tests, tests/device/test_faults.py; an empty dict check when nothing is armed).
 """
 
 from __future__ import annotations
@@ -54,15 +56,47 @@ def category_of(tag: str) -> str:
     return tag.split(":", 1)[0]
 
 
+# What each category holds, and the setting that makes room for it.
+_LIMIT = "raise the memory limit (SNUG_MEMORY_LIMIT_GIB)"
+_WHAT = {
+    "weights": (
+        "the model's weights",
+        f"choose a smaller model or a 4-bit checkpoint, or {_LIMIT}",
+    ),
+    "stream": (
+        "the streams' KV cache and DeltaNet state",
+        f"lower the context or the number of streams, or {_LIMIT}",
+    ),
+    "prompt_cache": (
+        "a saved prompt state",
+        f"the next turn prefills its history instead; {_LIMIT} to keep more saved states",
+    ),
+}
+_DEFAULT = ("", f"lower the context, the number of streams or max rows, or {_LIMIT}")
+
+
 def _oom(nbytes: int, tag: str, why: str) -> DeviceOutOfMemory:
+    what, hint = _WHAT.get(category_of(tag), _DEFAULT)
+    what = f"{what} ({tag!r})" if what else repr(tag)
     err = DeviceOutOfMemory(
-        f"device allocation of {nbytes:,} bytes for {tag!r} failed: {why}; lower the context, "
-        "the number of streams or max rows, or raise the memory limit (SNUG_MEMORY_LIMIT_GIB)"
+        f"device allocation of {nbytes:,} bytes for {what} failed: {why}; {hint}"
     )
     err.nbytes = nbytes
     err.category = category_of(tag)
     err.tag = tag
     return err
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether a CuPy or CUDA exception means the device (or pinned host memory) had no room:
+    CuPy's OutOfMemoryError, or a runtime or driver error of status 2 (cudaErrorMemoryAllocation,
+    CUDA_ERROR_OUT_OF_MEMORY). Called in `except` clauses of the CUDA path only."""
+    import cupy
+
+    if isinstance(exc, cupy.cuda.memory.OutOfMemoryError):
+        return True
+    errors = (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
+    return isinstance(exc, errors) and getattr(exc, "status", None) == 2
 
 
 class _Ledger:
@@ -73,6 +107,35 @@ class _Ledger:
         self._held: dict[int, tuple[str, int]] = {}
         self._next_id = 0
         self.peak_bytes = 0  # the most held at once (receipts compare it with the plan)
+        self._faults: dict[str, int] = {}  # tag or category -> allocations still to fail
+
+    def reset_peak(self) -> None:
+        """Start `peak_bytes` again from what is held now (a receipt's request measures the
+        peak of its own)."""
+        self.peak_bytes = self.held_bytes
+
+    def fail_next(self, what: str, count: int = 1) -> None:
+        """Make the next `count` allocations whose tag or category is `what` fail as an
+        out-of-memory does (DeviceOutOfMemory, nothing allocated); count 0 disarms."""
+        if count < 0:
+            raise ValueError(f"count {count} must be >= 0")
+        if count:
+            self._faults[what] = count
+        else:
+            self._faults.pop(what, None)
+
+    def pending_faults(self) -> dict[str, int]:
+        """The failures armed by `fail_next` and not yet reached."""
+        return dict(self._faults)
+
+    def _injected_fault(self, nbytes: int, tag: str) -> None:
+        if not self._faults:
+            return
+        for key in (tag, category_of(tag)):
+            left = self._faults.get(key, 0)
+            if left:
+                self.fail_next(key, left - 1)
+                raise _oom(nbytes, tag, f"an injected failure (fail_next({key!r}))")
 
     @property
     def held_bytes(self) -> int:
@@ -184,6 +247,7 @@ class SimulatedPool(_Ledger):
                 raise ValueError(f"negative allocation {nbytes} for {tag!r}")
             if self._injected(seq, tag, nbytes):
                 raise _oom(nbytes, tag, f"injected failure at allocation #{seq}")
+            self._injected_fault(nbytes, tag)
             self._check_limit(nbytes, tag)
             if nbytes > self.card_free():
                 raise _oom(nbytes, tag, f"the card has {self.card_free():,} bytes free")
@@ -250,6 +314,7 @@ class CupyPool(_Ledger):
     def alloc(self, nbytes: int, tag: str) -> CupyAllocation:
         import cupy
 
+        self._injected_fault(nbytes, tag)
         self._check_limit(nbytes, tag)
         try:
             with cupy.cuda.Device(self.device):

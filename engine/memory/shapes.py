@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from engine.checkpoint.names import expected_tensors
+from engine.checkpoint.names import expected_mtp_tensors, expected_tensors
 from engine.config import FULL, LINEAR, ModelConfig, QuantConfig, QuantSpec
 from engine.memory.arena import TensorSpec
 
@@ -64,34 +64,12 @@ def layer_linear_shapes(config: ModelConfig) -> list[tuple[str, int, int]]:
     ]
 
 
-def _mtp_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The one-layer MTP head HF checkpoints carry (a full-attention layer plus its fc)."""
-    H, I = c.hidden_size, c.intermediate_size
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"mtp.fc": (H, 2 * H)}
-    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        shapes[f"mtp.{n}"] = (H,)
-    p = "mtp.layers.0."
-    shapes.update(
-        {
-            p + "self_attn.q_proj": (2 * q, H),
-            p + "self_attn.k_proj": (kv, H),
-            p + "self_attn.v_proj": (kv, H),
-            p + "self_attn.o_proj": (H, q),
-            p + "mlp.gate_proj": (I, H),
-            p + "mlp.up_proj": (I, H),
-            p + "mlp.down_proj": (H, I),
-        }
-    )
-    return shapes
-
-
 def _stored_shapes(config: ModelConfig, fmt: str) -> dict[str, tuple[int, ...]]:
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     shapes = dict(expected_tensors(config))
     if fmt == "bf16" and config.mtp_num_hidden_layers:
-        shapes.update(_mtp_shapes(config))
+        shapes.update(expected_mtp_tensors(config))  # MLX conversions drop mtp.*
     return shapes
 
 

@@ -5,11 +5,13 @@
    (out x in, compute dtype). The embedding and the head never go through it.
 2. Prefill attention: scores (fp32) and probabilities (compute dtype) of a group of query
    rows against every key of the stream so far, `Hq x q_rows x context`, with q_rows at most
-   ATTN_QUERY_ROWS; the attention kernel takes as many query rows per pass as fit.
+   ATTN_QUERY_ROWS; the attention kernel takes as many query rows per pass as fit. With the
+   8-bit KV cache, one KV head's keys and values dequantized for cuBLAS come first
+   (`kv [2,T,hd] dt`), and the scores of that head's query heads follow them.
 
 The two never run at once, so the block is the larger of the two:
 
-    +-- tile [max out * max in] dt  |or|  scores [Hq,q,T] f32 + probs [Hq,q,T] dt --+
+    +-- tile [max out * max in] dt  |or|  (kv) scores [Hq,q,T] f32 + probs [Hq,q,T] dt --+
 
 It grows on demand like the scratch (`engine.memory.growth`); a failed grow raises
 WorkspaceGrowFailed and keeps the old block.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.config import ModelConfig
+from engine.config import KV_CACHES, ModelConfig
 from engine.errors import WorkspaceGrowFailed
 from engine.memory.growth import GrowableBuffer
 from engine.memory.pool import Allocation, DevicePool
@@ -44,18 +46,31 @@ def attention_scores_bytes(
     return config.num_attention_heads * query_rows * context * (4 + dtype_bytes)
 
 
+def kv_dequant_bytes(config: ModelConfig, context: int, dtype_bytes: int, kv_cache: str) -> int:
+    """The 8-bit cache's keys and values of one KV head at `context`, dequantized for the
+    prompt's products (0 for the cache in the compute dtype, which cuBLAS reads in place)."""
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache {kv_cache!r}: choose {' or '.join(KV_CACHES)}")
+    if kv_cache != "int8" or not config.full_layers:
+        return 0
+    return 2 * align_up(context * config.head_dim * dtype_bytes)
+
+
 def workspace_bytes(
     config: ModelConfig,
     rows: int,
     dtype_bytes: int = 2,
     context: int = 4096,
     score_rows: int = ATTN_QUERY_ROWS,
+    kv_cache: str = "bf16",
 ) -> int:
     """Workspace size for prefill chunks of `rows` rows at `context` tokens, with room for
-    the attention scores of `score_rows` query rows at once."""
+    the attention scores of `score_rows` query rows at once (and, with the 8-bit KV cache,
+    a KV head's keys and values dequantized)."""
     if rows <= 0:
         return 0
     scores = attention_scores_bytes(config, min(rows, score_rows), context, dtype_bytes)
+    scores += kv_dequant_bytes(config, context, dtype_bytes, kv_cache)
     return align_up(max(_tile_bytes(config, dtype_bytes), scores))
 
 
@@ -73,15 +88,18 @@ class Workspace(GrowableBuffer):
         max_rows: int,
         context: int = 4096,
         score_rows: int = ATTN_QUERY_ROWS,
+        kv_cache: str = "bf16",
     ) -> None:
         super().__init__(pool, max_rows)
         self.config = config
         self.dtype_bytes = dtype_bytes
         self.context = context
         self.score_rows = score_rows
+        self.kv_cache = kv_cache
 
     def size_for(self, rows: int) -> int:
-        return workspace_bytes(self.config, rows, self.dtype_bytes, self.context, self.score_rows)
+        c, dt = self.config, self.dtype_bytes
+        return workspace_bytes(c, rows, dt, self.context, self.score_rows, self.kv_cache)
 
     def _carve(self, block: Allocation, rows: int) -> dict[str, Any]:
         dt = DTYPE_NAMES[self.dtype_bytes]

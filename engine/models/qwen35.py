@@ -25,15 +25,20 @@ class Qwen35Model:
         self.backend = backend
         self.w = weights
         self.head = weights["embed_tokens"] if config.tie_word_embeddings else weights["lm_head"]
+        self.hidden: Any = None  # every row's final hidden state, from forward(hidden=True)
         # Index of each layer among its kind: KV caches and DeltaNet states are per kind.
         self.kind_index = {}
         for kind_layers in (config.full_layers, config.linear_layers):
             for j, i in enumerate(kind_layers):
                 self.kind_index[i] = j
 
-    def forward(self, batch: Batch, ids: np.ndarray, all_logits: bool = False) -> Any:
+    def forward(
+        self, batch: Batch, ids: np.ndarray, all_logits: bool = False, hidden: bool = False
+    ) -> Any:
         """Run `batch` over token `ids` `[R]`; return logits `[S, V]` for each segment's last row
-        (or `[R, V]` for every row with `all_logits`), and advance every stream's state."""
+        (or `[R, V]` for every row with `all_logits`), and advance every stream's state.
+        `hidden`: also keep every row's final hidden state, after the final norm, in
+        `self.hidden` `[R, H]` (what the MTP head drafts from: engine/models/mtp.py)."""
         c, be, w = self.config, self.backend, self.w
         eps = c.rms_norm_eps
         ids_dev = be.prepare(batch, ids)
@@ -50,6 +55,12 @@ class Qwen35Model:
             mlp = [w[p + "mlp." + n] for n in ("gate_proj", "up_proj", "down_proj")]
             delta, x = be.norm_mlp(x, delta, w[p + "post_attention_layernorm"], eps, *mlp)
         be.begin_head()
+        if hidden:
+            u, _ = be.add_rms_norm(x, delta, w["norm"], eps)  # [R, H]
+            self.hidden = u
+            if not all_logits:
+                u = be.take_rows(u, batch.last_rows())
+            return be.linear(u, self.head)
         if not all_logits:
             last = batch.last_rows()
             x, delta = be.take_rows(x, last), be.take_rows(delta, last)  # [S, H]

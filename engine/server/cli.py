@@ -1,9 +1,10 @@
 """`snug serve`: load a model and serve it over the OpenAI API.
 
     snug serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY]
-               [--context N] [--streams N] [--queue N]
+               [--context N] [--streams N] [--queue N] [--batch-invariant on|off]
 
-It listens on 127.0.0.1 unless told otherwise; any other address needs --api-key.
+It listens on 127.0.0.1 unless told otherwise; any other address needs --api-key. With more
+than one stream it decodes batch-invariant unless told otherwise (EngineSettings).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import argparse
 import dataclasses
 import sys
 
-from engine.config import EngineSettings
+from engine.cli_plan import add_kv_cache_flag, with_kv_cache
+from engine.config import ENV_BATCH_INVARIANT, EngineSettings, env_switch
 
 __all__ = ["add_serve_parser", "run_serve"]
 
@@ -61,7 +63,27 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--reserve-gib", type=float, default=None, help="memory left for others")
     p.add_argument("--limit-gib", type=float, default=None, help="cap on what Snug holds")
+    add_kv_cache_flag(p)
+    p.add_argument(
+        "--batch-invariant",
+        choices=["on", "off"],
+        default=None,
+        help="a reply's tokens do not depend on the requests decoded beside it (default: on "
+        f"with more than one stream; env {ENV_BATCH_INVARIANT}=0/1)",
+    )
     return p
+
+
+def with_batch_invariant(settings: EngineSettings, args: argparse.Namespace) -> EngineSettings:
+    """The server's batch-invariant decode: --batch-invariant, else the environment's
+    choice, else on where more than one stream is served (a request's reply then does not
+    depend on the others in its decode steps)."""
+    chosen = {"on": True, "off": False}.get(args.batch_invariant or "")
+    if chosen is None:
+        chosen = env_switch(ENV_BATCH_INVARIANT)
+    if chosen is None:
+        chosen = args.streams > 1
+    return dataclasses.replace(settings, batch_invariant=chosen)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -74,6 +96,7 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = EngineSettings.from_env().with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
     if args.backend:
         settings = dataclasses.replace(settings, backend=args.backend)
+    settings = with_batch_invariant(with_kv_cache(settings, args), args)
     engine = Engine.load(
         args.model,
         settings,
@@ -89,7 +112,7 @@ def run_serve(args: argparse.Namespace) -> int:
     sys.stderr.write(
         f"snug: serving {app.state.server.model_id} on http://{args.host}:{args.port}/v1 "
         f"({engine.backend_name}, context {engine.context}, {engine.streams} streams, "
-        f"queue {args.queue})\n"
+        f"queue {args.queue}, batch-invariant {'on' if settings.batch_invariant else 'off'})\n"
     )
     try:
         server.run()

@@ -17,9 +17,15 @@ from pathlib import Path
 import numpy as np
 
 from engine.bf16 import from_bf16, to_bf16
-from engine.checkpoint.names import expected_tensors, is_conv, is_zero_centred
+from engine.checkpoint.names import (
+    expected_mtp_tensors,
+    expected_tensors,
+    is_conv,
+    is_zero_centred,
+)
 from engine.config import parse_config
 from engine.memory.shapes import shape_config
+from engine.testing.mtp import hf_key, random_mtp
 
 
 def _real_shape(name: str) -> dict:
@@ -188,12 +194,21 @@ def write_checkpoint(
     std: float = 0.05,
     pooled: bool | None = None,
     headers_only: bool = False,
+    mtp: bool | None = None,
 ) -> Path:
     """Write config.json + model.safetensors for `shape` in `fmt` ('mlx4', 'mlx8', 'bf16').
-    headers_only: every tensor zero, in a sparse file (instant at any size; for planning)."""
+    headers_only: every tensor zero, in a sparse file (instant at any size; for planning).
+    mtp: the MTP head's `mtp.*` tensors, as Hugging Face files hold them; None (the default)
+    as the published checkpoints: bf16 has them, MLX does not (its conversions drop them,
+    engine.testing.mtp)."""
     spec = SHAPES[shape] if isinstance(shape, str) else shape
     tc = text_config(spec)
     bits = {"mlx4": 4, "mlx8": 8, "bf16": 0}[fmt]
+    mtp = not bits if mtp is None else mtp
+    if mtp and bits:
+        raise ValueError("MLX conversions carry no mtp.* tensors (mlx-lm's sanitize drops them)")
+    if mtp:
+        tc["mtp_num_hidden_layers"] = 1
     group = 64
     pooled = spec["hidden_size"] >= 1024 if pooled is None else pooled
     src = _Source(seed, pooled, bits, group, std)
@@ -238,6 +253,11 @@ def write_checkpoint(
         dt = "F32" if kind == "alog" or (kind == "gnorm" and not mlx) else "BF16"
         specs[key(name) + leaf] = (dt, shp)
 
+    heads = random_mtp(parse_config(tc), seed + 2, std) if mtp and not headers_only else {}
+    if mtp:
+        specs.update(
+            {hf_key(n): ("BF16", s) for n, s in expected_mtp_tensors(parse_config(tc)).items()}
+        )
     w = _Writer(out / "model.safetensors", specs, {"format": "mlx" if mlx else "pt"})
     if headers_only:
         w.leave_sparse()
@@ -266,6 +286,8 @@ def write_checkpoint(
             v = 1.0 + rng.standard_normal(shp).astype(np.float32) * 0.1
         dt = specs[key(name) + leaf][0]
         w.add(key(name) + leaf, v.astype(np.float32) if dt == "F32" else to_bf16(v))
+    for name, v in heads.items():
+        w.add(hf_key(name), to_bf16(v))
     w.close()
 
     if mlx:
@@ -282,13 +304,16 @@ def write_checkpoint(
     return out
 
 
-def model_dir(workdir: str | Path, shape: str, fmt: str = "mlx4", seed: int = 1) -> Path:
+def model_dir(
+    workdir: str | Path, shape: str, fmt: str = "mlx4", seed: int = 1, mtp: bool | None = None
+) -> Path:
     """A random checkpoint at `shape` with a small tokenizer, written once and reused: what
-    the receipts tools load through `Engine.load` like a downloaded model."""
+    the receipts tools load through `Engine.load` like a downloaded model (`mtp`: as
+    `write_checkpoint`)."""
     from engine.testing.tiny import write_tokenizer
 
-    out = Path(workdir) / f"{shape}-{fmt}-s{seed}"
+    out = Path(workdir) / f"{shape}-{fmt}-s{seed}{'-mtp' if mtp else ''}"
     if not (out / "tokenizer.json").exists():
-        write_checkpoint(out, shape, fmt, seed=seed)
+        write_checkpoint(out, shape, fmt, seed=seed, mtp=mtp)
         write_tokenizer(out)
     return out

@@ -330,31 +330,13 @@ def _randomize(model: Any, spec: TinySpec) -> None:
 
 
 def _mtp_tensors(spec: TinySpec) -> dict[str, Any]:
-    """Random `mtp.*` tensors with the real checkpoints' names and shapes (spec 2)."""
+    """Random `mtp.*` tensors with the real checkpoints' names and shapes (engine.testing.mtp)."""
     import torch
 
-    H, I, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
-    shapes = {
-        "mtp.fc.weight": (H, 2 * H),
-        "mtp.pre_fc_norm_embedding.weight": (H,),
-        "mtp.pre_fc_norm_hidden.weight": (H,),
-        "mtp.norm.weight": (H,),
-        "mtp.layers.0.input_layernorm.weight": (H,),
-        "mtp.layers.0.post_attention_layernorm.weight": (H,),
-        "mtp.layers.0.self_attn.q_proj.weight": (2 * spec.num_attention_heads * hd, H),
-        "mtp.layers.0.self_attn.k_proj.weight": (spec.num_key_value_heads * hd, H),
-        "mtp.layers.0.self_attn.v_proj.weight": (spec.num_key_value_heads * hd, H),
-        "mtp.layers.0.self_attn.o_proj.weight": (H, spec.num_attention_heads * hd),
-        "mtp.layers.0.self_attn.q_norm.weight": (hd,),
-        "mtp.layers.0.self_attn.k_norm.weight": (hd,),
-        "mtp.layers.0.mlp.gate_proj.weight": (I, H),
-        "mtp.layers.0.mlp.up_proj.weight": (I, H),
-        "mtp.layers.0.mlp.down_proj.weight": (H, I),
-    }
-    return {
-        name: _random_like(name, torch.empty(shape), spec.embed_std)
-        for name, shape in shapes.items()
-    }
+    from engine.testing.mtp import hf_key, random_mtp
+
+    values = random_mtp(spec, seed=spec.seed + 7)
+    return {hf_key(name): torch.from_numpy(v) for name, v in values.items()}
 
 
 def _shards(tensors: dict[str, Any], max_bytes: int | None, count: int) -> list[list[str]]:

@@ -37,6 +37,19 @@ class DeviceArray:
         self.data = type("D", (), {"ptr": 1 << 20})()
         self.nbytes = int(np.prod(shape)) * itemsize
 
+    def __getitem__(self, index: slice | tuple) -> DeviceArray:
+        """Rows (a slice), or rows and columns (two): a view with the same strides, its
+        pointer moved."""
+        cuts = index if isinstance(index, tuple) else (index,)
+        shape, ptr = list(self.shape), self.data.ptr
+        for axis, cut in enumerate(cuts):
+            start, stop, _ = cut.indices(shape[axis])
+            shape[axis], ptr = stop - start, ptr + start * self.strides[axis]
+        out = DeviceArray(tuple(shape), self.itemsize)
+        out.strides = self.strides
+        out.data = type("D", (), {"ptr": ptr})()
+        return out
+
 
 class Fn:
     """A compiled kernel as a launch reads it."""

@@ -1,7 +1,8 @@
 """Every kernel instance the backend can request compiles for every card CI has none of.
 
 The instances are the engine's own list (engine/backends/cuda/catalog.py: the functions that
-pick them at run time, walked over the four Qwen3.5 sizes in MLX 4-bit and bf16), compiled
+pick them at run time, walked over the four Qwen3.5 sizes in MLX 4-bit and bf16, with the KV
+cache in bf16 and in 8 bits), compiled
 with NVRTC for an explicit architecture (`-arch=sm_XX`) in each precision the architecture
 runs: bf16 from sm_80, fp16 and fp32 everywhere. Each distinct (file, instances, options,
 architecture) is one NVRTC program, compiled once a session, on threads in parallel.
@@ -47,9 +48,9 @@ def programs(capability: int, dtype: str) -> tuple[Module, ...]:
     gemv4: set[Module] = set()
     files: dict[str, set[str]] = {}
     for size in SHAPES:
-        for fmt in FORMATS:
+        for fmt, kv in [(f, kv) for f in FORMATS for kv in ("bf16", "int8")]:
             config = shape_config(size, fmt)
-            for m in modules(config, shape_tensor_specs(config, fmt), dtype, card):
+            for m in modules(config, shape_tensor_specs(config, fmt), dtype, card, kv_cache=kv):
                 if m.file == "gemv4.cu":
                     gemv4.add(m)
                 else:

@@ -9,6 +9,12 @@ each chunk and KV head, one strided-batched GEMM forms the scores of the `Hq / H
 heads that share it (fp32, scaled by hd^-1/2), `softmax_causal` turns them into
 probabilities in the activation type (zero past each row's last visible key), a second GEMM
 multiplies them by V, and `attn_gate` applies the output gate.
+
+With the 8-bit KV cache (`StreamState.kv_int8`: codes and a scale per token and KV head,
+engine/backends/kv_int8.py) `attn_prep_q8` writes the codes and scales and a step reads them
+with `attn_decode_q8`. A window runs per KV head: `kv_dequant` writes the head's keys and
+values of the segment so far into the workspace in the activation type, and the same
+products as above run over them for its query heads, in chunks of query rows.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 from engine.backends.base import Batch, Segment
 from engine.backends.cuda.blas import matmul
 from engine.backends.cuda.frame import Frame
-from engine.backends.cuda.launch import Kernels, ahead_spans, sm_count
+from engine.backends.cuda.launch import Kernels, ahead_spans, cdiv, sm_count
 from engine.backends.cuda.state import StreamState
 from engine.backends.cuda.tuning import Tuning
 from engine.memory.arena import ALIGN
@@ -45,15 +51,29 @@ def decode_smem(held: int, hd: int, warps: int) -> int:
 
 
 def decode_kernel(
-    group: int, hd: int, nsmax: int, Hkv: int, R: int, sm_count: int
+    group: int,
+    hd: int,
+    nsmax: int,
+    Hkv: int,
+    R: int,
+    sm_count: int,
+    invariant: bool = False,
+    q8: bool = False,
 ) -> tuple[str, int]:
     """(attn_decode instance, warps a block) of a step's grid (nsmax, Hkv, R). 8 warps take a 32-key
     split in one round of loads, all before the wait, where the grid is small enough (one
     block an SM: 176 registers a thread at head_dim 256) and their partials fit in the
-    kernel's 32 KiB of static shared memory for them; else 4."""
+    kernel's 32 KiB of static shared memory for them; else 4. The warps split each split's
+    keys among them (a warp takes every NW-th run of keys) and their partials merge in warp
+    order, so a row's sums depend on them: batch-invariant (`invariant`), every grid takes 8
+    where their partials fit (as a one-row step's small grid does), whatever its splits and
+    rows. `q8`: the instance that reads the 8-bit cache (attn_decode_q8), with the same
+    geometry."""
     gm, ku = decode_held(group)
-    nw = 8 if nsmax * Hkv * R <= sm_count and gm * hd * 4 * 8 <= 32768 else 4
-    return f"attn_decode<{hd // 32},{gm},{ku},{nw}>", nw
+    small = invariant or nsmax * Hkv * R <= sm_count
+    nw = 8 if small and gm * hd * 4 * 8 <= 32768 else 4
+    name = "attn_decode_q8" if q8 else "attn_decode"
+    return f"{name}<{hd // 32},{gm},{ku},{nw}>", nw
 
 
 class Attention:
@@ -63,6 +83,7 @@ class Attention:
     def __init__(self, kernels: Kernels, frame: Frame, state: StreamState, tuning: Tuning):
         self.k, self.frame, self.state, self.tuning = kernels, frame, state, tuning
         self.step_splits: int | None = None
+        self.batch_invariant = False  # the warps a block of attn_decode: decode_kernel
 
     def forward(
         self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, batch: Batch, ahead
@@ -75,35 +96,58 @@ class Attention:
         heads = (c.num_attention_heads, c.num_key_value_heads, c.head_dim)
         Hq, _, hd = heads
         kc, vc = st.kv_k[layer], st.kv_v[layer]
+        scales = (st.kv_k_scale[layer], st.kv_v_scale[layer]) if st.kv_int8 else None
         q = fr.take((R, Hq * hd))
         meta = fr.rows(R)
         prep = (qg, k, v, q_norm, k_norm, meta, q, kc, vc, heads, c.rotary_dim, st.context)
         ahead = ahead if batch.is_step and self.k.prefetch else ()
-        self.prep(*prep, c.rope_theta, c.rms_norm_eps, ahead)
+        self.prep(*prep, c.rope_theta, c.rms_norm_eps, ahead, scales)
         out = fr.take((R, Hq * hd))
         if batch.is_step:
             split, nsmax = decode_splits(st.context, self.step_splits)
             po = fr.take((R, Hq, nsmax, hd), cupy.float32)
             pml = fr.take((R, Hq, nsmax, 2), cupy.float32)
-            self.decode(q, kc, vc, meta[0], meta[1], po, pml, heads, st.context, split, nsmax)
+            ctx = st.context
+            self.decode(q, kc, vc, meta[0], meta[1], po, pml, heads, ctx, split, nsmax, scales)
             self.combine(po, pml, qg, meta[0], out, heads, split, nsmax)
             return out
         row0 = 0
         for seg in batch.segments:
-            self.prefill(q, qg, kc, vc, seg, row0, out)
+            if scales is None:
+                self.prefill(q, qg, kc, vc, seg, row0, out)
+            else:
+                self.prefill_q8(q, qg, (kc, vc), scales, seg, row0, out)
             row0 += seg.rows
         return out
 
     # ----- kernels ------------------------------------------------------------------------
-    def prep(self, qg, k, v, qn, kn, meta, qout, kc, vc, heads, rot, ctx, theta, eps, ahead=()):
+    def prep(
+        self,
+        qg,
+        k,
+        v,
+        qn,
+        kn,
+        meta,
+        qout,
+        kc,
+        vc,
+        heads,
+        rot,
+        ctx,
+        theta,
+        eps,
+        ahead=(),
+        scales=None,
+    ):
         """q/k norm and RoPE into `qout` and the KV cache; `ahead` (a step's next weights)
-        toward L2."""
+        toward L2. `scales` (the 8-bit cache's key and value scales): codes into kc / vc."""
         Hq, Hkv, hd = heads
         R = qg.shape[0]
         pos, row_slot, row_tl, row_n = meta
         self.k.run(
             "attention.cu",
-            "attn_prep",
+            "attn_prep" if scales is None else "attn_prep_q8",
             (R, Hq + Hkv),
             (hd,),
             (
@@ -119,6 +163,7 @@ class Attention:
                 qout,
                 kc,
                 vc,
+                *(scales or ()),
                 i32(Hq),
                 i32(Hkv),
                 i32(hd),
@@ -131,14 +176,17 @@ class Attention:
             hd * 4,
         )
 
-    def decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, least, nsmax):
+    def decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, least, nsmax, scales=None):
         """Split-KV decode attention: nsmax splits a KV head at most, each of at least
-        `least` keys (engine.memory.scratch.decode_splits); partials to po / pml."""
+        `least` keys (engine.memory.scratch.decode_splits); partials to po / pml. `scales`:
+        the 8-bit cache's key and value scales (kc / vc hold codes)."""
         Hq, Hkv, hd = heads
         R = q.shape[0]
         # support.check_model refused any other shape at load
         assert Hq // Hkv <= MAX_GROUP and hd % 32 == 0, (Hq, Hkv, hd)
-        sym, nw = decode_kernel(Hq // Hkv, hd, nsmax, Hkv, R, sm_count())
+        sym, nw = decode_kernel(
+            Hq // Hkv, hd, nsmax, Hkv, R, sm_count(), self.batch_invariant, scales is not None
+        )
         self.k.run(
             "attention.cu",
             sym,
@@ -148,6 +196,7 @@ class Attention:
                 q,
                 kc,
                 vc,
+                *(scales or ()),
                 pos,
                 row_slot,
                 po,
@@ -244,6 +293,91 @@ class Attention:
                     t_act,
                     L,
                     vbase.data.ptr,
+                    t_act,
+                    hd,
+                    False,
+                    o_ptr,
+                    t_act,
+                    hd,
+                    n,
+                    hd,
+                    L,
+                    batch=gq,
+                    stride_a=n * L,
+                    stride_b=0,
+                    stride_c=rows * hd,
+                )
+        self.gate(o, qg, out, rows, row0, Hq, hd)
+
+    def dequant(self, codes: tuple, scales: tuple, out: tuple, n: int) -> None:
+        """The first `n` keys and values of one KV head of the 8-bit cache (codes, scales:
+        each (keys, values)) into `out` (keys, values: [>= n, hd] activation type)."""
+        hd = out[0].shape[1]
+        self.k.run(
+            "attention.cu",
+            "kv_dequant",
+            (cdiv(n * hd // 4, 256), 2),
+            (256,),
+            (codes[0], scales[0], codes[1], scales[1], out[0], out[1], i32(n), i32(hd)),
+        )
+
+    def prefill_q8(self, q, qg, codes: tuple, scales: tuple, seg: Segment, row0: int, out) -> None:
+        """`prefill` over the 8-bit cache (codes and scales: each (keys, values) of the
+        layer): per KV head, its L keys and values dequantized into the workspace, then the
+        scores, softmax and products of its query heads in chunks of query rows that fit
+        the rest of the workspace."""
+        import cupy
+
+        c, kern, fr = self.state.config, self.k, self.frame
+        Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        gq, rows, L = Hq // Hkv, seg.rows, seg.start + seg.rows
+        t_act, isz = kern.cuda_type, kern.act_itemsize
+        fr.workspace.begin("ws")
+        kv = (fr.workspace.take((L, hd)), fr.workspace.take((L, hd)))  # one head's keys, values
+        ws = fr.mem_workspace
+        budget = SCORE_BUDGET
+        if ws is not None and ws.block is not None:
+            budget = ws.nbytes - 4 * ALIGN - kv[0].nbytes - kv[1].nbytes
+        tq = max(1, min(rows, budget // (gq * L * (4 + isz))))
+        scores_all = fr.workspace.take((gq * tq * L,), cupy.float32)
+        probs_all = fr.workspace.take((gq * tq * L,), kern.act_dtype)
+        o = fr.take((Hq, rows, hd))
+        qseg = q[row0:]  # [Hq, rows, hd] laid out from row0 * Hq * hd
+        for h in range(Hkv):
+            head = tuple(a[seg.slot, h] for a in codes), tuple(s[seg.slot, h] for s in scales)
+            self.dequant(*head, kv, L)
+            for t0 in range(0, rows, tq):
+                n = min(tq, rows - t0)
+                scores = scores_all[: gq * n * L].reshape(gq, n, L)  # this head's query heads
+                probs = probs_all[: gq * n * L].reshape(gq, n, L)
+                a_ptr = qseg.data.ptr + ((h * gq * rows + t0) * hd) * isz
+                matmul(
+                    a_ptr,
+                    t_act,
+                    hd,
+                    kv[0].data.ptr,
+                    t_act,
+                    hd,
+                    True,
+                    scores.data.ptr,
+                    0,
+                    L,
+                    n,
+                    L,
+                    hd,
+                    alpha=hd**-0.5,
+                    batch=gq,
+                    stride_a=rows * hd,
+                    stride_b=0,
+                    stride_c=n * L,
+                )
+                self.softmax_causal(scores, probs, n, t0, seg.start, L)
+                o_ptr = o.data.ptr + ((h * gq * rows + t0) * hd) * isz
+                matmul(
+                    probs.data.ptr,
+                    t_act,
+                    L,
+                    kv[1].data.ptr,
                     t_act,
                     hd,
                     False,

@@ -33,16 +33,19 @@ from engine.backends.cuda import catalog, nvrtc, support
 from engine.backends.cuda.attention import Attention
 from engine.backends.cuda.deltanet import DeltaNet
 from engine.backends.cuda.frame import Frame
-from engine.backends.cuda.launch import Kernels, card
+from engine.backends.cuda.host_table import host_table
+from engine.backends.cuda.launch import Kernels, card, simulate
 from engine.backends.cuda.modules import use_cache_dir
 from engine.backends.cuda.norms import Norms
 from engine.backends.cuda.projections import Projections
 from engine.backends.cuda.sampling import Sampling
 from engine.backends.cuda.state import StreamState
 from engine.backends.cuda.tuning import Tuning
+from engine.backends.cuda.verify_rows import DeviceVerifyRows
 from engine.backends.cuda.weights import upload
-from engine.config import EngineSettings, ModelConfig
+from engine.config import EngineSettings, ModelConfig, parse_device_props
 from engine.errors import DeviceOutOfMemory
+from engine.memory.pool import is_out_of_memory
 from engine.memory.workspace import ATTN_QUERY_ROWS
 from engine.snapshot_store import HostSnapshot
 
@@ -69,6 +72,7 @@ class CudaBackend(Backend):
         super().__init__(settings)
         # A card, dtype or NVRTC the kernels do not cover is refused by name, before the
         # stream, the pool or any compile.
+        simulate(parse_device_props(self.settings.device_props))  # "": the GPU's own
         self.card = card()
         version, archs = nvrtc.loaded_version(), nvrtc.supported_archs()
         support.check_card(self.card.capability, dtype, version, archs)
@@ -90,14 +94,20 @@ class CudaBackend(Backend):
         # prefill attention's query rows.
         self.host_embeddings = False
         self.score_rows = ATTN_QUERY_ROWS
+        self.snapshot_room: int | None = None  # the plan's bytes for saved states on the card
         k, t = self.kernels, self.tuning
         self.frame = Frame(k.act_dtype, self._teardown_graphs)
         self.state = StreamState(k, self.pool, self.stream)
+        self.state.kv_int8 = self.settings.kv_cache == "int8"  # the 8-bit KV cache
         self.norms = Norms(k, self.frame)
         self.projections = Projections(k, self.frame, self.norms)
         self.attn = Attention(k, self.frame, self.state, t)
+        # Batch-invariant decode: each row summed as it is at one row (projections.py's gemv,
+        # attention.decode_kernel), whatever streams share the step.
+        self.projections.invariant = self.attn.batch_invariant = self.settings.batch_invariant
         self.deltanet = DeltaNet(k, self.frame, self.state, self.projections, t)
         self.sampling = Sampling(k, self.frame, t)
+        self.verify_rows = self.deltanet.verify_rows = DeviceVerifyRows(self.state)
 
     # ----- what admission decided ---------------------------------------------------------
     @property
@@ -111,11 +121,13 @@ class CudaBackend(Backend):
         super().configure(decision, vocab_rows)
         if decision is None:
             self.host_embeddings, self.score_rows = False, ATTN_QUERY_ROWS
+            self.snapshot_room = None
             return
         self.max_rows = decision.max_rows
         self.host_embeddings = decision.host_embeddings
         self.score_rows = decision.score_rows
         self.state.snapshots_on_host = decision.prompt_cache_on_host
+        self.snapshot_room = decision.breakdown.prompt_cache
 
     def held_bytes(self) -> int:
         """Bytes Snug holds on the card: the pool's blocks plus the small step buffers."""
@@ -136,7 +148,8 @@ class CudaBackend(Backend):
 
         support.check_model(config, self.card.capability, self.dtype)  # before the upload
         specs = checkpoint_specs(checkpoint)
-        mods = catalog.modules(config, specs, self.dtype, self.card, self.tuning)
+        kv = self.settings.kv_cache
+        mods = catalog.modules(config, specs, self.dtype, self.card, self.tuning, kv)
         self.kernels.catalog = catalog.requests(mods)
         self.stream.use()
         self.config = config
@@ -145,15 +158,17 @@ class CudaBackend(Backend):
         if skip and config.tie_word_embeddings:
             raise ValueError("a tied embedding table is the LM head and must be on the card")
         try:
-            weights, self.arena = upload(checkpoint, self.norms, self.projections, self.pool, skip)
+            mtp = self.draft_tokens > 0  # the MTP head drafts: its weights too
+            args = (checkpoint, self.norms, self.projections, self.pool, skip, mtp)
+            weights, self.arena = upload(*args)
         except cupy.cuda.memory.OutOfMemoryError as exc:
             raise DeviceOutOfMemory(
                 f"{checkpoint.dir}: the weights do not fit on the GPU ({exc}); choose a smaller "
                 "model or a 4-bit checkpoint"
             ) from exc
-        if skip:
-            self.state.host_table = checkpoint.read("embed_tokens")  # 4-bit stays packed
-            weights["embed_tokens"] = None
+        if skip:  # mapped pinned host memory, read in place by the gather (invariant 7)
+            self.state.host_table = host_table(checkpoint, "embed_tokens", self.dtype)
+            weights["embed_tokens"] = self.state.host_table
         return weights
 
     @property
@@ -176,12 +191,28 @@ class CudaBackend(Backend):
         self.vocab_rows = self.vocab_rows or config.vocab_size
         self.state.free()  # what the old shape held goes first, then the new state
         self.frame.release_blocks()
+        if self.graphs is not None:
+            self.graphs.lost.clear()  # the old shape's: warm-up captures for the new one
+        self.verify_rows.free()
+        self.state.mtp_layers = 1 if self.draft_tokens else 0  # the MTP head's KV layer
         self.state.alloc(config, slots, context)
+        if self.draft_tokens:
+            self.verify_rows.alloc(config, slots, self.draft_tokens)
         rows = max(self.max_rows, 64)
-        self.frame.alloc_meta(rows)
-        self.sampling.alloc(rows, slots, config.vocab_size)
+        try:  # small buffers from CuPy's own pool, outside the plan's blocks
+            self.frame.alloc_meta(rows)
+            self.sampling.alloc(rows, slots, config.vocab_size)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            raise DeviceOutOfMemory(
+                f"no memory for the decode step's buffers ({rows} rows, {slots} streams: the "
+                f"batch layout and the sampling buffers) ({exc}); lower the number of streams "
+                "or raise the memory reserve (SNUG_MEMORY_RESERVE_GIB)"
+            ) from exc
         isz, mr = self.act_itemsize, self.max_rows
-        self.frame.alloc_blocks(self.pool, config, isz, mr, slots, context, self.score_rows)
+        kv, score_rows = self.settings.kv_cache, self.score_rows
+        self.frame.alloc_blocks(self.pool, config, isz, mr, slots, context, score_rows, kv)
 
     def reset_slot(self, slot: int) -> None:
         self.state.reset_slot(slot)
@@ -216,7 +247,7 @@ class CudaBackend(Backend):
 
     @property
     def precision(self) -> str:
-        return f"cuda:{self.dtype}"
+        return f"cuda:{self.dtype}{self.kv_tag}"
 
     # ----- host transfer ------------------------------------------------------------------
     def to_host(self, x: Any) -> np.ndarray:
@@ -229,16 +260,15 @@ class CudaBackend(Backend):
         return cupy.asnumpy(x, stream=self.stream, blocking=True)
 
     def write_batch(self, batch: Batch, ids: np.ndarray) -> None:
-        """Copy token ids and the batch layout to the device (asynchronously); with host
-        embeddings, their rows too."""
+        """Copy token ids and the batch layout to the device (asynchronously)."""
         self.frame.write(batch, ids, self.state.context, self.stream)
-        if self.host_embeddings:
-            self.state.host_rows(ids[: batch.rows], self.max_rows)
 
     def prepare(self, batch: Batch, ids: np.ndarray) -> Any:
         self.stream.use()
+        if not self.frame.capturing:  # first: a grow captures the decode graphs again, and
+            self.grow_for(batch)  # each capture prepares a step of its own
+        self.projections.step = batch.is_step  # batch-invariant steps stay on the GEMVs
         if not self.frame.capturing:
-            self.frame.ensure(batch)  # lazy growth, before any kernel of this forward
             self.write_batch(batch, np.asarray(ids, np.int32))
             self.frame.workspace.reset("ws")
         self.frame.scratch.reset("r1")  # the embedding output is layer -1's
@@ -251,12 +281,21 @@ class CudaBackend(Backend):
         self.frame.scratch.begin("head")
 
     # ----- ops ----------------------------------------------------------------------------
+    def grow_for(self, batch: Batch) -> None:
+        """Lazy growth, before any kernel of this forward. A grow tears the decode graphs
+        down (invariant 5); they are captured again here, before the forward that grew runs,
+        so the decode steps after it replay them. Steps never grow the scratch after
+        warm-up: on the lazy path a grow happens at a prompt's chunk, not at a step."""
+        try:
+            self.frame.ensure(batch)
+        finally:  # a grow that failed part way may have torn the graphs down too
+            if self.graphs is not None and self.graphs.lost:
+                self.graphs.restore()
+
     def embedding(self, table: Any, ids: Any) -> Any:
+        """The rows of `ids`, gathered on the device from the table on the card or in
+        mapped host memory (a step in a captured graph reads its ids from `meta`)."""
         R = ids.shape[0]
-        if table is None:  # host embeddings: rows were copied in by write_batch
-            out = self.frame.take((R, self.config.hidden_size))
-            out[...] = self.state.emb_rows[:R]
-            return out
         out = self.frame.take((R, table.shape[1]))
         self.norms.embed_into(table, ids, out)
         return out
@@ -293,6 +332,28 @@ class CudaBackend(Backend):
 
     def take_rows(self, x: Any, rows: np.ndarray) -> Any:
         return self.norms.take_rows(x, rows)
+
+    # ----- drafting (engine/drafting.py): small copies from CuPy's pool, off the plan -----
+    def concat_cols(self, a: Any, b: Any) -> Any:
+        import cupy
+
+        return cupy.concatenate([a, b], axis=1)
+
+    def concat_rows(self, a: Any, b: Any) -> Any:
+        import cupy
+
+        return cupy.concatenate([a, b], axis=0)
+
+    def hold_rows(self, x: Any, rows: np.ndarray) -> Any:
+        import cupy
+
+        return cupy.take(x, cupy.asarray(rows, cupy.int64), axis=0)
+
+    def argmax_rows(self, logits: Any) -> np.ndarray:
+        return self.sample_greedy(logits).get()
+
+    def rewind(self, slot: int, rows: int) -> None:
+        self.verify_rows.rewind(slot, rows)
 
     def attention(
         self,
@@ -331,13 +392,19 @@ class CudaBackend(Backend):
 
     # ----- lifetime and decode ------------------------------------------------------------
     def warm_up(self, model: Any, eager: bool) -> None:
-        """Compile every kernel a request will use and, when the whole scratch fits
-        (`eager`), allocate scratch and workspace at max rows and capture the decode graph
-        of every batch size up to the stream count, so no request pays for an allocation or
-        a capture (invariant 4); eager, the one-row step's projections are then re-chosen by
-        the step's own time (`DecodeGraphs.tune`, where a step is short). Runs on the slots
+        """Compile every kernel a request will use, capture the decode graph of every batch
+        size up to the stream count and re-choose the one-row step's projections by the
+        step's own time (`DecodeGraphs.tune`, where a step is short). When the whole scratch
+        fits (`eager`), scratch and workspace are first allocated at max rows, so no request
+        pays for an allocation or a capture (invariant 4). Lazy, they hold warm-up's rows
+        (a step's always fit), and a prompt's chunk that grows them captures the graphs
+        again (`grow_for`), so decode steps still replay graphs with the tuned choices.
+        Then the rest of what a first request meets (warmup.warm_requests: the prompt's
+        window sizes and long keys, every draw of the device sampler, launched steps, a
+        saved state), so it compiles, tunes and creates nothing either. Runs on the slots
         before any stream is live and leaves them zeroed."""
         from engine.backends.cuda.graphs import TUNE_BUDGET_S, TUNE_MAX_STEP_S
+        from engine.backends.cuda.warmup import first_rows, warm_requests
 
         self.model = model
         graphs = self._decode_graphs()
@@ -345,33 +412,40 @@ class CudaBackend(Backend):
         if eager:
             fr.mem_scratch.ensure(fr.mem_scratch.max_rows)
             fr.mem_workspace.ensure(fr.mem_workspace.max_rows)
-        rows = min(self.max_rows, self.state.context, 64 if not eager else self.max_rows)
+        rows = first_rows(self.max_rows, self.state.context, eager)
         model.forward(Batch.window(0, 0, rows), np.zeros(rows, np.int32))
         for batch_size in range(1, self.state.slots + 1):
             graphs.warm(batch_size)  # compiles and tunes the step kernels for this size
-            if eager:
-                graphs.capture(batch_size)
+            graphs.capture(batch_size)
         step = tuple(graphs.keys.get(1, ()))
         tuner = self.projections.tuner
-        if eager and step not in tuner.step_tuned:
+        if step not in tuner.step_tuned:
+            chosen = dict(tuner.choice)
             graphs.tune(1, max_step_s=TUNE_MAX_STEP_S, budget_s=TUNE_BUDGET_S)
             tuner.step_tuned.add(step)  # later loads of these shapes keep the choices
+            if self.projections.invariant and tuner.choice != chosen:
+                # Batch-invariant: the other sizes sum each row in the one-row choices'
+                # orders, which the tuning changed: their variants and graphs again.
+                for batch_size in range(2, self.state.slots + 1):
+                    graphs.warm(batch_size)
+                    graphs.capture(batch_size)
+        warm_requests(self, model, eager)  # the rest of a first request (warmup.py)
         for slot in range(self.state.slots):
             self.reset_slot(slot)
         self.stream.synchronize()
 
     def decode_step(self, model: Any, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
-        """One decode row per stream through the captured graph (captured on first use, of
-        the model warm-up gave); returns (logits [B, V], greedy tokens [B] int32) on the
-        device."""
+        """One decode row per stream through the captured graph (captured at warm-up or
+        after the last grow; on first use where neither did, of the model warm-up gave);
+        returns (logits [B, V], greedy tokens [B] int32) on the device."""
         return self._decode_graphs(model).replay(batch, ids)
 
     @property
     def launches_steps(self) -> bool:
-        """A step can take its input ids from the previous step's picks on the device: not
-        where embedding rows are gathered on the host from ids the host must know first
-        (invariant 7)."""
-        return not self.host_embeddings
+        """A step takes its input ids from the previous step's picks on the device: the
+        gather reads the embedding table where it lives, on the card or in mapped host
+        memory (invariant 7), so no step waits for the host to know its id."""
+        return True
 
     def launch_step(self, batch: Batch | None, ids: Any, rows: list) -> Any:
         """A decode step that does not wait (`DecodeGraphs.launch`; batch None: the step
@@ -406,10 +480,12 @@ class CudaBackend(Backend):
         self.frame.release_blocks()
         self.frame.detach()
         self.state.free()
+        self.verify_rows.free()
         if self.arena is not None and self.arena.alloc is not None:
             self.arena.alloc.free()
         self.arena = None
         self.stream.synchronize()
+        self.state.host_table = None  # no kernel reads it any more
 
     # ----- sampling on the device ---------------------------------------------------------
     @property

@@ -3,6 +3,11 @@
 Shapes are row-major; cuBLAS is column-major, so `C = A @ B` is issued as `C^T = B^T A^T`.
 Inputs and outputs are raw device pointers with their CUDA data types, which lets bf16
 arrays (stored as uint16) and fp32 score outputs share one path.
+
+Every product goes through one cuBLAS handle a device for the whole process (`handle`), not
+CuPy's, which is one a thread: warm-up's prompt makes it, and a request served on another
+thread (the server's scheduler, the app's worker) makes none. The engine runs its GPU work
+on one thread at a time, and each product sets the handle's stream first.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ GEMM_DEFAULT = -1
 TYPES = {"float32": CUDA_R_32F, "float16": CUDA_R_16F, "bfloat16": CUDA_R_16BF}
 
 _ALPHA_BETA: dict[float, np.ndarray] = {}
+_HANDLES: dict[int, int] = {}  # device id -> the process's cuBLAS handle on it
 
 
 def _scalar(v: float) -> int:
@@ -25,11 +31,33 @@ def _scalar(v: float) -> int:
     return arr.ctypes.data
 
 
+def handles() -> dict[int, int]:
+    """The cuBLAS handles made so far: device id -> handle (at most one a device)."""
+    return dict(_HANDLES)
+
+
+def handle() -> int:
+    """The current device's cuBLAS handle, made on first use (on any thread)."""
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    h = _HANDLES.get(dev)
+    if h is None:
+        h = _HANDLES[dev] = _create()
+    return h
+
+
+def _create() -> int:
+    from cupy_backends.cuda.libs import cublas
+
+    return cublas.create()
+
+
 def _handle():
     import cupy
     from cupy_backends.cuda.libs import cublas
 
-    h = cupy.cuda.device.get_cublas_handle()
+    h = handle()
     cublas.setStream(h, cupy.cuda.get_current_stream().ptr)
     return h, cublas
 

@@ -7,7 +7,7 @@ rows go to cuBLAS), and asks the same functions that pick the instances at run t
     projections   blocked_layout, gemv_fits, prologue_fits, gemv4_kind, gemv4_module,
                   simt_symbol, dequant_symbol      (gemv_plan.py)
     DeltaNet      step_kernel, chunk_rows_for      (deltanet.py)
-    attention     decode_kernel                    (attention.py)
+    attention     decode_kernel (bf16 or 8-bit KV)  (attention.py)
     embedding     embed_symbol (norms.py); the draw: draw_symbol (sampling.py)
 
 Where something the catalog cannot see chooses between a fused launch and its fallback (an
@@ -31,7 +31,13 @@ from typing import Any
 
 from engine.backends.cuda.attention import decode_kernel
 from engine.backends.cuda.card import Card, runs_mma
-from engine.backends.cuda.deltanet import SCAN, chunk_rows_for, chunk_symbol, step_kernel
+from engine.backends.cuda.deltanet import (
+    SCAN,
+    SCAN_KEEP,
+    chunk_rows_for,
+    chunk_symbol,
+    step_kernel,
+)
 from engine.backends.cuda.gemv_plan import (
     GEMV_MAX_ROWS,
     TO_BLOCKS,
@@ -50,6 +56,7 @@ from engine.backends.cuda.norms import embed_symbol
 from engine.backends.cuda.sampling import draw_symbol
 from engine.backends.cuda.tuning import Tuning
 from engine.backends.cuda.weights import fused_groups
+from engine.checkpoint.names import MTP_LAYER
 from engine.config import FULL, ModelConfig
 from engine.memory.scratch import ATTN_SPLITS
 
@@ -142,7 +149,8 @@ class _Walk:
 
     def group(self, parts: list[_Weight], fused: bool, R: int) -> None:
         """norm_linear_many over a layer's input projections: at one row a stored group runs
-        as one product, with the add + norm as its prologue; else norm, then each part."""
+        as one product, with the add + norm as its prologue; else norm, then each part (in
+        batch-invariant mode, a stored group's parts each with the add + norm)."""
         if fused and R == 1:
             whole = _Weight(
                 parts[0].bits, parts[0].group, parts[0].cols, sum(p.n_out for p in parts)
@@ -150,6 +158,8 @@ class _Walk:
             self.prologue(whole, R, Prologue.ADD_NORM)
             self.linear(whole, R)
         for p in parts:
+            if fused:
+                self.prologue(p, R, Prologue.ADD_NORM)
             self.linear(p, R)
 
     def mlp(self, gate: _Weight, up: _Weight, down: _Weight, R: int) -> None:
@@ -176,11 +186,13 @@ def modules(
     dtype: str,
     card: Card,
     tuning: Tuning | None = None,
+    kv_cache: str = "bf16",
 ) -> list[Module]:
     """The NVRTC programs holding every kernel instance the backend can request for this
     model (`specs`: internal name -> what has `.shape` and `.quant`, as
     engine.memory.arena.checkpoint_specs or engine.memory.shapes.shape_tensor_specs give),
-    activation dtype and card."""
+    activation dtype and card; `kv_cache` "int8": the decode attention that reads the 8-bit
+    cache (EngineSettings.kv_cache)."""
     tuning = tuning or Tuning()
     walk = _Walk(dtype, card)
     c = config
@@ -189,6 +201,8 @@ def modules(
     embed, head = _weight(specs["embed_tokens"]), _weight(specs[head_name])
     if embed.bits:
         walk.add("quant.cu", embed_symbol(embed.bits, walk.blocked(embed)))
+        if not c.tie_word_embeddings:  # the plan may keep it in host memory, in MLX's order
+            walk.add("quant.cu", embed_symbol(embed.bits, False))
     walk.add("sample.cu", draw_symbol(True), draw_symbol(False))
 
     layers = []
@@ -206,6 +220,15 @@ def modules(
         layers.append((kind, group, names[0] in fusable, _weight(specs[out]), mlp))
         for name in (*names, out, *mlp):
             walk.stored(_weight(specs[name]))
+    mtp = "mtp.fc" in specs  # the MTP head (drafting): its fc, one full-attention layer
+    if mtp:
+        p = MTP_LAYER
+        names = [p + f"self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")]
+        mlp = [p + f"mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")]
+        out = p + "self_attn.o_proj"
+        layers.append((FULL, [_weight(specs[n]) for n in names], False, _weight(specs[out]), mlp))
+        for name in ("mtp.fc", *names, out, *mlp):
+            walk.stored(_weight(specs[name]))
     walk.stored(head)
     dv = c.linear_value_head_dim
     for R in range(1, GEMV_MAX_ROWS + 1):
@@ -217,11 +240,15 @@ def modules(
             walk.mlp(*(_weight(specs[n]) for n in mlp), R)
         walk.prologue(head, R, Prologue.ADD_NORM)
         walk.linear(head, R)
+        if mtp:
+            walk.linear(_weight(specs["mtp.fc"]), R)
 
     if c.linear_layers:
         Hk, Hv, dk = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim
         K, P = c.linear_conv_kernel_dim, tuning.deltanet_step_blocks
         walk.add("gdn.cu", SCAN)
+        if mtp:  # a drafting verify keeps its rows' states
+            walk.add("gdn.cu", SCAN_KEEP)
         step = step_kernel(Hk, Hv, dk, dv, K, P, card.capability)
         if step is not None:
             walk.add("gdn.cu", step[0])
@@ -233,8 +260,10 @@ def modules(
         group = c.num_attention_heads // Hkv
         for splits in range(1, ATTN_SPLITS + 1):
             for R in (1, MANY_STREAMS):
-                sym, _ = decode_kernel(group, hd, splits, Hkv, R, card.sm_count)
-                walk.add("attention.cu", sym)
+                for invariant in (False, True):  # EngineSettings.batch_invariant
+                    args = (group, hd, splits, Hkv, R, card.sm_count, invariant)
+                    sym, _ = decode_kernel(*args, q8=kv_cache == "int8")  # EngineSettings.kv_cache
+                    walk.add("attention.cu", sym)
     return walk.modules()
 
 

@@ -36,6 +36,7 @@ i32, f32 = np.int32, np.float32
 STEP_MAX_TAPS = 4  # conv taps a decode step's one launch takes (STEP_MAXK in gdn.cu)
 SCAN_COLUMNS = 4  # value columns a warp of the token-by-token delta rule (gdn_scan)
 SCAN = f"gdn_scan<{SCAN_COLUMNS}>"
+SCAN_KEEP = f"gdn_scan_keep<{SCAN_COLUMNS}>"  # a drafting verify: each row's state kept
 
 
 def chunk_symbol(gc: int) -> str:
@@ -120,6 +121,7 @@ class DeltaNet:
         self.k, self.frame, self.state = kernels, frame, state
         self.projections, self.tuning = projections, tuning
         self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
+        self.verify_rows: Any = None  # DeviceVerifyRows where the backend drafts
 
     # ----- the ops ------------------------------------------------------------------------
     def gated_delta(
@@ -193,11 +195,17 @@ class DeltaNet:
         _, row_slot, row_tl, _ = fr.rows(R)
         w = (weights["conv1d"], conv, a, b, weights["A_log"], weights["dt_bias"])
         self.prep(mixed, *w, row_slot, row_tl, outs, dims, update_state=step)
+        keep = self.verify_rows if any(seg.keep for seg in batch.segments) else None
+        if keep is not None:  # a verify (Segment.keep): what rewinding it takes
+            keep.save_history(layer, conv, mixed, batch)
         if not step:
             self.conv_state(mixed, conv, segs, S, c.conv_dim, K)
         o = fr.take((R, Hv * dv), f)
         q, k, v, g, beta = outs
-        if step or not self.chunk(q, k, v, g, beta, recurrent, segs, S, o, Hk, Hv, dv):
+        if keep is not None:
+            kept = (keep.states[layer], i32(keep.tokens))
+            self.scan(q, k, v, g, beta, recurrent, segs, S, o, Hk, Hv, dv, kept)
+        elif step or not self.chunk(q, k, v, g, beta, recurrent, segs, S, o, Hk, Hv, dv):
             self.scan(q, k, v, g, beta, recurrent, segs, S, o, Hk, Hv, dv)
         return o
 
@@ -298,15 +306,16 @@ class DeltaNet:
             (mixed, cstate, *segs, i32(C), i32(K)),
         )
 
-    def scan(self, q, k, v, g, beta, state, segs, n_segs, o, Hk, Hv, dv):
-        """The delta rule token by token."""
+    def scan(self, q, k, v, g, beta, state, segs, n_segs, o, Hk, Hv, dv, kept=()):
+        """The delta rule token by token; with `kept` (the layer's kept states and how many
+        rows a slot keeps) each row's state is kept too (gdn_scan_keep)."""
         nc = SCAN_COLUMNS
         self.k.run(
             "gdn.cu",
-            SCAN,
+            SCAN_KEEP if kept else SCAN,
             (Hv * dv // (nc * 4), n_segs),
             (128,),
-            (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv)),
+            (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv), *kept),
         )
 
     def chunk_rows(self) -> int:

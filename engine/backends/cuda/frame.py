@@ -32,7 +32,12 @@ class Frame:
         self.mem_scratch: Any = None  # engine.memory.Scratch, made by `alloc_blocks`
         self.mem_workspace: Any = None  # engine.memory.Workspace
         self.meta: Any = None
-        self.meta_host: Any = None
+        # Two pinned host copies of `meta`, used in turn: a forward's layout is written
+        # into one while the other may still feed the last forward's queued copy, so a
+        # prompt's windows queue one after another without the host waiting for the GPU.
+        self.meta_hosts: list[Any] = []
+        self._copied: list[Any] = [None, None]  # per host copy: the event after its copy
+        self._turn = 0
         self.capturing = False  # a decode graph is being captured: nothing is written
         self._before_free = before_free
 
@@ -46,9 +51,20 @@ class Frame:
         import cupy
 
         self._before_free()
+        for event in self._copied:
+            if event is not None:
+                event.synchronize()  # no queued copy reads the old host buffers
         self.meta = cupy.zeros((META_ROWS, cap), cupy.int32)
-        mem = cupy.cuda.alloc_pinned_memory(META_ROWS * cap * 4)
-        self.meta_host = np.frombuffer(mem, np.int32, META_ROWS * cap).reshape(META_ROWS, cap)
+        self.meta_hosts, self._copied = [], [None, None]
+        for _ in range(2):
+            mem = cupy.cuda.alloc_pinned_memory(META_ROWS * cap * 4)
+            host = np.frombuffer(mem, np.int32, META_ROWS * cap).reshape(META_ROWS, cap)
+            self.meta_hosts.append(host)
+
+    @property
+    def meta_host(self) -> Any:
+        """The host copy of `meta` the last `write` filled."""
+        return self.meta_hosts[self._turn] if self.meta_hosts else None
 
     def alloc_blocks(
         self,
@@ -59,12 +75,16 @@ class Frame:
         slots: int,
         context: int,
         score_rows: int,
+        kv_cache: str = "bf16",
     ) -> None:
-        """The scratch and workspace for this state (allocated when first ensured)."""
+        """The scratch and workspace for this state (allocated when first ensured; the
+        workspace also holds a KV head dequantized where `kv_cache` is "int8")."""
         from engine.memory import Scratch, Workspace
 
         self.mem_scratch = Scratch(pool, config, itemsize, max_rows, slots, context)
-        self.mem_workspace = Workspace(pool, config, itemsize, max_rows, context, score_rows)
+        self.mem_workspace = Workspace(
+            pool, config, itemsize, max_rows, context, score_rows, kv_cache
+        )
         for mem in (self.mem_scratch, self.mem_workspace):
             mem.on_before_free(self._before_free)  # invariant 5: graphs go first
             mem.on_after_grow(self.attach)
@@ -100,7 +120,11 @@ class Frame:
         if R > self.meta.shape[1]:
             self.alloc_meta(R)
         batch.check_context(context)
-        stream.synchronize()  # the pinned buffer may still feed the last copy
+        import cupy
+
+        self._turn = 1 - self._turn
+        if self._copied[self._turn] is not None:
+            self._copied[self._turn].synchronize()  # its copy two forwards ago has run
         h = self.meta_host
         h[0, :R] = ids
         h[1, :R] = batch.positions()
@@ -113,6 +137,9 @@ class Frame:
         h[6, :S] = row0
         h[7, :S] = rows
         self.meta.data.copy_from_host_async(h.ctypes.data, h.nbytes, stream)
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(stream)
+        self._copied[self._turn] = event
 
     def rows(self, R: int) -> tuple[Any, Any, Any, Any]:
         """Per row: position, slot, index in its segment, its segment's rows."""

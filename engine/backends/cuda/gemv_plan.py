@@ -163,11 +163,18 @@ def prologue_fits(
     dtype: str,
     mma: bool,
     smem: int,
+    invariant: bool = False,
 ) -> bool:
     """Whether gemv4 runs this product with prologue `kind` (the shapes' part of `pro_ok`;
-    the input's alignment is the other)."""
+    the input's alignment is the other). `invariant` (batch-invariant mode): the add + norm
+    only where gemv4 sums each row's squares in a fixed order (bf16's one pass, compiled
+    with SNUG_BATCH_INVARIANT: one slot per 256 columns a row); fp16's two passes add the
+    warps' sums with atomics, so that norm runs as its own kernel there."""
     if rows > GEMV_MAX_ROWS or dtype == "float32" or not blocked or not mma:
         return False
+    if invariant and kind == Prologue.ADD_NORM:
+        if dtype != "bfloat16" or cols % 256 or rows * (cols // 256) > PRO_SUMS:
+            return False
     if not gemv4_variants(rows, cols, gemv4_kind(kind, dtype, head_dim), smem):
         return False
     if kind == Prologue.ADD_NORM:
@@ -180,3 +187,49 @@ def prologue_fits(
         and cols % head_dim == 0
         and rows * (cols // head_dim) <= PRO_SUMS
     )
+
+
+# ----- batch-invariant decode ----------------------------------------------------------------
+# In this mode (EngineSettings.batch_invariant) a row's products are summed in the same order
+# at every batch size: each launch takes a variant of the order its one-row launch has, and
+# the decode kernels' fits are judged at one row (Projections.gemv).
+
+
+def reduction_order(choice: tuple, cols: int) -> tuple:
+    """What fixes the order in which a decode projection sums each output row, for a choice
+    as `Projections.gemv_candidates` names it. gemv4: the warps that share a tile; each sums
+    a contiguous slice of the column groups in ascending order and the slices are added in
+    warp order, while tiles per block, groups per load step, prefetching and the rows beside
+    it change nothing of a row's sums (each tensor-core output element is its own row of the
+    weights times its own activation row). The SIMT kernel sums a row the same way in every
+    variant: each lane its 16-byte chunks in ascending order, then one warp sum."""
+    if choice[0] == "mma":
+        return ("mma", gemv4_threads(cols, tuple(choice[1:]))[0])
+    return (choice[0],)
+
+
+def order_candidates(cands: list, cols: int, order: tuple) -> list:
+    """The candidates whose rows are summed in `order`."""
+    return [c for c in cands if reduction_order(c, cols) == order]
+
+
+def invariant_rows(
+    rows: int, cols: int, order: tuple, kind: int, heads: int, smem_per_block: int
+) -> int:
+    """Batch-invariant mode: the rows one launch takes, the most (up to `rows` and
+    GEMV_MAX_ROWS) at which a gemv4 variant of `order` fits one block's shared memory and
+    the prologue's sums fit their PRO_SUMS slots (`kind`, the PRO template argument: the add
+    + norm takes one a 256 columns a row, the gated norm one a head a row). More rows than
+    that run as several launches, each row as it runs alone."""
+    r = min(rows, GEMV_MAX_ROWS)
+    if kind == Prologue.ADD_NORM:
+        r = min(r, PRO_SUMS // max(1, cols // 256))
+    elif kind:
+        r = min(r, PRO_SUMS // max(1, heads))
+    if order[0] == "mma":
+        while r > 1:
+            cands = [("mma", *v) for v in gemv4_variants(r, cols, kind, smem_per_block)]
+            if order_candidates(cands, cols, order):
+                break
+            r -= 1
+    return max(1, r)

@@ -23,8 +23,12 @@ most of which would find no keys and exit. The two give the same splits and the 
 results; the host knows each step's longest row and launches the one that fits.
 
 `teardown()` drops every graph; the backend calls it before freeing or moving a buffer a
-graph points into (scratch growth, meta growth, new state) and graphs are captured again
-on next use.
+graph points into (scratch growth, meta growth, new state). `restore()` captures again the
+batch sizes a teardown dropped; the backend calls it right after a grow, before the forward
+that grew runs. Decode steps never grow the scratch after warm-up (a step needs one row a
+stream, which warm-up's scratch holds), so on the lazy path a grow happens at a prompt's
+chunk and the decode steps after it replay graphs rather than capture them. A graph
+missing at a step (no warm-up, or a capture refused for lack of memory) is captured there.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import numpy as np
 
 from engine.backends.base import Batch
 from engine.backends.cuda.launch import on_stream
+from engine.errors import GraphCaptureFailed, RequestRefused
+from engine.memory.pool import is_out_of_memory
 from engine.memory.scratch import decode_splits
 
 # Warm-up tunes the step by its own time only where a step is this short (a large GPU, where
@@ -83,10 +89,27 @@ class DecodeGraphs:
         self.keys: dict[int, list[tuple]] = {}  # batch size -> projection choice keys used
         self.lengths: dict[int, int] = {}  # batch size -> longest row (keys) of its last step
         self._launched = 0
+        self.lost: set[int] = set()  # batch sizes torn down since their capture
+        self.captures = 0  # graphs captured, and graph launches (tests count both)
+        self.replays = 0
         backend.graphs = self
 
     def teardown(self) -> None:
+        self.lost |= set(self.graphs)
         self.graphs.clear()
+
+    def restore(self) -> None:
+        """Capture again every batch size a teardown dropped (the slots are placeholders, as
+        in `capture`). A capture refused for lack of memory leaves its size to be tried
+        again at the next forward that prepares, or captured at its next step."""
+        pending, self.lost = sorted(self.lost), set()  # a capture prepares a forward too
+        for B in pending:
+            if B in self.graphs or B not in self.warmed:
+                continue  # captured since, or never warmed (its warm-up would write slots)
+            try:
+                self.capture(B)
+            except RequestRefused:
+                self.lost.add(B)
 
     def warm(self, batch_size: int) -> None:
         """Run one eager step of `batch_size` rows on slots 0.. (compiles every kernel and
@@ -110,13 +133,25 @@ class DecodeGraphs:
         """Capture the decode step of `batch_size` rows, and its graph for short rows where
         short_limit() allows (`short_only`: that one again, the other kept; for tuning).
         Capturing executes nothing, so the slots named in the captured batch are
-        placeholders; replay writes the real ones."""
+        placeholders; replay writes the real ones. GraphCaptureFailed where CUDA has no
+        memory for a graph (nothing stored: the step before it still replays)."""
         B = batch_size
-        if B not in self.warmed:
-            self.warm(B)
-        short = self._capture(B, SHORT_SPLITS) if self.short_limit() else None
-        if not (short_only and short and B in self.graphs):
-            self.graphs[B] = self._capture(B, None)
+        try:
+            if B not in self.warmed:
+                self.warm(B)
+            short = self._capture(B, SHORT_SPLITS) if self.short_limit() else None
+            if not (short_only and short and B in self.graphs):
+                self.graphs[B] = self._capture(B, None)
+        except Exception as exc:  # no graph is half-stored: a failure changes nothing
+            if not is_out_of_memory(exc):
+                raise
+            raise GraphCaptureFailed(
+                f"the decode step of {B} stream(s) could not be captured as a CUDA graph: "
+                f"no memory for it ({exc}). The graphs already captured and every stream's "
+                "state are kept, and the next step tries again; lower the context or the "
+                "number of streams, or raise the memory reserve (SNUG_MEMORY_RESERVE_GIB) "
+                "to leave the driver room"
+            ) from exc
         self.graphs[B].short = short
 
     def _capture(self, B: int, splits: int | None) -> _Captured:
@@ -137,12 +172,14 @@ class DecodeGraphs:
             finally:
                 graph = stream.end_capture()
         graph.upload(stream)
+        self.captures += 1
         self.keys[B] = list(dict.fromkeys(be.projections.tuner.step_keys))
         return _Captured(graph, logits, tokens)
 
     def _pick(self, B: int, longest: int) -> _Captured:
         """The graph for a step of B rows whose longest row has `longest` keys."""
         self.lengths[B] = longest
+        self.replays += 1
         cap = self.graphs[B]
         return cap.short if cap.short is not None and longest <= self.short_limit() else cap
 

@@ -1,6 +1,7 @@
 """Kernel launches: `Kernels`, through which every kernel family compiles and launches; the
 device properties that launch geometry reads (compute capability, SM count, L2 bytes, shared
-memory per block, each asked once a device: `card()`); and programmatic dependent launch
+memory per block, each asked once a device: `card()`; `simulate` reads the last three as
+another card's, SNUG_DEVICE_PROPS); and programmatic dependent launch
 (PDL) where `card.runs_pdl` allows it (compute capability 9.0 and newer).
 
 A decode step is a chain of about two hundred short kernels. Launched normally, each one
@@ -107,6 +108,13 @@ def _driver_launch() -> Any:
 
 _CAPABILITY: dict[int, int] = {}
 _PROPERTIES: dict[int, dict] = {}
+# Properties read as another card's (`simulate`): cudaDeviceProp key -> value.
+_SIMULATED: dict[str, int] = {}
+_PROPERTY_KEYS = {
+    "sm_count": "multiProcessorCount",
+    "l2_bytes": "l2CacheSize",
+    "smem_per_block": "sharedMemPerBlockOptin",
+}
 
 
 def compute_capability() -> int:
@@ -120,13 +128,29 @@ def compute_capability() -> int:
 
 
 def _properties() -> dict:
-    """The current device's properties (cudaGetDeviceProperties, asked once a device)."""
+    """The current device's properties (cudaGetDeviceProperties, asked once a device), with
+    those `simulate` set in place of its own."""
     import cupy
 
     dev = cupy.cuda.Device()
     if dev.id not in _PROPERTIES:
-        _PROPERTIES[dev.id] = cupy.cuda.runtime.getDeviceProperties(dev.id)
+        _PROPERTIES[dev.id] = {**cupy.cuda.runtime.getDeviceProperties(dev.id), **_SIMULATED}
     return _PROPERTIES[dev.id]
+
+
+def simulate(props: dict[str, int]) -> None:
+    """From now on, read the SM count, L2 bytes and opt-in shared memory a block of every
+    device as `props` says (keys: "sm_count", "l2_bytes", "smem_per_block", as
+    `engine.config.parse_device_props` gives them from SNUG_DEVICE_PROPS; empty: the
+    device's own). For tests and measurements only: the kernels still run on the real GPU,
+    with the grids, chunk sizes, kernel variants and L2 spans chosen for the card named
+    (a 20-SM, 2 MiB L2, 99 KiB card on a large one: tests/device/test_small_card_props.py).
+    The compute capability, and with it every architecture gate, stays the device's."""
+    chosen = {_PROPERTY_KEYS[name]: int(value) for name, value in props.items()}
+    if chosen != _SIMULATED:
+        _SIMULATED.clear()
+        _SIMULATED.update(chosen)
+        _PROPERTIES.clear()  # asked again, with the new values in place
 
 
 def sm_count() -> int:

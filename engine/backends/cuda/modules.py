@@ -4,6 +4,10 @@ A source is read once, its local headers (`common.cuh`, ...) are inlined, and ea
 symbol (a plain name or a template instance such as `gemv<4,1,2,false>`) is compiled on
 first use with `-DACT_KIND=<dtype>`. CuPy keeps compiled binaries in its cache directory
 (CUPY_CACHE_DIR), so later runs load instead of compiling.
+
+`built()` counts the modules made in this process, compiled or loaded from that cache:
+warm-up makes every one a request uses, so a request makes none (invariant 4;
+tests/device/test_warmup.py reads it around a fresh engine's first requests).
 """
 
 from __future__ import annotations
@@ -16,6 +20,13 @@ from typing import Any
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
 ACT_KINDS = {"float32": 0, "float16": 1, "bfloat16": 2}
+_BUILT = [0]  # modules made so far (`built`)
+
+
+def built() -> int:
+    """Modules of `kernels/` made in this process so far: each NVRTC compile, or load from
+    CuPy's cache on disk, of a kernel (`function`) or of a module of instances (`module`)."""
+    return _BUILT[0]
 
 
 def use_cache_dir(cache_dir: str | None) -> None:
@@ -55,6 +66,7 @@ def function(file: str, symbol: str, dtype: str) -> Any:
     import cupy
 
     opts = options(dtype)
+    _BUILT[0] += 1
     if "<" in symbol:
         module = cupy.RawModule(code=source(file), options=opts, name_expressions=[symbol])
     else:
@@ -68,4 +80,5 @@ def module(file: str, dtype: str, names: list[str], defines: tuple[str, ...] = (
     import cupy
 
     opts = options(dtype, defines)
+    _BUILT[0] += 1
     return cupy.RawModule(code=source(file), options=opts, name_expressions=names)

@@ -25,6 +25,7 @@ from engine.backends.cuda.card import runs_mma
 from engine.backends.cuda.frame import Frame
 from engine.backends.cuda.gemv_plan import (  # the variants: tools and tests read them here
     GEMV4_VARIANTS,  # noqa: F401
+    GEMV_MAX_ROWS,
     GEMV_SWIGLU_VARIANTS,  # noqa: F401
     GEMV_VARIANTS,  # noqa: F401
     TO_BLOCKS,
@@ -39,7 +40,10 @@ from engine.backends.cuda.gemv_plan import (  # the variants: tools and tests re
     gemv4_threads,
     gemv4_variants,
     gemv_fits,
+    invariant_rows,
+    order_candidates,
     prologue_fits,
+    reduction_order,
     simt_symbol,
     simt_variants,
 )
@@ -81,6 +85,17 @@ def _wargs(w: Any) -> tuple[Any, Any, Any]:
     return w.data, w.data, w.data  # scales/biases unused for dense weights
 
 
+def _pro_rows(pro: Pro | None, r0: int, r1: int) -> Pro | None:
+    """The prologue of rows r0..r1 of a launch (its per-row inputs and outputs cut)."""
+    if pro is None:
+        return None
+
+    def cut(a: Any) -> Any:
+        return None if a is None else a[r0:r1]
+
+    return replace(pro, delta=cut(pro.delta), h=cut(pro.h), o=cut(pro.o))
+
+
 def _pro_args(pro: Pro | None) -> tuple:
     """The prologue's kernel arguments (d, nw, h, o, hd, eps), null pointers where unused."""
     if pro is None:
@@ -100,15 +115,25 @@ class Projections:
 
     `frame` and `norms` are what the ops (`linear`, `mlp`, ...) carve from and fall back to;
     the kernel-level methods (`gemv`, `gemv_run`, `dequant`, ...) need neither, as tools and
-    tests use them."""
+    tests use them.
+
+    `invariant` (EngineSettings.batch_invariant): every row is summed as it is at one row,
+    whatever rows share its launch (`gemv`). `step`, set by the backend for each forward:
+    whether it is a decode step (then rows past GEMV_MAX_ROWS stay on the decode kernels in
+    that mode, a launch per GEMV_MAX_ROWS; a prompt's window of more rows keeps cuBLAS)."""
 
     # Extra -D flags for gemv4.cu (tools/profile_step.py --stamps compiles its clock records in).
     gemv4_defines: tuple[str, ...] = ()
 
     def __init__(
-        self, kernels: Kernels, frame: Frame | None = None, norms: Norms | None = None
+        self,
+        kernels: Kernels,
+        frame: Frame | None = None,
+        norms: Norms | None = None,
+        invariant: bool = False,
     ) -> None:
         self.k, self.frame, self.norms = kernels, frame, norms
+        self.invariant, self.step = invariant, False
         self.dtype = kernels.dtype
         self.tuner = ProjectionTuner(kernels.dtype)
         self._mma_ok: bool | None = None
@@ -163,7 +188,13 @@ class Projections:
         slice of the output; anything else runs part by part."""
         product = self.one_product(x.shape[0], weights)
         if product is None or len(weights) == 1:
-            return [self.linear(x, w) for w in weights]
+            order = self.group_order(x, weights)
+            if order is None:
+                return [self.linear(x, w) for w in weights]
+            outs = [self.frame.take((x.shape[0], w.shape[0])) for w in weights]
+            for w, out in zip(weights, outs, strict=True):
+                self.gemv(x, w, out, order=order)
+            return outs
         out = self.frame.take((1, product.shape[0]))
         self.gemv(x, product, out)
         return self.parts(out, weights)
@@ -174,6 +205,8 @@ class Projections:
         """Add, norm and projection in one gemv4 launch where it applies (`pro_ok`), else
         None (nothing done)."""
         product = self.one_product(x.shape[0], weights)
+        if product is None and self.invariant:
+            return self._norm_parts(x, delta, weight, eps, weights)
         if product is None or not self.pro_ok(x, product, Prologue.ADD_NORM):
             return None
         h = x if delta is None else self.frame.take(x.shape)
@@ -181,6 +214,24 @@ class Projections:
         pro = Pro(Prologue.ADD_NORM, weight, eps, delta=delta, h=None if delta is None else h)
         self.gemv(x, product, out, pro=pro)
         return self.parts(out, weights), h
+
+    def _norm_parts(
+        self, x: Any, delta: Any, weight: Any, eps: float, weights: list[Any]
+    ) -> tuple[list[Any], Any] | None:
+        """Batch-invariant mode, a stored group at more than one row: part by part, each
+        launch with the add + norm and the sum order of the group's one-row launch, so each
+        row comes out as that launch gives it; None (nothing done) where the group does not
+        run as one product with the prologue at one row."""
+        fused = self.one_product(1, weights) if len(weights) > 1 else None
+        if fused is None or not self.pro_ok(x, fused, Prologue.ADD_NORM):
+            return None
+        h = x if delta is None else self.frame.take(x.shape)
+        pro = Pro(Prologue.ADD_NORM, weight, eps, delta=delta, h=None if delta is None else h)
+        order = self.one_row_order(x, fused, None, pro)
+        outs = [self.frame.take((x.shape[0], w.shape[0])) for w in weights]
+        for i, (w, out) in enumerate(zip(weights, outs, strict=True)):
+            self.gemv(x, w, out, pro=pro if i == 0 else replace(pro, h=None), order=order)
+        return outs, h
 
     def norm_mlp(
         self, x: Any, delta: Any, weight: Any, eps: float, gate: Any, up: Any, down: Any
@@ -206,10 +257,18 @@ class Projections:
         return self.linear(h, down)
 
     # ----- which kernel -------------------------------------------------------------------
+    def fit_rows(self, rows: int) -> int:
+        """The rows a decode kernel's fit is judged at. Batch-invariant: one, for every
+        launch of up to GEMV_MAX_ROWS rows and every decode step (`gemv` launches more rows
+        in parts), so any batch takes the kernels a row alone takes."""
+        if self.invariant and (rows <= GEMV_MAX_ROWS or self.step):
+            return 1
+        return rows
+
     def gemv_ok(self, w: Any, rows: int) -> bool:
         bits, blocked = (w.bits, w.blocked) if isinstance(w, QWeight) else (0, False)
-        isz = self.k.act_itemsize
-        return gemv_fits(rows, w.shape[1], bits, blocked, isz, self._mma(), smem_per_block())
+        isz, R = self.k.act_itemsize, self.fit_rows(rows)
+        return gemv_fits(R, w.shape[1], bits, blocked, isz, self._mma(), smem_per_block())
 
     def blocks_ok(self, bits: int, group_size: int, cols: int) -> bool:
         """Whether a quantized matrix is stored in 8-row blocks (`blocked_layout`)."""
@@ -219,8 +278,8 @@ class Projections:
         """Whether gemv4 can run `x @ w.T` with prologue `kind` (else: separate kernels)."""
         R, cols = x.shape
         blocked = isinstance(w, QWeight) and w.blocked
-        args = (R, cols, w.shape[0], kind, head_dim, blocked, self.dtype, self._mma())
-        if not prologue_fits(*args, smem_per_block()):
+        args = (self.fit_rows(R), cols, w.shape[0], kind, head_dim, blocked, self.dtype)
+        if not prologue_fits(*args, self._mma(), smem_per_block(), self.invariant):
             return False
         return not (x.data.ptr % 16 or x.strides[1] != x.itemsize or x.strides[0] % 16)
 
@@ -244,13 +303,26 @@ class Projections:
         return gemv4_kind(pro.kind, self.dtype, pro.head_dim) if pro else Prologue.NONE
 
     # ----- choice and launch --------------------------------------------------------------
-    def gemv(self, x: Any, w: Any, out: Any, up: Any = None, pro: Pro | None = None) -> None:
+    def gemv(
+        self,
+        x: Any,
+        w: Any,
+        out: Any,
+        up: Any = None,
+        pro: Pro | None = None,
+        order: tuple | None = None,
+    ) -> None:
         """out[m] = x[m] @ w.T for m < rows <= 8; with `up`, out = silu(x@w.T) * (x@up.T);
         with `pro` (gemv4 only, see `pro_ok`), x is first transformed as `Pro` says.
 
         The kernel and its variant are picked per shape by timing each candidate once
-        (outside graph capture); the choice is kept for the process.
+        (outside graph capture); the choice is kept for the process. Batch-invariant
+        (`invariant`): `_gemv_rows`, in the sum order `order` (None: this shape's own at one
+        row).
         """
+        if self.invariant:
+            self._gemv_rows(x, w, out, up, pro, order)
+            return
         key = self.gemv_key(x, w, up, pro)
         choice = self.tuner.choice.get(key)
         if choice is None:
@@ -268,21 +340,78 @@ class Projections:
         kind = int(pro.kind) if pro else 0
         return (bits, x.shape[0], w.shape[0], x.shape[1], up is not None, kind, blocked)
 
-    def gemv_candidates(self, x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> list:
+    def _gemv_rows(self, x, w, out, up, pro: Pro | None, order: tuple | None) -> None:
+        """Batch-invariant: every row summed in the order of this shape's one-row launch
+        (or `order`, a stored group's): launches of at most `invariant_rows` rows, each in a
+        variant of that order, chosen among those and kept under the key with the order
+        appended (the one-row choice of the shape itself is the plain key's)."""
+        R, cols = x.shape
+        own = order is None
+        if own:
+            order = self.one_row_order(x, w, up, pro)
+        heads = cols // pro.head_dim if pro is not None and pro.head_dim else 0
+        n = invariant_rows(R, cols, order, self._kind(pro), heads, smem_per_block())
+        for r0 in range(0, R, n):
+            r1 = min(R, r0 + n)
+            xs, outs, ps = x, out, pro
+            if r1 - r0 < R:
+                xs, outs, ps = x[r0:r1], out[r0:r1], _pro_rows(pro, r0, r1)
+            key = self.gemv_key(xs, w, up, ps)
+            if not (own and r1 - r0 == 1):
+                key = (*key, order)
+            choice = self.tuner.choice.get(key)
+            if choice is None:
+                choice = self.choose(key, xs, w, outs, up, ps, order)
+            if self.k.graphing:
+                self.tuner.step_keys.append(key)
+            self.gemv_run(choice, xs, w, outs, up, ps)
+
+    def one_row_order(self, x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> tuple:
+        """The sum order (`reduction_order`) of this product's one-row launch: the variant
+        chosen for it, chosen now (timed on the first row) where none is yet."""
+        x1, p1 = x[:1], _pro_rows(pro, 0, 1)
+        key = self.gemv_key(x1, w, up, p1)
+        choice = self.tuner.choice.get(key)
+        if choice is None:
+            choice = self.choose(key, x1, w, None, up, p1)
+        return reduction_order(choice, x.shape[1])
+
+    def group_order(self, x: Any, weights: list[Any]) -> tuple | None:
+        """Batch-invariant, a stored group (weights.FUSED_GROUPS) at more than one row: the
+        sum order of the group's one-row launch, which each part's launch then takes (an
+        output row's sums do not depend on the rows beside it); else None."""
+        if not self.invariant or x.shape[0] == 1 or len(weights) == 1:
+            return None
+        fused = self.one_product(1, weights)
+        return None if fused is None else self.one_row_order(x, fused)
+
+    def gemv_candidates(
+        self, x: Any, w: Any, up: Any = None, pro: Pro | None = None, order: tuple | None = None
+    ) -> list:
         """Kernel variants that can run this product: ('mma', ks, tpb, ug, pipe) for gemv4
-        (4-bit weights in 8-row blocks), else ('old', rpw, u) for the SIMT kernel."""
+        (4-bit weights in 8-row blocks), else ('old', rpw, u) for the SIMT kernel; with
+        `order`, those that sum each row in that order (`reduction_order`)."""
         kind = self._kind(pro)
         if self._gemv4_ok(x, w, kind):
-            return [("mma", *v) for v in self._gemv4_variants(x.shape[0], w.shape[1], kind)]
-        assert pro is None, "only gemv4 has prologues"
-        return [("old", *v) for v in simt_variants(up is not None)]
+            cands = [("mma", *v) for v in self._gemv4_variants(x.shape[0], w.shape[1], kind)]
+        else:
+            assert pro is None, "only gemv4 has prologues"
+            cands = [("old", *v) for v in simt_variants(up is not None)]
+        if order is not None:
+            cands = order_candidates(cands, w.shape[1], order)
+            assert cands, f"no variant sums in the order {order} at {x.shape[0]} rows"
+        return cands
 
-    def choose(self, key: tuple, x, w, out, up=None, pro: Pro | None = None) -> tuple:
+    def choose(
+        self, key: tuple, x, w, out, up=None, pro: Pro | None = None, order: tuple | None = None
+    ) -> tuple:
         """The variant for `key`, timing every candidate once (the first candidate, not
-        kept, inside a graph capture or where it is the only one)."""
+        kept, inside a graph capture or where it is the only one); `order`: among those of
+        that sum order. `out` None: only the output's shape is needed (the timing writes
+        buffers of its own)."""
         import cupy
 
-        cands = self.gemv_candidates(x, w, up, pro)
+        cands = self.gemv_candidates(x, w, up, pro, order)
         current = cupy.cuda.get_current_stream()
         if current.is_capturing() or len(cands) == 1:
             return cands[0]
@@ -290,7 +419,10 @@ class Projections:
         # their own: timing never races with, or writes into, what the forward is using. A
         # prologue that stores the residual stores the same values every time.
         current.synchronize()
-        own_out = cupy.empty(out.shape, out.dtype)
+        if out is None:
+            own_out = cupy.empty((x.shape[0], w.shape[0]), self.k.act_dtype)
+        else:
+            own_out = cupy.empty(out.shape, out.dtype)
         if pro is not None and pro.h is not None:
             pro = replace(pro, h=cupy.empty(pro.h.shape, pro.h.dtype))
         return self.tuner.rank(key, cands, lambda c: self.gemv_run(c, x, w, own_out, up, pro))
@@ -345,7 +477,8 @@ class Projections:
         if mod is None:
             names = gemv4_module(R, swiglu, kind)
             self.k.check("gemv4.cu", names)
-            mod = module("gemv4.cu", self.dtype, names, self.gemv4_defines)
+            defines = self.gemv4_defines + (("SNUG_BATCH_INVARIANT",) if self.invariant else ())
+            mod = module("gemv4.cu", self.dtype, names, defines)
             self._gemv4_modules[(R, swiglu, int(kind))] = mod
         fn = self._gemv4_kernels[sym] = mod.get_function(sym)
         return fn

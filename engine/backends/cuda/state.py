@@ -3,9 +3,12 @@
 One pool block holds every stream's state, one slot per stream (no spare slot: warm-up runs
 on the slots before any stream is live, and a graph capture executes nothing):
 
-    kv_k, kv_v  [full layers, slots, Hkv, context, hd]   activation type
+    kv_k, kv_v  [full layers, slots, Hkv, context, hd]   activation type (int8 codes in
+                                                         the 8-bit cache)
     conv        [linear layers, slots, K-1, C]           activation type
     recurrent   [linear layers, slots, Hv, dv, dk]       fp32 (value column contiguous)
+    kv_k_scale, [full layers, slots, Hkv, context]       fp32, the 8-bit cache only: one
+    kv_v_scale                                           scale per token and KV head
 
 A saved stream (prompt cache) is a copy of one slot: a dict with its `length` and the four
 copies, in its own `prompt_cache` pool block (`block`), or, where the plan put the saved
@@ -15,13 +18,14 @@ buffer in between. For the host and disk tiers a snapshot becomes a `HostSnapsho
 (`snapshot_to_host`: views of the pinned buffer, or one copy of a block into a new pinned
 one), one array per layer and part, bf16 as uint16 bits:
 
-    kv_k.<i>, kv_v.<i>   [Hkv, length, hd]   activation type
+    kv_k.<i>, kv_v.<i>   [Hkv, length, hd]   activation type (int8 in the 8-bit cache)
     conv.<i>             [K-1, C]            activation type
     recurrent.<i>        [Hv, dv, dk]        fp32
+    kv_k_scale.<i>,      [Hkv, length]       fp32 (the 8-bit cache only)
+    kv_v_scale.<i>
 
-and `restore_slot` takes one back (checked exactly against this state first). Host
-embeddings (invariant 7) live here too: the rows of a forward's ids, gathered on the host
-and copied to `emb_rows`.
+and `restore_slot` takes one back (checked exactly against this state first). An embedding
+table kept off the card (invariant 7) is held here too (`host_table`, host_table.py).
 """
 
 from __future__ import annotations
@@ -30,10 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.base import STATE_PARTS
+from engine.backends.base import KV_SCALE_PARTS, STATE_PARTS
 from engine.backends.cuda.launch import Kernels, on_stream
-from engine.bf16 import to_bf16
-from engine.checkpoint.quantized import QuantizedTensor
 from engine.config import ModelConfig
 from engine.errors import DeviceOutOfMemory
 from engine.memory.arena import ALIGN, padded
@@ -51,12 +53,18 @@ class StreamState:
         self.kv_v: Any = None
         self.conv: Any = None
         self.recurrent: Any = None
+        # The 8-bit KV cache (EngineSettings.kv_cache "int8", set by the backend before
+        # `alloc`): kv_k / kv_v hold int8 codes and these their fp32 scales.
+        self.kv_int8 = False
+        # Drafting (Backend.draft_tokens, set before `alloc`): the MTP head's KV layer comes
+        # after the model's full-attention layers, and is saved with the slot.
+        self.mtp_layers = 0
+        self.kv_k_scale: Any = None
+        self.kv_v_scale: Any = None
         # Invariant 7: when the plan has no room for an untied embedding table on the card,
-        # it stays in host memory (`host_table`); each forward's rows are gathered on the
-        # host and copied into `emb_rows` with the batch layout (a captured graph reads them).
+        # it stays in mapped pinned host memory (`host_table`), which the gather reads in
+        # place, inside a captured graph like the rest of the step.
         self.host_table: Any = None
-        self.emb_rows: Any = None
-        self.emb_host: Any = None
         self.snapshots_on_host = False  # the plan's choice (Decision.prompt_cache_on_host)
         # A pinned buffer for one whole-context state, allocated off a reply's path
         # (`keep_spare`): a device snapshot moved to host memory during a reply takes it and
@@ -71,15 +79,29 @@ class StreamState:
 
         self.config, self.slots, self.context = config, slots, context
         c, n, act = config, slots, self.k.act_dtype
-        kv = (len(c.full_layers), n, c.num_key_value_heads, self.context, c.head_dim)
+        layers = len(c.full_layers) + self.mtp_layers
+        kv = (layers, n, c.num_key_value_heads, self.context, c.head_dim)
         conv = (len(c.linear_layers), n, c.linear_conv_kernel_dim - 1, c.conv_dim)
         Hv, dv, dk = c.linear_num_value_heads, c.linear_value_head_dim, c.linear_key_head_dim
         rec = (len(c.linear_layers), n, Hv, dv, dk)
-        shapes = [(kv, act), (kv, act), (conv, act), (rec, cupy.float32)]
+        kv_t = cupy.int8 if self.kv_int8 else act
+        shapes = [(kv, kv_t), (kv, kv_t), (conv, act), (rec, cupy.float32)]
+        if self.kv_int8:
+            shapes += [(kv[:-1], cupy.float32)] * 2
         self.block, arrays = self.carve_block(shapes, "stream")
-        self.kv_k, self.kv_v, self.conv, self.recurrent = arrays
+        self.kv_k, self.kv_v, self.conv, self.recurrent = arrays[:4]
+        self.kv_k_scale, self.kv_v_scale = arrays[4:] if self.kv_int8 else (None, None)
         for arr in arrays:
             arr.fill(0)
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """A snapshot's parts: STATE_PARTS, then the 8-bit cache's scales."""
+        return STATE_PARTS + (KV_SCALE_PARTS if self.kv_int8 else ())
+
+    def _arrays(self) -> list[Any]:
+        """The state's arrays, in `parts` order."""
+        return [getattr(self, part) for part in self.parts]
 
     def free(self) -> None:
         if self.block is not None:
@@ -100,20 +122,24 @@ class StreamState:
 
     def reset_slot(self, slot: int) -> None:
         with on_stream(self.stream):  # ordered with the forwards on the backend's stream
-            for arr in (self.kv_k, self.kv_v, self.conv, self.recurrent):
+            for arr in self._arrays():
                 arr[:, slot] = 0
 
     def _runs(self, slot: int, length: int) -> dict[str, list[Any]]:
-        """One slot's state as contiguous device runs, in snapshot order per part: KV per
-        (layer, head) over the first `length` tokens, conv and recurrent per layer."""
+        """One slot's state as contiguous device runs, in snapshot order per part: KV (and
+        its scales) per (layer, head) over the first `length` tokens, conv and recurrent
+        per layer."""
         L, H = self.kv_k.shape[0], self.kv_k.shape[2]
         kv = [(layer, h) for layer in range(L) for h in range(H)]
-        return {
+        runs = {
             "kv_k": [self.kv_k[layer, slot, h, :length] for layer, h in kv],
             "kv_v": [self.kv_v[layer, slot, h, :length] for layer, h in kv],
             "conv": [self.conv[layer, slot] for layer in range(self.conv.shape[0])],
             "recurrent": [self.recurrent[layer, slot] for layer in range(self.recurrent.shape[0])],
         }
+        for part in KV_SCALE_PARTS if self.kv_int8 else ():
+            runs[part] = [getattr(self, part)[layer, slot, h, :length] for layer, h in kv]
+        return runs
 
     @staticmethod
     def _pinned(total: int) -> np.ndarray:
@@ -122,7 +148,10 @@ class StreamState:
         import cupy
 
         try:
-            pinned = cupy.cuda.alloc_pinned_memory(max(total, 1))
+            # Not through CuPy's pinned pool, which keeps every freed block for a later one
+            # of the same size: saved states seldom repeat a size, so the host's locked
+            # memory would only grow. This buffer goes back to the host with its last view.
+            pinned = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(max(total, 1)), 0)
         except (cupy.cuda.memory.OutOfMemoryError, cupy.cuda.runtime.CUDARuntimeError) as exc:
             raise DeviceOutOfMemory(
                 f"no pinned host memory for a saved prompt state of {total} bytes ({exc}); "
@@ -158,6 +187,8 @@ class StreamState:
             "conv": self.conv[:, slot],
             "recurrent": self.recurrent[:, slot],
         }
+        for part in KV_SCALE_PARTS if self.kv_int8 else ():
+            parts[part] = getattr(self, part)[:, slot, :, :length]
         block, copies = self.carve_block(
             [(a.shape, a.dtype) for a in parts.values()], "prompt_cache"
         )
@@ -180,20 +211,24 @@ class StreamState:
             self.kv_v[:, slot, :, :n] = snapshot["kv_v"]
             self.conv[:, slot] = snapshot["conv"]
             self.recurrent[:, slot] = snapshot["recurrent"]
+            for part in KV_SCALE_PARTS if self.kv_int8 else ():
+                getattr(self, part)[:, slot, :, :n] = snapshot[part]
 
     # ----- host snapshots (the host and disk tiers) ----------------------------------------
     def _host_layout(self, length: int) -> dict[str, list[tuple[tuple[int, ...], Any]]]:
         """Per part, each layer's (shape, dtype) in a HostSnapshot of `length` tokens."""
-        act = np.dtype(self.k.act_dtype)  # uint16 holds bf16 bits
+        act, f32 = np.dtype(self.k.act_dtype), np.dtype(np.float32)  # uint16: bf16 bits
         L, _, H, _, hd = self.kv_k.shape
-        kv = [((H, length, hd), act)] * L
-        return {
+        kv = [((H, length, hd), np.dtype(self.kv_k.dtype))] * L
+        layout = {
             "kv_k": kv,
             "kv_v": kv,
             "conv": [(tuple(self.conv.shape[2:]), act)] * self.conv.shape[0],
-            "recurrent": [(tuple(self.recurrent.shape[2:]), np.dtype(np.float32))]
-            * self.recurrent.shape[0],
+            "recurrent": [(tuple(self.recurrent.shape[2:]), f32)] * self.recurrent.shape[0],
         }
+        for part in KV_SCALE_PARTS if self.kv_int8 else ():
+            layout[part] = [((H, length), f32)] * L
+        return layout
 
     def _host_views(self, length: int, parts: dict[str, np.ndarray]) -> HostSnapshot:
         """A HostSnapshot over `parts` (per part its bytes, uint8, layers end to end: the
@@ -217,14 +252,14 @@ class StreamState:
         on the host calls `settle` first."""
         n = int(snapshot["length"])
         if "pinned" in snapshot:
-            return self._host_views(n, {part: snapshot[part] for part in STATE_PARTS})
-        sources = [snapshot[part] for part in STATE_PARTS]
+            return self._host_views(n, {part: snapshot[part] for part in self.parts})
+        sources = [snapshot[part] for part in self.parts]
         total = sum(a.nbytes for a in sources)
         flat = self._take_spare(total) if not wait else None
         if flat is None:
             flat = self._pinned(total)
         parts, offset = {}, 0
-        for part, src in zip(STATE_PARTS, sources, strict=True):
+        for part, src in zip(self.parts, sources, strict=True):
             assert src.flags.c_contiguous  # carved from the snapshot's block
             if src.nbytes:
                 src.data.copy_to_host_async(flat[offset:].ctypes.data, src.nbytes, self.stream)
@@ -274,13 +309,14 @@ class StreamState:
             {f"{p}.{i}": spec for p, layers in layout.items() for i, spec in enumerate(layers)}
         )
         a, H = host.arrays, self.kv_k.shape[2]
+        per_head = ("kv_k", "kv_v", *(KV_SCALE_PARTS if self.kv_int8 else ()))
         sources = {
             part: [
                 np.ascontiguousarray(a[f"{part}.{i}"][h])
                 for i in range(len(layout[part]))
                 for h in range(H)
             ]
-            for part in ("kv_k", "kv_v")
+            for part in per_head
         }
         for part in ("conv", "recurrent"):
             sources[part] = [
@@ -296,11 +332,13 @@ class StreamState:
     def snapshot_bytes(self, length: int) -> int:
         """Bytes `save_slot` takes for a stream of `length` tokens."""
         c, isz = self.config, self.k.act_itemsize
-        kv = 2 * len(c.full_layers) * c.num_key_value_heads * length * c.head_dim * isz
+        heads = (len(c.full_layers) + self.mtp_layers) * c.num_key_value_heads * length
+        kv = heads * c.head_dim * (1 if self.kv_int8 else isz)
         conv = len(c.linear_layers) * (c.linear_conv_kernel_dim - 1) * c.conv_dim * isz
         rec = len(c.linear_layers) * c.linear_num_value_heads * c.linear_key_head_dim
         rec *= c.linear_value_head_dim * 4
-        return sum(-(-n // ALIGN) * ALIGN for n in (kv // 2, kv // 2, conv, rec))
+        scales = (heads * 4,) * 2 if self.kv_int8 else ()
+        return sum(-(-n // ALIGN) * ALIGN for n in (kv, kv, conv, rec, *scales))
 
     @staticmethod
     def snapshot_nbytes(snapshot: dict) -> int:
@@ -315,26 +353,3 @@ class StreamState:
             snapshot.clear()  # the pinned buffer goes with its last reference
             return
         snapshot["block"].free()
-
-    def host_rows(self, ids: np.ndarray, max_rows: int) -> None:
-        """Gather the embedding rows of `ids` on the host and queue their copy into
-        `emb_rows` (at least `max_rows` rows, grown for a longer forward)."""
-        import cupy
-
-        t, H = self.host_table, self.config.hidden_size
-        act, isz = self.k.act_dtype, self.k.act_itemsize
-        R = len(ids)
-        if self.emb_rows is None or self.emb_rows.shape[0] < R:
-            cap = max(R, max_rows)
-            self.emb_rows = cupy.zeros((cap, H), act)
-            mem = cupy.cuda.alloc_pinned_memory(cap * H * isz)
-            self.emb_host = np.frombuffer(mem, act, cap * H).reshape(cap, H)
-        if isinstance(t, QuantizedTensor):  # a quantized table stays packed on the host
-            rows = t.dequantize(np.asarray(ids, np.int64))
-        else:
-            rows = np.asarray(t)[np.asarray(ids, np.int64)]
-        if self.k.dtype == "bfloat16":
-            self.emb_host[:R] = to_bf16(rows)
-        else:
-            self.emb_host[:R] = rows.astype(act)
-        self.emb_rows.data.copy_from_host_async(self.emb_host.ctypes.data, R * H * isz, self.stream)

@@ -137,39 +137,47 @@ def upload(
     projections: Projections,
     pool: Any = None,
     skip: tuple[str, ...] = (),
+    mtp: bool = False,
 ) -> tuple[dict[str, Any], Arena]:
     """Upload every tensor the forward reads into one arena; return name -> device weight.
-    Tensors named in `skip` stay on the host (an embedding table the plan put there).
-    `norms` converts to the activation type, `projections` puts 4-bit matrices in blocks."""
+    Tensors named in `skip` stay on the host (an embedding table the plan put there); the
+    MTP head's (`mtp.*`) only with `mtp` (drafting). `norms` converts to the activation
+    type, `projections` puts 4-bit matrices in blocks."""
     import cupy
 
     act = norms.k.act_dtype
     specs = checkpoint_specs(checkpoint)
-    sizes = {k: v for k, v in arena_bytes(specs, norms.k.act_itemsize).items() if k not in skip}
+    sized = arena_bytes(specs, norms.k.act_itemsize, mtp=mtp)
+    sizes = {k: v for k, v in sized.items() if k not in skip}
     arena = Arena(sum(sizes.values()), pool)
     weights: dict[str, Any] = {}
     fusable = fused_groups(checkpoint.tensors, list(sizes))
     grouped = {n for g in fusable.values() for n in g}
-    for name in sizes:
-        info = checkpoint.tensors[name]
-        shape = tuple(info.shape)
-        if name in fusable:
-            _upload_group(checkpoint, norms, projections, arena, fusable[name], weights)
-        elif name in grouped:
-            continue  # uploaded with its group
-        elif info.quant is not None:
-            _upload_group(checkpoint, norms, projections, arena, [name], weights)
-        elif is_small(name, shape):
-            arr = np.ascontiguousarray(checkpoint.read(name), dtype=np.float32)
-            dst = arena.carve(arr.shape, cupy.float32)
-            dst.set(arr)
-            weights[name] = dst
-        else:
-            raw = np.asarray(checkpoint.read_raw(name))
-            dst = arena.carve(shape, act)
-            _convert_into(norms, raw.reshape(shape), dst)
-            weights[name] = DWeight(dst, shape) if len(shape) == 2 else dst
-    cupy.cuda.get_current_stream().synchronize()
+    try:
+        for name in sizes:
+            info = checkpoint.tensors[name]
+            shape = tuple(info.shape)
+            if name in fusable:
+                _upload_group(checkpoint, norms, projections, arena, fusable[name], weights)
+            elif name in grouped:
+                continue  # uploaded with its group
+            elif info.quant is not None:
+                _upload_group(checkpoint, norms, projections, arena, [name], weights)
+            elif is_small(name, shape):
+                arr = np.ascontiguousarray(checkpoint.read(name), dtype=np.float32)
+                dst = arena.carve(arr.shape, cupy.float32)
+                dst.set(arr)
+                weights[name] = dst
+            else:
+                raw = np.asarray(checkpoint.read_raw(name))
+                dst = arena.carve(shape, act)
+                _convert_into(norms, raw.reshape(shape), dst)
+                weights[name] = DWeight(dst, shape) if len(shape) == 2 else dst
+        cupy.cuda.get_current_stream().synchronize()
+    except BaseException:  # a tensor that cannot be read or converted: the arena goes back
+        if arena.alloc is not None:
+            arena.alloc.free()
+        raise
     return weights, arena
 
 

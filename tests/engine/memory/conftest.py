@@ -43,7 +43,9 @@ def commit(plan: Plan, decision: Decision, pool: SimulatedPool) -> Committed:
         step_rows=plan.streams,
         context=plan.context,
     )
-    work = Workspace(pool, plan.config, plan.dtype_bytes, decision.max_rows, plan.context)
+    work = Workspace(
+        pool, plan.config, plan.dtype_bytes, decision.max_rows, plan.context, kv_cache=plan.kv_cache
+    )
     if decision.eager:
         scratch.ensure(decision.max_rows)
         work.ensure(decision.max_rows)

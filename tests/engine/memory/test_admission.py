@@ -124,6 +124,8 @@ def _apply(plan, settings, setting, value):
         return plan, settings.with_gib(reserve=value)
     if setting == "limit_gib":
         return plan, settings.with_gib(limit=value)
+    if setting == "kv_cache":
+        return plan.with_kv_cache(value), settings
     if setting == "format":
         config = shape_config("2B", value)
         return plan.with_weights(

@@ -7,7 +7,41 @@
 // row inside its segment, row_n[r] rows of that segment.
 // KV cache of one layer: [slots, Hkv, ctx, hd]. Query buffer: per segment starting at row0,
 // [Hq, rows, hd] at offset row0*Hq*hd (for one-row segments that is the plain [Hq, hd]).
+//
+// The 8-bit cache (engine/backends/kv_int8.py) holds int8 codes in the same layout and one
+// fp32 scale per (slot, KV head, position), [slots, Hkv, ctx] for keys and for values. Its
+// kernels: attn_prep_q8 writes codes and scales, attn_decode_q8 reads them (code * scale in
+// fp32), and kv_dequant turns one KV head's into the activation type for cuBLAS in a prompt.
 #include "common.cuh"
+
+// Thread d of attn_prep's block (r, h): dim d of head h (a query head below Hq, else KV head
+// kvh = h - Hq) of row r, at position p, after its RMSNorm and RoPE. `buf` holds hd floats,
+// `red` 32.
+__device__ __forceinline__ float prep_head(const act_t* __restrict__ qg, const act_t* __restrict__ k,
+                                           const float* __restrict__ qn, const float* __restrict__ kn,
+                                           const int* __restrict__ pos, int Hq, int Hkv, int hd, int rot,
+                                           double theta, float eps, float* buf, float* red, int& kvh,
+                                           int& p) {
+  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const bool isq = h < Hq;
+  kvh = isq ? h / (Hq / Hkv) : h - Hq;
+  const act_t* src = isq ? qg + (long)r * Hq * 2 * hd + (long)h * 2 * hd : k + (long)r * Hkv * hd + kvh * hd;
+  float x = ld(src + d);
+  float inv = rsqrtf(block_sum(x * x, red) / hd + eps);
+  x = x * inv * (isq ? qn[d] : kn[d]);
+  buf[d] = x;
+  __syncthreads();
+  p = pos[r];
+  const int half = rot / 2;
+  if (d < rot) {
+    int j = d < half ? d : d - half;
+    double inv_freq = 1.0 / pow(theta, (double)(2 * j) / rot);
+    double a = (double)p * inv_freq;
+    float c = (float)cos(a), s = (float)sin(a);
+    x = d < half ? buf[d] * c - buf[d + half] * s : buf[d] * c + buf[d - half] * s;
+  }
+  return x;
+}
 
 extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* __restrict__ k,
                                      const act_t* __restrict__ v, const float* __restrict__ qn,
@@ -27,23 +61,9 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
   extern __shared__ float buf[];
   __shared__ float red[32];
   const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  const bool isq = h < Hq;
-  const int kvh = isq ? h / (Hq / Hkv) : h - Hq;
-  const act_t* src = isq ? qg + (long)r * Hq * 2 * hd + (long)h * 2 * hd : k + (long)r * Hkv * hd + kvh * hd;
-  float x = ld(src + d);
-  float inv = rsqrtf(block_sum(x * x, red) / hd + eps);
-  x = x * inv * (isq ? qn[d] : kn[d]);
-  buf[d] = x;
-  __syncthreads();
-  const int p = pos[r], half = rot / 2;
-  if (d < rot) {
-    int j = d < half ? d : d - half;
-    double inv_freq = 1.0 / pow(theta, (double)(2 * j) / rot);
-    double a = (double)p * inv_freq;
-    float c = (float)cos(a), s = (float)sin(a);
-    x = d < half ? buf[d] * c - buf[d + half] * s : buf[d] * c + buf[d - half] * s;
-  }
-  if (isq) {
+  int kvh, p;
+  const float x = prep_head(qg, k, qn, kn, pos, Hq, Hkv, hd, rot, theta, eps, buf, red, kvh, p);
+  if (h < Hq) {
     long row0 = r - row_tl[r];
     qout[row0 * Hq * hd + ((long)h * row_n[r] + row_tl[r]) * hd + d] = mk(x);
   } else {
@@ -53,9 +73,81 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
   }
 }
 
+// Thread d's element x of a row of hd (the block's threads) into the 8-bit cache: the row's
+// scale amax / 127 to *scale (thread 0), code rint(x * 127 / amax) to *code.
+__device__ __forceinline__ void store_q8(float x, signed char* __restrict__ code, float* __restrict__ scale,
+                                         float* red) {
+  const float amax = block_max(fabsf(x), red);
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  *code = static_cast<signed char>(max(-127, min(127, __float2int_rn(x * inv))));
+  if (threadIdx.x == 0) *scale = amax / 127.f;
+}
+
+// attn_prep with the 8-bit cache: the same queries; each key and value row of a KV head
+// quantized with its own scale (ks, vs: [slots, Hkv, ctx]).
+extern "C" __global__ void attn_prep_q8(const act_t* __restrict__ qg, const act_t* __restrict__ k,
+                                        const act_t* __restrict__ v, const float* __restrict__ qn,
+                                        const float* __restrict__ kn, const int* __restrict__ pos,
+                                        const int* __restrict__ row_slot, const int* __restrict__ row_tl,
+                                        const int* __restrict__ row_n, act_t* __restrict__ qout,
+                                        signed char* __restrict__ kc, signed char* __restrict__ vc,
+                                        float* __restrict__ ks, float* __restrict__ vs, int Hq, int Hkv,
+                                        int hd, int rot, int ctx, double theta, float eps,
+                                        const unsigned char* __restrict__ ahead, long long ahead_bytes,
+                                        const unsigned char* __restrict__ ahead2, long long bytes2,
+                                        const unsigned char* __restrict__ ahead3, long long bytes3) {
+  prefetch_ahead(ahead, ahead_bytes, ahead2, bytes2, ahead3, bytes3, blockIdx.x + gridDim.x * blockIdx.y,
+                 gridDim.x * gridDim.y);
+  pdl_start();
+  extern __shared__ float buf[];
+  __shared__ float red[32];
+  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  int kvh, p;
+  const float x = prep_head(qg, k, qn, kn, pos, Hq, Hkv, hd, rot, theta, eps, buf, red, kvh, p);
+  if (h < Hq) {
+    long row0 = r - row_tl[r];
+    qout[row0 * Hq * hd + ((long)h * row_n[r] + row_tl[r]) * hd + d] = mk(x);
+    return;
+  }
+  const long row = ((long)row_slot[r] * Hkv + kvh) * ctx + p;
+  store_q8(x, kc + row * hd + d, ks + row, red);
+  store_q8(ld(v + (long)r * Hkv * hd + kvh * hd + d), vc + row * hd + d, vs + row, red);
+}
+
 // Keys per split of a row at len keys: at least `least`, and at most nsmax splits.
 __device__ __forceinline__ int split_keys(int len, int least, int nsmax) {
   return max(least, (len + nsmax - 1) / nsmax);
+}
+
+// The 8-bit cache's code type where Q8 = 1, else the activation type.
+template <int Q8> struct KvCode { typedef act_t type; };
+template <> struct KvCode<1> { typedef signed char type; };
+
+// Four int8 codes packed in w (lowest byte first), times s.
+__device__ __forceinline__ void unpack_codes(unsigned w, float s, float* out) {
+#pragma unroll
+  for (int b = 0; b < 4; ++b) out[b] = static_cast<float>(static_cast<int>(w << (24 - 8 * b)) >> 24) * s;
+}
+
+// N consecutive codes of the 8-bit cache from p, dequantized with scale s: 8-byte loads where
+// N is a multiple of 8 (p 8-byte aligned), 4-byte ones where it is a multiple of 4, else one
+// by one.
+template <int N>
+__device__ __forceinline__ void load_codes(const signed char* __restrict__ p, float s, float* out) {
+  if constexpr (N % 8 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(p) + i);
+      unpack_codes(u.x, s, out + 8 * i);
+      unpack_codes(u.y, s, out + 8 * i + 4);
+    }
+  } else if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) unpack_codes(__ldg(reinterpret_cast<const unsigned*>(p) + i), s, out + 4 * i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = static_cast<float>(p[i]) * s;
+  }
 }
 
 // grid (nsplit_max, Hkv, R), NW warps. Split s covers keys [s*split,
@@ -67,11 +159,16 @@ __device__ __forceinline__ int split_keys(int len, int least, int nsmax) {
 // warp's first KU keys are requested before the wait for the previous kernel (attn_prep),
 // except the newest one, which attn_prep writes; with NW * KU = 32, a split of the fewest
 // (32) keys is requested whole before the wait, with no second round trip after it.
-template <int DPL, int GM, int KU, int NW>
-__global__ void __launch_bounds__(NW * 32)
-attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act_t* __restrict__ vc,
-            const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
-            float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale) {
+// Q8 = 1 reads the 8-bit cache: each key's and value's codes with its scale (ks, vs:
+// [slots, Hkv, ctx]), dequantized to fp32 as they are loaded (attn_decode_q8).
+template <int DPL, int GM, int KU, int NW, int Q8>
+__device__ __forceinline__ void attn_decode_body(const act_t* __restrict__ q,
+                                                 const typename KvCode<Q8>::type* __restrict__ kc,
+                                                 const typename KvCode<Q8>::type* __restrict__ vc,
+                                                 const float* __restrict__ ks, const float* __restrict__ vs,
+                                                 const int* __restrict__ pos, const int* __restrict__ row_slot,
+                                                 float* __restrict__ po, float* __restrict__ pml, int Hq, int Hkv,
+                                                 int ctx, int least, int nsmax, float scale) {
   constexpr int HD = DPL * 32;
   __shared__ float sm_o[NW][GM][HD];
   __shared__ float sm_m[NW][GM], sm_l[NW][GM];
@@ -84,7 +181,7 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
   }
   const int k1 = min(len, k0 + split);
   const int gq = Hq / Hkv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const long base = ((long)row_slot[r] * Hkv + kvh) * ctx * HD;
+  const long head = (long)row_slot[r] * Hkv + kvh, base = head * ctx * HD;
   const int jfirst = k0 + warp * KU;
   float kv[KU][DPL], vv[KU][DPL];
   // Keys j0..j0+KU-1 of the split: which = 0 all of them, 1 all but the newest, 2 only it.
@@ -93,8 +190,13 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
     for (int u = 0; u < KU; ++u) {
       const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
       if (which == 0 || (which == 1 ? j < len - 1 : j == len - 1)) {
-        load_acts<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
-        load_acts<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
+        if constexpr (Q8) {
+          load_codes<DPL>(kc + base + j * HD + lane * DPL, ks[head * ctx + j], kv[u]);
+          load_codes<DPL>(vc + base + j * HD + lane * DPL, vs[head * ctx + j], vv[u]);
+        } else {
+          load_acts<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
+          load_acts<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
+        }
       }
     }
   };
@@ -175,6 +277,25 @@ attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act
   }
 }
 
+template <int DPL, int GM, int KU, int NW>
+__global__ void __launch_bounds__(NW * 32)
+attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act_t* __restrict__ vc,
+            const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
+            float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale) {
+  attn_decode_body<DPL, GM, KU, NW, 0>(q, kc, vc, nullptr, nullptr, pos, row_slot, po, pml, Hq, Hkv, ctx,
+                                       least, nsmax, scale);
+}
+
+template <int DPL, int GM, int KU, int NW>
+__global__ void __launch_bounds__(NW * 32)
+attn_decode_q8(const act_t* __restrict__ q, const signed char* __restrict__ kc,
+               const signed char* __restrict__ vc, const float* __restrict__ ks, const float* __restrict__ vs,
+               const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
+               float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale) {
+  attn_decode_body<DPL, GM, KU, NW, 1>(q, kc, vc, ks, vs, pos, row_slot, po, pml, Hq, Hkv, ctx, least, nsmax,
+                                       scale);
+}
+
 // grid (R, Hq), hd threads: merge the splits, normalise, multiply by sigmoid(gate).
 extern "C" __global__ void attn_combine(const float* __restrict__ po, const float* __restrict__ pml,
                                         const act_t* __restrict__ qg, const int* __restrict__ pos,
@@ -194,6 +315,25 @@ extern "C" __global__ void attn_combine(const float* __restrict__ po, const floa
   }
   float gate = ld(qg + (long)r * Hq * 2 * hd + (long)h * 2 * hd + hd + d);
   st(out + (long)r * Hq * hd + (long)h * hd + d, acc / L * sigmoid_f(gate));
+}
+
+// grid (cdiv(n * hd / 4, 256), 2), 256 threads: rows [0, n) of one KV head's 8-bit keys
+// (blockIdx.y 0) or values (1) as code * scale in the activation type, for a prompt's cuBLAS
+// products (hd a multiple of 4, the codes 4-byte aligned).
+extern "C" __global__ void kv_dequant(const signed char* __restrict__ kc, const float* __restrict__ ks,
+                                      const signed char* __restrict__ vc, const float* __restrict__ vs,
+                                      act_t* __restrict__ kout, act_t* __restrict__ vout, int n, int hd) {
+  pdl_start();
+  const bool values = blockIdx.y == 1;
+  const signed char* __restrict__ codes = values ? vc : kc;
+  const float* __restrict__ scales = values ? vs : ks;
+  act_t* __restrict__ out = values ? vout : kout;
+  const long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+  if (i >= (long)n * hd) return;
+  float x[4];
+  unpack_codes(*reinterpret_cast<const unsigned*>(codes + i), scales[i / hd], x);
+#pragma unroll
+  for (int b = 0; b < 4; ++b) out[i + b] = mk(x[b]);
 }
 
 // Row i of the scores is query (head h, local row t) = (i / tq, t0 + i % tq); it sees keys

@@ -115,13 +115,18 @@ __device__ __forceinline__ void store_state(float* sp, const float4 (&S)[NC], in
 
 // grid (Hv*dv / (NC*4), S), 128 threads (4 warps). dk = 128: each lane holds 4 entries of each
 // of the warp's NC columns. Per token: S <- e^g S; d = beta (v - S^T k); S += k d^T; o = S^T q.
-template <int NC>
-__global__ void __launch_bounds__(128)
-gdn_scan(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-         const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
-         const int* __restrict__ seg_slot, const int* __restrict__ seg_row0,
-         const int* __restrict__ seg_rows, float* __restrict__ o, int Hk, int Hv, int dv) {
-  pdl_start();
+// KEEP (gdn_scan_keep, a drafting verify): the state after each of a segment's first keep_rows
+// rows is also stored, at keep[slot][t] ([slots, keep_rows, Hv, dv, dk]), so that the slot can
+// be rewound to any of them.
+template <int NC, bool KEEP>
+__device__ __forceinline__ void scan_rows(const float* __restrict__ q, const float* __restrict__ k,
+                                          const float* __restrict__ v, const float* __restrict__ g,
+                                          const float* __restrict__ beta, float* __restrict__ state,
+                                          const int* __restrict__ seg_slot,
+                                          const int* __restrict__ seg_row0,
+                                          const int* __restrict__ seg_rows, float* __restrict__ o,
+                                          int Hk, int Hv, int dv, float* __restrict__ keep,
+                                          int keep_rows) {
   constexpr int DK = 128;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int col = (blockIdx.x * 4 + warp) * NC;
@@ -156,8 +161,36 @@ gdn_scan(const float* __restrict__ q, const float* __restrict__ k, const float* 
       if (lane == c) out = oc;
     }
     if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
+    if (KEEP && t < keep_rows) {
+      const long kept = (long)seg_slot[s] * keep_rows + t;
+      store_state<NC>(keep + ((kept * Hv + h) * dv + j0) * STEP_DK, S, lane);
+    }
   }
   store_state<NC>(sp, S, lane);
+}
+
+template <int NC>
+__global__ void __launch_bounds__(128)
+gdn_scan(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+         const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
+         const int* __restrict__ seg_slot, const int* __restrict__ seg_row0,
+         const int* __restrict__ seg_rows, float* __restrict__ o, int Hk, int Hv, int dv) {
+  pdl_start();
+  scan_rows<NC, false>(q, k, v, g, beta, state, seg_slot, seg_row0, seg_rows, o, Hk, Hv, dv,
+                       nullptr, 0);
+}
+
+template <int NC>
+__global__ void __launch_bounds__(128)
+gdn_scan_keep(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+              const float* __restrict__ g, const float* __restrict__ beta,
+              float* __restrict__ state, const int* __restrict__ seg_slot,
+              const int* __restrict__ seg_row0, const int* __restrict__ seg_rows,
+              float* __restrict__ o, int Hk, int Hv, int dv, float* __restrict__ keep,
+              int keep_rows) {
+  pdl_start();
+  scan_rows<NC, true>(q, k, v, g, beta, state, seg_slot, seg_row0, seg_rows, o, Hk, Hv, dv,
+                      keep, keep_rows);
 }
 
 // grid (R, Hv), 128 threads: y = rms(o) * w * silu(z) per value head.

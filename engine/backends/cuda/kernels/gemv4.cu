@@ -141,7 +141,11 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   if constexpr (SP == 4) {  // read after the next barrier (the one before the tile's sums)
     if (tid < M) {
       float ss = 0.f;
+#ifdef SNUG_BATCH_INVARIANT
+      for (int j = 0; j < nw >> 5; ++j) ss += pss[tid * (nw >> 5) + j];  // the row's slots
+#else
       for (int w = 0; w < NT / 32; ++w) ss += pss[w * 8 + tid];
+#endif
       invs[tid] = rsqrtf(ss / in + peps);
     }
   }

@@ -356,6 +356,15 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
       const int p = it - mi * nw;
       if (it < M * nw && (p & (seg - 1)) == 0) pss[mi * (in / pr.hd) + p / seg] = q;
     }
+#ifdef SNUG_BATCH_INVARIANT
+    // Batch-invariant mode (in % 256 == 0: a warp's pass is 32 entries of one row): each
+    // 32 entries of a row sum into a slot of their own, whichever warp or batch row takes
+    // them, and the caller adds a row's slots in order (the same sums at any batch size).
+    if constexpr (PRO == 4) {
+      const float t = warp_sum(q);
+      if (lane == 0 && it < M * nw) pss[mi * (nw >> 5) + ((it - mi * nw) >> 5)] = t;
+    }
+#else
     if constexpr (PRO == 4) {  // this warp's sums per row, in a fixed order
       const bool ok = it < M * nw;
       const int mlo = __shfl_sync(0xffffffffu, mi, 0);
@@ -367,6 +376,7 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
           if (r == mm) qa[r] += t;
       }
     }
+#endif
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     s += __shfl_xor_sync(0xffffffffu, s, 2);
     s += __shfl_xor_sync(0xffffffffu, s, 4);
@@ -375,10 +385,12 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
       sx[(p >> 3) * 8 + m] = s;
     }
   }
+#ifndef SNUG_BATCH_INVARIANT
   if constexpr (PRO == 4)  // slot (warp, row): the caller sums the warps' slots in order
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < M; ++r) pss[(tid >> 5) * 8 + r] = qa[r];
+#endif
   if (M < 8)
     for (int i = tid; i < ng * 8; i += NT)
       if ((i & 7) >= M) sx[i] = 0.f;

@@ -1,0 +1,208 @@
+"""Drafting with the MTP head: what a verify costs against a decode step, and the speed-up.
+
+Loads a random checkpoint at a real shape with its MTP head (Hugging Face bf16 layout,
+engine/testing/synth.py) through `Engine.load` with drafting on, prefills a prompt, and
+measures at that position, on one stream:
+
+    step      one decode step as a reply runs it (the captured decode graph on a GPU)
+    verify k  one verify forward of k + 1 rows with every row's logits and final hidden
+              state, and the host's picks (targets: <= 1.15x, 1.25x, 1.35x a step for
+              k = 1, 2, 3)
+    draft     one chained draft of the MTP head (its layer and the LM head), and the head
+              over the k + 1 rows a round with every draft kept hands it
+
+Then replies: plain (no drafter), and with drafts forced to the plain reply's own tokens
+(every draft kept: the upper bound), k = 1, 2, 3. Random weights keep almost no draft of
+the head's own, so the projected speed-up uses the forced rounds' measured cost with the
+tokens a round gives at the acceptance published for Qwen3.5's MTP head (about 0.85 at the
+first position; `--acceptance` takes one rate for every position or one per position).
+Target: >= 1.6x projected at k = 2.
+
+    python3 tools/bench_draft.py --shape 4B --out OUT          (GPU)
+    python3 tools/bench_draft.py --backend numpy --shape tiny --prompt 64 --steps 32 (smoke)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine.backends.base import Batch
+from engine.config import EngineSettings
+from engine.drafting import DraftPolicy, draft_cost
+from engine.session import Engine, GenerationParams
+from engine.testing.synth import model_dir
+
+TARGETS = {1: 1.15, 2: 1.25, 3: 1.35}  # verify k / step, at most
+PROJECTED_TARGET = 1.6  # at k = 2
+
+
+def timed(fn, reps: int) -> float:
+    """Median seconds of `fn()` (which waits for its own result), after one warm call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def forward_costs(engine: Engine, prompt: list[int], reps: int) -> dict:
+    """Seconds of a step, of verifies of k + 1 rows, of the head's forwards, at the
+    prompt's end on stream 0."""
+    be, model, head = engine.backend, engine.model, engine.drafter.head
+    stream = engine._open_stream()
+    try:
+        engine.prefill(stream, prompt)
+        n, tok = len(stream.ids), np.asarray([prompt[-1]])
+
+        def step():
+            logits, greedy = be.decode_step(model, Batch.step([(stream.slot, n)]), tok)
+            return greedy.get() if greedy is not None else be.argmax_rows(logits)
+
+        out = {"position": n, "step_s": timed(step, reps), "verify_s": {}, "head_window_s": {}}
+        for k in (1, 2, 3):
+            ids = np.asarray([prompt[-1]] * (k + 1))
+
+            def verify(k=k, ids=ids):
+                batch = Batch.verify(stream.slot, n, k + 1)
+                logits = model.forward(batch, ids, all_logits=True, hidden=True)
+                return be.argmax_rows(logits)
+
+            out["verify_s"][k] = timed(verify, reps)
+            held = be.hold_rows(model.hidden, np.arange(k + 1))
+
+            def window(k=k, ids=ids, held=held):
+                batch = Batch.window(stream.slot, n - 1, k + 1)
+                return be.argmax_rows(head.forward(batch, ids, held, np.array([k], np.int32)))
+
+            out["head_window_s"][k] = timed(window, reps)
+        one = be.hold_rows(model.hidden, np.array([0]))
+
+        def draft():
+            batch = Batch.window(stream.slot, n, 1)
+            return be.argmax_rows(head.forward(batch, tok, one, np.zeros(1, np.int32)))
+
+        out["draft_s"] = timed(draft, reps)
+    finally:
+        engine._close_stream(stream)
+    return out
+
+
+def replies(engine: Engine, prompt: list[int], steps: int) -> dict:
+    """Decode tokens/s: plain, then with drafts forced to the plain reply (k = 1, 2, 3)."""
+    drafter = engine.drafter
+    params = GenerationParams(max_new_tokens=steps, greedy=True)
+
+    def run():
+        engine.prompt_cache.clear()
+        events = list(engine.generate(prompt, params))
+        return [e.token_id for e in events], events[-1].stats
+
+    engine.drafter = None  # plain: the pipelined decode path a reply takes without drafts
+    plain, stats = run()
+    engine.drafter = drafter
+    out = {"plain_tok_s": stats.decode_tok_s, "tokens": len(plain), "forced": {}}
+    cost = draft_cost(engine.checkpoint.tensors, engine.config.tie_word_embeddings)
+    for k in (1, 2, 3):
+        drafter.policy = DraftPolicy(k, auto=False, draft_cost=cost)
+        drafter.forced = plain
+        rounds = drafter.stats.rounds
+        forced, stats = run()
+        if forced != plain:
+            raise SystemExit(f"k = {k}: the forced reply differs from the plain one")
+        n_rounds = drafter.stats.rounds - rounds
+        decode_s = (stats.new_tokens - 1) / stats.decode_tok_s
+        out["forced"][k] = {
+            "tok_s": stats.decode_tok_s,
+            "speedup": stats.decode_tok_s / out["plain_tok_s"],
+            "round_s": decode_s / max(n_rounds, 1),
+            "rounds": n_rounds,
+        }
+    drafter.forced = None
+    return out
+
+
+def projected(rates: list[float], k: int, round_s: float, plain_tok_s: float) -> float:
+    """Speed-up of rounds of k drafts costing `round_s` each, drafts kept at `rates`
+    (position i kept with rates[i] given the ones before it were)."""
+    tokens, keep = 1.0, 1.0
+    for i in range(k):
+        keep *= rates[min(i, len(rates) - 1)]
+        tokens += keep
+    return tokens / round_s / plain_tok_s
+
+
+def table(r: dict, rates: list[float]) -> str:
+    costs, reply = r["costs"], r["replies"]
+    step = costs["step_s"]
+    lines = [
+        f"{r['shape']} bf16 + MTP, {r['backend']} ({r['dtype']}), position {costs['position']}: "
+        f"step {step * 1e3:.3f} ms, draft {costs['draft_s'] / step:.2f}x a step, plain "
+        f"{reply['plain_tok_s']:.1f} tok/s",
+        "",
+        "| k | verify / step (target) | head window / step | round / step, every draft kept "
+        "| speed-up, every draft kept | projected speed-up at " + ",".join(map(str, rates)) + " |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for k in (1, 2, 3):
+        v = costs["verify_s"][k] / step
+        f = reply["forced"][k]
+        p = projected(rates, k, f["round_s"], reply["plain_tok_s"])
+        ok = "ok" if v <= TARGETS[k] else "over"
+        lines.append(
+            f"| {k} | {v:.2f}x (<= {TARGETS[k]}x: {ok}) | {costs['head_window_s'][k] / step:.2f}x "
+            f"| {f['round_s'] / step:.2f}x | {f['speedup']:.2f}x | {p:.2f}x |"
+        )
+    k2 = projected(rates, 2, reply["forced"][2]["round_s"], reply["plain_tok_s"])
+    verdict = "ok" if k2 >= PROJECTED_TARGET else "short"
+    lines += ["", f"projected at k = 2: {k2:.2f}x (target >= {PROJECTED_TARGET}x: {verdict})"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="4B", help="0.8B, 2B, 4B, 9B or tiny")
+    ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--prompt", type=int, default=512, help="prompt tokens before the timing")
+    ap.add_argument("--steps", type=int, default=256, help="tokens of each timed reply")
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--reps", type=int, default=20, help="timed calls per forward figure")
+    ap.add_argument("--acceptance", default="0.85", help="kept rate, or one per position")
+    ap.add_argument("--workdir", default="/tmp/snug-bench")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+
+    rates = [float(x) for x in args.acceptance.split(",")]
+    path = model_dir(args.workdir, args.shape, "bf16", seed=1, mtp=True)
+    settings = EngineSettings(backend=args.backend, compute_dtype=args.dtype, draft_tokens="3")
+    engine = Engine.load(path, settings, context=args.context)
+    if engine.drafter is None:
+        raise SystemExit(f"no drafting: {engine.drafting}")
+    prompt = np.random.default_rng(0).integers(0, 400, size=args.prompt).tolist()
+    result = {
+        "shape": args.shape,
+        "backend": engine.backend_name,
+        "dtype": args.dtype if args.backend == "cuda" else "float32",
+        "acceptance": rates,
+        "costs": forward_costs(engine, prompt, args.reps),
+        "replies": replies(engine, prompt, args.steps),
+    }
+    text = table(result, rates)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "draft.json").write_text(json.dumps(result, indent=1))
+    (out / "draft.md").write_text(text + "\n")
+    engine.unload()
+
+
+if __name__ == "__main__":
+    main()

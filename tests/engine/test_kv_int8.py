@@ -1,5 +1,5 @@
 """The 8-bit KV cache on the host: its quantizer, the setting, the numpy backend that is the
-reference for the CUDA kernels (tests/device/test_kv_int8.py), its snapshots, and its quality
+reference for the CUDA kernels (tests/device/test_kv_int8_cuda.py), its snapshots, and its quality
 against the cache in full precision on the tiny references."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The 8-bit KV cache's launches without a GPU: which kernel each path asks for, and that
 every launch passes exactly the parameters attention.cu declares, in order (the scales
-right after the codes). tests/device/test_kv_int8.py runs them."""
+right after the codes). tests/device/test_kv_int8_cuda.py runs them."""
 
 from __future__ import annotations
 

@@ -2,20 +2,29 @@
 
 Admission decides what fits; this module says how fast the result will be, so a decision
 can carry "a 16K prompt: about 1.4 s to the first token; about 650 tokens/s" (invariant 8:
-the decision predicts the speed it will give). Two terms per phase, each scaled from the
-card the coefficients were measured on to the card at hand by the resource that bounds it:
+the decision predicts the speed it will give). Each term is scaled from the card the
+coefficients were measured on to the card at hand by the resource that bounds it:
 
     decode step   = layers * step_layer_s  +  bytes read per step / (bandwidth * bw_eff)
-    prefill of P  = P * flops/token / (tensor * mm_eff)             (the projections)
-                  + attention flops(P) / (tensor * attn_eff)        (quadratic in P)
-                  + chunks * (weight bytes / (bandwidth * bw_eff))  (each chunk reads every
-                                                                    weight once)
+    prefill of P  = P * flops/token / (tensor * mm_eff)         projections (cuBLAS)
+                  + attention flops(P) / (fp32 * attn_eff)      quadratic in P (the fp32
+                                                                softmax over the scores leads)
+                  + P * DeltaNet work/token / (fp32 * simt_eff) the chunked delta rule and
+                                                                the other fp32 kernels
+                  + chunks * (dense + packed weight bytes) / (bandwidth * deq_eff)
+                                                                a quantized checkpoint's
+                                                                weights dequantized per chunk
+                  + chunks * layers * chunk_layer_s             the host's launches
 
 Bytes read per step are the weights on the card (an embedding table only where it is also
-the LM head) plus the KV cache at the context. The coefficients come from
-`tools/bench_decode.py --small-card` (through `Engine.load` / `Engine.generate`) on the
-calibration card; `CALIBRATION` says which run. A card's bandwidth and tensor throughput
-come from NVML (`card_speed`), or from `REFERENCE_CARDS` by name for planning without one.
+the LM head) plus the KV cache at the context. The prefill terms were split by a trace of
+an 8K prompt through `Engine.generate` (tools/profile_prefill.py: cuBLAS, fp32 kernels,
+dequantization, gaps) and fitted with the 8K and 16K prompts' measured times; the decode
+terms by `tools/bench_small_card.py`. `CALIBRATION` says which run. A card's bandwidth and
+throughputs come from NVML (`card_speed`), or from `REFERENCE_CARDS` by name for planning
+without one. Scaling the whole prefill by tensor throughput alone made a laptop card look
+several times slower than it is: on the calibration card most of a prompt's time is fp32
+kernels, the dequantization's memory traffic and launches, not tensor work.
 """
 
 from __future__ import annotations
@@ -34,6 +43,11 @@ class CardSpeed:
     name: str
     bandwidth: float  # bytes/s
     tensor_flops: float  # flop/s
+    simt_flops: float = 0.0  # fp32 flop/s of the CUDA cores (0: not known, taken as tensor/8)
+
+    @property
+    def fp32_flops(self) -> float:
+        return self.simt_flops or self.tensor_flops / 8
 
 
 @dataclass(frozen=True)
@@ -44,7 +58,10 @@ class Calibration:
     step_layer_s: float  # fixed cost of one layer of a decode step (launches, waits)
     bw_eff: float  # share of the bandwidth a decode step's weight reads reach
     mm_eff: float  # share of the tensor throughput prefill projections reach
-    attn_eff: float  # the same for prefill attention
+    attn_eff: float  # share of the fp32 throughput prefill attention reaches
+    simt_eff: float  # share of the fp32 throughput the DeltaNet work unit reaches
+    deq_eff: float  # share of the bandwidth a chunk's dequantization reaches
+    chunk_layer_s: float  # host time one layer of a prefill chunk costs (its launches)
     source: str  # the run the numbers come from
 
 
@@ -72,22 +89,30 @@ _TENSOR_FLOP_PER_CLOCK = {75: 512, 80: 2048, 86: 512, 87: 512, 89: 512, 90: 4096
 _CORES_PER_SM = {75: 64, 80: 64, 86: 128, 87: 128, 89: 128, 90: 128, 120: 128}
 
 REFERENCE_CARDS = {
-    "H200": CardSpeed("an H200", 4.8e12, 989e12),
-    "RTX 3050 Laptop 4GB": CardSpeed("an RTX 3050 Laptop (4 GB)", 192e9, 16 * 512 * 1.5e9),
-    "RTX 3060 12GB": CardSpeed("an RTX 3060 (12 GB)", 360e9, 28 * 512 * 1.78e9),
-    "RTX 4060 8GB": CardSpeed("an RTX 4060 (8 GB)", 272e9, 24 * 512 * 2.46e9),
+    "H200": CardSpeed("an H200", 4.8e12, 989e12, 16896 * 2 * 1.98e9),
+    "RTX 3050 Laptop 4GB": CardSpeed(
+        "an RTX 3050 Laptop (4 GB)", 192e9, 16 * 512 * 1.5e9, 2048 * 2 * 1.5e9
+    ),
+    "RTX 3060 12GB": CardSpeed("an RTX 3060 (12 GB)", 360e9, 28 * 512 * 1.78e9, 3584 * 2 * 1.78e9),
+    "RTX 4060 8GB": CardSpeed("an RTX 4060 (8 GB)", 272e9, 24 * 512 * 2.46e9, 3072 * 2 * 2.46e9),
 }
 DEFAULT_SMALL_CARD = "RTX 3050 Laptop 4GB"
 
-# Fitted to the H200 figures of the Qwen3.5 4B and 9B MLX 4-bit through Engine.generate
-# (decode 691 and 499 tokens/s; the 4B's 8K and 16K prompts 0.54 s and 1.34 s warm).
+# Fitted to the H200 figures of the Qwen3.5 4B MLX 4-bit through Engine.generate at
+# e096918 (docs/benchmarks.md): decode 689 tokens/s at a short context; an 8,000-token
+# prompt 0.418 s, split by its trace into projections 78 ms, fp32 kernels 198 ms,
+# dequantization 57 ms (16 chunks) and 54 ms with no kernel running; 16,000 tokens 1.194 s
+# (attention takes the rest). The 9B's 499 tokens/s fits the decode terms too.
 CALIBRATION = Calibration(
     card=REFERENCE_CARDS["H200"],
     step_layer_s=25.6e-6,
     bw_eff=0.785,
-    mm_eff=0.153,
-    attn_eff=0.034,
-    source="tools/bench_decode.py --small-card on an H200 (docs/benchmarks.md)",
+    mm_eff=0.740,
+    attn_eff=0.627,
+    simt_eff=0.0608,
+    deq_eff=0.536,
+    chunk_layer_s=105e-6,
+    source="tools/bench_small_card.py and tools/profile_prefill.py on an H200 (docs/benchmarks.md)",
 )
 
 
@@ -96,7 +121,9 @@ def card_speed(name: str, cc: int, cores: int, sm_clock_hz: float, bandwidth: fl
     SM clock, the memory bandwidth)."""
     sms = cores // _CORES_PER_SM.get(cc, 128)
     per_clock = _TENSOR_FLOP_PER_CLOCK.get(cc, 512)
-    return CardSpeed(name, bandwidth, max(sms, 1) * per_clock * sm_clock_hz)
+    return CardSpeed(
+        name, bandwidth, max(sms, 1) * per_clock * sm_clock_hz, cores * 2 * sm_clock_hz
+    )
 
 
 def step_bytes(config: ModelConfig, weights_on_card: int, embedding: int, context: int) -> int:
@@ -113,6 +140,14 @@ def _flops_per_token(config: ModelConfig) -> float:
     from engine.memory.shapes import layer_linear_shapes
 
     return 2.0 * sum(out * inp for _name, out, inp in layer_linear_shapes(config))
+
+
+def _deltanet_work(config: ModelConfig) -> float:
+    """The DeltaNet's fp32 work unit of one prompt token: 8 * value heads * key dim * value
+    dim per linear-attention layer (the chunked delta rule's products with the state)."""
+    linear = config.num_hidden_layers - len(config.full_layers)
+    per_layer = 8.0 * config.linear_num_value_heads * config.linear_key_head_dim
+    return linear * per_layer * config.linear_value_head_dim
 
 
 def _attention_flops(config: ModelConfig, prompt: int) -> float:
@@ -135,10 +170,14 @@ def predict(
     layers = config.num_hidden_layers
     step = layers * cal.step_layer_s + step_bytes(config, weights_on_card, embedding, 0) / bw
     chunks = math.ceil(context / max(chunk_rows, 1))
+    dense = _flops_per_token(config)  # the projections' bf16 bytes (2 flops a weight)
+    packed = max(weights_on_card - embedding, 0)
+    dequant = dense + packed if packed < 0.9 * dense else 0.0  # only a quantized checkpoint
     prefill = (
-        context * _flops_per_token(config) / (card.tensor_flops * cal.mm_eff)
-        + _attention_flops(config, context) / (card.tensor_flops * cal.attn_eff)
-        + chunks * (weights_on_card / bw + layers * cal.step_layer_s)
+        context * dense / (card.tensor_flops * cal.mm_eff)
+        + _attention_flops(config, context) / (card.fp32_flops * cal.attn_eff)
+        + context * _deltanet_work(config) / (card.fp32_flops * cal.simt_eff)
+        + chunks * (dequant / (card.bandwidth * cal.deq_eff) + layers * cal.chunk_layer_s)
     )
     return Prediction(card.name, context, prefill, 1.0 / step)
 

@@ -103,8 +103,8 @@ def test_every_row_has_every_column_and_the_shares_of_the_unconstrained_run():
 def test_the_verdicts_name_the_numbers():
     got = verdicts(_cells())
     assert got[0].endswith("met (8,192: 99.8%, 16,384: 96.5%)")
-    assert got[1].endswith("met (2.200 / 1.300 s = 1.69x)")
-    assert got[2].endswith("missed (0.950 / 0.600 s = 1.58x)")
+    assert got[1].endswith("met (16,384 tokens: 2.200 / 1.300 s = 1.69x)")
+    assert got[2].endswith("missed (8,192 tokens: 0.950 / 0.600 s = 1.58x)")
     assert got[3].endswith("met (512: 94.9%)")
     assert "missed in 1 of 10 rows" in got[4] and "4B 3.5 GiB 8,192" in got[4]
 
@@ -205,3 +205,19 @@ def test_the_cell_reads_the_plan_and_the_pool_where_the_backend_has_one(tmp_path
     assert 0 < row["cache_held_bytes"] and row["pool_peak_bytes"] == 0
     assert row["plan_peak_bytes"] - min(row["cache_held_bytes"], budget) > 0
     assert plan_text(cell) == "64 tokens, 512 rows, eager"
+
+
+def test_a_16k_prompt_is_any_within_five_percent_of_16384():
+    """The tables' 8,000- and 16,000-token prompts stand for the targets' 8K and 16K."""
+    none_4b = [_row(512, 0.024, 689.0), _row(8000, 0.418, 560.4), _row(16000, 1.194, 512.2)]
+    at_4 = [_row(512, 0.024, 693.0), _row(8000, 0.571, 560.8), _row(16000, 1.186, 515.5)]
+    at_35 = [_row(512, 0.023, 692.9), _row(8000, 0.755, 560.7)]
+    cells = [
+        _cell("4B", None, none_4b, 16_128),
+        _cell("4B", 4.0, at_4, 33_792),
+        _cell("4B", 3.5, at_35, 17_664),
+    ]
+    lines = verdicts(cells)
+    assert any("16,384 tokens within 2x" in v and "met (16,000 tokens" in v for v in lines)
+    assert any("8,192 tokens within 1.5x" in v and "missed (8,000 tokens" in v for v in lines)
+    assert any("8,192 or more" in v and "met (8,000: 100.1%, 16,000: 100.6%)" in v for v in lines)

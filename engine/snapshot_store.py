@@ -7,10 +7,14 @@ folder, named by a hash of what it is (model, engine, precision) and of the ids:
     <hash>.safetensors   the state's arrays (bf16 as uint16 bits), written with safetensors
     <hash>.json          what it is: the ids, the model's fingerprint (config.json and the
                          tensor headers), the engine version, the precision, the arrays'
-                         names, dtypes and shapes, and a sha256 of the safetensors file
+                         names, dtypes and shapes, and an XXH3-128 checksum of the
+                         safetensors file (the `xxhash` library: a 16K-token state of the
+                         4B is 0.55 GB, which sha256 takes most of a second to check)
 
 Both are written to temporary names and renamed into place, the JSON last, so a crash or a
 full disk mid-write leaves the old cache valid (an entry without its JSON is not an entry).
+A restore reads the file once into memory, checks its checksum and its header (the
+safetensors rules of engine/checkpoint/header.py), and hands out views of that buffer.
 A file that does not check out (truncated, corrupt, another model, engine version or
 precision) is refused with a logged reason; the caller prefills afresh, never restores a
 wrong state. Several models and engine versions may share the folder: the byte budget
@@ -39,7 +43,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when the layout of a snapshot changes
+FORMAT = 2  # bump when the layout of a snapshot changes (2: the XXH3-128 checksum)
 WRITE_QUEUE_DEPTH = 4  # snapshots waiting for the writer; past it a write is skipped
 
 
@@ -113,12 +117,63 @@ def model_fingerprint(model_dir: str | os.PathLike[str], tensors: dict[str, Any]
     return h.hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def _file_checksum(path: Path) -> str:
+    """XXH3-128 of a file's bytes, read in blocks (the writer's thread)."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+# numpy's type for each safetensors dtype a saved state uses (bf16 is stored as U16 bits).
+_NUMPY_DTYPES = {
+    "U8": np.uint8,
+    "I8": np.int8,
+    "U16": np.uint16,
+    "I16": np.int16,
+    "F16": np.float16,
+    "I32": np.int32,
+    "U32": np.uint32,
+    "F32": np.float32,
+    "I64": np.int64,
+    "F64": np.float64,
+}
+
+
+def read_checked(path: Path, checksum: str) -> dict[str, np.ndarray]:
+    """The arrays of a saved state's safetensors file, as views of one buffer the file is
+    read into once; ValueError (with the reason) when its length, checksum or header does
+    not check out. Writing the parser here, not calling safetensors' loader, saves a copy
+    of every array and a second read of the file for the checksum."""
+    import xxhash
+
+    from engine.checkpoint.header import parse_header
+    from engine.errors import CheckpointError
+
+    size = path.stat().st_size
+    buf = np.empty(size, np.uint8)
+    with open(path, "rb", buffering=0) as f:
+        got = f.readinto(memoryview(buf))
+    if got != size or size < 8:
+        raise ValueError(f"read {got} of its {size} bytes (truncated)")
+    if xxhash.xxh3_128_hexdigest(memoryview(buf)) != checksum:
+        raise ValueError("its data does not match its checksum (corrupt or truncated)")
+    n = int.from_bytes(buf[:8].tobytes(), "little")
+    if n > min(size - 8, 100_000_000):
+        raise ValueError(f"its header length {n} does not fit the file")
+    try:
+        entries, _ = parse_header(buf[8 : 8 + n].tobytes(), path, size)
+    except CheckpointError as exc:
+        raise ValueError(str(exc)[:300]) from None
+    arrays = {}
+    for name, e in entries.items():
+        if e.dtype not in _NUMPY_DTYPES:
+            raise ValueError(f"array {name[:80]!r} has dtype {e.dtype[:16]!r}")
+        arrays[name] = buf[e.start : e.end].view(_NUMPY_DTYPES[e.dtype]).reshape(e.shape)
+    return arrays
 
 
 def _files_size(folder: Path, name: str) -> int:
@@ -265,7 +320,7 @@ class SnapshotStore:
                 "length": snapshot.length,
                 "nbytes": nbytes,
                 "arrays": {k: [str(v.dtype), list(v.shape)] for k, v in arrays.items()},
-                "sha256": _file_sha256(tmp_data),
+                "xxh3_128": _file_checksum(tmp_data),
             }
             fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".json.tmp")
             with os.fdopen(fd, "w") as f:
@@ -311,8 +366,6 @@ class SnapshotStore:
     def load(self, ids: tuple[int, ...]) -> HostSnapshot | None:
         """The snapshot saved for exactly `ids`, or None (logged) when it does not check
         out: the caller then prefills afresh."""
-        from safetensors.numpy import load_file
-
         name = entry_name(self.key, ids)
         data, meta_path = self.folder / f"{name}.safetensors", self.folder / f"{name}.json"
         try:
@@ -320,10 +373,11 @@ class SnapshotStore:
             if self._mismatch(meta) or tuple(meta["ids"]) != tuple(ids):
                 self._refuse(name, "it was saved for another model, engine or precision")
                 return None
-            if _file_sha256(data) != meta["sha256"]:
-                self._refuse(name, "its data does not match its checksum (corrupt or truncated)")
+            try:
+                arrays = read_checked(data, meta["xxh3_128"])
+            except ValueError as exc:
+                self._refuse(name, str(exc))
                 return None
-            arrays = load_file(str(data))
             want = {k: (dt, tuple(shape)) for k, (dt, shape) in meta["arrays"].items()}
             got = {k: (str(v.dtype), tuple(v.shape)) for k, v in arrays.items()}
             if got != want:

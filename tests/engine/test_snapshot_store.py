@@ -123,3 +123,47 @@ def test_least_recently_used_go_first_past_the_budget(tmp_path):
     store.save(c, _snapshot(40))
     assert store.lookup(a + [1]) and store.lookup(c + [1]) and store.lookup(b + [1]) is None
     assert store.held_bytes <= store.budget_bytes
+
+
+def test_a_restore_reads_the_file_once_into_views_of_one_buffer(tmp_path):
+    ids = list(range(10))
+    assert SnapshotStore(tmp_path, KEY, 1 << 30).save(ids, _snapshot(10, seed=3))
+    back = SnapshotStore(tmp_path, KEY, 1 << 30).load(tuple(ids))
+
+    def root(a: np.ndarray) -> np.ndarray:
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return a
+
+    roots = {id(root(a)): root(a) for a in back.arrays.values()}
+    assert len(roots) == 1  # no array copied out of the one buffer the file was read into
+    (buffer,) = roots.values()
+    assert buffer.nbytes == (tmp_path / f"{entry_name(KEY, ids)}.safetensors").stat().st_size
+
+
+def test_a_header_that_lies_is_refused_even_with_a_matching_checksum(tmp_path, caplog):
+    """A file rewritten with its offsets shifted and its checksum updated (not damage but a
+    wrong writer): the header's rules refuse it, nothing is restored."""
+    import json
+
+    import xxhash
+
+    ids = list(range(20))
+    store = SnapshotStore(tmp_path, KEY, 1 << 30)
+    assert store.save(ids, _snapshot(20, seed=4))
+    name = entry_name(KEY, ids)
+    data, meta = tmp_path / f"{name}.safetensors", tmp_path / f"{name}.json"
+    raw = bytearray(data.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    first = min(header, key=lambda k: header[k]["data_offsets"][0] if k != "__metadata__" else 0)
+    header[first]["data_offsets"][1] -= 4  # overlaps nothing, leaves a gap: not a safetensors file
+    text = json.dumps(header).encode().ljust(n)
+    raw[8 : 8 + n] = text[:n] if len(text) >= n else text
+    data.write_bytes(bytes(raw))
+    info = json.loads(meta.read_text())
+    info["xxh3_128"] = xxhash.xxh3_128_hexdigest(bytes(raw))
+    meta.write_text(json.dumps(info))
+    with caplog.at_level(logging.WARNING):
+        assert SnapshotStore(tmp_path, KEY, 1 << 30).load(tuple(ids)) is None
+    assert "refusing saved state" in caplog.text and not data.exists()

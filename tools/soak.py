@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import queue
-import subprocess
 import sys
 import threading
 import time
@@ -39,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from tools.bench_serve import commit as git_commit
 
 GIB = 1 << 30
 PROMPT_IDS = 400  # random prompts draw ids below this: text in every tokenizer here
@@ -301,16 +302,6 @@ def table(checkpoints: list[dict], totals: Counter, meta: dict) -> str:
     return "\n".join(lines)
 
 
-def commit() -> str:
-    try:
-        got = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return got.stdout.strip() or "unknown"
-
-
 def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     src = p.add_mutually_exclusive_group()
@@ -370,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "gpu": gpu.name if gpu is not None else "none (CPU)",
         "backend": engine.backend_name,
-        "commit": args.commit or commit(),
+        "commit": args.commit or git_commit(),
         "date": time.strftime("%Y-%m-%d"),
         "model": str(path),
         "limit_gib": (args.limit_gib or None) if engine.backend.pool is not None else None,

@@ -249,7 +249,6 @@ class Attention:
         c, kern, fr = self.state.config, self.k, self.frame
         Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         gq, rows, L = Hq // Hkv, seg.rows, seg.start + seg.rows
-        t_act, t32 = kern.cuda_type, 0
         isz = kern.act_itemsize
         ws = fr.mem_workspace
         budget = ws.nbytes - 2 * ALIGN if ws is not None and ws.block is not None else SCORE_BUDGET
@@ -264,50 +263,26 @@ class Attention:
             for h in range(Hkv):
                 kbase = kc[seg.slot, h]  # [context, hd]
                 a_ptr = qseg.data.ptr + ((h * gq * rows + t0) * hd) * isz
-                matmul(
-                    a_ptr,
-                    t_act,
-                    hd,
-                    kbase.data.ptr,
-                    t_act,
-                    hd,
-                    True,
-                    scores[h * gq].data.ptr,
-                    t32,
-                    L,
-                    n,
-                    L,
-                    hd,
-                    alpha=hd**-0.5,
-                    batch=gq,
-                    stride_a=rows * hd,
-                    stride_b=0,
-                    stride_c=n * L,
-                )
+                self._scores(a_ptr, kbase.data.ptr, scores[h * gq].data.ptr, n, L, gq, rows)
             self.softmax_causal(scores, probs, n, t0, seg.start, L)
             for h in range(Hkv):
                 vbase = vc[seg.slot, h]
                 o_ptr = o.data.ptr + ((h * gq * rows + t0) * hd) * isz
-                matmul(
-                    probs[h * gq].data.ptr,
-                    t_act,
-                    L,
-                    vbase.data.ptr,
-                    t_act,
-                    hd,
-                    False,
-                    o_ptr,
-                    t_act,
-                    hd,
-                    n,
-                    hd,
-                    L,
-                    batch=gq,
-                    stride_a=n * L,
-                    stride_b=0,
-                    stride_c=rows * hd,
-                )
+                self._values(probs[h * gq].data.ptr, vbase.data.ptr, o_ptr, n, L, gq, rows)
         self.gate(o, qg, out, rows, row0, Hq, hd)
+
+    def _scores(self, q_ptr, k_ptr, s_ptr, n: int, L: int, gq: int, rows: int) -> None:
+        """fp32 scores [gq, n, L] = q [gq query heads of one KV head, n rows] . k [L, hd]^T
+        / sqrt(hd), one batched product over the KV head's query heads."""
+        hd, t = self.state.config.head_dim, self.k.cuda_type
+        matmul(q_ptr, t, hd, k_ptr, t, hd, True, s_ptr, 0, L, n, L, hd, alpha=hd**-0.5,
+               batch=gq, stride_a=rows * hd, stride_b=0, stride_c=n * L)  # fmt: skip
+
+    def _values(self, p_ptr, v_ptr, o_ptr, n: int, L: int, gq: int, rows: int) -> None:
+        """o [gq, n rows of `rows`, hd] = probs [gq, n, L] . v [L, hd]."""
+        hd, t = self.state.config.head_dim, self.k.cuda_type
+        matmul(p_ptr, t, L, v_ptr, t, hd, False, o_ptr, t, hd, n, hd, L,
+               batch=gq, stride_a=n * L, stride_b=0, stride_c=rows * hd)  # fmt: skip
 
     def dequant(self, codes: tuple, scales: tuple, out: tuple, n: int) -> None:
         """The first `n` keys and values of one KV head of the 8-bit cache (codes, scales:
@@ -331,7 +306,7 @@ class Attention:
         c, kern, fr = self.state.config, self.k, self.frame
         Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         gq, rows, L = Hq // Hkv, seg.rows, seg.start + seg.rows
-        t_act, isz = kern.cuda_type, kern.act_itemsize
+        isz = kern.act_itemsize
         fr.workspace.begin("ws")
         kv = (fr.workspace.take((L, hd)), fr.workspace.take((L, hd)))  # one head's keys, values
         ws = fr.mem_workspace
@@ -351,45 +326,8 @@ class Attention:
                 scores = scores_all[: gq * n * L].reshape(gq, n, L)  # this head's query heads
                 probs = probs_all[: gq * n * L].reshape(gq, n, L)
                 a_ptr = qseg.data.ptr + ((h * gq * rows + t0) * hd) * isz
-                matmul(
-                    a_ptr,
-                    t_act,
-                    hd,
-                    kv[0].data.ptr,
-                    t_act,
-                    hd,
-                    True,
-                    scores.data.ptr,
-                    0,
-                    L,
-                    n,
-                    L,
-                    hd,
-                    alpha=hd**-0.5,
-                    batch=gq,
-                    stride_a=rows * hd,
-                    stride_b=0,
-                    stride_c=n * L,
-                )
+                self._scores(a_ptr, kv[0].data.ptr, scores.data.ptr, n, L, gq, rows)
                 self.softmax_causal(scores, probs, n, t0, seg.start, L)
                 o_ptr = o.data.ptr + ((h * gq * rows + t0) * hd) * isz
-                matmul(
-                    probs.data.ptr,
-                    t_act,
-                    L,
-                    kv[1].data.ptr,
-                    t_act,
-                    hd,
-                    False,
-                    o_ptr,
-                    t_act,
-                    hd,
-                    n,
-                    hd,
-                    L,
-                    batch=gq,
-                    stride_a=n * L,
-                    stride_b=0,
-                    stride_c=rows * hd,
-                )
+                self._values(probs.data.ptr, kv[1].data.ptr, o_ptr, n, L, gq, rows)
         self.gate(o, qg, out, rows, row0, Hq, hd)

@@ -3,7 +3,7 @@ precision (bf16): a stream served beside others gets the tokens and the logits, 
 that it gets alone. Requests join the scheduler at different steps (their prompts prefilled
 a window at a time between the others' steps) and leave at different steps, so every row
 is decoded at several batch sizes. Run with -s for the timing lines: the one-stream step
-with the mode on and off, the cost the lead reads."""
+with the mode on and off, whose cost docs/benchmarks.md reports."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ drawn on the device with a presence penalty), a greedy one, the chat's next turn
 from the saved state), and two concurrent requests with the server's defaults through the
 scheduler, on its own thread. None of them may make anything. Each kind then runs again on
 a fresh prompt, and the first request's time over the second's is printed (no bar here:
-the lead reads the figures).
+docs/benchmarks.md reports the figures).
 
 The tiny model's vocabulary is below the split draw's threshold, so the engine here draws
 with a threshold below it (`SPLIT_AT`): the app's top-k 20 then takes the split draw, as it

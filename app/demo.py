@@ -16,6 +16,7 @@ from PySide6.QtCore import QSettings
 
 from app.context import AppContext, build_context
 from app.engine_bridge import Loader, LoadRequest, Progress
+from engine.memory.speed import REFERENCE_CARDS
 from engine.session import GenerationStats, TokenEvent
 
 GIB = 1 << 30
@@ -80,6 +81,10 @@ class DemoEngine:
         self._held = 0
 
 
+# The demo card's speed for the plan's prediction: an RTX 4060's (engine/memory/speed.py).
+DEMO_SPEED = REFERENCE_CARDS["RTX 4060 8GB"]
+
+
 class DemoGpu:
     """An 8 GiB laptop card with a desktop using 0.7 GiB; Snug's share follows the engine."""
 
@@ -98,6 +103,7 @@ class DemoGpu:
             "used": used,
             "free": total - used,
             "ours": DemoGpu.ours,
+            "speed": DEMO_SPEED,
         }
 
     def close(self) -> None:

@@ -49,7 +49,7 @@ def probe_gpu(index: int = 0) -> GpuInfo | None:
             free_bytes=int(mem.free),
             used_bytes=int(mem.used),
             driver=_text(pynvml.nvmlSystemGetDriverVersion()),
-            speed=_speed(pynvml, handle, name),
+            speed=nvml_speed(pynvml, handle, name),
         )
     except Exception:
         return None
@@ -60,7 +60,7 @@ def probe_gpu(index: int = 0) -> GpuInfo | None:
             pass
 
 
-def _speed(pynvml: Any, handle: Any, name: str) -> CardSpeed | None:
+def nvml_speed(pynvml: Any, handle: Any, name: str) -> CardSpeed | None:
     """Bandwidth (memory clock x 2 transfers x bus width) and tensor throughput (SMs from
     the CUDA cores, at the maximum SM clock) as NVML reports them."""
     try:

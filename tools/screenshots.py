@@ -21,6 +21,7 @@ from app.demo import DemoGpu, demo_context, demo_loader
 from app.engine_bridge import LoadRequest
 from app.main import make_app
 from app.main_window import MainWindow
+from engine.memory.speed import REFERENCE_CARDS
 
 GIB = 1 << 30
 
@@ -33,8 +34,15 @@ class Card4GiB:
 
     def read(self) -> dict:
         used = int(0.4 * GIB)
-        name = "NVIDIA GeForce GTX 1650 (simulated 4 GiB)"
-        return {"name": name, "total": 4 * GIB, "used": used, "free": 4 * GIB - used}
+        name = "NVIDIA GeForce RTX 3050 Laptop GPU (simulated 4 GiB)"
+        speed = REFERENCE_CARDS["RTX 3050 Laptop 4GB"]
+        return {
+            "name": name,
+            "total": 4 * GIB,
+            "used": used,
+            "free": 4 * GIB - used,
+            "speed": speed,
+        }
 
     def close(self) -> None:
         pass

@@ -239,6 +239,10 @@ class LoadPanel(QWidget):
                 f"{context:,} tokens · scratch "
                 + ("allocated at warm-up" if getattr(decision, "eager", False) else "lazy")
             )
+        prediction = getattr(decision, "prediction", None)
+        if prediction is not None:  # the plan's cost model, scaled to this card
+            sentence = prediction.sentence()
+            lines.append(sentence[0].upper() + sentence[1:] + ".")
         drafting = str(getattr(decision, "drafting", "") or "")
         if drafting:  # drafting with the MTP head, or why it is unavailable
             lines.append(drafting[0].upper() + drafting[1:] + ".")

@@ -237,7 +237,7 @@ class FitAdvisor(QObject):
             return Job(key, fingerprint, True, kwargs)
         gpu = self.machine.gpu
         assert gpu is not None
-        bucket = planning.Gpu(gpu.name, gpu.total_bytes, machine_fp[3] * FREE_STEP)
+        bucket = planning.Gpu(gpu.name, gpu.total_bytes, machine_fp[3] * FREE_STEP, speed=gpu.speed)
         kwargs.update(
             gpu=bucket,
             settings=fingerprint[0][0],

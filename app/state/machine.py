@@ -60,6 +60,7 @@ class Machine(QObject):
             total_bytes=int(sample["total"]),
             free_bytes=int(sample["free"]),
             used_bytes=int(sample["used"]),
+            speed=sample.get("speed"),
         )
         self.nvml_ours = int(sample.get("ours", 0))
         self.no_gpu = ""

@@ -17,6 +17,7 @@ class NvmlSource:
         self._nvml = None
         self._handle = None
         self.name = ""
+        self.speed = None  # engine.memory.speed.CardSpeed: what the plan's prediction scales to
 
     def open(self) -> None:
         import pynvml
@@ -26,6 +27,9 @@ class NvmlSource:
         self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         name = pynvml.nvmlDeviceGetName(self._handle)
         self.name = name.decode() if isinstance(name, bytes) else str(name)
+        from engine.device import nvml_speed
+
+        self.speed = nvml_speed(pynvml, self._handle, self.name)
 
     def read(self) -> dict:
         nv, handle = self._nvml, self._handle
@@ -43,6 +47,7 @@ class NvmlSource:
             "used": int(mem.used),
             "free": int(mem.free),
             "ours": ours,
+            "speed": self.speed,
         }
 
     def close(self) -> None:

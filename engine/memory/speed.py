@@ -76,8 +76,9 @@ class Prediction:
     decode_tok_s: float
 
     def sentence(self) -> str:
+        size = _tokens(self.prompt_tokens)
         return (
-            f"a {_tokens(self.prompt_tokens)} prompt: about {_seconds(self.ttft_s)} to the "
+            f"{_article(size)} {size} prompt: about {_seconds(self.ttft_s)} to the "
             f"first token; about {_rate(self.decode_tok_s)} tokens/s (predicted for "
             f"{self.card})"
         )
@@ -184,6 +185,13 @@ def predict(
 
 def _tokens(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else f"{n:,}-token"
+
+
+def _article(size: str) -> str:
+    """ "an" where the number is said starting with a vowel (8K: eight; 18,432: eighteen
+    thousand; 11K: eleven), else "a"."""
+    lead = size.split(",")[0].rstrip("K-token")
+    return "an" if lead.startswith("8") or lead in ("11", "18") else "a"
 
 
 def _seconds(s: float) -> str:

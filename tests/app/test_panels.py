@@ -128,3 +128,29 @@ def test_entry_dispatches_subcommands_to_the_engine_cli(monkeypatch):
     monkeypatch.setattr(engine.cli, "main", lambda argv: seen.append(argv) or 0)
     assert entry.main(["plan", "--shape", "4B"]) == 0
     assert seen == [["plan", "--shape", "4B"]]
+
+
+class FastGpu(FakeGpu):
+    """FakeGpu with the speed NVML reports for an RTX 4060 (the plan predicts from it)."""
+
+    def read(self):
+        from engine.memory.speed import REFERENCE_CARDS
+
+        return super().read() | {"speed": REFERENCE_CARDS["RTX 4060 8GB"]}
+
+
+def test_the_load_panel_says_how_fast_the_plan_will_be(qtbot, make_window):
+    """The decision's prediction (engine/memory/speed.py), scaled to the card NVML
+    describes, is shown with the verdict; a card of unknown speed shows none."""
+    entry = Entry("cat:4b", "Qwen3.5 4B", "4-bit", 2 << 30, "catalog", shape="4B", fmt="mlx4")
+    window = make_window(gpu_source=FastGpu)
+    qtbot.waitUntil(lambda: window.ctx.machine.gpu is not None, timeout=3000)
+    window.choose(entry)
+    panel = window.load
+    qtbot.waitUntil(lambda: "to the first token" in panel.detail.text(), timeout=5000)
+    assert "tokens/s (predicted for an RTX 4060 (8 GB))" in panel.detail.text()
+    other = make_window(gpu_source=FakeGpu)
+    qtbot.waitUntil(lambda: other.ctx.machine.gpu is not None, timeout=3000)
+    other.choose(entry)
+    qtbot.waitUntil(lambda: other.load.badge.text() == "Fits", timeout=5000)
+    assert "to the first token" not in other.load.detail.text()

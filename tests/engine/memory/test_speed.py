@@ -59,3 +59,14 @@ def test_card_speed_from_what_nvml_reports():
     s = card_speed("RTX 4060", 89, 3072, 2.46e9, 272e9)
     assert s.tensor_flops == REFERENCE_CARDS["RTX 4060 8GB"].tensor_flops
     assert s.fp32_flops == REFERENCE_CARDS["RTX 4060 8GB"].fp32_flops
+
+
+def test_the_sentence_reads_as_said():
+    """ "an 8K prompt", "an 18,688-token prompt", "a 16K prompt"."""
+    from engine.memory.speed import Prediction
+
+    def said(n: int) -> str:
+        return Prediction("a card", n, 1.0, 100.0).sentence().split(" prompt")[0]
+
+    assert said(8192) == "an 8K" and said(16384) == "a 16K" and said(11 * 1024) == "an 11K"
+    assert said(18688) == "an 18,688-token" and said(1800) == "a 1,800-token"

@@ -12,7 +12,9 @@ their `TokenEvent`s through a per-request sink (a queue by default).
          stream's position reaches a multiple of it or the prompt's last turn starts) of
          the oldest request still prefilling; when its prompt is done, its first token is
          picked, its state is saved, and it joins
-      4. ONE decode step: one row for every stream that is decoding, in one batch
+      4. ONE decode step: one row for every stream that is decoding, in one batch; while
+         the same streams decode and no prompt is prefilled or waiting, each step is
+         launched before the host reads the last one's tokens (`Backend.launch_step`)
 
 So a decoding stream waits at most one prefill chunk plus its own decode step between two
 tokens (`SchedulerStats.longest_gap_s` measures it; tests/engine/test_scheduler.py checks
@@ -36,6 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from engine.backends.base import Batch
 from engine.errors import RequestRefused
 from engine.sampling import Sampler
 from engine.session import Engine, GenerationParams, TokenEvent, _Stream, aligned_chunks
@@ -135,6 +138,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []  # admission order; prefilling and decoding
+        self._ahead: tuple[list[Request], Any] | None = None  # a step launched ahead
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -284,6 +288,7 @@ class Scheduler:
         request = next((r for r in self._running if r.todo), None)
         if request is None:
             return False
+        self._drain()  # the prefill's forward rewrites what a launched step follows
         assert request.stream is not None
         position = len(request.stream.ids)
         _, end = next(aligned_chunks(position, len(request.todo), self.prefill_chunk, request.cut))
@@ -309,8 +314,18 @@ class Scheduler:
     def _decode_one(self) -> bool:
         """One decode row for every request that has a token to feed."""
         batch = [r for r in self._running if r.next_token != NO_TOKEN]
+        launch = self._launcher(batch) if batch else None
+        if self._ahead is not None and (self._ahead[0] != batch or launch is None):
+            # The batch changed, or its steps cannot run ahead now: the step launched ahead
+            # gives its picks, and this step starts afresh from them.
+            self._drain()
+            batch = [r for r in self._running if r.next_token != NO_TOKEN]
+            launch = self._launcher(batch) if batch else None
         if not batch:
             return False
+        if launch is not None:
+            self._decode_launched(batch, launch)
+            return True
         t = time.perf_counter()
         try:
             tokens = self._next_tokens(batch)
@@ -324,6 +339,91 @@ class Scheduler:
         for request, token in zip(batch, tokens, strict=True):
             self._take(request, token, now)
         return True
+
+    # ----- steps launched ahead of their tokens ----------------------------------------------
+    # While the same requests decode and none prefills, each step is launched before the host
+    # waits for the last one's tokens (Backend.launch_step, as Engine.generate does for one
+    # stream): the GPU computes step n + 1 while the host streams step n's tokens. The step
+    # launched ahead feeds each request its pick on the device, so its token is in the
+    # stream's ids before the host has seen it; a request that ends there keeps it in its
+    # state, as Engine.generate's does.
+    def _launcher(self, batch: list[Request]) -> Callable[..., Any] | None:
+        """The backend's `launch_step` where this batch's steps may run ahead: every pick
+        made on the device, no prompt being prefilled (a prefill's forward rewrites the
+        batch layout a launched step follows), no request waiting for a slot."""
+        engine = self.engine
+        if not (engine.pipelined_decode and engine.backend.launches_steps) or engine.drafter:
+            return None
+        if self._waiting or any(r.todo for r in self._running):
+            return None
+        if not all(r.sampler.on_device or r.sampler.params.takes_argmax for r in batch):
+            return None
+        return engine.backend.launch_step
+
+    def _draws(self, batch: list[Request]) -> list[Any]:
+        return [Engine._draw(r.sampler, r.generated, r.stream) for r in batch]
+
+    def _decode_launched(self, batch: list[Request], launch: Callable[..., Any]) -> None:
+        """One step of `batch`, its next launched before its tokens are read."""
+        engine = self.engine
+        t = time.perf_counter()
+        if self._ahead is not None:  # launched last time, fed the tokens taken since
+            pending, self._ahead = self._ahead[1], None
+        else:
+            rows = [(r.stream.slot, len(r.stream.ids)) for r in batch]  # type: ignore[union-attr]
+            ids = [r.next_token for r in batch]
+            try:
+                pending = launch(Batch.step(rows), ids, self._draws(batch))
+            except Exception as exc:
+                for request in batch:
+                    self._fail(request, exc)
+                return
+            for request in batch:
+                request.stream.ids.append(request.next_token)  # type: ignore[union-attr]
+        ahead = None
+        if all(
+            len(r.generated) + 1 < r.params.max_new_tokens and len(r.stream.ids) < engine.context  # type: ignore[union-attr]
+            for r in batch
+        ):
+            try:
+                ahead = launch(None, None, self._draws(batch))
+            except RequestRefused:  # no memory for it: the step in flight still gives its
+                ahead = None  # tokens, and the next step starts afresh from them
+        try:
+            tokens = pending.tokens()
+        except Exception as exc:
+            for request in batch:
+                self._fail(request, exc)
+            return
+        now = time.perf_counter()
+        self.stats.steps += 1
+        self.stats.longest_step_s = max(self.stats.longest_step_s, now - t)
+        if ahead is not None:
+            for request, token in zip(batch, tokens, strict=True):
+                request.stream.ids.append(token)  # type: ignore[union-attr]
+            self._ahead = (list(batch), ahead)
+        for request, token in zip(batch, tokens, strict=True):
+            self._take(request, token, now)
+
+    def _drain(self) -> None:
+        """Take the picks of the step launched ahead (its requests were fed them on the
+        device): before a prefill's forward, or when the batch changed."""
+        if self._ahead is None:
+            return
+        batch, pending = self._ahead
+        self._ahead = None
+        try:
+            tokens = pending.tokens()
+        except Exception as exc:
+            for request in batch:
+                if request in self._running:
+                    self._fail(request, exc)
+            return
+        now = time.perf_counter()
+        self.stats.steps += 1
+        for request, token in zip(batch, tokens, strict=True):
+            if request in self._running and request.next_token != NO_TOKEN:
+                self._take(request, token, now)
 
     # The two places tokens are picked (a test overrides them to force an output).
     def _first_token(self, request: Request, logits: Any) -> int:
@@ -355,8 +455,8 @@ class Scheduler:
             reason = "length"
         elif request.cancelled:
             reason = "cancelled"
-        elif len(stream.ids) + 1 > engine.context:
-            reason = "length"
+        elif len(request.prompt_ids) + len(request.generated) > engine.context:
+            reason = "length"  # no room to feed it (a step launched ahead may have)
         if reason is not None:
             self._finish(request, token, reason)
             return

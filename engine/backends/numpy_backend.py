@@ -70,6 +70,16 @@ def _is_quantized(w: Any) -> bool:
     return hasattr(w, "packed")
 
 
+class _Ran:
+    """A step `NumpyBackend.launch_step` has run already: its picks."""
+
+    def __init__(self, picks: list[int]) -> None:
+        self.picks = picks
+
+    def tokens(self) -> list[int]:
+        return self.picks
+
+
 class NumpyBackend(Backend):
     """float32 host ops; state is plain numpy arrays indexed by slot."""
 
@@ -94,6 +104,40 @@ class NumpyBackend(Backend):
         self.kv_v_scale: list[np.ndarray] = []
         self.context = 0
         self.verify_rows: VerifyRows | None = None  # a drafting verify's kept rows
+        # Steps launched ahead (`launch_step`), off unless asked: the host tests turn it on
+        # to run the reply loops that a GPU runs pipelined. Each step runs at once; the
+        # contract (the next step fed by the last one's picks) is the CUDA backend's.
+        self.launch_ahead = False
+        self._model: Any = None
+        self._launched: tuple[list[tuple[int, int]], np.ndarray] | None = None
+        self._launching = False
+
+    # ----- steps launched ahead -------------------------------------------------------------
+    def warm_up(self, model: Any, eager: bool) -> None:
+        self._model = model  # what `launch_step` runs
+
+    @property
+    def launches_steps(self) -> bool:
+        return self.launch_ahead
+
+    def launch_step(self, batch: Batch | None, ids: Any, rows: list) -> _Ran:
+        """The step at once, its greedy picks kept (batch None: each stream's next position,
+        fed by the last step's picks). Draws are the host sampler's here: none is taken."""
+        if not self.launch_ahead or any(r is not None for r in rows):
+            raise NotImplementedError("the numpy backend launches greedy steps, when asked")
+        if batch is None:
+            if self._launched is None:
+                raise RuntimeError("no launched step to follow: another forward ran since")
+            last, ids = self._launched
+            batch = Batch.step([(slot, pos + 1) for slot, pos in last])
+        self._launching = True
+        try:
+            logits = self._model.forward(batch, np.asarray(ids, np.int64))
+        finally:
+            self._launching = False
+        picks = self.argmax_rows(logits)
+        self._launched = ([(seg.slot, seg.start) for seg in batch.segments], picks)
+        return _Ran([int(t) for t in picks])
 
     # ----- weights ------------------------------------------------------------------------
     def load_weights(self, checkpoint: Any, config: ModelConfig) -> dict[str, Any]:
@@ -234,6 +278,8 @@ class NumpyBackend(Backend):
 
     def prepare(self, batch: Batch, ids: np.ndarray) -> Any:
         batch.check_context(self.context)
+        if not self._launching:  # as on a GPU, any other forward rewrites the batch layout
+            self._launched = None  # that a step launched next (batch None) would follow
         return np.asarray(ids, dtype=np.int64)
 
     # ----- ops ----------------------------------------------------------------------------

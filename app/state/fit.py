@@ -234,6 +234,7 @@ class FitAdvisor(QObject):
             return planning.PlanProblem("Unknown model shape; download it to plan.", "Unknown")
         if machine_fp[0] == "host":
             kwargs["available"] = machine_fp[1] * RAM_STEP
+            kwargs["settings"] = fingerprint[0][0]  # the KV cache and drafting settings
             return Job(key, fingerprint, True, kwargs)
         gpu = self.machine.gpu
         assert gpu is not None

@@ -5,8 +5,10 @@ quantized matrices packed (codes as stored, scales and biases in float32); its s
 is float32 too. So the estimate is
 
     weights as the CPU backend holds them  (dense: 4 bytes per element; 4-bit: codes +
-                                            float32 scales and biases; mtp.* not loaded)
-  + stream state at the context, x streams (float32)
+                                            float32 scales and biases; mtp.* only where
+                                            the settings draft with them)
+  + stream state at the context, x streams (float32; the 8-bit KV cache: codes and a
+    float32 scale per token and KV head; drafting: the MTP head's KV and verify rows)
   + a margin (HOST_MARGIN_BYTES + 10%) for the tokenizer, Python and the forward's buffers
 
 The backend's cache of dequantized matrices is not counted: it is sized to a share of the
@@ -22,8 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import ModelConfig
+from engine.config import EngineSettings, ModelConfig
 from engine.memory import TensorSpec, shapes, stream_state_bytes
+from engine.memory.draft import draft_choice
 
 HOST_MARGIN_BYTES = 512 << 20
 FITS_IN_RAM = "fits in RAM"
@@ -67,11 +70,12 @@ def available_ram() -> int:
         return 0
 
 
-def host_weight_bytes(specs: Mapping[str, TensorSpec]) -> int:
-    """Bytes of weights as the numpy backend holds them (see the module docstring)."""
+def host_weight_bytes(specs: Mapping[str, TensorSpec], mtp: bool = False) -> int:
+    """Bytes of weights as the numpy backend holds them (see the module docstring); `mtp`:
+    the MTP head's too (drafting)."""
     total = 0
     for name, spec in specs.items():
-        if name.startswith("mtp."):
+        if name.startswith("mtp.") and not mtp:
             continue
         n = math.prod(spec.shape)
         if spec.quant is not None:
@@ -90,11 +94,16 @@ def host_decide(
     available: int,
     context: int,
     streams: int,
+    settings: EngineSettings | None = None,
 ) -> HostDecision:
-    """The CPU-mode verdict for a model with these tensors at `context` x `streams`."""
+    """The CPU-mode verdict for a model with these tensors at `context` x `streams`, with
+    the KV cache and drafting `settings` ask for."""
+    settings = settings or EngineSettings()
     context = min(context, config.max_position_embeddings)
-    weights = host_weight_bytes(specs)
-    each = stream_state_bytes(config, context, dtype_bytes=4).total
+    draft = draft_choice(specs, config, settings).tokens
+    weights = host_weight_bytes(specs, mtp=draft > 0)
+    kv = settings.kv_cache
+    each = stream_state_bytes(config, context, 4, kv, draft).total
     state = each * streams
     margin = HOST_MARGIN_BYTES + (weights + state) // 10
     need = weights + state + margin
@@ -137,6 +146,7 @@ def plan_on_host(
     streams: int,
     model_dir: str | None = None,
     shape: tuple[ModelConfig, str, int] | None = None,
+    settings: EngineSettings | None = None,
 ) -> Any:
     """host_decide for a checkpoint on disk or a catalog shape (as `planning.plan` takes
     them), or a planning.PlanProblem saying why there is no verdict."""
@@ -151,7 +161,9 @@ def plan_on_host(
             specs = shapes.shape_tensor_specs(*shape)
         else:
             raise ValueError("plan_on_host() needs model_dir or shape")
-        return host_decide(specs, config, available=available, context=context, streams=streams)
+        return host_decide(
+            specs, config, available=available, context=context, streams=streams, settings=settings
+        )
     except Exception as exc:  # unreadable folder, bad config
         return planning.PlanProblem(f"{type(exc).__name__}: {exc}", "Cannot plan")
 

@@ -30,6 +30,7 @@ from engine.config import EngineSettings
 from engine.device import probe_gpu
 from engine.scheduler import Scheduler
 from engine.server.app import create_app
+from engine.server.cli import with_batch_invariant
 from engine.server.runner import ServerThread
 from engine.session import Engine
 
@@ -119,7 +120,7 @@ def table(rows: list[dict], meta: dict) -> str:
         f"GPU: {meta['gpu']}; backend {meta['backend']}; commit {meta['commit']}; "
         f"{meta['date']}; model {meta['model']}; context {meta['context']}, "
         f"{meta['streams']} streams, prompts of {meta['prompt_tokens']} tokens, replies of "
-        f"{meta['max_tokens']}",
+        f"{meta['max_tokens']}; batch-invariant {'on' if meta.get('batch_invariant') else 'off'}",
         "",
         "| clients | requests | tokens/s (all) | tokens/s per stream | TTFT p50 ms | "
         "TTFT p99 ms | between tokens p50 ms | p99 ms |",
@@ -162,12 +163,20 @@ def main() -> None:
     p.add_argument("--backend", choices=["auto", "cuda", "numpy"], default=None)
     p.add_argument("--limit-gib", type=float, default=None, help="cap on what Snug holds")
     p.add_argument("--reserve-gib", type=float, default=None)
+    p.add_argument(
+        "--batch-invariant",
+        choices=["on", "off"],
+        default=None,
+        help="as snug serve takes it (default: on with more than one stream)",
+    )
     p.add_argument("--out", default=".", help="folder for bench_serve.json")
     args = p.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     settings = EngineSettings.from_env().with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
     if args.backend:
         settings = dataclasses.replace(settings, backend=args.backend)
+    args.streams = args.streams or max(levels)
+    settings = with_batch_invariant(settings, args)  # what snug serve decodes with
     if args.synth:
         from engine.testing.synth import model_dir
 
@@ -175,7 +184,7 @@ def main() -> None:
         path = model_dir(args.workdir, shape, fmt)
     else:
         path = Path(args.model)
-    streams = args.streams or max(levels)
+    streams = args.streams
     t = time.perf_counter()
     engine = Engine.load(
         path, settings, context=args.context, streams=streams, max_rows=args.max_rows
@@ -194,6 +203,7 @@ def main() -> None:
         "context": engine.context,
         "streams": engine.streams,
         "max_rows": engine.max_rows,
+        "batch_invariant": settings.batch_invariant,
         "prefill_chunk": scheduler.prefill_chunk,
         "limit_gib": args.limit_gib,
         "prompt_tokens": args.prompt_tokens,

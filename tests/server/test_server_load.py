@@ -55,7 +55,7 @@ def test_a_full_queue_is_refused_with_503_and_the_setting(served):
     body = {
         "model": served.model,
         "messages": [{"role": "user", "content": "Hello"}],
-        "max_tokens": 300,
+        "max_tokens": 900,  # no reply ends while the requests are sent, on a loaded machine
         "ignore_eos": True,
         "stream": True,
     }
@@ -87,7 +87,9 @@ def test_a_full_queue_is_refused_with_503_and_the_setting(served):
                     client.chat.completions.create(
                         model=served.model,
                         messages=[{"role": "user", "content": "Hi"}],
-                        max_tokens=300,
+                        # Long enough that no reply ends (freeing a slot) while the nine
+                        # requests are being sent on a loaded machine.
+                        max_tokens=900,
                         stream=True,
                         extra_body={"ignore_eos": True},
                     )

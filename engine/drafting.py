@@ -26,6 +26,7 @@ the reply decodes plainly (the decode graph on a GPU) and tries drafting again l
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,12 +50,27 @@ PROBE_EVERY = 32  # plain tokens before "auto" at 0 tries one draft again
 
 class DraftPolicy:
     """How many tokens the next round drafts: the setting's count, or ("auto") the count
-    with the most tokens per unit of cost at the acceptance rate seen so far."""
+    with the most tokens per unit of cost at the acceptance rate seen so far. A round's
+    cost in decode steps is the one measured on this backend at load (`round_costs`, k ->
+    steps), else estimated from VERIFY_ROW_COST and the drafts' weight bytes."""
 
-    def __init__(self, most: int, auto: bool, draft_cost: float) -> None:
+    def __init__(
+        self,
+        most: int,
+        auto: bool,
+        draft_cost: float,
+        round_costs: dict[int, float] | None = None,
+    ) -> None:
         self.most, self.auto, self.draft_cost = most, auto, draft_cost
+        self.round_costs = dict(round_costs or {})
         self.tried, self.kept = PRIOR_TRIES, PRIOR_TRIES * PRIOR_RATE
         self.plain = 0  # tokens decoded without drafts since "auto" chose 0
+
+    def cost(self, k: int) -> float:
+        """A round of k drafts, in decode steps (k = 0: one plain step)."""
+        if not k:
+            return 1.0
+        return self.round_costs.get(k, 1 + k * (VERIFY_ROW_COST + self.draft_cost))
 
     @property
     def rate(self) -> float:
@@ -70,7 +86,7 @@ class DraftPolicy:
     def gain(self, k: int) -> float:
         """Expected tokens a round of k drafts gives, per decode step it costs."""
         a = self.rate
-        return sum(a**i for i in range(k + 1)) / (1 + k * (VERIFY_ROW_COST + self.draft_cost))
+        return sum(a**i for i in range(k + 1)) / self.cost(k)
 
     def next(self) -> int:
         if not self.auto:
@@ -304,4 +320,41 @@ class Drafter:
         self.head.forward(Batch.window(0, 0, k + 1), ids, held, np.array([k], np.int32))
         one = be.hold_rows(self.head.hidden, np.array([k]))
         self.head.forward(Batch.window(0, k + 1, 1), ids[:1], one, np.zeros(1, np.int32))
+        if self.policy.auto:
+            self.policy.round_costs = self.measure()
         be.reset_slot(0)
+
+    def measure(self, reps: int = 3) -> dict[int, float]:
+        """Each round's cost (a verify of k + 1 rows and k head forwards) in decode steps of
+        this backend, timed on slot 0 (the best of `reps`): "auto" drafts only where the
+        acceptance pays for it. A slow verify makes it decode plainly."""
+        be, model = self.backend, self.model
+
+        def best(run: Any) -> float:
+            times = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                be.to_host(run())  # the work is done when its output is on the host
+                times.append(time.perf_counter() - t)
+            return min(times)
+
+        one = np.zeros(1, np.int32)
+        step = best(lambda: be.decode_step(model, Batch.step([(0, 1)]), one)[0])
+        costs = {}
+        for k in range(1, self.policy.most + 1):
+            costs[k] = best(lambda k=k: self._round(k)) / max(step, 1e-9)
+        log.info("drafting: a round of k = 1.. drafts costs %s decode steps", costs)
+        return costs
+
+    def _round(self, k: int) -> Any:
+        """A round's work on slot 0 (warm-up's timing): the head's k forwards, the verify."""
+        be, ids = self.backend, np.zeros(k + 1, np.int32)
+        logits = self.model.forward(Batch.verify(0, 0, k + 1), ids, all_logits=True, hidden=True)
+        be.rewind(0, 1)
+        held = be.hold_rows(self.model.hidden, np.arange(k + 1))
+        out = self.head.forward(Batch.window(0, 0, k + 1), ids, held, np.array([k], np.int32))
+        for j in range(1, k):
+            h = be.hold_rows(self.head.hidden, np.array([self.head.hidden.shape[0] - 1]))
+            out = self.head.forward(Batch.window(0, k + j, 1), ids[:1], h, np.zeros(1, np.int32))
+        be.argmax_rows(out)
+        return logits

@@ -209,3 +209,25 @@ def test_env_sets_the_draft_tokens():
     assert EngineSettings(draft_tokens=2).draft_max == 2
     with pytest.raises(ConfigError, match="SNUG_DRAFT_TOKENS"):
         EngineSettings.from_env({"SNUG_DRAFT_TOKENS": "4"})
+
+
+def test_auto_drafts_only_where_the_measured_rounds_pay():
+    """ "auto" weighs the tokens a round is expected to give against its cost measured at
+    load: at the H200's measured verify (3.6 to 3.8 steps a round) it decodes plainly; at
+    the targets (1.15, 1.25, 1.35 steps) it drafts."""
+    from engine.drafting import DraftPolicy
+
+    slow = DraftPolicy(3, True, 0.05, {1: 3.75, 2: 3.62, 3: 3.74})
+    fast = DraftPolicy(3, True, 0.05, {1: 1.15, 2: 1.25, 3: 1.35})
+    for policy in (slow, fast):
+        policy.tried, policy.kept = 100.0, 85.0
+    assert slow.next() == 0 and fast.next() == 3
+    fixed = DraftPolicy(2, False, 0.05, {1: 9.0, 2: 9.0})
+    assert fixed.next() == 2  # a fixed count is the setting's, whatever it costs
+
+
+def test_auto_measures_each_rounds_cost_at_load(mtp_dir):
+    engine = load(mtp_dir, "auto")
+    costs = engine.drafter.policy.round_costs
+    assert sorted(costs) == [1, 2, 3] and all(c > 0 for c in costs.values())
+    assert engine.drafter.stats.rounds == 0  # measured on slot 0, nothing counted

@@ -18,9 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineSettings
+
+if TYPE_CHECKING:
+    from engine.session import GenerationStats
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 
@@ -51,20 +54,11 @@ class RemotePrompt:
 
 
 @dataclass(frozen=True)
-class RemoteStats:
-    prompt_tokens: int
-    new_tokens: int
-    ttft_s: float
-    prefill_tok_s: float
-    decode_tok_s: float
-
-
-@dataclass(frozen=True)
 class RemoteEvent:
     text: str
     finished: bool = False
     finish_reason: str | None = None
-    stats: RemoteStats | None = None
+    stats: GenerationStats | None = None
     token_id: int = -1  # the server sends text, not ids
 
 
@@ -199,12 +193,15 @@ def _sampling(params: Any, enable_thinking: bool | None) -> dict[str, Any]:
     return out
 
 
-def _stats(usage: Any, t0: float, t_first: float | None) -> RemoteStats | None:
+def _stats(usage: Any, t0: float, t_first: float | None) -> GenerationStats | None:
+    """The reply's stats in the shape a local reply carries them."""
+    from engine.session import GenerationStats
+
     if usage is None:
         return None
     now, first = time.perf_counter(), t_first or time.perf_counter()
     new = usage.completion_tokens
-    return RemoteStats(
+    return GenerationStats(
         prompt_tokens=usage.prompt_tokens,
         new_tokens=new,
         ttft_s=first - t0,

@@ -36,7 +36,7 @@ class Frame:
         # into one while the other may still feed the last forward's queued copy, so a
         # prompt's windows queue one after another without the host waiting for the GPU.
         self.meta_hosts: list[Any] = []
-        self._copied: list[Any] = [None, None]  # per host copy: the event after its copy
+        self._copied: list[Any] = []  # per host copy: an event recorded after its copy
         self._turn = 0
         self.capturing = False  # a decode graph is being captured: nothing is written
         self._before_free = before_free
@@ -52,14 +52,15 @@ class Frame:
 
         self._before_free()
         for event in self._copied:
-            if event is not None:
-                event.synchronize()  # no queued copy reads the old host buffers
+            event.synchronize()  # no queued copy reads the old host buffers
         self.meta = cupy.zeros((META_ROWS, cap), cupy.int32)
-        self.meta_hosts, self._copied = [], [None, None]
+        self.meta_hosts = []
         for _ in range(2):
             mem = cupy.cuda.alloc_pinned_memory(META_ROWS * cap * 4)
             host = np.frombuffer(mem, np.int32, META_ROWS * cap).reshape(META_ROWS, cap)
             self.meta_hosts.append(host)
+        # Recorded after each copy from their buffer; one not yet recorded counts as done.
+        self._copied = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]
 
     @property
     def meta_host(self) -> Any:
@@ -120,11 +121,8 @@ class Frame:
         if R > self.meta.shape[1]:
             self.alloc_meta(R)
         batch.check_context(context)
-        import cupy
-
         self._turn = 1 - self._turn
-        if self._copied[self._turn] is not None:
-            self._copied[self._turn].synchronize()  # its copy two forwards ago has run
+        self._copied[self._turn].synchronize()  # its copy two forwards ago has run
         h = self.meta_host
         h[0, :R] = ids
         h[1, :R] = batch.positions()
@@ -137,9 +135,7 @@ class Frame:
         h[6, :S] = row0
         h[7, :S] = rows
         self.meta.data.copy_from_host_async(h.ctypes.data, h.nbytes, stream)
-        event = cupy.cuda.Event(disable_timing=True)
-        event.record(stream)
-        self._copied[self._turn] = event
+        self._copied[self._turn].record(stream)
 
     def rows(self, R: int) -> tuple[Any, Any, Any, Any]:
         """Per row: position, slot, index in its segment, its segment's rows."""

@@ -100,6 +100,19 @@ def shape_config(
     return parse_config(dict(raw), source=f"catalog shape {name}")
 
 
+def model_specs(
+    model_dir: str | None, shape: tuple[ModelConfig, str, int] | None
+) -> tuple[ModelConfig, dict[str, TensorSpec]]:
+    """The config and tensor specs the planners read: of a checkpoint on disk (its headers)
+    or of a catalog shape (config, format, group size). ValueError when given neither."""
+    if model_dir is not None:
+        config, pairs = _checkpoint_specs(str(model_dir))
+        return config, dict(pairs)
+    if shape is not None:
+        return shape[0], shapes.shape_tensor_specs(*shape)
+    raise ValueError("planning needs a model folder or a catalog shape")
+
+
 @lru_cache(maxsize=32)
 def _checkpoint_specs(model_dir: str) -> tuple[ModelConfig, tuple[tuple[str, TensorSpec], ...]]:
     from engine.checkpoint import Checkpoint
@@ -128,14 +141,7 @@ def plan(
     if gpu is None:
         return PlanProblem(f"CPU mode: {no_gpu_reason()}; the model runs on the CPU.", "CPU mode")
     try:
-        if model_dir is not None:
-            config, pairs = _checkpoint_specs(str(model_dir))
-            specs = dict(pairs)
-        elif shape is not None:
-            config = shape[0]
-            specs = shapes.shape_tensor_specs(*shape)
-        else:
-            raise ValueError("plan() needs model_dir or shape")
+        config, specs = model_specs(model_dir, shape)
         free = min(gpu.total_bytes, gpu.free_bytes + held)
         card = Card(total=gpu.total_bytes, free=free, speed=gpu.speed)
         return memory.decide(

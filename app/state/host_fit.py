@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineSettings, ModelConfig
-from engine.memory import TensorSpec, shapes, stream_state_bytes
+from engine.memory import TensorSpec, stream_state_bytes
 from engine.memory.draft import draft_choice
 
 HOST_MARGIN_BYTES = 512 << 20
@@ -153,14 +153,7 @@ def plan_on_host(
     from app import planning
 
     try:
-        if model_dir is not None:
-            config, pairs = planning._checkpoint_specs(str(model_dir))
-            specs = dict(pairs)
-        elif shape is not None:
-            config = shape[0]
-            specs = shapes.shape_tensor_specs(*shape)
-        else:
-            raise ValueError("plan_on_host() needs model_dir or shape")
+        config, specs = planning.model_specs(model_dir, shape)
         return host_decide(
             specs, config, available=available, context=context, streams=streams, settings=settings
         )

@@ -33,12 +33,18 @@ def prompt(n: int, seed: int) -> list[int]:
 
 class Recording(Scheduler):
     """The scheduler with every logit row it picks from kept (greedy on the host), and the
-    size of every decode step."""
+    size of every decode step. Those rows exist where the host waits for each step, so its
+    steps are not launched ahead unless `ahead` (then the picks are made on the device and
+    only the tokens are kept)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, ahead: bool = False) -> None:
         super().__init__(engine, queue_size=16)
         self.logits: dict[int, list[np.ndarray]] = {}
         self.sizes: list[int] = []
+        self.ahead = ahead
+
+    def _launcher(self, batch):
+        return super()._launcher(batch) if self.ahead else None
 
     def _pick(self, request, row: np.ndarray) -> int:
         self.logits.setdefault(request.id, []).append(np.array(row, np.float32))
@@ -53,11 +59,13 @@ class Recording(Scheduler):
         return [self._pick(r, row) for r, row in zip(batch, rows, strict=True)]
 
 
-def serve(engine: Engine, prompts: list, joins: tuple, new: list) -> tuple[list, list, list]:
+def serve(
+    engine: Engine, prompts: list, joins: tuple, new: list, ahead: bool = False
+) -> tuple[list, list, list]:
     """Each prompt submitted at its iteration of the loop; (tokens, logit rows) of each
     request and the decode steps' sizes."""
     engine.prompt_cache.clear()  # every run prefills its prompts whole
-    sched = Recording(engine)
+    sched = Recording(engine, ahead)
     requests, it = [None] * len(prompts), 0
     while not all(r is not None and r.done.is_set() for r in requests):
         for i, at in enumerate(joins):
@@ -69,7 +77,7 @@ def serve(engine: Engine, prompts: list, joins: tuple, new: list) -> tuple[list,
         assert it < 20_000, "the scheduler did not finish"
     assert all(r.finish_reason == "length" for r in requests)
     tokens = [list(r.generated) for r in requests]
-    return tokens, [sched.logits[r.id] for r in requests], sched.sizes
+    return tokens, [sched.logits.get(r.id, []) for r in requests], sched.sizes
 
 
 def differing(a: list, b: list) -> int:
@@ -80,6 +88,8 @@ def differing(a: list, b: list) -> int:
 
 def check_against_solo(engine: Engine, prompts: list, joins: tuple, new: list) -> list:
     together, logits, sizes = serve(engine, prompts, joins, new)
+    ahead, _, _ = serve(engine, prompts, joins, new, ahead=True)
+    assert ahead == together, "steps launched ahead gave other tokens than steps waited for"
     solo = [serve(engine, [p], (0,), [n]) for p, n in zip(prompts, new, strict=True)]
     for i, (tokens, rows, _) in enumerate(solo):
         assert together[i] == tokens[0], f"request {i}: tokens differ from its solo run"

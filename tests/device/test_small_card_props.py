@@ -161,6 +161,7 @@ def child(path: str, dtype: str, green: int) -> dict:
     record_launches(launches)
     settings = replace(EngineSettings.from_env(), backend="cuda", compute_dtype=dtype)
     engine = Engine.load(path, settings, context=CONTEXT, streams=STREAMS, max_rows=MAX_ROWS)
+    engine.eos_ids = frozenset()  # random weights: every reply runs its NEW tokens
     ids = np.random.default_rng(5).integers(0, 400, PROMPT).tolist()
     params = GenerationParams(max_new_tokens=NEW, greedy=True)
     tokens = [e.token_id for e in engine.generate(ids, params)]

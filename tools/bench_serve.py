@@ -170,6 +170,7 @@ def main() -> None:
         help="as snug serve takes it (default: on with more than one stream)",
     )
     p.add_argument("--out", default=".", help="folder for bench_serve.json")
+    p.add_argument("--commit", default=None, help="the tree's commit (default: git's HEAD)")
     args = p.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     settings = EngineSettings.from_env().with_gib(reserve=args.reserve_gib, limit=args.limit_gib)
@@ -197,7 +198,7 @@ def main() -> None:
     meta = {
         "gpu": gpu.name if gpu is not None else "none (CPU)",
         "backend": engine.backend_name,
-        "commit": commit(),
+        "commit": args.commit or commit(),
         "date": time.strftime("%Y-%m-%d"),
         "model": str(path),
         "context": engine.context,

@@ -19,7 +19,7 @@ OUT=${OUT:-./device_out}
 mkdir -p "$OUT"
 mode=${1:-all}
 shift || true
-export PYTHONPATH=.
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # carried wheels may be on it
 export PYTHONUNBUFFERED=1
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/snug-cupy-cache}
 # Compiled kernels can travel between lent machines (each starts bare): a carried

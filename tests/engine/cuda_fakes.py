@@ -75,3 +75,6 @@ class RecordingKernels:
 
     def run(self, file, symbol, grid, block, args, smem=0) -> None:
         self.launch(Fn(symbol), grid, block, args, smem)
+
+    def fn(self, file, symbol) -> Fn:
+        return Fn(symbol)

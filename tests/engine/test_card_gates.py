@@ -82,3 +82,23 @@ def test_a_tuning_without_the_cluster_step_runs_one_block_on_hopper(monkeypatch)
     use_card(monkeypatch, Card(90, 132, 60 << 20, 227 * 1024))
     dn = DeltaNet(launch.Kernels("bfloat16"), None, None, None, Tuning(deltanet_step_blocks=0))
     assert dn.split_shape(16, 32, 128, 128) is None
+
+
+@pytest.mark.parametrize(
+    "dtype,capability,smem,want",
+    [
+        ("bfloat16", 90, 232_448, "attn_prefill<256,4,2>"),
+        ("float16", 86, 101_376, "attn_prefill<256,4,2>"),  # 99 KiB holds two tiles at 256
+        ("bfloat16", 86, 100_000, "attn_prefill<256,4,1>"),  # a little less: one
+        ("bfloat16", 120, 49_152, ""),  # not even one tile: the unfused products
+        ("float16", 75, 65_536, ""),  # no bf16 tensor cores or cp.async before sm_80
+        ("float32", 90, 232_448, ""),  # fp32 keeps the unfused products (exact tests)
+    ],
+)
+def test_fused_prefill_attention_is_chosen_where_it_runs(dtype, capability, smem, want):
+    from engine.backends.cuda.attention import prefill_kernel, prefill_smem
+
+    sym, need = prefill_kernel(256, dtype, capability, smem)
+    assert sym == want
+    assert (need <= smem) if sym else need == 0
+    assert prefill_smem(256, 2) == 101_376 and prefill_smem(64, 2) == 27_648

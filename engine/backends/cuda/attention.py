@@ -4,17 +4,21 @@ Every forward starts with `attn_prep`: q/k RMSNorm, partial RoPE, the KV-cache a
 decode step then runs the split-KV `attn_decode` (partials per split) and `attn_combine`
 (the output gate fused in); a step's prep also brings the weights read next toward L2.
 
-A window (prefill) runs per segment, in chunks of query rows sized to the workspace: for
-each chunk and KV head, one strided-batched GEMM forms the scores of the `Hq / Hkv` query
-heads that share it (fp32, scaled by hd^-1/2), `softmax_causal` turns them into
-probabilities in the activation type (zero past each row's last visible key), a second GEMM
-multiplies them by V, and `attn_gate` applies the output gate.
+A window (prefill) runs per segment. In bf16 and fp16 on tensor-core GPUs (sm_80 and newer)
+one launch of `attn_prefill` (attn_prefill.cu, `prefill_kernel`) does it all: a block takes
+64 query rows of one head through the keys they see with an online softmax and stores the
+gated output, so no scores are written. Elsewhere (fp32, sm_75) it runs in chunks of query
+rows sized to the workspace: for each chunk and KV head, one strided-batched GEMM forms the
+scores of the `Hq / Hkv` query heads that share it (fp32, scaled by hd^-1/2),
+`softmax_causal` turns them into probabilities in the activation type (zero past each row's
+last visible key), a second GEMM multiplies them by V, and `attn_gate` applies the output
+gate.
 
 With the 8-bit KV cache (`StreamState.kv_int8`: codes and a scale per token and KV head,
 engine/backends/kv_int8.py) `attn_prep_q8` writes the codes and scales and a step reads them
 with `attn_decode_q8`. A window runs per KV head: `kv_dequant` writes the head's keys and
 values of the segment so far into the workspace in the activation type, and the same
-products as above run over them for its query heads, in chunks of query rows.
+products as above (or `attn_prefill` over that copy) run over them for its query heads.
 """
 
 from __future__ import annotations
@@ -25,8 +29,16 @@ import numpy as np
 
 from engine.backends.base import Batch, Segment
 from engine.backends.cuda.blas import matmul
+from engine.backends.cuda.card import runs_mma
 from engine.backends.cuda.frame import Frame
-from engine.backends.cuda.launch import Kernels, ahead_spans, cdiv, sm_count
+from engine.backends.cuda.launch import (
+    Kernels,
+    ahead_spans,
+    cdiv,
+    compute_capability,
+    sm_count,
+    smem_per_block,
+)
 from engine.backends.cuda.state import StreamState
 from engine.backends.cuda.tuning import Tuning
 from engine.memory.arena import ALIGN
@@ -36,6 +48,31 @@ i32, f32 = np.int32, np.float32
 SCORE_BUDGET = 512 << 20  # bytes of scores + probabilities per chunk without a workspace
 MAX_GROUP = 8  # query heads a KV head that attn_decode holds at most
 STATIC_SMEM = 48 * 1024  # static shared memory a kernel may declare
+
+
+PREFILL_WARPS = 4  # attn_prefill: 16 query rows a warp, 64 a block
+PREFILL_KEYS = 32  # keys a tile of attn_prefill
+
+
+def prefill_smem(hd: int, stages: int, warps: int = PREFILL_WARPS) -> int:
+    """Dynamic shared bytes of attn_prefill: the block's queries and `stages` tiles of keys
+    and values, rows padded by 8 elements (attn_prefill.cu)."""
+    return (16 * warps + 2 * stages * PREFILL_KEYS) * (hd + 8) * 2
+
+
+def prefill_kernel(hd: int, dtype: str, capability: int, smem_per_block: int) -> tuple[str, int]:
+    """(attn_prefill instance, its dynamic shared bytes) for this head size, activation type
+    and card, or ("", 0) where the fused kernel does not run (fp32: the unfused products;
+    before sm_80: no bf16 tensor cores or cp.async; a head size it has no instance for; too
+    little shared memory). Two tiles of keys in flight where a block may hold them (99 KiB
+    at head_dim 256), else one."""
+    if dtype == "float32" or not runs_mma(capability) or hd not in (64, 128, 256):
+        return "", 0
+    for stages in (2, 1):
+        smem = prefill_smem(hd, stages)
+        if smem <= smem_per_block:
+            return f"attn_prefill<{hd},{PREFILL_WARPS},{stages}>", smem
+    return "", 0
 
 
 def decode_held(group: int) -> tuple[int, int]:
@@ -84,6 +121,32 @@ class Attention:
         self.k, self.frame, self.state, self.tuning = kernels, frame, state, tuning
         self.step_splits: int | None = None
         self.batch_invariant = False  # the warps a block of attn_decode: decode_kernel
+        self._fused: tuple[str, int] | None = None  # prefill_kernel's choice, made once
+
+    def fused_prefill(self) -> tuple[str, int]:
+        """`prefill_kernel` for this model, dtype and card ("" where the fused kernel does not
+        run)."""
+        if self._fused is None:
+            hd = self.state.config.head_dim
+            self._fused = prefill_kernel(hd, self.k.dtype, compute_capability(), smem_per_block())
+        return self._fused
+
+    def flash(self, q, qg, keys, values, out, seg: Segment, row0: int, heads: tuple) -> None:
+        """`attn_prefill` for segment `seg` (rows from `row0`): query heads h0 .. h0 + n - 1
+        (`heads` = (h0, n, elements from one KV head's keys to the next)) over `keys` /
+        `values`, the first of those heads' KV head."""
+        c = self.state.config
+        Hq, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        sym, smem = self.fused_prefill()
+        fn = self.k.fn("attn_prefill.cu", sym)
+        self.k.allow_smem(fn, ("attn_prefill", sym), smem)
+        h0, n, stride = heads
+        scale = hd**-0.5 * 1.4426950408889634  # log2(e): the kernel's exponentials are exp2
+        args = (q, qg, keys, values, out, i32(seg.rows), i32(row0), i32(seg.start), i32(Hq),
+                i32(Hq // Hkv), i32(h0), np.int64(stride), f32(scale))  # fmt: skip
+        self.k.launch(
+            fn, (cdiv(seg.rows, 16 * PREFILL_WARPS), n), (32 * PREFILL_WARPS,), args, smem
+        )
 
     def forward(
         self, layer: int, qg: Any, k: Any, v: Any, q_norm: Any, k_norm: Any, batch: Batch, ahead
@@ -111,9 +174,12 @@ class Attention:
             self.decode(q, kc, vc, meta[0], meta[1], po, pml, heads, ctx, split, nsmax, scales)
             self.combine(po, pml, qg, meta[0], out, heads, split, nsmax)
             return out
-        row0 = 0
+        row0, fused = 0, bool(self.fused_prefill()[0])
         for seg in batch.segments:
-            if scales is None:
+            if scales is None and fused:
+                kv = (kc[seg.slot], vc[seg.slot])  # [Hkv, context, hd] of the stream
+                self.flash(q, qg, *kv, out, seg, row0, (0, Hq, st.context * hd))
+            elif scales is None:
                 self.prefill(q, qg, kc, vc, seg, row0, out)
             else:
                 self.prefill_q8(q, qg, (kc, vc), scales, seg, row0, out)
@@ -298,9 +364,10 @@ class Attention:
 
     def prefill_q8(self, q, qg, codes: tuple, scales: tuple, seg: Segment, row0: int, out) -> None:
         """`prefill` over the 8-bit cache (codes and scales: each (keys, values) of the
-        layer): per KV head, its L keys and values dequantized into the workspace, then the
-        scores, softmax and products of its query heads in chunks of query rows that fit
-        the rest of the workspace."""
+        layer): per KV head, its L keys and values dequantized into the workspace, then
+        `attn_prefill` over them for its query heads, or (where that kernel does not run)
+        the scores, softmax and products in chunks of query rows that fit the rest of the
+        workspace."""
         import cupy
 
         c, kern, fr = self.state.config, self.k, self.frame
@@ -309,6 +376,12 @@ class Attention:
         isz = kern.act_itemsize
         fr.workspace.begin("ws")
         kv = (fr.workspace.take((L, hd)), fr.workspace.take((L, hd)))  # one head's keys, values
+        if self.fused_prefill()[0]:  # attn_prefill over each head's copy: no scores held
+            for h in range(Hkv):
+                head = tuple(a[seg.slot, h] for a in codes), tuple(s[seg.slot, h] for s in scales)
+                self.dequant(*head, kv, L)
+                self.flash(q, qg, *kv, out, seg, row0, (h * gq, gq, 0))
+            return
         ws = fr.mem_workspace
         budget = SCORE_BUDGET
         if ws is not None and ws.block is not None:

@@ -7,7 +7,7 @@ rows go to cuBLAS), and asks the same functions that pick the instances at run t
     projections   blocked_layout, gemv_fits, prologue_fits, gemv4_kind, gemv4_module,
                   simt_symbol, dequant_symbol      (gemv_plan.py)
     DeltaNet      step_kernel, chunk_rows_for      (deltanet.py)
-    attention     decode_kernel (bf16 or 8-bit KV)  (attention.py)
+    attention     decode_kernel (bf16 or 8-bit KV), prefill_kernel  (attention.py)
     embedding     embed_symbol (norms.py); the draw: draw_symbol (sampling.py)
 
 Where something the catalog cannot see chooses between a fused launch and its fallback (an
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.backends.cuda.attention import decode_kernel
+from engine.backends.cuda.attention import decode_kernel, prefill_kernel
 from engine.backends.cuda.card import Card, runs_mma
 from engine.backends.cuda.deltanet import (
     SCAN,
@@ -64,7 +64,16 @@ from engine.memory.scratch import ATTN_SPLITS
 # block depend on splits x KV heads x rows only through their product (decode_kernel), so
 # the fewest (1) and a count past any card's SMs cover every choice.
 MANY_STREAMS = 1 << 16
-FILES = ("quant.cu", "norm.cu", "sample.cu", "gemv.cu", "gdn.cu", "gdn_chunk.cu", "attention.cu")
+FILES = (
+    "quant.cu",
+    "norm.cu",
+    "sample.cu",
+    "gemv.cu",
+    "gdn.cu",
+    "gdn_chunk.cu",
+    "attention.cu",
+    "attn_prefill.cu",
+)
 
 
 @dataclass(frozen=True)
@@ -264,6 +273,9 @@ def modules(
                     args = (group, hd, splits, Hkv, R, card.sm_count, invariant)
                     sym, _ = decode_kernel(*args, q8=kv_cache == "int8")  # EngineSettings.kv_cache
                     walk.add("attention.cu", sym)
+        fused, _ = prefill_kernel(hd, dtype, card.capability, card.smem_per_block)
+        if fused:
+            walk.add("attn_prefill.cu", fused)
     return walk.modules()
 
 

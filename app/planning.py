@@ -45,6 +45,12 @@ class Gpu:
     used_bytes: int = 0
     driver: str = ""
     speed: CardSpeed | None = None  # for the decision's speed prediction
+    capability: int = 0  # 10 * major + minor, as NVML reports it (0: unknown)
+
+    @property
+    def fused_attention(self) -> bool:
+        """As engine.device.GpuInfo.fused_attention: the plan gives the workspace no scores."""
+        return self.capability >= 80
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,13 @@ def probe_gpu() -> Gpu | None:
     if info is None:
         return None
     return Gpu(
-        info.name, info.total_bytes, info.free_bytes, info.used_bytes, info.driver, info.speed
+        info.name,
+        info.total_bytes,
+        info.free_bytes,
+        info.used_bytes,
+        info.driver,
+        info.speed,
+        info.capability,
     )
 
 
@@ -143,7 +155,7 @@ def plan(
     try:
         config, specs = model_specs(model_dir, shape)
         free = min(gpu.total_bytes, gpu.free_bytes + held)
-        card = Card(total=gpu.total_bytes, free=free, speed=gpu.speed)
+        card = Card(gpu.total_bytes, free, speed=gpu.speed, fused_attention=gpu.fused_attention)
         return memory.decide(
             specs, config, settings, card, context=context, streams=streams, max_rows=max_rows
         )

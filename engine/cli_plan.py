@@ -88,8 +88,11 @@ def _card(args) -> Card | None:
         speed = REFERENCE_CARDS[args.card_speed or DEFAULT_SMALL_CARD]
     if args.card_gib is not None:
         total = int(round(args.card_gib * GIB))
-        return Card(total=total, free=total, speed=speed)
-    return None if gpu is None else Card(gpu.total_bytes, gpu.free_bytes, speed=speed)
+        # The cards Snug plans for (sm_80 and newer) run the fused prefill attention.
+        return Card(total=total, free=total, speed=speed, fused_attention=True)
+    if gpu is None:
+        return None
+    return Card(gpu.total_bytes, gpu.free_bytes, speed=speed, fused_attention=gpu.fused_attention)
 
 
 def card_table(
@@ -99,11 +102,13 @@ def card_table(
     context: int = 4096,
     streams: int = 1,
     max_rows: int = 512,
+    fused_attention: bool = True,
 ) -> list[dict]:
     """One row per shape and format: weights, verdict at `context` (with the settings' KV
-    cache), the largest context with the KV cache in bf16 and with the 8-bit one."""
+    cache), the largest context with the KV cache in bf16 and with the 8-bit one.
+    `fused_attention`: the card runs the fused prefill attention (every card from sm_80)."""
     rows = []
-    card = Card(total=card_total, free=card_free)
+    card = Card(total=card_total, free=card_free, fused_attention=fused_attention)
     for name in SHAPES:
         for fmt in FORMATS:
             config = shape_config(name, fmt)
@@ -154,7 +159,9 @@ def run_plan(args) -> int:
         return 2
     total, free = card.total, card.free
     if args.shape == "all":
-        rows = card_table(total, free, settings, args.context, args.streams, args.max_rows)
+        rows = card_table(
+            total, free, settings, args.context, args.streams, args.max_rows, card.fused_attention
+        )
         text = (
             json.dumps(rows, indent=2)
             if args.json

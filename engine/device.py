@@ -23,6 +23,14 @@ class GpuInfo:
     used_bytes: int
     driver: str
     speed: CardSpeed | None = None  # what bounds prefill and decode (None: NVML cannot say)
+    capability: int = 0  # 10 * major + minor (0: NVML cannot say)
+
+    @property
+    def fused_attention(self) -> bool:
+        """The CUDA backend runs prefill attention fused here (tensor cores and cp.async:
+        sm_80 and newer; every such card's blocks hold a tile of it), so a plan gives the
+        workspace no scores (engine.memory.admission.Card)."""
+        return self.capability >= 80
 
 
 def _text(value: object) -> str:
@@ -50,6 +58,7 @@ def probe_gpu(index: int = 0) -> GpuInfo | None:
             used_bytes=int(mem.used),
             driver=_text(pynvml.nvmlSystemGetDriverVersion()),
             speed=nvml_speed(pynvml, handle, name),
+            capability=nvml_capability(pynvml, handle),
         )
     except Exception:
         return None
@@ -58,6 +67,14 @@ def probe_gpu(index: int = 0) -> GpuInfo | None:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def nvml_capability(pynvml: Any, handle: Any) -> int:
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    except Exception:  # an older driver: unknown (planned as a card without fused kernels)
+        return 0
+    return 10 * int(major) + int(minor)
 
 
 def nvml_speed(pynvml: Any, handle: Any, name: str) -> CardSpeed | None:

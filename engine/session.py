@@ -183,7 +183,8 @@ def admit_load(
 
     gpu = probe_gpu()  # NVML: the card's bandwidth and tensor throughput, for the prediction
     speed = gpu.speed if gpu is not None else None
-    card = Card(pool.card_total(), pool.card_free(), backend.held_bytes(), speed)
+    fused = backend.fused_prefill_attention(checkpoint.config)
+    card = Card(pool.card_total(), pool.card_free(), backend.held_bytes(), speed, fused)
     decision = decide(
         checkpoint_specs(checkpoint),
         checkpoint.config,

@@ -238,7 +238,10 @@ class FitAdvisor(QObject):
             return Job(key, fingerprint, True, kwargs)
         gpu = self.machine.gpu
         assert gpu is not None
-        bucket = planning.Gpu(gpu.name, gpu.total_bytes, machine_fp[3] * FREE_STEP, speed=gpu.speed)
+        free = machine_fp[3] * FREE_STEP
+        bucket = planning.Gpu(
+            gpu.name, gpu.total_bytes, free, speed=gpu.speed, capability=gpu.capability
+        )
         kwargs.update(
             gpu=bucket,
             settings=fingerprint[0][0],

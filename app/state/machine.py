@@ -61,6 +61,7 @@ class Machine(QObject):
             free_bytes=int(sample["free"]),
             used_bytes=int(sample["used"]),
             speed=sample.get("speed"),
+            capability=int(sample.get("capability", 0)),
         )
         self.nvml_ours = int(sample.get("ours", 0))
         self.no_gpu = ""

@@ -18,6 +18,7 @@ class NvmlSource:
         self._handle = None
         self.name = ""
         self.speed = None  # engine.memory.speed.CardSpeed: what the plan's prediction scales to
+        self.capability = 0  # 10 * major + minor: whether the plan may count fused attention
 
     def open(self) -> None:
         import pynvml
@@ -27,9 +28,10 @@ class NvmlSource:
         self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         name = pynvml.nvmlDeviceGetName(self._handle)
         self.name = name.decode() if isinstance(name, bytes) else str(name)
-        from engine.device import nvml_speed
+        from engine.device import nvml_capability, nvml_speed
 
         self.speed = nvml_speed(pynvml, self._handle, self.name)
+        self.capability = nvml_capability(pynvml, self._handle)
 
     def read(self) -> dict:
         nv, handle = self._nvml, self._handle
@@ -48,6 +50,7 @@ class NvmlSource:
             "free": int(mem.free),
             "ours": ours,
             "speed": self.speed,
+            "capability": self.capability,
         }
 
     def close(self) -> None:

@@ -192,12 +192,25 @@ class Backend(ABC):
         arrays = {f"{part}.{i}": a for part in parts for i, a in enumerate(snapshot[part])}
         return HostSnapshot(int(snapshot["length"]), arrays)
 
+    def fused_prefill_attention(self, config: Any) -> bool:
+        """Whether prefill attention runs fused for `config` here, writing no scores (the
+        plan then gives the workspace none: engine.memory.workspace.score_rows_for)."""
+        return False
+
     def settle_host_copies(self) -> None:  # noqa: B027 - host copies are done at once
         """Wait for the copies `snapshot_to_host(wait=False)` queued."""
 
-    def ready_host_copy(self) -> None:  # noqa: B027 - nothing to prepare on the host
+    def ready_host_copy(self, restores: bool = False) -> None:  # noqa: B027 - nothing to pin
         """Prepare, off a reply's path, what a device snapshot's move to host memory inside
-        a reply needs (the CUDA backend pins a buffer for one whole-context state)."""
+        a reply needs (the CUDA backend pins a buffer for one whole-context state); with
+        `restores` (there is a disk tier), also what `host_buffer` hands a restore."""
+
+    def host_buffer(self, nbytes: int) -> np.ndarray | None:
+        """A writable uint8 host buffer of at least `nbytes` that a restore from disk reads
+        a saved state into (`SnapshotStore.load`), from which `restore_slot` copies fastest
+        (the CUDA backend's spare pinned buffer, readied by `ready_host_copy`), or None: the
+        store allocates one. The snapshot's arrays are views of it and keep it alive."""
+        return None
 
     def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
         """`snapshot_to_host(save_slot(slot, length))`, where the device tier has no room

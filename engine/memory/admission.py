@@ -46,7 +46,7 @@ from engine.memory.growth import ladder_below
 from engine.memory.plan import Plan, WeightBytes, make_plan
 from engine.memory.shapes import shape_tensor_specs
 from engine.memory.speed import CardSpeed, predict
-from engine.memory.workspace import FAST_QUERY_ROWS
+from engine.memory.workspace import FAST_QUERY_ROWS, score_rows_for
 
 CONTEXT_STEP = 256
 FAST_ROWS = 256  # prefill chunks at least this large keep the prompt's speed (invariant 8)
@@ -134,7 +134,7 @@ def _best(
     """The first arrangement that fits, in the module docstring's order, with prefill chunks
     of at least `min_rows`; else the eager on-card one (which does not fit)."""
     args = (card_free, card_total, held, settings)
-    if plan.score_rows < FAST_QUERY_ROWS:
+    if 0 < plan.score_rows < FAST_QUERY_ROWS:
         # A card with room gets a workspace that holds prefill attention scores for many
         # query rows, so long prompts run in fewer, larger passes.
         fast = _evaluate(plan.resized(score_rows=FAST_QUERY_ROWS), *args, True, False)
@@ -333,6 +333,9 @@ class Card:
     free: int
     held: int = 0
     speed: CardSpeed | None = None  # for the decision's prediction (engine.memory.speed)
+    # Prefill attention runs fused there for 16-bit activations (the CUDA backend's
+    # attn_prefill, sm_80 and newer): the workspace holds no scores (score_rows_for).
+    fused_attention: bool = False
 
 
 def decide(
@@ -370,6 +373,7 @@ def decide(
         max_rows,
         itemsize,
         prompt_cache_states,
+        score_rows=score_rows_for(card.fused_attention, config, itemsize),
         kv_cache=settings.kv_cache,
         draft_tokens=draft.tokens,
     )

@@ -7,7 +7,10 @@
    rows against every key of the stream so far, `Hq x q_rows x context`, with q_rows at most
    ATTN_QUERY_ROWS; the attention kernel takes as many query rows per pass as fit. With the
    8-bit KV cache, one KV head's keys and values dequantized for cuBLAS come first
-   (`kv [2,T,hd] dt`), and the scores of that head's query heads follow them.
+   (`kv [2,T,hd] dt`), and the scores of that head's query heads follow them. Where prefill
+   attention runs fused (`score_rows_for`: 16-bit activations on a tensor-core card, the
+   CUDA backend's attn_prefill) it writes no scores: q_rows is 0 and only the 8-bit cache's
+   dequantized head remains.
 
 The two never run at once, so the block is the larger of the two:
 
@@ -30,6 +33,16 @@ from engine.memory.shapes import layer_linear_shapes
 
 ATTN_QUERY_ROWS = 16  # the least: what a small card gives prefill attention
 FAST_QUERY_ROWS = 256  # what admission gives it when the card has room (fewer, larger passes)
+FUSED_HEAD_DIMS = (64, 128, 256)  # the head sizes the fused prefill attention has instances for
+
+
+def score_rows_for(fused_attention: bool, config: ModelConfig, dtype_bytes: int) -> int:
+    """Query rows of scores the workspace holds: none where the card runs the fused prefill
+    attention for this model and activation size (16-bit, a head size it covers), else
+    ATTN_QUERY_ROWS (admission may raise it to FAST_QUERY_ROWS)."""
+    if fused_attention and dtype_bytes == 2 and config.head_dim in FUSED_HEAD_DIMS:
+        return 0
+    return ATTN_QUERY_ROWS
 
 
 def _tile_bytes(config: ModelConfig, dtype_bytes: int) -> int:

@@ -43,6 +43,7 @@ from engine.backends.cuda.state import StreamState
 from engine.backends.cuda.tuning import Tuning
 from engine.memory.arena import ALIGN
 from engine.memory.scratch import decode_splits
+from engine.memory.workspace import FUSED_HEAD_DIMS
 
 i32, f32 = np.int32, np.float32
 SCORE_BUDGET = 512 << 20  # bytes of scores + probabilities per chunk without a workspace
@@ -66,7 +67,7 @@ def prefill_kernel(hd: int, dtype: str, capability: int, smem_per_block: int) ->
     before sm_80: no bf16 tensor cores or cp.async; a head size it has no instance for; too
     little shared memory). Two tiles of keys in flight where a block may hold them (99 KiB
     at head_dim 256), else one."""
-    if dtype == "float32" or not runs_mma(capability) or hd not in (64, 128, 256):
+    if dtype == "float32" or not runs_mma(capability) or hd not in FUSED_HEAD_DIMS:
         return "", 0
     for stages in (2, 1):
         smem = prefill_smem(hd, stages)

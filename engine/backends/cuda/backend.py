@@ -30,7 +30,7 @@ import numpy as np
 
 from engine.backends.base import Backend, Batch
 from engine.backends.cuda import catalog, nvrtc, support
-from engine.backends.cuda.attention import Attention
+from engine.backends.cuda.attention import Attention, prefill_kernel
 from engine.backends.cuda.deltanet import DeltaNet
 from engine.backends.cuda.frame import Frame
 from engine.backends.cuda.host_table import host_table
@@ -235,12 +235,21 @@ class CudaBackend(Backend):
     def snapshot_to_host(self, snapshot: Any, wait: bool = True) -> HostSnapshot:
         return self.state.snapshot_to_host(snapshot, wait)
 
+    def fused_prefill_attention(self, config: ModelConfig) -> bool:
+        card = self.card
+        return bool(
+            prefill_kernel(config.head_dim, self.dtype, card.capability, card.smem_per_block)[0]
+        )
+
     def settle_host_copies(self) -> None:
         self.state.settle()
 
-    def ready_host_copy(self) -> None:
-        if not self.state.snapshots_on_host:
+    def ready_host_copy(self, restores: bool = False) -> None:
+        if restores or not self.state.snapshots_on_host:
             self.state.keep_spare()
+
+    def host_buffer(self, nbytes: int) -> np.ndarray | None:
+        return self.state.give_spare(nbytes)
 
     def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
         return self.state.save_slot_to_host(slot, length)

@@ -13,7 +13,7 @@ from engine.memory.shapes import shape_config, shape_tensor_specs
 from engine.memory.workspace import workspace_bytes
 from tests.engine.memory.conftest import commit, shape_plan
 
-FOUR_GIB = Card(total=4 * GIB, free=4 * GIB)
+FOUR_GIB = Card(total=4 * GIB, free=4 * GIB, fused_attention=True)  # as snug plan --card-gib
 
 
 def test_the_stream_state_counts_a_byte_an_element_and_a_scale_a_row():
@@ -77,3 +77,23 @@ def test_an_8_bit_decision_commits_within_the_card():
         held.scratch.ensure(rows)
         held.workspace.ensure(rows)
     assert held.workspace.nbytes >= 2 * 49152 * plan.config.head_dim * 2
+
+
+def test_a_card_with_fused_attention_gives_the_workspace_no_scores():
+    """Where prefill attention runs fused (16-bit activations, sm_80 and newer) the plan's
+    workspace holds no scores, so the same card admits a longer context; fp32 activations
+    and cards without it keep room for the scores."""
+    c = shape_config("4B", "mlx4")
+    specs = shape_tensor_specs(c, "mlx4")
+    s = EngineSettings()
+    plain = replace(FOUR_GIB, fused_attention=False)
+    big = Card(total=24 * GIB, free=24 * GIB, fused_attention=True)  # room for 256-row scores
+    fused = decide(specs, c, s, big, context=16384)
+    unfused = decide(specs, c, s, replace(big, fused_attention=False), context=16384)
+    assert fused.score_rows == 0 and unfused.score_rows == 256
+    scores = c.num_attention_heads * 256 * 16384 * (4 + 2)
+    assert unfused.breakdown.workspace_peak >= fused.breakdown.workspace_peak + scores // 2
+    longest = [decide(specs, c, s, card, context=None).context for card in (FOUR_GIB, plain)]
+    assert longest[0] > longest[1]
+    fp32 = decide(specs, c, replace(s, compute_dtype="float32"), FOUR_GIB, context=4096)
+    assert fp32.score_rows > 0

@@ -40,6 +40,9 @@ class CardProbe(NumpyBackend):
     def act_itemsize(self) -> int:
         return 2  # bf16 activations, as the CUDA backend under the default settings
 
+    def fused_prefill_attention(self, config) -> bool:
+        return True  # as the CUDA backend on an sm_86 card
+
     def configure(self, decision, vocab_rows):
         self.decision = decision
         raise _Loaded
@@ -66,7 +69,7 @@ def _load_decision(model_dir, settings, monkeypatch, **kw):
 @pytest.mark.parametrize(("shape", "fmt"), MODELS)
 def test_preview_equals_load_for_every_catalog_model(tmp_path, monkeypatch, shape, fmt, limit_gib):
     settings = EngineSettings().with_gib(limit=limit_gib)
-    gpu = planning.Gpu("simulated", total_bytes=CARD, free_bytes=CARD - OTHERS)
+    gpu = planning.Gpu("simulated", total_bytes=CARD, free_bytes=CARD - OTHERS, capability=86)
     sizes = dict(context=8192, streams=1, max_rows=512)
     config = planning.shape_config(shape, fmt, 64, CATALOG["shapes"].get(shape))
     catalog = planning.plan(gpu=gpu, settings=settings, shape=(config, fmt, 64), **sizes)

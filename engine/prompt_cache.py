@@ -20,18 +20,23 @@ is taken, by a writer thread (the engine thread converts it to host arrays first
 for host memory, one for a device block), so a crash or a restart keeps the conversation.
 A restore takes the longest matching snapshot from whichever tier has it (the fastest on a
 tie); one that does not check out is refused with a logged reason, and the prompt is
-prefilled afresh.
+prefilled afresh. A restore from disk reads the file into the backend's `host_buffer` where
+it has one (pinned memory on CUDA, readied off a reply's path), and the snapshot then stays
+in the host tier, counted at the bytes of that buffer.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from engine.errors import DeviceOutOfMemory
 from engine.snapshot_store import (
@@ -139,6 +144,16 @@ class PromptCache:
             self._evict(next(iter(self._entries)), move=False)
 
 
+@dataclass(frozen=True)
+class RestoreTiming:
+    """Where one restore's time went (tools/bench_resume.py prints it)."""
+
+    tier: str
+    tokens: int
+    read_s: float  # reading and checking the saved file (0 outside the disk tier)
+    slot_s: float  # `backend.restore_slot`: the copy into the slot
+
+
 @dataclass
 class CacheStats:
     """What the tiers did (tests and logs read it)."""
@@ -148,6 +163,7 @@ class CacheStats:
     refused: int = 0  # matching snapshots that did not check out (prefilled afresh)
     saved: int = 0
     moved_down: int = 0
+    last_restore: RestoreTiming | None = None  # the last restore that went through
 
 
 class TieredPromptCache:
@@ -253,11 +269,14 @@ class TieredPromptCache:
         self._ready_spare()  # for the next reply's moves (this one's may have used it)
 
     def _ready_spare(self) -> None:
-        if self.device.budget_bytes > 0 and self.host.budget_bytes > 0:
+        """Have the backend ready (pin), off a reply's path, the host buffer that a move
+        down inside a reply copies into, and that a restore from disk reads into."""
+        moves = self.device.budget_bytes > 0 and self.host.budget_bytes > 0
+        if moves or self.disk is not None:
             try:
-                self.backend.ready_host_copy()
+                self.backend.ready_host_copy(restores=self.disk is not None)
             except DeviceOutOfMemory:
-                pass  # no memory to pin ahead: a move inside a reply pins its own
+                pass  # no memory to pin ahead: a move pins its own, a restore reads pageable
 
     def _take(self, slot: int, key: tuple[int, ...]) -> Any:
         """A device-tier snapshot of the slot, stored there; None where it has no room."""
@@ -334,13 +353,15 @@ class TieredPromptCache:
             self.backend.reset_slot(slot)
 
     def _restore_from(self, tier: str, slot: int, ids: tuple[int, ...]) -> bool:
+        start = time.perf_counter()
+        held = 0  # bytes of the backend's host buffer a snapshot from disk holds
         if tier == "disk":
-            assert self.disk is not None
-            snapshot = self.disk.store.load(ids)  # None: refused and logged by the store
-            if snapshot is None:
+            snapshot, held = self._load(ids)
+            if snapshot is None:  # refused and logged by the store
                 return False
         else:
             snapshot = (self.device if tier == "device" else self.host).get(ids).snapshot
+        read = time.perf_counter()
         if isinstance(snapshot, HostSnapshot) and snapshot.length != len(ids):
             why = f"it holds {snapshot.length} tokens, its ids {len(ids)}"
             return self._refuse(tier, ids, why)
@@ -348,9 +369,27 @@ class TieredPromptCache:
             self.backend.restore_slot(slot, snapshot)
         except SnapshotMismatch as exc:
             return self._refuse(tier, ids, str(exc))
+        done = time.perf_counter()
+        read_s = read - start if tier == "disk" else 0.0
+        self.stats.last_restore = RestoreTiming(tier, len(ids), read_s, done - read)
         if tier == "disk":  # it is in host memory now: keep it there while it has room
-            self.host.store(ids, snapshot, snapshot.nbytes)
+            self.host.store(ids, snapshot, max(snapshot.nbytes, held))
         return True
+
+    def _load(self, ids: tuple[int, ...]) -> tuple[HostSnapshot | None, int]:
+        """The disk entry for `ids`, read into the backend's host buffer where it hands one
+        out, and the bytes of that buffer (0: the store allocated its own, of the file's
+        size), which the snapshot holds as long as it lives."""
+        assert self.disk is not None
+        held = 0
+
+        def buffer(nbytes: int) -> np.ndarray | None:
+            nonlocal held
+            out = self.backend.host_buffer(nbytes)
+            held = 0 if out is None else int(out.nbytes)
+            return out
+
+        return self.disk.store.load(ids, buffer), held
 
     def _refuse(self, tier: str, ids: tuple[int, ...], why: str) -> bool:
         log.warning(

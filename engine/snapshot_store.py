@@ -7,18 +7,22 @@ folder, named by a hash of what it is (model, engine, precision) and of the ids:
     <hash>.safetensors   the state's arrays (bf16 as uint16 bits), written with safetensors
     <hash>.json          what it is: the ids, the model's fingerprint (config.json and the
                          tensor headers), the engine version, the precision, the arrays'
-                         names, dtypes and shapes, and an XXH3-128 checksum of the
-                         safetensors file (the `xxhash` library: a 16K-token state of the
-                         4B is 0.55 GB, which sha256 takes most of a second to check)
+                         names, dtypes and shapes, and the safetensors file's XXH3-128
+                         checksums (the `xxhash` library: a 16K-token state of the 4B is
+                         0.55 GB, which sha256 takes most of a second to check), one per
+                         block of `block_bytes` bytes (`xxh3_128`, a list; the last block
+                         may be shorter)
 
 Both are written to temporary names and renamed into place, the JSON last, so a crash or a
 full disk mid-write leaves the old cache valid (an entry without its JSON is not an entry).
-A restore reads the file once into memory, checks its checksum and its header (the
-safetensors rules of engine/checkpoint/header.py), and hands out views of that buffer.
-A file that does not check out (truncated, corrupt, another model, engine version or
-precision) is refused with a logged reason; the caller prefills afresh, never restores a
-wrong state. Several models and engine versions may share the folder: the byte budget
-counts every entry in it, and the least recently used go first, whoever wrote them.
+A restore reads the file once into one buffer (a new one, or the caller's: the CUDA
+backend's pinned memory), on up to READ_THREADS threads that each check the blocks they
+read as they read them, so the checksums cost little past the read; then it checks the
+header (the safetensors rules of engine/checkpoint/header.py) and hands out views of the
+buffer. A file that does not check out (truncated, corrupt, another model, engine version,
+precision or format) is refused with a logged reason; the caller prefills afresh, never
+restores a wrong state. Several models and engine versions may share the folder: the byte
+budget counts every entry in it, and the least recently used go first, whoever wrote them.
 
 `DiskWriter` saves on a thread of its own, so that a reply never waits for the disk.
 """
@@ -35,6 +39,8 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,8 +49,11 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # bump when the layout of a snapshot changes (2: the XXH3-128 checksum)
+FORMAT = 3  # bump when the layout of a snapshot changes (3: XXH3-128 checksums per block)
 WRITE_QUEUE_DEPTH = 4  # snapshots waiting for the writer; past it a write is skipped
+BLOCK_BYTES = 8 << 20  # a checksum's block: 69 of them in a 16K-token state of the 4B
+READ_THREADS = min(8, os.cpu_count() or 1)  # threads reading (and checking) a saved file
+READ_CHUNK = 1 << 20  # each read is hashed while it is still in the reading core's cache
 
 
 class SnapshotMismatch(ValueError):
@@ -117,15 +126,13 @@ def model_fingerprint(model_dir: str | os.PathLike[str], tensors: dict[str, Any]
     return h.hexdigest()
 
 
-def _file_checksum(path: Path) -> str:
-    """XXH3-128 of a file's bytes, read in blocks (the writer's thread)."""
+def _block_checksums(path: Path, block_bytes: int = BLOCK_BYTES) -> list[str]:
+    """XXH3-128 of each `block_bytes` block of a file, the last one shorter (read back on
+    the writer's thread)."""
     import xxhash
 
-    h = xxhash.xxh3_128()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+        return [xxhash.xxh3_128_hexdigest(b) for b in iter(lambda: f.read(block_bytes), b"")]
 
 
 # numpy's type for each safetensors dtype a saved state uses (bf16 is stored as U16 bits).
@@ -143,24 +150,36 @@ _NUMPY_DTYPES = {
 }
 
 
-def read_checked(path: Path, checksum: str) -> dict[str, np.ndarray]:
+def read_checked(
+    path: Path,
+    checksums: list[str],
+    block_bytes: int,
+    buffer: Callable[[int], np.ndarray | None] | None = None,
+) -> dict[str, np.ndarray]:
     """The arrays of a saved state's safetensors file, as views of one buffer the file is
-    read into once; ValueError (with the reason) when its length, checksum or header does
-    not check out. Writing the parser here, not calling safetensors' loader, saves a copy
-    of every array and a second read of the file for the checksum."""
-    import xxhash
-
+    read into once; ValueError (with the reason) when its length, a block's checksum or its
+    header does not check out. `buffer(nbytes)`: where to read it (a writable contiguous
+    uint8 array of at least `nbytes`, whose first `nbytes` it fills), or None to read it
+    into a new array. Writing the parser here, not calling safetensors' loader, saves a
+    copy of every array and a second read of the file for the checksums."""
     from engine.checkpoint.header import parse_header
     from engine.errors import CheckpointError
 
     size = path.stat().st_size
-    buf = np.empty(size, np.uint8)
-    with open(path, "rb", buffering=0) as f:
-        got = f.readinto(memoryview(buf))
-    if got != size or size < 8:
-        raise ValueError(f"read {got} of its {size} bytes (truncated)")
-    if xxhash.xxh3_128_hexdigest(memoryview(buf)) != checksum:
-        raise ValueError("its data does not match its checksum (corrupt or truncated)")
+    blocks = -(-size // block_bytes) if block_bytes > 0 else -1
+    if size < 8 or blocks != len(checksums):
+        raise ValueError(
+            f"its {size} bytes are not the {len(checksums)} blocks of {block_bytes} bytes its "
+            "checksums cover (truncated or rewritten)"
+        )
+    out = buffer(size) if buffer is not None else None
+    if out is None:
+        buf = np.empty(size, np.uint8)
+    else:
+        assert out.dtype == np.uint8 and out.ndim == 1 and out.nbytes >= size, out.shape
+        assert out.flags.c_contiguous and out.flags.writeable
+        buf = out[:size]
+    _read_blocks(path, buf, checksums, block_bytes)
     n = int.from_bytes(buf[:8].tobytes(), "little")
     if n > min(size - 8, 100_000_000):
         raise ValueError(f"its header length {n} does not fit the file")
@@ -174,6 +193,40 @@ def read_checked(path: Path, checksum: str) -> dict[str, np.ndarray]:
             raise ValueError(f"array {name[:80]!r} has dtype {e.dtype[:16]!r}")
         arrays[name] = buf[e.start : e.end].view(_NUMPY_DTYPES[e.dtype]).reshape(e.shape)
     return arrays
+
+
+def _read_blocks(path: Path, buf: np.ndarray, checksums: list[str], block_bytes: int) -> None:
+    """Fill `buf` with the file's bytes, block by block on up to READ_THREADS threads (the
+    reads and the hashing release the GIL), each block checked against its checksum as it
+    is read; ValueError naming the first block that does not check out. Every thread is
+    done with `buf` when this returns (the caller holds the last reference: a pinned
+    buffer is freed on the engine thread)."""
+    import xxhash
+
+    size = buf.nbytes
+
+    def check(block: int) -> bool:
+        start, end = block * block_bytes, min(size, (block + 1) * block_bytes)
+        h = xxhash.xxh3_128()
+        with open(path, "rb", buffering=0) as f:  # a handle each: no shared file offset
+            f.seek(start)
+            while start < end:
+                view = memoryview(buf[start : min(end, start + READ_CHUNK)])
+                got = f.readinto(view)
+                if not got:
+                    return False  # the file got shorter since its size was read
+                h.update(view[:got])
+                start += got
+        return h.hexdigest() == checksums[block]
+
+    threads = max(1, min(READ_THREADS, len(checksums)))
+    with ThreadPoolExecutor(threads, thread_name_prefix="snug-cache-read") as pool:
+        good = list(pool.map(check, range(len(checksums))))
+    if not all(good):
+        bad = good.index(False)
+        raise ValueError(
+            f"its block {bad} of {len(good)} does not match its checksum (corrupt or truncated)"
+        )
 
 
 def _files_size(folder: Path, name: str) -> int:
@@ -320,7 +373,8 @@ class SnapshotStore:
                 "length": snapshot.length,
                 "nbytes": nbytes,
                 "arrays": {k: [str(v.dtype), list(v.shape)] for k, v in arrays.items()},
-                "xxh3_128": _file_checksum(tmp_data),
+                "block_bytes": BLOCK_BYTES,
+                "xxh3_128": _block_checksums(tmp_data, BLOCK_BYTES),
             }
             fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".json.tmp")
             with os.fdopen(fd, "w") as f:
@@ -363,9 +417,12 @@ class SnapshotStore:
         self.remove(name)
 
     # ----- read ------------------------------------------------------------------------------
-    def load(self, ids: tuple[int, ...]) -> HostSnapshot | None:
+    def load(
+        self, ids: tuple[int, ...], buffer: Callable[[int], np.ndarray | None] | None = None
+    ) -> HostSnapshot | None:
         """The snapshot saved for exactly `ids`, or None (logged) when it does not check
-        out: the caller then prefills afresh."""
+        out: the caller then prefills afresh. `buffer`: where to read the file, as for
+        `read_checked` (the snapshot's arrays are views of it)."""
         name = entry_name(self.key, ids)
         data, meta_path = self.folder / f"{name}.safetensors", self.folder / f"{name}.json"
         try:
@@ -374,7 +431,7 @@ class SnapshotStore:
                 self._refuse(name, "it was saved for another model, engine or precision")
                 return None
             try:
-                arrays = read_checked(data, meta["xxh3_128"])
+                arrays = read_checked(data, meta["xxh3_128"], meta["block_bytes"], buffer)
             except ValueError as exc:
                 self._refuse(name, str(exc))
                 return None

@@ -7,9 +7,10 @@ Three processes (this script with --step), as the app lives through a restart:
               the disk writes (the state at the reply's end is on disk)
     resume    a new process: `Engine.load` on the same folder, then the next turn (the
               history, the reply and --follow-up more tokens) through `Engine.generate`:
-              where its state came from, its time to the first token, and its tokens; then
-              the same length of fresh ids (no saved state matches): the time a full
-              prefill takes in the same process
+              where its state came from, its time to the first token (and of it, the
+              restore's: reading and checking the saved file, and `restore_slot`), and
+              its tokens; then the same length of fresh ids (no saved state matches): the
+              time a full prefill takes in the same process
     fresh     a new process with no prompt cache: the next turn prefilled whole; its tokens
 
 and resumed = fresh holds when the resume's tokens equal the fresh process's (run it with
@@ -94,6 +95,7 @@ def step(args: argparse.Namespace) -> dict:
         where = engine.prompt_cache.where(follow)
         tokens, ttft = reply(engine, follow, args.new_tokens)
         stats = engine.prompt_cache.stats
+        timing = stats.last_restore
         other = np.random.default_rng(args.seed + 1).integers(0, PROMPT_IDS, len(follow))
         _, full = reply(engine, other.tolist(), 2)
         engine.unload()
@@ -102,6 +104,8 @@ def step(args: argparse.Namespace) -> dict:
             "restored_from": where[0] if where else None,
             "restored_tokens": len(where[1]) if where else 0,
             "hits": dict(stats.hits),
+            "restore_read_s": timing.read_s if timing else None,
+            "restore_slot_s": timing.slot_s if timing else None,
             "ttft_s": ttft,
             "tokens": tokens,
             "full_prefill_ttft_s": full,
@@ -143,6 +147,12 @@ def table(res: dict) -> str:
         f"load of the resuming process {r['load_s']:.2f} s; the first turn's unload (disk "
         f"writes) {res['save']['unload_s']:.2f} s",
     ]
+    if r.get("restore_read_s") is not None:
+        lines.append(
+            f"of the resumed turn's time to first token, the restore: reading and checking "
+            f"the saved file {r['restore_read_s'] * 1e3:.1f} ms, `restore_slot` "
+            f"{r['restore_slot_s'] * 1e3:.1f} ms"
+        )
     return "\n".join(lines)
 
 

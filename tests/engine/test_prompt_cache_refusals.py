@@ -1,13 +1,14 @@
 """The disk tier never gives a wrong answer: a corrupt or truncated file, a cache from
-another model or engine version, a state that does not fit the backend and a full disk each
-end in a logged refusal and a fresh prefill, through the Engine. Also: the writer thread
-never frees a snapshot, the settings and `snug cache`."""
+another model or engine version or of an older format, a state that does not fit the
+backend and a full disk each end in a logged refusal and a fresh prefill, through the
+Engine. Also: the writer thread never frees a snapshot, the settings and `snug cache`."""
 
 from __future__ import annotations
 
 import dataclasses
 import errno
 import gc
+import json
 import logging
 import threading
 import weakref
@@ -15,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 
 import engine
+from engine import snapshot_store
 from engine.config import GIB, EngineSettings, default_data_dir, default_prompt_cache_dir
 from engine.errors import ConfigError
 from engine.session import Engine, GenerationParams
@@ -52,6 +55,14 @@ def models(tiny_checkpoint) -> tuple[Path, Path]:
 
 
 def _damage(folder: Path, how: str) -> None:
+    if how == "old format":  # an index of format 2: one checksum of the whole file
+        for meta in folder.glob("*.json"):
+            info = json.loads(meta.read_text())
+            data = meta.with_suffix(".safetensors")
+            info.update(format=2, xxh3_128=xxhash.xxh3_128_hexdigest(data.read_bytes()))
+            del info["block_bytes"]
+            meta.write_text(json.dumps(info))
+        return
     for data in folder.glob("*.safetensors"):
         raw = bytearray(data.read_bytes())
         if how == "corrupt":
@@ -85,6 +96,7 @@ def _wrong_shapes(model: Path, folder: Path, ids: list[int]) -> None:
 CASES = {
     "corrupt": "checksum",
     "truncate": "checksum",
+    "old format": f"saved for format '2' (this is {snapshot_store.FORMAT})",
     "engine": "saved for engine '0.0.1'",
     "model": "saved for another model",
     "full disk": "could not save",
@@ -114,7 +126,7 @@ def test_a_saved_state_that_does_not_check_out_gives_a_fresh_prefill(
         reply = tokens(writer, first)
         writer.unload()
     follow = first + reply + prompt(20, seed=2)
-    if case in ("corrupt", "truncate"):
+    if case in ("corrupt", "truncate", "old format"):
         _damage(tmp_path, case)
     if case == "wrong shapes":
         _wrong_shapes(model, tmp_path, first + reply[:-1])

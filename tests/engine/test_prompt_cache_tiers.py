@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ import engine.session as session
 from engine.config import EngineSettings
 from engine.scheduler import NO_TOKEN, Scheduler
 from engine.session import Engine, GenerationParams, aligned_chunks
+from engine.snapshot_store import entry_name
 
 NUMPY = EngineSettings(backend="numpy")
 GREEDY = GenerationParams(max_new_tokens=10, greedy=True)
@@ -257,7 +259,9 @@ def test_a_move_down_inside_a_reply_waits_for_nothing_until_the_reply_ends(
         backend, "snapshot_to_host", lambda s, wait=True: calls.append(("copy", wait)) or to_host(s)
     )
     monkeypatch.setattr(backend, "settle_host_copies", lambda: calls.append(("settle", None)))
-    monkeypatch.setattr(backend, "ready_host_copy", lambda: calls.append(("ready", None)))
+    monkeypatch.setattr(
+        backend, "ready_host_copy", lambda restores: calls.append(("ready", restores))
+    )
     cache = engine.prompt_cache
     cache.flush()
     written = len(cache.disk.store)
@@ -270,7 +274,7 @@ def test_a_move_down_inside_a_reply_waits_for_nothing_until_the_reply_ends(
     rest = [e.token_id for e in events]
     assert len(rest) == GREEDY.max_new_tokens - 2
     settle = calls.index(("settle", None))
-    assert calls.index(("copy", False)) < settle and calls[-1] == ("ready", None)
+    assert calls.index(("copy", False)) < settle and calls[-1] == ("ready", True)
     cache.flush()
     assert len(cache.disk.store) > written  # the moved state's disk copy, after the wait
     engine.unload()
@@ -323,4 +327,34 @@ def test_the_scheduler_restores_a_conversation_from_disk(model, turn):
     assert engine.prompt_cache.stats.hits["disk"] == 1
     assert scheduler.stats.prefill_chunks == 2  # 159 -> 192 -> 230
     assert got == tokens(load(model), follow)
+    engine.unload()
+
+
+def test_a_restore_from_disk_reads_into_the_backends_host_buffer(
+    model, turn, monkeypatch, tmp_path
+):
+    """Where the backend hands out a host buffer (CUDA: its spare pinned one), the saved
+    file is read into it; the host tier then keeps the snapshot, counted at the bytes of
+    that buffer; the stats split the restore's time."""
+    folder, first, reply, follow = turn
+    shutil.copytree(folder, tmp_path / "c")  # the module's folder stays as it was
+    engine = load(model, on_disk(tmp_path / "c"))
+    asked, given = [], []
+
+    def host_buffer(nbytes: int) -> np.ndarray:
+        asked.append(nbytes)
+        given.append(np.zeros(2 * nbytes, np.uint8))  # a spare larger than the file
+        return given[-1]
+
+    monkeypatch.setattr(engine.backend, "host_buffer", host_buffer)
+    assert tokens(engine, follow) == tokens(load(model), follow)
+    cache, ids = engine.prompt_cache, tuple(first + reply[:-1])
+    data = tmp_path / "c" / f"{entry_name(cache.disk.store.key, ids)}.safetensors"
+    assert asked == [data.stat().st_size] and cache.stats.hits["disk"] == 1
+    entry = cache.host.get(ids)
+    assert all(np.shares_memory(a, given[0]) for a in entry.snapshot.arrays.values())
+    assert entry.nbytes == given[0].nbytes > entry.snapshot.nbytes
+    timing = cache.stats.last_restore
+    assert (timing.tier, timing.tokens) == ("disk", len(ids))
+    assert timing.read_s > 0 and timing.slot_s > 0
     engine.unload()

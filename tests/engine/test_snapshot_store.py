@@ -4,11 +4,15 @@ a corrupt, truncated or foreign file, or a full disk."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 
+from engine import snapshot_store
 from engine.snapshot_store import HostSnapshot, SnapshotStore, StoreKey, entry_name
 
 KEY = StoreKey(model="m" * 64, engine="0.1.0", precision="numpy:float32")
@@ -144,10 +148,6 @@ def test_a_restore_reads_the_file_once_into_views_of_one_buffer(tmp_path):
 def test_a_header_that_lies_is_refused_even_with_a_matching_checksum(tmp_path, caplog):
     """A file rewritten with its offsets shifted and its checksum updated (not damage but a
     wrong writer): the header's rules refuse it, nothing is restored."""
-    import json
-
-    import xxhash
-
     ids = list(range(20))
     store = SnapshotStore(tmp_path, KEY, 1 << 30)
     assert store.save(ids, _snapshot(20, seed=4))
@@ -162,8 +162,115 @@ def test_a_header_that_lies_is_refused_even_with_a_matching_checksum(tmp_path, c
     raw[8 : 8 + n] = text[:n] if len(text) >= n else text
     data.write_bytes(bytes(raw))
     info = json.loads(meta.read_text())
-    info["xxh3_128"] = xxhash.xxh3_128_hexdigest(bytes(raw))
+    assert len(raw) <= info["block_bytes"]  # one block
+    info["xxh3_128"] = [xxhash.xxh3_128_hexdigest(bytes(raw))]
     meta.write_text(json.dumps(info))
     with caplog.at_level(logging.WARNING):
         assert SnapshotStore(tmp_path, KEY, 1 << 30).load(tuple(ids)) is None
     assert "refusing saved state" in caplog.text and not data.exists()
+    assert "checksum" not in caplog.text  # the checksums held: the header refused it
+
+
+# ----- blocks read in parallel, each checked as it is read ---------------------------------
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 1 KiB read in chunks of 300 bytes: a snapshot spans several blocks, and a
+    block several reads."""
+    monkeypatch.setattr(snapshot_store, "BLOCK_BYTES", 1024)
+    monkeypatch.setattr(snapshot_store, "READ_CHUNK", 300)
+    return 1024
+
+
+def _saved(folder, ids, seed: int = 0) -> tuple[SnapshotStore, HostSnapshot, Path]:
+    store = SnapshotStore(folder, KEY, 1 << 30)
+    snap = _snapshot(len(ids), seed)
+    assert store.save(ids, snap)
+    return store, snap, folder / f"{entry_name(KEY, ids)}.safetensors"
+
+
+@pytest.mark.parametrize("threads", [1, 3, 8])
+def test_a_file_read_by_several_threads_gives_the_arrays_saved(
+    tmp_path, monkeypatch, small_blocks, threads
+):
+    monkeypatch.setattr(snapshot_store, "READ_THREADS", threads)
+    ids = list(range(30))
+    _, snap, data = _saved(tmp_path, ids, seed=5)
+    meta = json.loads(data.with_suffix(".json").read_text())
+    blocks = -(-data.stat().st_size // small_blocks)
+    assert meta["block_bytes"] == small_blocks and len(meta["xxh3_128"]) == blocks > 4
+    back = SnapshotStore(tmp_path, KEY, 1 << 30).load(tuple(ids))
+    assert back.arrays.keys() == snap.arrays.keys()
+    for k, v in snap.arrays.items():
+        assert back.arrays[k].dtype == v.dtype and np.array_equal(back.arrays[k], v)
+
+
+def test_a_flipped_byte_in_any_block_is_refused(tmp_path, small_blocks, caplog):
+    ids = list(range(30))
+    _, _, data = _saved(tmp_path, ids)
+    good = data.read_bytes()
+    blocks = -(-len(good) // small_blocks)
+    for block in range(blocks):
+        folder = tmp_path / f"b{block}"
+        store, _, data = _saved(folder, ids)
+        raw = bytearray(good)
+        raw[min(len(raw) - 1, block * small_blocks + 517)] ^= 0x01
+        data.write_bytes(bytes(raw))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert store.load(tuple(ids)) is None
+        assert f"its block {block} of {blocks} does not match its checksum" in caplog.text
+        assert not data.exists()
+
+
+@pytest.mark.parametrize("cut", [1, 1024, 1500])
+def test_a_file_shorter_or_longer_than_its_checksums_is_refused(
+    tmp_path, small_blocks, caplog, cut
+):
+    ids = list(range(30))
+    store, _, data = _saved(tmp_path, ids)
+    raw = data.read_bytes()
+    data.write_bytes(raw[:-cut] if cut < 1500 else raw + bytes(cut))
+    with caplog.at_level(logging.WARNING):
+        assert store.load(tuple(ids)) is None
+    assert "checksum" in caplog.text and "refusing saved state" in caplog.text
+
+
+def test_an_entry_of_the_old_format_is_refused_with_its_reason(tmp_path, caplog):
+    """A format-2 index (one checksum of the whole file) is not read as blocks: a new store
+    logs why it does not restore it, and a load refuses it."""
+    ids = list(range(40))
+    store, _, data = _saved(tmp_path, ids)
+    meta = data.with_suffix(".json")
+    info = json.loads(meta.read_text())
+    info["format"] = 2
+    info["xxh3_128"] = xxhash.xxh3_128_hexdigest(data.read_bytes())
+    del info["block_bytes"]
+    meta.write_text(json.dumps(info))
+    reopened = SnapshotStore(tmp_path, KEY, 1 << 30)
+    assert len(reopened) == 0 and reopened.held_bytes > 0  # counted, not restored
+    with caplog.at_level(logging.INFO):
+        assert reopened.lookup(ids + [1]) is None
+        assert reopened.load(tuple(ids)) is None
+    assert f"format '2' (this is {snapshot_store.FORMAT})" in caplog.text
+    assert "refusing saved state" in caplog.text
+
+
+def test_a_restore_reads_into_the_buffer_it_is_given(tmp_path, small_blocks):
+    ids = list(range(20))
+    _, snap, data = _saved(tmp_path, ids, seed=6)
+    size = data.stat().st_size
+    asked: list[int] = []
+    given = np.full(size + 4096, 0xAB, np.uint8)  # larger than the file: its head is used
+
+    def buffer(nbytes: int) -> np.ndarray:
+        asked.append(nbytes)
+        return given
+
+    back = SnapshotStore(tmp_path, KEY, 1 << 30).load(tuple(ids), buffer)
+    assert asked == [size]
+    assert np.array_equal(given[:size], np.frombuffer(data.read_bytes(), np.uint8))
+    assert (given[size:] == 0xAB).all()
+    for k, v in snap.arrays.items():
+        assert np.shares_memory(back.arrays[k], given[:size]) and np.array_equal(back.arrays[k], v)
+    own = SnapshotStore(tmp_path, KEY, 1 << 30).load(tuple(ids), lambda nbytes: None)
+    assert not any(np.shares_memory(a, given) for a in own.arrays.values())  # its own buffer

@@ -16,7 +16,8 @@ states in host memory (invariant 8: they leave the card before the prefill chunk
 in pinned host memory (`pinned`), copied over PCIe in contiguous runs with no device
 buffer in between. For the host and disk tiers a snapshot becomes a `HostSnapshot`
 (`snapshot_to_host`: views of the pinned buffer, or one copy of a block into a new pinned
-one), one array per layer and part, bf16 as uint16 bits:
+one; a restore from disk reads the file into the spare pinned buffer where it holds it,
+`give_spare`), one array per layer and part, bf16 as uint16 bits:
 
     kv_k.<i>, kv_v.<i>   [Hkv, length, hd]   activation type (int8 in the 8-bit cache)
     conv.<i>             [K-1, C]            activation type
@@ -68,7 +69,9 @@ class StreamState:
         self.snapshots_on_host = False  # the plan's choice (Decision.prompt_cache_on_host)
         # A pinned buffer for one whole-context state, allocated off a reply's path
         # (`keep_spare`): a device snapshot moved to host memory during a reply takes it and
-        # costs one copy queued on the stream, with no allocation and no wait.
+        # costs one copy queued on the stream, with no allocation and no wait; a restore
+        # from disk reads the saved file into it (`give_spare`), and copies to the card
+        # from pinned memory.
         self._spare: np.ndarray | None = None
         self._copies_pending = False  # device-to-host copies queued and not yet waited for
 
@@ -292,6 +295,16 @@ class StreamState:
             return None  # a small state pins its own buffer (the host tier counts its size)
         self._spare = None
         return spare[:total]
+
+    def give_spare(self, nbytes: int) -> np.ndarray | None:
+        """The spare pinned buffer, whole, where it holds `nbytes` (a restore from disk
+        reads a saved file into it); None otherwise. It is the caller's from here: whoever
+        keeps views of it counts its `nbytes`."""
+        spare = self._spare
+        if spare is None or spare.nbytes < nbytes:
+            return None
+        self._spare = None
+        return spare
 
     def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
         """The slot's state straight into pinned host memory (no device block)."""

@@ -21,4 +21,7 @@ def test_the_next_turn_after_a_restart_comes_from_disk_and_equals_a_fresh_prefil
     assert res["resume"]["restored_tokens"] == 200 + 6 - 1  # the reply's last token unfed
     assert res["resumed_equals_fresh"] and len(res["resume"]["tokens"]) == 6
     assert res["dtype"] == "float32" and res["format"] == "hf-fp32"
+    r = res["resume"]  # where the restore's time went: the file, then the slot
+    assert r["restore_read_s"] > 0 and r["restore_slot_s"] > 0
+    assert r["restore_read_s"] + r["restore_slot_s"] < r["ttft_s"]
     assert "| resumed after a restart | disk (205 tokens) |" in capsys.readouterr().out

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 from engine.backends.cuda.attention import decode_kernel
-from engine.backends.cuda.deltanet import chunk_rows_for, chunk_smem, chunk_symbol
+from engine.backends.cuda.deltanet import chunk_kernel, chunk_rows_for
 from engine.backends.cuda.gemv_plan import gemv4_static_smem
 from engine.backends.cuda.tuning import Tuning
 from engine.config import parse_device_props
@@ -172,6 +172,7 @@ def child(path: str, dtype: str, green: int) -> dict:
     result.update(
         card=[be.card.capability, be.card.sm_count, be.card.l2_bytes, be.card.smem_per_block],
         chunk_rows=be.deltanet.chunk_rows(),
+        chunk=[be.deltanet.chunk_kernel().symbol, be.deltanet.chunk_kernel().smem, dtype],
         heads=[c.num_attention_heads, c.num_key_value_heads, c.head_dim],
         invariant=bool(getattr(be.attn, "batch_invariant", False)),
         prefetch=bool(be.kernels.prefetch),
@@ -218,12 +219,15 @@ def check_small_card_choices(run: dict, sms: int) -> None:
     launches = [tuple(x) for x in run["launches"]]
     syms = {x[0] for x in launches}
     assert "?" not in syms, "a launch the recorder could not name"
-    assert {s for s in syms if s.startswith("gdn_chunk")} == {chunk_symbol(32)}
+    symbol, smem, dtype = run["chunk"]  # fp32: gdn_chunk; bf16: the tensor-core gdn_chunk_tc
+    want = chunk_kernel(dtype, cc, limit)
+    assert (symbol, smem) == (want.symbol, want.smem) and smem <= limit
+    assert {s for s in syms if s.startswith("gdn_chunk")} == {symbol}
     spans = []
     for sym, grid, block, shared, span, cap in launches:
         assert shared <= limit and 0 < block[0] <= 1024, (sym, block, shared)
         if sym.startswith("gdn_chunk"):
-            assert shared == chunk_smem(32)
+            assert shared == smem
         if sym.startswith("gemv4<"):
             kind = int(sym[len("gemv4<") : -1].split(",")[6])
             assert shared + gemv4_static_smem(kind) <= limit, sym

@@ -117,7 +117,8 @@ def test_every_instance_compiles_for_each_architecture(capability):
 def test_the_catalog_follows_the_card():
     """What each architecture's catalog holds: the tensor-core projection from sm_80, the
     DeltaNet cluster step only on the data-centre parts, 64-row chunks where a block may
-    take 134 KB, and the decode attention's 8-warp form where the grid can fit the SMs."""
+    take 134 KB (32-row chunks on tensor cores from sm_80 unless the model computes in
+    fp32), and the decode attention's 8-warp form where the grid can fit the SMs."""
 
     def names(capability, dtype="float16", fmt="mlx4"):
         config = shape_config("4B", fmt)
@@ -131,8 +132,10 @@ def test_the_catalog_follows_the_card():
     assert ("gdn.cu", "gdn_step_split<4,4>") in names(90)
     assert ("gdn.cu", "gdn_step<8>") in names(120)
     assert not any("split" in n for _, n in names(120))
-    assert ("gdn_chunk.cu", "gdn_chunk<64>") in names(80)
-    assert ("gdn_chunk.cu", "gdn_chunk<32>") in names(86)
+    assert ("gdn_chunk.cu", "gdn_chunk<64>") in names(80, "float32")
+    assert ("gdn_chunk_tc.cu", "gdn_chunk_tc<32>") in names(90)
+    assert ("gdn_chunk_tc.cu", "gdn_chunk_tc<32>") in names(86)
+    assert ("gdn_chunk.cu", "gdn_chunk<32>") in names(86, "float32")
     assert ("gdn_chunk.cu", "gdn_chunk<16>") in names(75)
     attn = {n for f, n in names(86) if f == "attention.cu"}
     assert attn == {"attn_decode<8,4,4,4>", "attn_decode<8,4,4,8>"}

@@ -6,7 +6,7 @@ rows go to cuBLAS), and asks the same functions that pick the instances at run t
 
     projections   blocked_layout, gemv_fits, prologue_fits, gemv4_kind, gemv4_module,
                   simt_symbol, dequant_symbol      (gemv_plan.py)
-    DeltaNet      step_kernel, chunk_rows_for      (deltanet.py)
+    DeltaNet      step_kernel, chunk_kernel        (deltanet.py)
     attention     decode_kernel (bf16 or 8-bit KV), prefill_kernel  (attention.py)
     embedding     embed_symbol (norms.py); the draw: draw_symbol (sampling.py)
 
@@ -31,13 +31,7 @@ from typing import Any
 
 from engine.backends.cuda.attention import decode_kernel, prefill_kernel
 from engine.backends.cuda.card import Card, runs_mma
-from engine.backends.cuda.deltanet import (
-    SCAN,
-    SCAN_KEEP,
-    chunk_rows_for,
-    chunk_symbol,
-    step_kernel,
-)
+from engine.backends.cuda.deltanet import SCAN, SCAN_KEEP, chunk_kernel, step_kernel
 from engine.backends.cuda.gemv_plan import (
     GEMV_MAX_ROWS,
     TO_BLOCKS,
@@ -71,6 +65,7 @@ FILES = (
     "gemv.cu",
     "gdn.cu",
     "gdn_chunk.cu",
+    "gdn_chunk_tc.cu",
     "attention.cu",
     "attn_prefill.cu",
 )
@@ -261,9 +256,9 @@ def modules(
         step = step_kernel(Hk, Hv, dk, dv, K, P, card.capability)
         if step is not None:
             walk.add("gdn.cu", step[0])
-        gc = chunk_rows_for(card.smem_per_block)
-        if gc and dv % 32 == 0:
-            walk.add("gdn_chunk.cu", chunk_symbol(gc))
+        chunk = chunk_kernel(dtype, card.capability, card.smem_per_block)
+        if chunk is not None and dv % 32 == 0:
+            walk.add(chunk.file, chunk.symbol)
     if c.full_layers:
         Hkv, hd = c.num_key_value_heads, c.head_dim
         group = c.num_attention_heads // Hkv

@@ -6,18 +6,21 @@ fit, and that launch brings the weights read next toward L2 while it leaves memo
 Elsewhere `gdn_prep` computes q, k, v and the gates (a step's prep also shifts the conv
 state), a window's conv state is updated after every row has read it (`gdn_conv_state`),
 and the delta rule runs token by token (`gdn_scan`) or, for a window, in chunks
-(`gdn_chunk`, where the GPU's shared memory allows). The gated output norm runs as its own
-kernel (`gdn_out`) or, at decode sizes, as out_proj's prologue.
+(`gdn_chunk`, where the GPU's shared memory allows; `gdn_chunk_tc`, its products on TF32
+tensor cores, where the model computes in bf16 or fp16 on sm_80 and newer: `chunk_kernel`).
+The gated output norm runs as its own kernel (`gdn_out`) or, at decode sizes, as
+out_proj's prologue.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from engine.backends.base import Batch
-from engine.backends.cuda.card import runs_cluster_split
+from engine.backends.cuda.card import runs_cluster_split, runs_mma
 from engine.backends.cuda.frame import Frame
 from engine.backends.cuda.launch import (
     Kernels,
@@ -54,6 +57,60 @@ def chunk_rows_for(smem_per_block: int) -> int:
     (64 on sm_90 and sm_80, 32 on the 99 KiB consumer cards, 16 on sm_75), 0 for none."""
     fits = [gc for gc in (64, 32, 16) if chunk_smem(gc) <= smem_per_block]
     return fits[0] if fits else 0
+
+
+def chunk_tc_smem(gc: int) -> int:
+    """Shared-memory bytes of gdn_chunk_tc<gc> (the buffers listed in gdn_chunk_tc.cu):
+    131 KiB at 64 rows, 67.5 KiB at 32."""
+    ldk, ldv, ldc = 132, 40, gc + 4
+    return 4 * (2 * gc * ldk + gc * ldv + 2 * gc * ldc + 128 * ldv + 4 * gc)
+
+
+TC_ROWS = 32  # rows per chunk of gdn_chunk_tc: 64 (131 KiB) ran 10% slower on the H200
+
+
+def chunk_tc_rows(dtype: str, capability: int, smem_per_block: int) -> int:
+    """Rows per chunk of `gdn_chunk_tc` (the chunk's products as TF32 mma, the state in
+    fp32): `TC_ROWS`, whose 67.5 KiB fit every card from sm_80. 0 where `gdn_chunk` runs
+    instead: fp32 compute, held to 1e-4 of the numpy reference, which TF32's 10-bit
+    mantissa does not meet; cards before sm_80, which have no TF32 mma (`card.runs_mma`);
+    a block given less shared memory."""
+    if dtype == "float32" or not runs_mma(capability):
+        return 0
+    return TC_ROWS if chunk_tc_smem(TC_ROWS) <= smem_per_block else 0
+
+
+@dataclass(frozen=True)
+class ChunkKernel:
+    """The chunked delta rule's launch: `symbol` of kernels/`file`, `rows` a chunk, `smem`
+    bytes of dynamic shared memory; grid (Hv, dv / 32, segments) x 256 threads either way."""
+
+    file: str
+    symbol: str
+    rows: int
+    smem: int
+
+
+def chunk_launch(tc_rows: int, simt_rows: int) -> ChunkKernel | None:
+    """`gdn_chunk_tc` at `tc_rows` a chunk where that is nonzero, else `gdn_chunk` at
+    `simt_rows`, else None (windows run `gdn_scan`)."""
+    if tc_rows:
+        return ChunkKernel(
+            "gdn_chunk_tc.cu", f"gdn_chunk_tc<{tc_rows}>", tc_rows, chunk_tc_smem(tc_rows)
+        )
+    if simt_rows:
+        return ChunkKernel(
+            "gdn_chunk.cu", chunk_symbol(simt_rows), simt_rows, chunk_smem(simt_rows)
+        )
+    return None
+
+
+def chunk_kernel(dtype: str, capability: int, smem_per_block: int) -> ChunkKernel | None:
+    """The chunked delta rule for a model computing in `dtype` on this card (what
+    `DeltaNet.chunk` launches and catalog.py lists)."""
+    return chunk_launch(
+        chunk_tc_rows(dtype, capability, smem_per_block), chunk_rows_for(smem_per_block)
+    )
 
 
 def step_shape(Hk: int, Hv: int, dk: int, dv: int) -> tuple[int, int] | None:
@@ -107,8 +164,9 @@ def step_kernel(
 
 
 class DeltaNet:
-    """Owns gdn.cu and gdn_chunk.cu; reads and updates the conv and recurrent state of
-    `state`, carves from `frame`, and runs out_proj with its prologue on `projections`."""
+    """Owns gdn.cu, gdn_chunk.cu and gdn_chunk_tc.cu; reads and updates the conv and
+    recurrent state of `state`, carves from `frame`, and runs out_proj with its prologue on
+    `projections`."""
 
     def __init__(
         self,
@@ -121,6 +179,7 @@ class DeltaNet:
         self.k, self.frame, self.state = kernels, frame, state
         self.projections, self.tuning = projections, tuning
         self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
+        self._tc_rows: int | None = None  # gdn_chunk_tc rows per chunk (0: gdn_chunk runs)
         self.verify_rows: Any = None  # DeviceVerifyRows where the backend drafts
 
     # ----- the ops ------------------------------------------------------------------------
@@ -324,17 +383,28 @@ class DeltaNet:
             self._chunk_rows = chunk_rows_for(smem_per_block())
         return self._chunk_rows
 
+    def tc_rows(self) -> int:
+        """Rows per chunk of `gdn_chunk_tc` for this dtype and GPU (`chunk_tc_rows`)."""
+        if self._tc_rows is None:
+            cap = compute_capability()
+            self._tc_rows = chunk_tc_rows(self.k.dtype, cap, smem_per_block())
+        return self._tc_rows
+
+    def chunk_kernel(self) -> ChunkKernel | None:
+        """The chunked delta rule this backend launches (`chunk_kernel`)."""
+        return chunk_launch(self.tc_rows(), self.chunk_rows())
+
     def chunk(self, q, k, v, g, beta, state, segs, n_segs, o, Hk, Hv, dv) -> bool:
-        """The delta rule over windows in chunks (gdn_chunk.cu); False (nothing launched)
-        where the GPU's shared memory or the head size does not allow it."""
-        gc = self.chunk_rows()
-        if not gc or dv % 32:
+        """The delta rule over windows in chunks (gdn_chunk.cu or gdn_chunk_tc.cu, on fp32
+        q, k, v, g, beta whatever the compute dtype); False (nothing launched) where the
+        GPU's shared memory or the head size does not allow it."""
+        kern = self.chunk_kernel()
+        if kern is None or dv % 32:
             return False
-        fn = self.k.fn("gdn_chunk.cu", chunk_symbol(gc))
-        smem = chunk_smem(gc)
-        self.k.allow_smem(fn, ("gdn_chunk", gc), smem)
+        fn = self.k.fn(kern.file, kern.symbol)
+        self.k.allow_smem(fn, (kern.symbol,), kern.smem)
         args = (q, k, v, g, beta, state, *segs, o, i32(Hk), i32(Hv), i32(dv))
-        self.k.launch(fn, (Hv, dv // 32, n_segs), (256,), args, smem)
+        self.k.launch(fn, (Hv, dv // 32, n_segs), (256,), args, kern.smem)
         return True
 
     def out(self, o, z, w, y, Hv, dv, eps):

@@ -317,3 +317,22 @@ def test_the_fixed_order_sums_compile():
     names = tuple(gemv4_module(3, False, Prologue.ADD_NORM))
     cubin = nvrtc.compile_module("gemv4.cu", names, "bfloat16", "sm_90", ("SNUG_BATCH_INVARIANT",))
     assert cubin[:4] == b"\x7fELF"
+
+
+def test_a_prompt_window_takes_the_many_row_products_in_the_mode(monkeypatch):
+    """A prompt's window of more than GEMV_MAX_ROWS rows is never shared with other streams,
+    so the mode leaves it on the products made for many rows: no one-row launches of the
+    decode kernels (which took a 256-token prompt 340 ms); a decode step of as many rows
+    stays on them."""
+    use_card(monkeypatch, H200)
+    p, k = _projections(monkeypatch, invariant=True)
+    w = _4b(p)
+    R = 256
+    x, delta = DeviceArray((R, C.hidden_size)), DeviceArray((R, C.hidden_size))
+    nw = DeviceArray((C.hidden_size,), 4)
+    k.launches.clear()
+    assert p.norm_linear_many(x, delta, nw, EPS, w["gdn_in"]) is None  # norm, then cuBLAS
+    assert p.group_order(x, w["gdn_in"]) is None and p.fit_rows(R) == R
+    assert not k.launches
+    p.step = True
+    assert p.fit_rows(R) == 1 and p.group_order(x, w["gdn_in"]) is not None

@@ -205,7 +205,7 @@ class Projections:
         """Add, norm and projection in one gemv4 launch where it applies (`pro_ok`), else
         None (nothing done)."""
         product = self.one_product(x.shape[0], weights)
-        if product is None and self.invariant:
+        if product is None and self.invariant_at(x.shape[0]):
             return self._norm_parts(x, delta, weight, eps, weights)
         if product is None or not self.pro_ok(x, product, Prologue.ADD_NORM):
             return None
@@ -257,13 +257,20 @@ class Projections:
         return self.linear(h, down)
 
     # ----- which kernel -------------------------------------------------------------------
+    def invariant_at(self, rows: int) -> bool:
+        """Whether a launch of `rows` rows sums each row as at one row: in the batch-invariant
+        mode, every decode step and every launch of up to GEMV_MAX_ROWS rows. A prompt's
+        larger windows take the products made for many rows (cuBLAS): a window is never
+        shared with other streams (the scheduler prefills one stream's window at a time, at
+        the same boundaries alone or beside others), so its sums do not depend on them, and
+        running it in one-row launches took a 256-token prompt 340 ms on the H200."""
+        return self.invariant and (rows <= GEMV_MAX_ROWS or self.step)
+
     def fit_rows(self, rows: int) -> int:
-        """The rows a decode kernel's fit is judged at. Batch-invariant: one, for every
-        launch of up to GEMV_MAX_ROWS rows and every decode step (`gemv` launches more rows
-        in parts), so any batch takes the kernels a row alone takes."""
-        if self.invariant and (rows <= GEMV_MAX_ROWS or self.step):
-            return 1
-        return rows
+        """The rows a decode kernel's fit is judged at. Batch-invariant (`invariant_at`):
+        one (`gemv` launches more rows in parts), so any batch takes the kernels a row alone
+        takes."""
+        return 1 if self.invariant_at(rows) else rows
 
     def gemv_ok(self, w: Any, rows: int) -> bool:
         bits, blocked = (w.bits, w.blocked) if isinstance(w, QWeight) else (0, False)
@@ -279,7 +286,7 @@ class Projections:
         R, cols = x.shape
         blocked = isinstance(w, QWeight) and w.blocked
         args = (self.fit_rows(R), cols, w.shape[0], kind, head_dim, blocked, self.dtype)
-        if not prologue_fits(*args, self._mma(), smem_per_block(), self.invariant):
+        if not prologue_fits(*args, self._mma(), smem_per_block(), self.invariant_at(R)):
             return False
         return not (x.data.ptr % 16 or x.strides[1] != x.itemsize or x.strides[0] % 16)
 
@@ -380,7 +387,7 @@ class Projections:
         """Batch-invariant, a stored group (weights.FUSED_GROUPS) at more than one row: the
         sum order of the group's one-row launch, which each part's launch then takes (an
         output row's sums do not depend on the rows beside it); else None."""
-        if not self.invariant or x.shape[0] == 1 or len(weights) == 1:
+        if not self.invariant_at(x.shape[0]) or x.shape[0] == 1 or len(weights) == 1:
             return None
         fused = self.one_product(1, weights)
         return None if fused is None else self.one_row_order(x, fused)

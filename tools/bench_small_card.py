@@ -109,7 +109,10 @@ def _predictor(engine, decision) -> Callable[[int], tuple[float | None, float | 
 
     def at(n: int) -> tuple[float, float]:
         # The time to the first token only: the decode rate is the decision's own.
-        p = predict(engine.config, b.weights, 0, n, decision.max_rows, gpu.speed)
+        tensor = engine.backend.fused_prefill_attention(engine.config)
+        p = predict(
+            engine.config, b.weights, 0, n, decision.max_rows, gpu.speed, tensor_prefill=tensor
+        )
         return p.ttft_s, decision.prediction.decode_tok_s
 
     return at

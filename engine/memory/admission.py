@@ -387,5 +387,13 @@ def decide(
     b = decision.breakdown
     table = 0 if decision.host_embeddings else plan.weights.embedding  # in b.weights or not
     step_weights = b.weights - (plan.weights.mtp if draft.on else 0)  # a plain step's reads
-    speed = predict(config, step_weights, table, decision.context, decision.max_rows, card.speed)
+    speed = predict(
+        config,
+        step_weights,
+        table,
+        decision.context,
+        decision.max_rows,
+        card.speed,
+        tensor_prefill=card.fused_attention and itemsize == 2,
+    )
     return replace(decision, prediction=speed)

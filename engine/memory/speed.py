@@ -7,24 +7,37 @@ coefficients were measured on to the card at hand by the resource that bounds it
 
     decode step   = layers * step_layer_s  +  bytes read per step / (bandwidth * bw_eff)
     prefill of P  = P * flops/token / (tensor * mm_eff)         projections (cuBLAS)
-                  + attention flops(P) / (fp32 * attn_eff)      quadratic in P (the fp32
-                                                                softmax over the scores leads)
-                  + P * DeltaNet work/token / (fp32 * simt_eff) the chunked delta rule and
-                                                                the other fp32 kernels
+                  + attention flops(P) / mma(attn_tc_issue)     quadratic in P: the fused
+                                                                attention (attn_prefill)
+                  + P * DeltaNet work/token / mma(gdn_tc_issue) the chunked delta rule on
+                                                                TF32 tensor cores
+                  + P * DeltaNet work/token / (fp32 * other_eff)
+                                                                the other per-token kernels
                   + chunks * (dense + packed weight bytes) / (bandwidth * deq_eff)
                                                                 a quantized checkpoint's
                                                                 weights dequantized per chunk
                   + chunks * layers * chunk_layer_s             the host's launches
 
+where mma(issue) = min(tensor * tc_share, fp32 * issue): those two kernels issue their
+tensor-core instructions from few warps an SM, so on the H200 they reach a small share of
+its tensor throughput, bounded by the SMs' issue (SMs x clock, which the fp32 throughput
+is proportional to); a card with slow tensor cores is bounded by them instead. That is a
+card that runs the tensor-core prefill kernels (16-bit activations from sm_80:
+`Card.fused_attention`). Elsewhere attention computes its scores and an fp32 softmax in the
+workspace (attention flops / (fp32 * attn_eff)) and the delta rule and the other kernels
+run on fp32 SIMT lanes (P * work / (fp32 * simt_eff)), as calibrated before those kernels.
+
 Bytes read per step are the weights on the card (an embedding table only where it is also
 the LM head) plus the KV cache at the context. The prefill terms were split by a trace of
 an 8K prompt through `Engine.generate` (tools/profile_prefill.py: cuBLAS, fp32 kernels,
-dequantization, gaps) and fitted with the 8K and 16K prompts' measured times; the decode
-terms by `tools/bench_small_card.py`. `CALIBRATION` says which run. A card's bandwidth and
-throughputs come from NVML (`card_speed`), or from `REFERENCE_CARDS` by name for planning
-without one. Scaling the whole prefill by tensor throughput alone made a laptop card look
-several times slower than it is: on the calibration card most of a prompt's time is fp32
-kernels, the dequantization's memory traffic and launches, not tensor work.
+dequantization, gaps) and fitted with the 8K and 16K prompts' measured times; the tensor
+terms of the two prefill kernels by their device tests' timings and the 8K, 16K and 32K
+prompts measured with them; the decode terms by `tools/bench_small_card.py`. `CALIBRATION`
+says which run. A card's bandwidth and throughputs come from NVML (`card_speed`), or from
+`REFERENCE_CARDS` by name for planning without one. Scaling the whole prefill by tensor
+throughput alone made a laptop card look several times slower than it is: on the
+calibration card most of a prompt's time is the other kernels, the dequantization's memory
+traffic and launches, not tensor work.
 """
 
 from __future__ import annotations
@@ -58,8 +71,12 @@ class Calibration:
     step_layer_s: float  # fixed cost of one layer of a decode step (launches, waits)
     bw_eff: float  # share of the bandwidth a decode step's weight reads reach
     mm_eff: float  # share of the tensor throughput prefill projections reach
-    attn_eff: float  # share of the fp32 throughput prefill attention reaches
-    simt_eff: float  # share of the fp32 throughput the DeltaNet work unit reaches
+    attn_eff: float  # share of the fp32 throughput unfused prefill attention reaches
+    simt_eff: float  # share of the fp32 throughput the DeltaNet work unit reaches on SIMT
+    attn_tc_issue: float  # fused attention flops a second per fp32 flop a second (mma)
+    gdn_tc_issue: float  # TF32 delta rule work a second per fp32 flop a second (mma)
+    tc_share: float  # share of the tensor throughput those two reach where it bounds them
+    other_eff: float  # share of the fp32 throughput the other per-token kernels reach
     deq_eff: float  # share of the bandwidth a chunk's dequantization reaches
     chunk_layer_s: float  # host time one layer of a prefill chunk costs (its launches)
     source: str  # the run the numbers come from
@@ -103,7 +120,12 @@ DEFAULT_SMALL_CARD = "RTX 3050 Laptop 4GB"
 # e096918 (docs/benchmarks.md): decode 689 tokens/s at a short context; an 8,000-token
 # prompt 0.418 s, split by its trace into projections 78 ms, fp32 kernels 198 ms,
 # dequantization 57 ms (16 chunks) and 54 ms with no kernel running; 16,000 tokens 1.194 s
-# (attention takes the rest). The 9B's 499 tokens/s fits the decode terms too.
+# (attention takes the rest). The 9B's 499 tokens/s fits the decode terms too. With the
+# tensor-core prefill kernels (e6f5b11): gdn_chunk_tc 0.073 ms a 512-row launch of the
+# 4B's shape (27 ms an 8,000-token prompt), the fused attention about 0.49 s of a
+# 32,000-token prompt (its per-window timings), and the prompts' measured 0.337, 0.668
+# and 1.585 s at 8,000, 16,000 and 32,000 tokens leave the other kernels about 56 ms at
+# 8,000.
 CALIBRATION = Calibration(
     card=REFERENCE_CARDS["H200"],
     step_layer_s=25.6e-6,
@@ -111,6 +133,10 @@ CALIBRATION = Calibration(
     mm_eff=0.740,
     attn_eff=0.627,
     simt_eff=0.0608,
+    attn_tc_issue=2.04,
+    gdn_tc_issue=0.439,
+    tc_share=0.5,
+    other_eff=0.215,
     deq_eff=0.536,
     chunk_layer_s=105e-6,
     source="tools/bench_small_card.py and tools/profile_prefill.py on an H200 (docs/benchmarks.md)",
@@ -165,8 +191,10 @@ def predict(
     chunk_rows: int,
     card: CardSpeed,
     cal: Calibration = CALIBRATION,
+    tensor_prefill: bool = True,
 ) -> Prediction:
-    """The speed of a plan: TTFT of a prompt that fills `context`, decode at its start."""
+    """The speed of a plan: TTFT of a prompt that fills `context`, decode at its start.
+    `tensor_prefill`: the card runs the tensor-core prefill kernels (module docstring)."""
     bw = card.bandwidth * cal.bw_eff
     layers = config.num_hidden_layers
     step = layers * cal.step_layer_s + step_bytes(config, weights_on_card, embedding, 0) / bw
@@ -174,10 +202,21 @@ def predict(
     dense = _flops_per_token(config)  # the projections' bf16 bytes (2 flops a weight)
     packed = max(weights_on_card - embedding, 0)
     dequant = dense + packed if packed < 0.9 * dense else 0.0  # only a quantized checkpoint
+    attention, work = _attention_flops(config, context), context * _deltanet_work(config)
+    if tensor_prefill:
+        cap = card.tensor_flops * cal.tc_share
+        kernels = (
+            attention / min(cap, card.fp32_flops * cal.attn_tc_issue)
+            + work / min(cap, card.fp32_flops * cal.gdn_tc_issue)
+            + work / (card.fp32_flops * cal.other_eff)
+        )
+    else:
+        kernels = attention / (card.fp32_flops * cal.attn_eff) + work / (
+            card.fp32_flops * cal.simt_eff
+        )
     prefill = (
         context * dense / (card.tensor_flops * cal.mm_eff)
-        + _attention_flops(config, context) / (card.fp32_flops * cal.attn_eff)
-        + context * _deltanet_work(config) / (card.fp32_flops * cal.simt_eff)
+        + kernels
         + chunks * (dequant / (card.bandwidth * cal.deq_eff) + layers * cal.chunk_layer_s)
     )
     return Prediction(card.name, context, prefill, 1.0 / step)

@@ -8,9 +8,10 @@ from engine.memory.shapes import shape_config, shape_tensor_specs
 from engine.memory.speed import REFERENCE_CARDS, CardSpeed, card_speed
 
 
-def _decide(card_gib, speed, context=16384, **kw):
+def _decide(card_gib, speed, context=16384, fused=False, **kw):
     config = shape_config("4B", "mlx4")
-    card = Card(total=int(card_gib * GIB), free=int(card_gib * GIB), speed=speed)
+    size = int(card_gib * GIB)
+    card = Card(total=size, free=size, speed=speed, fused_attention=fused)
     specs = shape_tensor_specs(config, "mlx4")
     return decide(specs, config, EngineSettings(), card, context=context, **kw)
 
@@ -25,6 +26,20 @@ def test_the_calibration_card_gets_back_what_it_measured():
     assert abs(eight.ttft_s - 0.418) / 0.418 < 0.2
     assert "16K prompt" in _decide(140, REFERENCE_CARDS["H200"]).prediction.sentence()
     assert "tokens/s" in p.sentence()
+
+
+def test_the_tensor_core_prefill_kernels_get_back_what_they_measured():
+    """With the fused attention and the TF32 delta rule (tools/bench_small_card.py at
+    e6f5b11): 0.337, 0.668 and 1.585 s for 8,000, 16,000 and 32,000 prompt tokens."""
+    h200 = REFERENCE_CARDS["H200"]
+    for n, measured in ((8000, 0.337), (16000, 0.668), (32000, 1.585)):
+        p = _decide(140, h200, context=n, fused=True).prediction
+        assert abs(p.ttft_s - measured) / measured < 0.15, (n, p.ttft_s)
+    # On a laptop card the kernels are bounded by its slower tensor cores, and still faster
+    # than the unfused path's fp32 products there.
+    laptop = REFERENCE_CARDS["RTX 3050 Laptop 4GB"]
+    fused = _decide(4, laptop, context=16384, fused=True).prediction.ttft_s
+    assert fused < _decide(4, laptop, context=16384).prediction.ttft_s
 
 
 def test_each_prefill_term_scales_with_the_resource_that_bounds_it():

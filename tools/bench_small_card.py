@@ -176,6 +176,7 @@ def serve_cell(
     clear: bool = True,
     started: float | None = None,
     log: Callable[[str], None] = print,
+    max_rows: int = 512,
 ) -> dict:
     """Load `path` through `Engine.load` and serve a first request of `first` tokens, then
     one of each length in `prompts` that the context admits (in order), in this process.
@@ -189,7 +190,7 @@ def serve_cell(
     out: dict = {"fits": True, "nvml_baseline_bytes": nvml.baseline, "rows": []}
     t = time.perf_counter()
     try:
-        engine = Engine.load(path, settings, context=context, max_rows=512)
+        engine = Engine.load(path, settings, context=context, max_rows=max_rows)
     except DoesNotFit as exc:
         nvml.stop()
         d = exc.decision
@@ -249,9 +250,8 @@ def cell_main(args) -> None:
     path = model_dir(args.workdir, args.size, args.format)
     first, new = args.first_prompt, args.new_tokens
     try:
-        res = serve_cell(
-            path, settings, context, first, prompts, new, args.deadline, True, args.started
-        )
+        res = serve_cell(path, settings, context, first, prompts, new, args.deadline, True,
+                         args.started, max_rows=args.max_rows)  # fmt: skip
     except Exception as exc:  # the table says what failed; the log has the traceback
         traceback.print_exc()
         res = {"error": f"failed: {type(exc).__name__}: {exc}"[:300].replace("|", "/")}
@@ -293,7 +293,7 @@ def spawn_cell(args, size: str, limit: float | None, left: float | None) -> dict
         out = Path(tmp) / "cell.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--cell", "--size", size]
         cmd += ["--limit", str(limit), "--cell-out", str(out)]
-        for flag in ("prompts", "first_prompt", "new_tokens", "reserve_gib", "format"):
+        for flag in ("prompts", "first_prompt", "new_tokens", "reserve_gib", "format", "max_rows"):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         cmd += ["--workdir", args.workdir, "--backend", args.backend]
         if args.kv_cache:
@@ -561,6 +561,7 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--prompts", default=PROMPTS, help="prompt lengths of the warm requests")
     ap.add_argument("--first-prompt", type=int, default=0, help="default: the shortest prompt")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--max-rows", type=int, default=512, help="rows a prefill window at most")
     ap.add_argument("--reserve-gib", type=float, default=0.5, help="with a limit")
     ap.add_argument("--format", default="mlx4", choices=["mlx4", "mlx8", "bf16"])
     ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy", "auto"])

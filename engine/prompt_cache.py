@@ -20,9 +20,11 @@ is taken, by a writer thread (the engine thread converts it to host arrays first
 for host memory, one for a device block), so a crash or a restart keeps the conversation.
 A restore takes the longest matching snapshot from whichever tier has it (the fastest on a
 tie); one that does not check out is refused with a logged reason, and the prompt is
-prefilled afresh. A restore from disk reads the file into the backend's `host_buffer` where
-it has one (pinned memory on CUDA, readied off a reply's path), and the snapshot then stays
-in the host tier, counted at the bytes of that buffer.
+prefilled afresh. A restore from disk reads the file into the buffer the backend lends
+(`host_buffer`: its spare pinned memory on CUDA, readied off a reply's path), which goes
+back once the slot holds the state (the state stays on disk, not in the host tier, so the
+pinned memory held is that one buffer and the host tier's budget); where none is lent, the
+store's own buffer goes to the host tier.
 """
 
 from __future__ import annotations
@@ -353,10 +355,17 @@ class TieredPromptCache:
             self.backend.reset_slot(slot)
 
     def _restore_from(self, tier: str, slot: int, ids: tuple[int, ...]) -> bool:
+        lent: list[np.ndarray] = []  # the backend's host buffer a disk read went into
+        try:
+            return self._restore(tier, slot, ids, lent)
+        finally:
+            for buffer in lent:  # the slot holds the state now, or it was refused
+                self.backend.return_host_buffer(buffer)
+
+    def _restore(self, tier: str, slot: int, ids: tuple[int, ...], lent: list) -> bool:
         start = time.perf_counter()
-        held = 0  # bytes of the backend's host buffer a snapshot from disk holds
         if tier == "disk":
-            snapshot, held = self._load(ids)
+            snapshot = self._load(ids, lent)
             if snapshot is None:  # refused and logged by the store
                 return False
         else:
@@ -372,24 +381,23 @@ class TieredPromptCache:
         done = time.perf_counter()
         read_s = read - start if tier == "disk" else 0.0
         self.stats.last_restore = RestoreTiming(tier, len(ids), read_s, done - read)
-        if tier == "disk":  # it is in host memory now: keep it there while it has room
-            self.host.store(ids, snapshot, max(snapshot.nbytes, held))
+        if tier == "disk" and not lent:  # in host memory now: keep it there while it has room
+            self.host.store(ids, snapshot, snapshot.nbytes)
         return True
 
-    def _load(self, ids: tuple[int, ...]) -> tuple[HostSnapshot | None, int]:
-        """The disk entry for `ids`, read into the backend's host buffer where it hands one
-        out, and the bytes of that buffer (0: the store allocated its own, of the file's
-        size), which the snapshot holds as long as it lives."""
+    def _load(self, ids: tuple[int, ...], lent: list) -> HostSnapshot | None:
+        """The disk entry for `ids`, read into the backend's host buffer where it lends one
+        (appended to `lent`: it goes back once the slot holds the state, so the host tier
+        does not keep that snapshot; it stays on disk), else into a buffer of its own."""
         assert self.disk is not None
-        held = 0
 
         def buffer(nbytes: int) -> np.ndarray | None:
-            nonlocal held
             out = self.backend.host_buffer(nbytes)
-            held = 0 if out is None else int(out.nbytes)
+            if out is not None:
+                lent.append(out)
             return out
 
-        return self.disk.store.load(ids, buffer), held
+        return self.disk.store.load(ids, buffer)
 
     def _refuse(self, tier: str, ids: tuple[int, ...], why: str) -> bool:
         log.warning(

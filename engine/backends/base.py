@@ -209,8 +209,12 @@ class Backend(ABC):
         """A writable uint8 host buffer of at least `nbytes` that a restore from disk reads
         a saved state into (`SnapshotStore.load`), from which `restore_slot` copies fastest
         (the CUDA backend's spare pinned buffer, readied by `ready_host_copy`), or None: the
-        store allocates one. The snapshot's arrays are views of it and keep it alive."""
+        store allocates one. Lent: the caller hands it back (`return_host_buffer`) once
+        `restore_slot` has copied the state out of it, and keeps no view of it."""
         return None
+
+    def return_host_buffer(self, buffer: np.ndarray) -> None:  # noqa: B027 - none is lent
+        """Take back a buffer `host_buffer` lent."""
 
     def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
         """`snapshot_to_host(save_slot(slot, length))`, where the device tier has no room

@@ -333,13 +333,13 @@ def test_the_scheduler_restores_a_conversation_from_disk(model, turn):
 def test_a_restore_from_disk_reads_into_the_backends_host_buffer(
     model, turn, monkeypatch, tmp_path
 ):
-    """Where the backend hands out a host buffer (CUDA: its spare pinned one), the saved
-    file is read into it; the host tier then keeps the snapshot, counted at the bytes of
-    that buffer; the stats split the restore's time."""
+    """Where the backend lends a host buffer (CUDA: its spare pinned one), the saved file
+    is read into it, and it goes back once the slot holds the state: the host tier keeps
+    no view of it (the state stays on disk). The stats split the restore's time."""
     folder, first, reply, follow = turn
     shutil.copytree(folder, tmp_path / "c")  # the module's folder stays as it was
     engine = load(model, on_disk(tmp_path / "c"))
-    asked, given = [], []
+    asked, given, back = [], [], []
 
     def host_buffer(nbytes: int) -> np.ndarray:
         asked.append(nbytes)
@@ -347,13 +347,17 @@ def test_a_restore_from_disk_reads_into_the_backends_host_buffer(
         return given[-1]
 
     monkeypatch.setattr(engine.backend, "host_buffer", host_buffer)
+    monkeypatch.setattr(engine.backend, "return_host_buffer", back.append)
     assert tokens(engine, follow) == tokens(load(model), follow)
     cache, ids = engine.prompt_cache, tuple(first + reply[:-1])
     data = tmp_path / "c" / f"{entry_name(cache.disk.store.key, ids)}.safetensors"
     assert asked == [data.stat().st_size] and cache.stats.hits["disk"] == 1
-    entry = cache.host.get(ids)
-    assert all(np.shares_memory(a, given[0]) for a in entry.snapshot.arrays.values())
-    assert entry.nbytes == given[0].nbytes > entry.snapshot.nbytes
+    assert len(back) == 1 and back[0] is given[0]
+    assert ids not in cache.host and all(
+        not np.shares_memory(a, given[0])
+        for key in list(cache.host._entries)
+        for a in cache.host.get(key).snapshot.arrays.values()
+    )
     timing = cache.stats.last_restore
     assert (timing.tier, timing.tokens) == ("disk", len(ids))
     assert timing.read_s > 0 and timing.slot_s > 0

@@ -251,6 +251,9 @@ class CudaBackend(Backend):
     def host_buffer(self, nbytes: int) -> np.ndarray | None:
         return self.state.give_spare(nbytes)
 
+    def return_host_buffer(self, buffer: np.ndarray) -> None:
+        self.state.take_back_spare(buffer)
+
     def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
         return self.state.save_slot_to_host(slot, length)
 

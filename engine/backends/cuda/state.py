@@ -17,7 +17,8 @@ in pinned host memory (`pinned`), copied over PCIe in contiguous runs with no de
 buffer in between. For the host and disk tiers a snapshot becomes a `HostSnapshot`
 (`snapshot_to_host`: views of the pinned buffer, or one copy of a block into a new pinned
 one; a restore from disk reads the file into the spare pinned buffer where it holds it,
-`give_spare`), one array per layer and part, bf16 as uint16 bits:
+`give_spare`, and hands it back once the slot holds the state), one array per layer and
+part, bf16 as uint16 bits:
 
     kv_k.<i>, kv_v.<i>   [Hkv, length, hd]   activation type (int8 in the 8-bit cache)
     conv.<i>             [K-1, C]            activation type
@@ -298,13 +299,19 @@ class StreamState:
 
     def give_spare(self, nbytes: int) -> np.ndarray | None:
         """The spare pinned buffer, whole, where it holds `nbytes` (a restore from disk
-        reads a saved file into it); None otherwise. It is the caller's from here: whoever
-        keeps views of it counts its `nbytes`."""
+        reads a saved file into it); None otherwise. Lent: `take_back_spare` once the slot
+        holds what was read (restore_slot waits for its copies)."""
         spare = self._spare
         if spare is None or spare.nbytes < nbytes:
             return None
         self._spare = None
         return spare
+
+    def take_back_spare(self, buffer: np.ndarray) -> None:
+        """A buffer `give_spare` lent, no longer read: the spare again (unless one was
+        pinned meanwhile, then it goes back to the host with its last view)."""
+        if self._spare is None:
+            self._spare = buffer
 
     def save_slot_to_host(self, slot: int, length: int) -> HostSnapshot:
         """The slot's state straight into pinned host memory (no device block)."""

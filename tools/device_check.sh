@@ -11,6 +11,7 @@
 #   tools/device_check.sh draft --shape 4B           # tools/bench_draft.py: MTP drafting (draft.md)
 #   tools/device_check.sh resume [--dtype float32]   # tools/bench_resume.py: a turn after a restart
 #   tools/device_check.sh serve --synth 4B:mlx4 --limit-gib 4 --streams 6   # tools/bench_serve.py
+#   tools/device_check.sh llamacpp --shape 4B        # tools/llamacpp.py bench (carry .llama-src.tgz)
 # Logs, JSON and the markdown tables go to $OUT (or ./device_out). The projection kernels are
 # compiled first, in parallel (tools/kernels.py warm); the full test run then takes about 3.5
 # minutes on an H200; `tests 'attention or delta'` runs a part.
@@ -45,6 +46,7 @@ warm=(--rows "${WARM_ROWS:-1,2,3,8}")
 [ "$mode" = draft ] && warm=(--rows 1,2,3,4 --dtypes bfloat16)
 [ "$mode" = resume ] && warm=(--rows 1 --dtypes "${RESUME_DTYPE:-bfloat16}")
 [ "$mode" = serve ] && warm=(--rows 1,2,3,4,5,6,7,8 --dtypes bfloat16)
+[ "$mode" = llamacpp ] && warm=(--rows 1 --dtypes bfloat16)
 timeout 300 python3 tools/kernels.py warm "${warm[@]}" > "$OUT/warm_kernels.log" 2>&1 ||
   echo "warm_kernels failed (see $OUT/warm_kernels.log); the runs compile as they go"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
@@ -120,6 +122,14 @@ if [ "$mode" = draft ]; then
   timeout "${BENCH_TIMEOUT:-540}" python3 tools/bench_draft.py --out "$OUT" "$@" 2>&1 |
     tee "$OUT/draft.log"
   status=$?
+fi
+if [ "$mode" = llamacpp ]; then
+  # llama.cpp built from the carried sources (minutes, once a machine), then timed.
+  commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+  timeout "${BENCH_TIMEOUT:-540}" python3 tools/llamacpp.py bench --commit "$commit" \
+    --out "$OUT" "$@" > "$OUT/llamacpp.log" 2>&1
+  status=$?
+  tail -n 12 "$OUT/llamacpp.log"
 fi
 if [ "$mode" = resume ] || [ "$mode" = serve ]; then
   # Each run's log and JSON under a name of its own (TAG), so several runs fit one $OUT.

@@ -104,6 +104,7 @@ class DemoGpu:
             "free": total - used,
             "ours": DemoGpu.ours,
             "speed": DEMO_SPEED,
+            "capability": 89,  # an RTX 4060 (sm_89): prefill attention runs fused
         }
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ class Card4GiB:
             "used": used,
             "free": 4 * GIB - used,
             "speed": speed,
+            "capability": 86,  # sm_86: prefill attention runs fused
         }
 
     def close(self) -> None:

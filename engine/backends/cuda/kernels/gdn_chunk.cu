@@ -71,11 +71,7 @@ gdn_chunk(const float* __restrict__ q, const float* __restrict__ k, const float*
         gv[u] = t < n ? g[(rbase + t) * Hv + h] : 0.f;
         run += gv[u];
       }
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const float up = __shfl_up_sync(0xffffffffu, run, off);
-        if (tid >= off) run += up;
-      }
+      run = warp_inclusive_sum(run, tid);  // warp 0: tid is the lane
       const float last = __shfl_sync(0xffffffffu, run, 31);
       float cum = run;
 #pragma unroll

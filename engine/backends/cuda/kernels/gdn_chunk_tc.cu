@@ -96,11 +96,7 @@ template <int GC> struct Ahead {
       float run = 0.f;
 #pragma unroll
       for (int u = 0; u < P; ++u) run += g[u];
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const float up = __shfl_up_sync(0xffffffffu, run, off);
-        if (tid >= off) run += up;
-      }
+      run = warp_inclusive_sum(run, tid);  // warp 0: tid is the lane
       const float last = __shfl_sync(0xffffffffu, run, 31);
       float cum = run;
 #pragma unroll

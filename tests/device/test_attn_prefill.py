@@ -14,8 +14,7 @@ import pytest
 from engine.backends.base import Batch
 from engine.backends.numpy_backend import NumpyBackend
 from engine.config import EngineSettings, parse_config
-
-TOL = {"bfloat16": 2e-2, "float16": 4e-3}
+from tests.device.test_kernels import TOL, _rel, _round, _up
 
 
 def _config(hq: int, hkv: int, hd: int):
@@ -32,28 +31,6 @@ def _backend(dtype: str, kv: str = "bf16"):
     from engine.backends.cuda.backend import CudaBackend
 
     return CudaBackend(settings=EngineSettings(kv_cache=kv), dtype=dtype)
-
-
-def _up(be, x):
-    import cupy
-
-    from engine.bf16 import to_bf16
-
-    if be.dtype == "bfloat16":
-        return cupy.asarray(to_bf16(x))
-    return cupy.asarray(x.astype(be.kernels.act_dtype))
-
-
-def _round(be, x):
-    from engine.bf16 import from_bf16, to_bf16
-
-    if be.dtype == "bfloat16":
-        return from_bf16(to_bf16(x))
-    return x.astype(be.kernels.act_dtype).astype(np.float32)
-
-
-def _rel(a, b) -> float:
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-6))
 
 
 BATCHES = [

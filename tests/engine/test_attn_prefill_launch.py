@@ -4,22 +4,15 @@ order. tests/device/test_attn_prefill.py runs the kernel."""
 
 from __future__ import annotations
 
-import re
 from types import SimpleNamespace
 
 import numpy as np
 
 from engine.backends.base import Segment
 from engine.backends.cuda.attention import Attention
-from engine.backends.cuda.modules import source
 from engine.backends.cuda.tuning import Tuning
 from tests.engine.cuda_fakes import RecordingKernels
-
-
-def _params() -> list[str]:
-    head = re.search(r"\battn_prefill\(([^)]*)\)\s*{", source("attn_prefill.cu"))
-    assert head
-    return [p.split()[-1].lstrip("*") for p in head.group(1).split(",")]
+from tests.engine.test_kv_int8_launches import _params
 
 
 def test_flash_launch_matches_the_kernel():
@@ -31,7 +24,7 @@ def test_flash_launch_matches_the_kernel():
     at.flash("q", "qg", "k", "v", "out", seg, 64, (0, 16, 8192 * 256))
     sym, grid, block, smem, args = k.launches[-1]
     assert (sym, grid, block, smem) == ("attn_prefill<256,4,2>", (3, 16), (128,), 101_376)
-    names = _params()
+    names = _params("attn_prefill", "attn_prefill.cu")
     assert len(args) == len(names)
     assert names[:5] == ["q", "qg", "kc", "vc", "out"] and args[:5] == ("q", "qg", "k", "v", "out")
     ints = dict(zip(names[5:12], (int(a) for a in args[5:12]), strict=True))

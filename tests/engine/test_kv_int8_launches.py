@@ -14,9 +14,9 @@ from engine.backends.cuda.tuning import Tuning
 from tests.engine.cuda_fakes import DeviceArray, RecordingKernels
 
 
-def _params(kernel: str) -> list[str]:
-    """The parameter names of `kernel`'s definition in attention.cu."""
-    text = source("attention.cu")
+def _params(kernel: str, file: str = "attention.cu") -> list[str]:
+    """The parameter names of `kernel`'s definition in kernels/`file`."""
+    text = source(file)
     head = re.search(rf"\b{kernel}\(([^)]*)\)\s*{{", text)
     assert head, kernel
     return [p.split()[-1].lstrip("*") for p in head.group(1).split(",")]

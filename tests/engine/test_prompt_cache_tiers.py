@@ -218,9 +218,9 @@ def test_a_snapshot_too_large_for_the_device_tier_goes_to_the_host_tier(model, m
     assert cache.stats.hits["host"] == 1
 
 
-def test_a_snapshot_evicted_from_the_device_tier_moves_down(model, monkeypatch, tmp_path):
-    """Room for one state on the "device": the prompt's end moves to the host tier when the
-    reply's end is saved, and is restored from there, the same as fresh."""
+def _room_for_one(model, monkeypatch, tmp_path):
+    """An engine whose "device" tier holds one saved state (with a disk tier in tmp_path),
+    after a first turn: (engine, its prompt, its reply)."""
     probe = load(model)
     first = prompt(40, seed=9)
     reply = tokens(probe, first)
@@ -228,6 +228,13 @@ def test_a_snapshot_evicted_from_the_device_tier_moves_down(model, monkeypatch, 
     monkeypatch.setattr(session, "HOST_PROMPT_CACHE_BYTES", one + one // 10)
     engine = load(model, on_disk(tmp_path))
     assert tokens(engine, first) == reply
+    return engine, first, reply
+
+
+def test_a_snapshot_evicted_from_the_device_tier_moves_down(model, monkeypatch, tmp_path):
+    """Room for one state on the "device": the prompt's end moves to the host tier when the
+    reply's end is saved, and is restored from there, the same as fresh."""
+    engine, first, reply = _room_for_one(model, monkeypatch, tmp_path)
     cache = engine.prompt_cache
     assert list(cache.device._entries) == [tuple(first + reply[:-1])]
     assert list(cache.host._entries) == [tuple(first)] and cache.stats.moved_down == 1
@@ -245,13 +252,7 @@ def test_a_move_down_inside_a_reply_waits_for_nothing_until_the_reply_ends(
     """A save inside a reply that evicts a device snapshot queues its copy to the host
     (`wait=False`) and holds its disk copy back; the copies are waited for once, at the
     request's end, before the writer reads them; the spare is readied again there."""
-    probe = load(model)
-    first = prompt(40, seed=9)
-    reply = tokens(probe, first)
-    one = probe.prompt_cache.device.lookup(first + reply).nbytes
-    monkeypatch.setattr(session, "HOST_PROMPT_CACHE_BYTES", one + one // 10)
-    engine = load(model, on_disk(tmp_path))
-    assert tokens(engine, first) == reply
+    engine, first, reply = _room_for_one(model, monkeypatch, tmp_path)
     calls: list[tuple[str, object]] = []
     backend = engine.backend
     to_host = backend.snapshot_to_host

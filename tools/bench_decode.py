@@ -510,17 +510,13 @@ def main() -> None:
     ap.add_argument("--prompts", default="", help="prompt lengths of the served requests")
     args = ap.parse_args()
     args.prefill = [int(x) for x in args.prefill.split(",") if x]
-    import subprocess
-
     import cupy
 
+    from tools.tree import commit
+
     props = cupy.cuda.runtime.getDeviceProperties(0)
-    meta = {"gpu": props["name"].decode(), "date": time.strftime("%Y-%m-%d"), "commit": args.commit}
-    if meta["commit"] == "unknown":
-        got = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-        meta["commit"] = got.stdout.strip() or "unknown"
+    date = time.strftime("%Y-%m-%d")
+    meta = {"gpu": props["name"].decode(), "date": date, "commit": commit(args.commit)}
     if args.first_request or args.small_card:
         serve(args, meta)
         return

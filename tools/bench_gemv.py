@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from engine.backends.cuda.projection_tuning import best_replay_s
 from engine.backends.cuda.projections import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS, Projections
 from engine.backends.cuda.weights import QWeight
 from engine.bf16 import from_bf16, to_bf16
+from tools.tree import commit
 
 # name, out, in, swiglu, activation rows, uses per 4B decode step (24 DeltaNet + 8 attention layers)
 SHAPES = [
@@ -250,12 +250,11 @@ def main() -> None:
     import cupy
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
-    got = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     meta = {
         "gpu": props["name"].decode(),
         "l2_bytes": props["l2CacheSize"],
         "date": time.strftime("%Y-%m-%d"),
-        "commit": got.stdout.strip() or "unknown",
+        "commit": commit(),
     }
     ops = Projections(Kernels("bfloat16"))
     only = {s for s in args.only.split(",") if s}

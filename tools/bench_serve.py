@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from engine.server.app import create_app
 from engine.server.cli import with_batch_invariant
 from engine.server.runner import ServerThread
 from engine.session import Engine
+from tools.tree import commit
 
 
 def one_request(client, model: str, prompt: list[int], max_tokens: int) -> dict:
@@ -136,16 +136,6 @@ def table(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines)
 
 
-def commit() -> str:
-    try:
-        got = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return got.stdout.strip() or "unknown"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
@@ -198,7 +188,7 @@ def main() -> None:
     meta = {
         "gpu": gpu.name if gpu is not None else "none (CPU)",
         "backend": engine.backend_name,
-        "commit": args.commit or commit(),
+        "commit": commit(args.commit),
         "date": time.strftime("%Y-%m-%d"),
         "model": str(path),
         "context": engine.context,

@@ -531,17 +531,13 @@ def merge(paths: list[str]) -> tuple[list[dict], dict]:
 
 def _meta(args) -> dict:
     from engine.device import probe_gpu  # NVML only: the parent opens no CUDA context
+    from tools.tree import commit
 
     gpu = probe_gpu()
-    commit = args.commit
-    if commit == "unknown":
-        git = ["git", "rev-parse", "--short", "HEAD"]
-        got = subprocess.run(git, capture_output=True, text=True, cwd=REPO)
-        commit = got.stdout.strip() or "unknown"
     return {
         "gpu": gpu.name if gpu is not None else "none (CPU)",
         "driver": gpu.driver if gpu is not None else None,
-        "commit": commit,
+        "commit": commit(args.commit),
         "date": time.strftime("%Y-%m-%d"),
         "backend": args.backend,
         "format": args.format,

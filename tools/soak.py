@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.bench_serve import commit as git_commit
+from tools.tree import commit
 
 GIB = 1 << 30
 PROMPT_IDS = 400  # random prompts draw ids below this: text in every tokenizer here
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "gpu": gpu.name if gpu is not None else "none (CPU)",
         "backend": engine.backend_name,
-        "commit": args.commit or git_commit(),
+        "commit": commit(args.commit),
         "date": time.strftime("%Y-%m-%d"),
         "model": str(path),
         "limit_gib": (args.limit_gib or None) if engine.backend.pool is not None else None,

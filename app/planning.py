@@ -14,6 +14,7 @@ from typing import Any
 
 from engine import device as engine_device
 from engine import memory
+from engine.backends.cuda.card import runs_mma
 from engine.config import EngineSettings, ModelConfig, parse_config
 from engine.memory import Card, TensorSpec, checkpoint_specs, shapes
 from engine.memory.speed import CardSpeed
@@ -50,7 +51,7 @@ class Gpu:
     @property
     def fused_attention(self) -> bool:
         """As engine.device.GpuInfo.fused_attention: the plan gives the workspace no scores."""
-        return self.capability >= 80
+        return runs_mma(self.capability)
 
 
 @dataclass(frozen=True)

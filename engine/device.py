@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.backends.cuda.card import runs_mma
 from engine.memory.speed import CardSpeed, card_speed
 
 
@@ -28,9 +29,9 @@ class GpuInfo:
     @property
     def fused_attention(self) -> bool:
         """The CUDA backend runs prefill attention fused here (tensor cores and cp.async:
-        sm_80 and newer; every such card's blocks hold a tile of it), so a plan gives the
+        `runs_mma`; every such card's blocks hold a tile of it), so a plan gives the
         workspace no scores (engine.memory.admission.Card)."""
-        return self.capability >= 80
+        return runs_mma(self.capability)
 
 
 def _text(value: object) -> str:
@@ -51,14 +52,15 @@ def probe_gpu(index: int = 0) -> GpuInfo | None:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
         name = _text(pynvml.nvmlDeviceGetName(handle))
+        capability = nvml_capability(pynvml, handle)
         return GpuInfo(
             name=name,
             total_bytes=int(mem.total),
             free_bytes=int(mem.free),
             used_bytes=int(mem.used),
             driver=_text(pynvml.nvmlSystemGetDriverVersion()),
-            speed=nvml_speed(pynvml, handle, name),
-            capability=nvml_capability(pynvml, handle),
+            speed=nvml_speed(pynvml, handle, name, capability),
+            capability=capability,
         )
     except Exception:
         return None
@@ -70,6 +72,7 @@ def probe_gpu(index: int = 0) -> GpuInfo | None:
 
 
 def nvml_capability(pynvml: Any, handle: Any) -> int:
+    """10 * major + minor, as NVML reports the card's compute capability (0: it cannot)."""
     try:
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
     except Exception:  # an older driver: unknown (planned as a card without fused kernels)
@@ -77,11 +80,13 @@ def nvml_capability(pynvml: Any, handle: Any) -> int:
     return 10 * int(major) + int(minor)
 
 
-def nvml_speed(pynvml: Any, handle: Any, name: str) -> CardSpeed | None:
+def nvml_speed(pynvml: Any, handle: Any, name: str, capability: int) -> CardSpeed | None:
     """Bandwidth (memory clock x 2 transfers x bus width) and tensor throughput (SMs from
-    the CUDA cores, at the maximum SM clock) as NVML reports them."""
+    the CUDA cores, at the maximum SM clock) as NVML reports them (`nvml_capability`'s
+    answer for the card)."""
+    if not capability:
+        return None
     try:
-        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
         cores = int(pynvml.nvmlDeviceGetNumGpuCores(handle))
         sm_mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
         mem_mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
@@ -89,7 +94,7 @@ def nvml_speed(pynvml: Any, handle: Any, name: str) -> CardSpeed | None:
     except Exception:  # an older driver lacks some of these: no prediction, not an error
         return None
     bandwidth = mem_mhz * 1e6 * 2 * bus_bits / 8
-    return card_speed(name, 10 * major + minor, cores, sm_mhz * 1e6, bandwidth)
+    return card_speed(name, capability, cores, sm_mhz * 1e6, bandwidth)
 
 
 def no_gpu_reason() -> str:

@@ -30,8 +30,8 @@ class NvmlSource:
         self.name = name.decode() if isinstance(name, bytes) else str(name)
         from engine.device import nvml_capability, nvml_speed
 
-        self.speed = nvml_speed(pynvml, self._handle, self.name)
         self.capability = nvml_capability(pynvml, self._handle)
+        self.speed = nvml_speed(pynvml, self._handle, self.name, self.capability)
 
     def read(self) -> dict:
         nv, handle = self._nvml, self._handle

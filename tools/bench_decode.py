@@ -512,7 +512,7 @@ def main() -> None:
     args.prefill = [int(x) for x in args.prefill.split(",") if x]
     import cupy
 
-    from tools.tree import commit
+    from engine.testing.receipt import commit
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
     date = time.strftime("%Y-%m-%d")

@@ -24,7 +24,7 @@ from engine.backends.cuda.projection_tuning import best_replay_s
 from engine.backends.cuda.projections import GEMV_SWIGLU_VARIANTS, GEMV_VARIANTS, Projections
 from engine.backends.cuda.weights import QWeight
 from engine.bf16 import from_bf16, to_bf16
-from tools.tree import commit
+from engine.testing.receipt import commit
 
 # name, out, in, swiglu, activation rows, uses per 4B decode step (24 DeltaNet + 8 attention layers)
 SHAPES = [

@@ -32,7 +32,7 @@ from engine.server.app import create_app
 from engine.server.cli import with_batch_invariant
 from engine.server.runner import ServerThread
 from engine.session import Engine
-from tools.tree import commit
+from engine.testing.receipt import commit
 
 
 def one_request(client, model: str, prompt: list[int], max_tokens: int) -> dict:

@@ -531,7 +531,7 @@ def merge(paths: list[str]) -> tuple[list[dict], dict]:
 
 def _meta(args) -> dict:
     from engine.device import probe_gpu  # NVML only: the parent opens no CUDA context
-    from tools.tree import commit
+    from engine.testing.receipt import commit
 
     gpu = probe_gpu()
     return {

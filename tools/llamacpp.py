@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.testing.receipt import commit
+
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = "models/ggml-vocab-qwen35.gguf"
 # What the build and the converter do not need: the vendored repository's history, the
@@ -64,18 +66,24 @@ def pack(sdist: Path | None, out: Path) -> None:
     print(f"{out}: {out.stat().st_size / 2**20:.1f} MiB from {sdist.name}")
 
 
-def gpu_arch() -> str | None:
-    """This GPU's compute capability as CMake names it ("90"), or None (no GPU)."""
+def smi(field: str) -> str | None:
+    """The first GPU's `field` as nvidia-smi reports it (compute_cap, name), or None."""
     try:
         got = subprocess.run(
-            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             check=True,
         )
     except (OSError, subprocess.CalledProcessError):
         return None
-    return got.stdout.split()[0].replace(".", "") if got.stdout.strip() else None
+    return got.stdout.splitlines()[0].strip() if got.stdout.strip() else None
+
+
+def gpu_arch() -> str | None:
+    """This GPU's compute capability as CMake names it ("90"), or None (no GPU)."""
+    cap = smi("compute_cap")
+    return cap.replace(".", "") if cap else None
 
 
 def build(src: Path, work: Path, jobs: int) -> tuple[Path, str]:
@@ -177,16 +185,14 @@ def run_bench(args: argparse.Namespace) -> None:
         bf16.unlink()
     prompts = [int(p) for p in args.prompts.split(",")]
     rows = bench(bins, q4, prompts, args.decode_tokens, args.reps)
-    gpu = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
-    ).stdout.strip() if backend != "CPU" else "the CPU"  # fmt: skip
+    gpu = smi("name") if backend != "CPU" else "the CPU"
     meta = {
         "shape": args.shape,
         "quant": "Q4_0",
         "backend": backend,
         "gpu": gpu or "unknown",
         "date": time.strftime("%Y-%m-%d"),
-        "commit": args.commit,
+        "commit": commit(args.commit),
     }
     print(table(rows, meta))
     out = Path(args.out)

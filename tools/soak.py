@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.tree import commit
+from engine.testing.receipt import commit
 
 GIB = 1 << 30
 PROMPT_IDS = 400  # random prompts draw ids below this: text in every tokenizer here

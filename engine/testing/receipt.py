@@ -1,11 +1,12 @@
-"""The tree a measurement ran on, for its receipt (the benchmarks' JSON and tables)."""
+"""The tree a measurement ran on, for its receipt (the tools' benchmarks: JSON and tables).
+Here, not in tools/, so a tool run as a script imports it with the engine package."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def commit(given: str | None = None) -> str:

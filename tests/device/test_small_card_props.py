@@ -166,13 +166,14 @@ def child(path: str, dtype: str, green: int) -> dict:
     params = GenerationParams(max_new_tokens=NEW, greedy=True)
     tokens = [e.token_id for e in engine.generate(ids, params)]
     be, c = engine.backend, engine.config
+    kern = be.deltanet.chunk_kernel()  # fp32: gdn_chunk; 16-bit: gdn_chunk_tc
     if green:
         now, sms = current_context_sms()
         result["green"].update(current=now == ctx, sms=sms)
     result.update(
         card=[be.card.capability, be.card.sm_count, be.card.l2_bytes, be.card.smem_per_block],
         chunk_rows=be.deltanet.chunk_rows(),
-        chunk=[be.deltanet.chunk_kernel().symbol, be.deltanet.chunk_kernel().smem, dtype],
+        chunk=[kern.symbol, kern.smem, dtype],
         heads=[c.num_attention_heads, c.num_key_value_heads, c.head_dim],
         invariant=bool(getattr(be.attn, "batch_invariant", False)),
         prefetch=bool(be.kernels.prefetch),

@@ -44,14 +44,14 @@ class LoadRequest:
     settings: EngineSettings
     context: int
     streams: int = 1
-    max_rows: int = 512
+    max_rows: int | None = None  # None: the plan's choice
     refuse_cpu: bool = False
     gpu_present: bool | None = None
 
     def __post_init__(self) -> None:
         sizes = {"context": self.context, "streams": self.streams, "max_rows": self.max_rows}
         for name, value in sizes.items():
-            if value < 1:
+            if value is not None and value < 1:
                 raise ValueError(f"load request {name} = {value} must be at least 1")
 
 

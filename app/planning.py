@@ -140,7 +140,7 @@ def plan(
     settings: EngineSettings,
     context: int,
     streams: int,
-    max_rows: int,
+    max_rows: int | None,
     model_dir: str | None = None,
     shape: tuple[ModelConfig, str, int] | None = None,
     held: int = 0,

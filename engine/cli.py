@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--max-rows",
         type=_int_at_least(1),
-        default=512,
-        help="prompt rows per forward pass, at least 1 (default 512)",
+        default=None,
+        help="prompt rows per forward pass, at least 1 (default: the plan's choice, 512 or "
+        "wider where the card has memory left over)",
     )
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
     g.add_argument(

@@ -61,7 +61,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default="mlx4", help="storage format for --shape")
     p.add_argument("--context", type=int, default=4096, help="tokens per stream (default 4096)")
     p.add_argument("--streams", type=int, default=1, help="concurrent conversations")
-    p.add_argument("--max-rows", type=int, default=512, help="rows per forward (prefill chunk)")
+    p.add_argument(
+        "--max-rows", type=int, default=None, help="rows per forward (default: the plan's choice)"
+    )
     p.add_argument("--prompt-cache", type=int, default=None, help="saved states (default: streams)")
     p.add_argument("--limit-gib", type=float, default=None, help="cap on engine memory (0: none)")
     p.add_argument(
@@ -101,7 +103,7 @@ def card_table(
     settings: EngineSettings,
     context: int = 4096,
     streams: int = 1,
-    max_rows: int = 512,
+    max_rows: int | None = None,
     fused_attention: bool = True,
 ) -> list[dict]:
     """One row per shape and format: weights, verdict at `context` (with the settings' KV

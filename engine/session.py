@@ -31,7 +31,7 @@ from engine.errors import (
     NumericalError,
     RequestRefused,
 )
-from engine.memory import Card, Decision, checkpoint_specs, decide
+from engine.memory import BASE_ROWS, Card, Decision, checkpoint_specs, decide
 from engine.memory.arena import act_itemsize
 from engine.models.qwen35 import Qwen35Model
 from engine.prompt_cache import open_prompt_cache
@@ -171,7 +171,7 @@ def admit_load(
     settings: EngineSettings,
     context: int | None,
     streams: int,
-    max_rows: int,
+    max_rows: int | None,
 ) -> Decision:
     """Plan `checkpoint` against the backend's card before anything is allocated, through
     the one admission route (`engine.memory.decide`); DoesNotFit with its suggestions."""
@@ -258,7 +258,7 @@ class Engine:
         settings: EngineSettings | None = None,
         context: int | None = 8192,
         streams: int = 1,
-        max_rows: int = 512,
+        max_rows: int | None = None,
         progress: Progress | None = None,
         eager: bool | None = None,
     ) -> Engine:
@@ -267,7 +267,9 @@ class Engine:
         On a GPU the plan is admitted before anything is allocated (DoesNotFit otherwise);
         context None asks for the largest context the card admits. The numpy backend keeps
         the context asked for (8192 when None). `eager` overrides the decision's choice of
-        allocating the scratch whole at warm-up (tests use it to force the lazy path)."""
+        allocating the scratch whole at warm-up (tests use it to force the lazy path).
+        max_rows: the most rows a prefill window holds; None lets the plan choose (512, wider
+        where the card has memory left over; 512 on the numpy backend)."""
         from engine.checkpoint import Checkpoint
         from engine.tokenizer import Tokenizer
 
@@ -277,7 +279,7 @@ class Engine:
         model_dir = Path(model_dir)
         checkpoint = Checkpoint.open(model_dir)
         tokenizer = Tokenizer.load(model_dir, eos_token_ids=checkpoint.config.eos_token_ids)
-        backend = select_backend(settings, max_rows, checkpoint.config)
+        backend = select_backend(settings, max_rows or BASE_ROWS, checkpoint.config)
         config = checkpoint.config
         if context is not None:
             context = min(context, config.max_position_embeddings)
@@ -286,7 +288,7 @@ class Engine:
             report("planning memory", 0.05)
             decision = admit_load(checkpoint, backend, settings, context, streams, max_rows)
             context, streams, max_rows = decision.context, decision.streams, decision.max_rows
-        context = context or 8192
+        context, max_rows = context or 8192, max_rows or BASE_ROWS
         backend.configure(decision, vocab_rows(tokenizer, config))
         try:
             report("loading weights", 0.1)

@@ -121,7 +121,8 @@ def run_step(args: argparse.Namespace, name: str, cache_dir: str, reply_ids: lis
     cmd += ["--reply", ",".join(map(str, reply_ids))] if reply_ids else []
     for flag in ("shape", "format", "backend", "dtype", "history", "new_tokens", "follow_up"):
         cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    cmd += ["--max-rows", str(args.max_rows), "--seed", str(args.seed), "--workdir", args.workdir]
+    cmd += ["--max-rows", str(args.max_rows)] if args.max_rows else []
+    cmd += ["--seed", str(args.seed), "--workdir", args.workdir]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
     if out.returncode != 0:
         raise SystemExit(f"the {name} step failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--history", type=int, default=16_000)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--follow-up", type=int, default=40)
-    ap.add_argument("--max-rows", type=int, default=512)
+    ap.add_argument("--max-rows", type=int, default=None, help="default: the plan's")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--workdir", default="/tmp/snug-bench")
     ap.add_argument("--out", default=".")

@@ -148,7 +148,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--streams", type=int, default=None, help="default: the most clients")
-    p.add_argument("--max-rows", type=int, default=512)
+    p.add_argument("--max-rows", type=int, default=None, help="default: the plan's")
     p.add_argument("--prefill-chunk", type=int, default=None)
     p.add_argument("--backend", choices=["auto", "cuda", "numpy"], default=None)
     p.add_argument("--limit-gib", type=float, default=None, help="cap on what Snug holds")

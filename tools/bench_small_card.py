@@ -176,7 +176,7 @@ def serve_cell(
     clear: bool = True,
     started: float | None = None,
     log: Callable[[str], None] = print,
-    max_rows: int = 512,
+    max_rows: int | None = None,
 ) -> dict:
     """Load `path` through `Engine.load` and serve a first request of `first` tokens, then
     one of each length in `prompts` that the context admits (in order), in this process.
@@ -294,7 +294,8 @@ def spawn_cell(args, size: str, limit: float | None, left: float | None) -> dict
         cmd = [sys.executable, str(Path(__file__).resolve()), "--cell", "--size", size]
         cmd += ["--limit", str(limit), "--cell-out", str(out)]
         for flag in ("prompts", "first_prompt", "new_tokens", "reserve_gib", "format", "max_rows"):
-            cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+            if getattr(args, flag) is not None:
+                cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         cmd += ["--workdir", args.workdir, "--backend", args.backend]
         if args.kv_cache:
             cmd += ["--kv-cache", args.kv_cache]
@@ -557,7 +558,7 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--prompts", default=PROMPTS, help="prompt lengths of the warm requests")
     ap.add_argument("--first-prompt", type=int, default=0, help="default: the shortest prompt")
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--max-rows", type=int, default=512, help="rows a prefill window at most")
+    ap.add_argument("--max-rows", type=int, default=None, help="default: the plan's")
     ap.add_argument("--reserve-gib", type=float, default=0.5, help="with a limit")
     ap.add_argument("--format", default="mlx4", choices=["mlx4", "mlx8", "bf16"])
     ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy", "auto"])

@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--shape", default="4B")
     ap.add_argument("--format", default="mlx4", choices=("mlx4", "bf16"))
     ap.add_argument("--prompt", type=int, default=8000)
-    ap.add_argument("--max-rows", type=int, default=512)
+    ap.add_argument("--max-rows", type=int, default=None, help="default: the plan's")
     ap.add_argument("--limit-gib", type=float, default=None, help="simulate a card this size")
     ap.add_argument("--workdir", default="/tmp/snug-bench")
     ap.add_argument("--out", default=None, help="write the folded table as JSON here")

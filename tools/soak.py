@@ -315,7 +315,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--context", type=int, default=None, help="default: the largest admitted")
-    p.add_argument("--max-rows", type=int, default=512)
+    p.add_argument("--max-rows", type=int, default=None, help="default: the plan's")
     p.add_argument("--max-prompt", type=int, default=6000)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--every", type=int, default=100, help="requests between memory readings")

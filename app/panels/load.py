@@ -66,8 +66,10 @@ class LoadPanel(QWidget):
         self.streams_spin.setMaximumWidth(112)
         form.addRow("Streams", self.streams_spin)
         self.rows_spin = QSpinBox()
-        self.rows_spin.setRange(16, 8192)
+        self.rows_spin.setRange(0, 8192)
         self.rows_spin.setSingleStep(64)
+        # 0: the plan chooses (512 rows, wider where the card has memory left over)
+        self.rows_spin.setSpecialValueText("Auto")
         self.rows_spin.setMaximumWidth(112)
         form.addRow("Max rows", self.rows_spin)
         layout.addLayout(form)
@@ -284,7 +286,7 @@ class LoadPanel(QWidget):
                 settings=s.engine_settings(),
                 context=self.context_spin.value(),
                 streams=self.streams_spin.value(),
-                max_rows=self.rows_spin.value(),
+                max_rows=self.rows_spin.value() or None,
                 refuse_cpu=s.refuse_cpu,
                 gpu_present=self.advisor.machine.gpu is not None,
             )

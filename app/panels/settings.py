@@ -31,7 +31,7 @@ RANGES = {
     "memory/reserve_gib": (0.0, 64.0, 0.25, 2),
     "memory/limit_gib": (0.0, 1024.0, 0.5, 2),
     "engine/context": (256, 262144, 1024, 0),
-    "engine/max_rows": (16, 8192, 64, 0),
+    "engine/max_rows": (0, 8192, 64, 0),
     "engine/streams": (1, 16, 1, 0),
     "sampling/temperature": (0.0, 2.0, 0.05, 2),
     "sampling/top_p": (0.01, 1.0, 0.05, 2),
@@ -43,6 +43,8 @@ RANGES = {
     "cache/host_gib": (0.0, 256.0, 0.5, 1),
     "cache/disk_gib": (0.0, 4096.0, 1.0, 1),
 }
+# What a spin box shows at its minimum, where the minimum means "the engine chooses".
+AT_MINIMUM = {"engine/max_rows": "Auto"}
 BACKEND_LABELS = {"auto": "Auto", "cuda": "GPU (CUDA)", "numpy": "CPU (numpy)"}
 KV_CACHE_LABELS = {"bf16": "16-bit (bf16)", "int8": "8-bit (longer context)"}
 DRAFT_LABELS = {
@@ -181,6 +183,7 @@ class SettingsPanel(QScrollArea):
             spin.valueChanged.connect(lambda v: s.set(key, v))
         spin.setRange(lo, hi)
         spin.setSingleStep(step)
+        spin.setSpecialValueText(AT_MINIMUM.get(key, ""))
         # Typed text below the minimum ("0" in top-p) becomes the minimum, not the old value.
         spin.setCorrectionMode(QAbstractSpinBox.CorrectionMode.CorrectToNearestValue)
         spin.setValue(value)

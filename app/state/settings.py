@@ -53,7 +53,7 @@ FIELDS: tuple[Field, ...] = (
     Field("memory/reserve_gib", float, 0.5, "Memory reserve (GiB)", True, 0, 1024),
     Field("memory/limit_gib", float, 0.0, "Memory limit (GiB, 0 = none)", True, 0, 1 << 20),
     Field("engine/context", int, 8192, "Context length (tokens)", True, 1, 1 << 24),
-    Field("engine/max_rows", int, 512, "Max rows per forward", True, 1, 1 << 16),
+    Field("engine/max_rows", int, 0, "Max rows per forward (0 = auto)", True, 0, 1 << 16),
     Field("engine/streams", int, 1, "Streams", True, 1, 1024),
     Field(
         "engine/backend", str, "auto", "Backend", True, choices=BACKENDS + tuple(BACKEND_ALIASES)

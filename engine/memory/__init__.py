@@ -8,7 +8,14 @@ that the load panel, `snug plan` and `Engine.load` share (docs/architecture.md, 
 
 from __future__ import annotations
 
-from engine.memory.admission import Card, admit, available_bytes, decide, largest_context
+from engine.memory.admission import (
+    BASE_ROWS,
+    Card,
+    admit,
+    available_bytes,
+    decide,
+    largest_context,
+)
 from engine.memory.arena import TensorSpec, arena_bytes, checkpoint_specs
 from engine.memory.decision import Breakdown, Decision, Verdict
 from engine.memory.plan import Plan, WeightBytes, make_plan, stream_state_bytes
@@ -17,6 +24,7 @@ from engine.memory.scratch import Scratch, ScratchLayout, scratch_layout
 from engine.memory.workspace import Workspace, workspace_bytes
 
 __all__ = [
+    "BASE_ROWS",
     "Breakdown",
     "Card",
     "TensorSpec",

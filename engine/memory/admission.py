@@ -50,6 +50,11 @@ from engine.memory.workspace import FAST_QUERY_ROWS, score_rows_for
 
 CONTEXT_STEP = 256
 FAST_ROWS = 256  # prefill chunks at least this large keep the prompt's speed (invariant 8)
+BASE_ROWS = 512  # the prefill chunk a plan is admitted with when the caller names none
+# Chunks a plan widens to when memory is left over (max rows not named): each window pays
+# the 4-bit weights' dequantization and its launches once, so an 8K prompt on the H200 took
+# 0.337 s in 512-row windows and 0.195 s in 2048-row ones (docs/benchmarks.md).
+WIDE_ROWS = (2048, 1024)
 SMALLEST_CONTEXT = 256  # what `decide` plans with before it searches for the largest context
 _RESERVE_STEP = GIB // 20  # suggestions round the reserve down to 0.05 GiB
 _MLX4 = QuantConfig(QuantSpec(bits=4, group_size=64))
@@ -150,6 +155,24 @@ def _best(
             if attempt.fits:
                 return attempt
     return _evaluate(plan, *args, eager=True, host_embeddings=False)
+
+
+def _widen(best: _Try, card_free: int, card_total: int, held: int, s: EngineSettings) -> _Try:
+    """The admitted arrangement with wider prefill chunks, where what is left over holds
+    them whole; otherwise unchanged. Only memory nothing else was given is spent: the context,
+    the streams and where each block lives stay as admitted (invariant 8)."""
+    if not best.eager:
+        return best
+    for rows in WIDE_ROWS:
+        if rows <= best.plan.max_rows:
+            break
+        wide = _evaluate(
+            best.plan.resized(max_rows=rows), card_free, card_total, held, s, True,
+            best.host_embeddings, best.cache_on_host,
+        )  # fmt: skip
+        if wide.fits:
+            return wide
+    return best
 
 
 def _fits(
@@ -258,15 +281,19 @@ def admit(
     card_total: int,
     held: int = 0,
     settings: EngineSettings | None = None,
+    widen: bool = False,
 ) -> Decision:
     """Decide how (and whether) `plan` fits.
 
     card_free / card_total: the card now (NVML or cudaMemGetInfo). held: bytes this engine
     already holds outside the plan (they count against the limit; card_free already excludes
-    them). Nothing in the plan is assumed allocated yet.
+    them). Nothing in the plan is assumed allocated yet. widen: prefill chunks may grow past
+    the plan's max_rows into memory left over (`WIDE_ROWS`).
     """
     s = settings or EngineSettings()
     best = _best(plan, card_free, card_total, held, s)
+    if widen and best.fits:
+        best = _widen(best, card_free, card_total, held, s)
     b = best.breakdown
     if not best.fits:
         texts, fixes = _suggest(plan, card_free, card_total, held, s)
@@ -301,6 +328,8 @@ def admit(
         )
         if best.host_embeddings:
             reason += "; the embedding table lives in host memory"
+    if best.plan.max_rows > plan.max_rows:
+        reason += f"; prompts run in {best.plan.max_rows}-row chunks, in memory left over"
     if best.cache_on_host:
         reason += f"; saved prompt states ({_gib(b.prompt_cache_on_host)}) live in host memory"
     if best.plan.max_rows < min(FAST_ROWS, plan.max_rows):
@@ -346,7 +375,7 @@ def decide(
     *,
     context: int | None,
     streams: int = 1,
-    max_rows: int = 512,
+    max_rows: int | None = None,
     prompt_cache_states: int | None = None,
 ) -> Decision:
     """The admission decision for a model on a card: the one route every caller takes.
@@ -355,7 +384,9 @@ def decide(
     checkpoint on disk, `engine.memory.shapes.shape_tensor_specs` for a catalog shape); the
     weights are planned at the bytes the CUDA backend's arena will carve for them.
     context: tokens per stream, at most the model's max_position_embeddings; None asks for
-    the largest context the card admits. Never raises for "does not fit".
+    the largest context the card admits. max_rows: the most rows a prefill window holds;
+    None admits the plan at BASE_ROWS and widens it where memory is left over. Never raises
+    for "does not fit".
     """
     itemsize = act_itemsize(settings)
     draft = draft_choice(specs, config, settings)  # the MTP head's weights and state, if on
@@ -370,7 +401,7 @@ def decide(
         config,
         wanted,
         streams,
-        max_rows,
+        max_rows or BASE_ROWS,
         itemsize,
         prompt_cache_states,
         score_rows=score_rows_for(card.fused_attention, config, itemsize),
@@ -380,7 +411,7 @@ def decide(
     if context is None:
         best = largest_context(plan, card.free, card.total, card.held, settings)
         plan = plan.resized(context=max(best, SMALLEST_CONTEXT))
-    decision = admit(plan, card.free, card.total, card.held, settings)
+    decision = admit(plan, card.free, card.total, card.held, settings, widen=not max_rows)
     decision = replace(decision, draft_tokens=draft.tokens, drafting=draft.reason)
     if not decision.fits or card.speed is None:
         return decision

@@ -124,21 +124,23 @@ DEFAULT_SMALL_CARD = "RTX 3050 Laptop 4GB"
 # tensor-core prefill kernels (e6f5b11): gdn_chunk_tc 0.073 ms a 512-row launch of the
 # 4B's shape (27 ms an 8,000-token prompt), the fused attention about 0.49 s of a
 # 32,000-token prompt (its per-window timings), and the prompts' measured 0.337, 0.668
-# and 1.585 s at 8,000, 16,000 and 32,000 tokens leave the other kernels about 56 ms at
-# 8,000.
+# and 1.585 s at 8,000, 16,000 and 32,000 tokens in 512-row windows. In 2048-row windows
+# (3b189b4) 8,000 and 32,000 tokens took 0.195 and 0.967 s: each window saved cost about
+# 12.5 ms at both lengths (its dequantization, launches, and the attention's partly idle
+# last wave), which the per-window term now carries, leaving less to the kernels.
 CALIBRATION = Calibration(
     card=REFERENCE_CARDS["H200"],
     step_layer_s=25.6e-6,
     bw_eff=0.785,
     mm_eff=0.740,
-    attn_eff=0.627,
-    simt_eff=0.0608,
-    attn_tc_issue=2.04,
+    attn_eff=0.48,
+    simt_eff=0.2,
+    attn_tc_issue=3.0,
     gdn_tc_issue=0.439,
     tc_share=0.5,
-    other_eff=0.215,
+    other_eff=0.8,
     deq_eff=0.536,
-    chunk_layer_s=105e-6,
+    chunk_layer_s=250e-6,
     source="tools/bench_small_card.py and tools/profile_prefill.py on an H200 (docs/benchmarks.md)",
 )
 

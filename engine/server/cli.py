@@ -52,7 +52,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--context", type=_positive, default=8192, help="tokens per stream")
     p.add_argument("--streams", type=_positive, default=4, help="requests decoded together")
     p.add_argument("--queue", type=_count, default=16, help="requests that may wait (0: none)")
-    p.add_argument("--max-rows", type=_positive, default=512, help="rows per forward pass")
+    p.add_argument(
+        "--max-rows", type=_positive, default=None, help="rows per forward (default: the plan's)"
+    )
     p.add_argument("--prefill-chunk", type=_positive, default=None, help="prompt rows a step")
     p.add_argument("--model-name", default=None, help="the id clients use (default: folder)")
     p.add_argument(

@@ -54,7 +54,7 @@ def test_load_request_refuses_sizes_below_one(app_settings):
 
 def test_defaults(settings_store):
     s = AppSettings(settings_store)
-    assert s.context == 8192 and s.max_rows == 512 and s.streams == 1
+    assert s.context == 8192 and s.max_rows == 0 and s.streams == 1  # 0: the plan chooses
     assert s.get("memory/reserve_gib") == 0.5 and s.engine_settings().limit_bytes is None
     sampling = s.sampling()
     assert (sampling["temperature"], sampling["top_p"], sampling["top_k"]) == (0.7, 0.8, 20)

@@ -44,6 +44,33 @@ def test_eager_exactly_when_the_full_scratch_fits(small_plan):
     assert lazy.max_rows in ladder_below(512) and lazy.context == plan.context
 
 
+def test_chunks_widen_only_into_memory_left_over(small_plan):
+    """Asked to, admission widens the prefill chunks where what is left over holds the
+    wider scratch whole; the context, the streams and every placement stay as admitted."""
+    s = EngineSettings()
+    plan = small_plan.resized(prompt_cache_states=0, score_rows=0)  # fused attention: no scores
+    exact = _need(plan) + s.reserve_bytes
+    assert admit(plan, exact, exact, settings=s, widen=True).max_rows == 512
+    for rows in (2048, 1024):
+        wide = plan.resized(max_rows=rows)
+        card = _need(wide) + s.reserve_bytes
+        d = admit(plan, card, card, settings=s, widen=True)
+        assert d.max_rows == rows and d.eager and d.breakdown.free_after == 0
+        assert f"{rows}-row chunks" in d.reason and d.context == plan.context
+        assert admit(plan, card, card, settings=s).max_rows == 512  # not asked: as planned
+        assert admit(plan, card - 1, card, settings=s, widen=True).max_rows < rows
+    # Where the saved states had to leave the card, they stay in host memory: widening
+    # spends only what the admitted arrangement leaves over.
+    cached = small_plan.resized(score_rows=0)
+    for card in range(_need(cached) + s.reserve_bytes - 1, exact - GIB // 4, -GIB // 64):
+        plain = admit(cached, card, card, settings=s)
+        wide = admit(cached, card, card, settings=s, widen=True)
+        assert wide.fits == plain.fits and wide.prompt_cache_on_host == plain.prompt_cache_on_host
+        assert wide.host_embeddings == plain.host_embeddings and wide.eager == plain.eager
+        assert wide.max_rows >= plain.max_rows
+        assert wide.breakdown.free_after >= 0 or not plain.fits
+
+
 def test_saved_states_leave_the_card_before_the_chunks_shrink(small_plan):
     """Invariant 8: one byte short, the prompt cache moves to host memory and the scratch
     stays whole; short by more, the chunks shrink but stay at 256 rows or more."""

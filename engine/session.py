@@ -12,6 +12,7 @@ requests that come and go (continuous batching) with the same stream primitives.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -23,14 +24,10 @@ from typing import Any
 import numpy as np
 
 from engine import drafting
+from engine.backend_choice import select_backend
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
-from engine.errors import (
-    BackendUnavailable,
-    DoesNotFit,
-    NumericalError,
-    RequestRefused,
-)
+from engine.errors import DoesNotFit, NumericalError, RequestRefused
 from engine.memory import BASE_ROWS, Card, Decision, checkpoint_specs, decide
 from engine.memory.arena import act_itemsize
 from engine.models.qwen35 import Qwen35Model
@@ -92,71 +89,6 @@ def aligned_chunks(
             end = cut - position
         yield start, end
         start = end
-
-
-def select_backend(settings: EngineSettings, max_rows: int = 512, config: Any = None) -> Backend:
-    """`numpy`, `cuda`, or `auto` (cuda when an NVIDIA GPU and CuPy are usable, and its
-    kernels cover the card and the model `config`; else numpy, and the log says why)."""
-    choice = settings.backend
-    if choice == "numpy":
-        from engine.backends.numpy_backend import NumpyBackend
-
-        return NumpyBackend(settings)
-    reason = cuda_unavailable_reason()
-    if reason is None:
-        from engine.backends.cuda.backend import CudaBackend
-        from engine.errors import UnsupportedModel
-
-        try:
-            backend = CudaBackend(
-                settings=settings, dtype=_device_dtype(settings), max_rows=max_rows
-            )
-            if config is not None:
-                backend.check_model(config)
-            return backend
-        except UnsupportedModel as exc:
-            if choice == "cuda":
-                raise
-            reason = str(exc)
-            log.warning("running on the CPU: %s", exc)
-    if choice == "cuda":
-        raise BackendUnavailable(
-            f"backend 'cuda' cannot run here: {reason}. Choose the "
-            "numpy (CPU) backend in settings or with --backend numpy"
-        )
-    from engine.backends.numpy_backend import NumpyBackend
-
-    return NumpyBackend(settings)
-
-
-def _device_dtype(settings: EngineSettings) -> str:
-    """The compute dtype for this GPU: bf16 needs compute capability 8.0 (Ampere) or newer,
-    so older cards (GTX 16xx, RTX 20xx) run in fp16 instead."""
-    from engine.backends.cuda.launch import compute_capability
-
-    if settings.compute_dtype == "bfloat16" and compute_capability() < 80:
-        return "float16"
-    return settings.compute_dtype
-
-
-def cuda_unavailable_reason() -> str | None:
-    """None when the CUDA backend can run; otherwise a sentence saying why not."""
-    from engine.device import no_gpu_reason, probe_gpu
-
-    if probe_gpu() is None:
-        return no_gpu_reason()
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "CUDA reports no device"
-    except Exception as exc:  # ImportError, CUDARuntimeError: both mean no usable GPU
-        return f"CuPy cannot use the GPU ({type(exc).__name__}: {exc})"
-    try:
-        import engine.backends.cuda.backend  # noqa: F401
-    except ImportError as exc:
-        return f"the CUDA backend is not available ({exc})"
-    return None
 
 
 def vocab_rows(tokenizer: Any, config: Any) -> int:
@@ -301,6 +233,10 @@ class Engine:
             if eager is None:
                 eager = decision is None or decision.eager
             backend.warm_up(model, eager=eager)
+            # Collections during a prompt need not traverse the loaded model's objects: full
+            # ones over them added 0.02 to 0.3 s at random to an 8K prompt on the H200.
+            gc.collect()
+            gc.freeze()
             report("ready", 1.0)
             args = (model_dir, checkpoint, tokenizer, backend, model, context, streams)
             return drafting.attach(cls(*args, max_rows, decision), draft)
@@ -597,3 +533,4 @@ class Engine:
         self.backend.release()
         self.model = None  # type: ignore[assignment]
         self.backend = None  # type: ignore[assignment]
+        gc.unfreeze()  # what load froze, collectable again (cycles among it included)

@@ -273,8 +273,7 @@ class Drafter:
         n = len(stream.ids)
         window = [token, *drafts]
         batch = Batch.verify(stream.slot, n, k + 1)
-        logits = self.model.forward(batch, np.asarray(window), all_logits=True, hidden=True)
-        hidden = self.model.hidden
+        logits, hidden = self.backend.verify_forward(self.model, batch, np.asarray(window))
         if sampler.params.takes_argmax:
             new = speculative.accept_greedy(drafts, self.backend.argmax_rows(logits).tolist())
         else:
@@ -314,7 +313,9 @@ class Drafter:
         what a reply will use), then zero the slot."""
         be, k = self.backend, self.policy.most
         ids = np.zeros(k + 1, np.int32)
-        self.model.forward(Batch.verify(0, 0, k + 1), ids, all_logits=True, hidden=True)
+        for rows in range(2, k + 2):  # each verify size: its kernels, then its graph
+            for _ in range(2):
+                be.verify_forward(self.model, Batch.verify(0, 0, rows), ids[:rows])
         be.rewind(0, 1)
         held = be.hold_rows(self.model.hidden, np.arange(k + 1))
         self.head.forward(Batch.window(0, 0, k + 1), ids, held, np.array([k], np.int32))
@@ -349,7 +350,7 @@ class Drafter:
     def _round(self, k: int) -> Any:
         """A round's work on slot 0 (warm-up's timing): the head's k forwards, the verify."""
         be, ids = self.backend, np.zeros(k + 1, np.int32)
-        logits = self.model.forward(Batch.verify(0, 0, k + 1), ids, all_logits=True, hidden=True)
+        logits, _ = be.verify_forward(self.model, Batch.verify(0, 0, k + 1), ids)
         be.rewind(0, 1)
         held = be.hold_rows(self.model.hidden, np.arange(k + 1))
         out = self.head.forward(Batch.window(0, 0, k + 1), ids, held, np.array([k], np.int32))

@@ -72,7 +72,7 @@ def forward_costs(engine: Engine, prompt: list[int], reps: int) -> dict:
 
             def verify(k=k, ids=ids):
                 batch = Batch.verify(stream.slot, n, k + 1)
-                logits = model.forward(batch, ids, all_logits=True, hidden=True)
+                logits, _ = be.verify_forward(model, batch, ids)
                 return be.argmax_rows(logits)
 
             out["verify_s"][k] = timed(verify, reps)

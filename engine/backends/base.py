@@ -55,6 +55,13 @@ class Batch:
         """Every segment is a single row (the decode path)."""
         return all(s.rows == 1 for s in self.segments)
 
+    @property
+    def per_row(self) -> bool:
+        """Every segment is one row or a drafting verify (`Segment.keep`): each row's
+        attention can run on its own over the cache, up to its own position (a verify's
+        rows are all in the cache before any reads it), as a decode step's rows do."""
+        return all(s.rows == 1 or s.keep for s in self.segments)
+
     def positions(self) -> np.ndarray:
         """Absolute position of every row, `[R]` int32."""
         parts = [np.arange(s.start, s.start + s.rows, dtype=np.int32) for s in self.segments]
@@ -359,6 +366,12 @@ class Backend(ABC):
         """One decode row per stream: (logits `[B, V]`, greedy tokens `[B]` on the backend,
         or None when the backend does not pick them)."""
         return model.forward(batch, ids), None
+
+    def verify_forward(self, model: Any, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
+        """A drafting verify (`Batch.verify`): (every row's logits `[R, V]`, every row's
+        final hidden state `[R, H]`, also left in `model.hidden`)."""
+        logits = model.forward(batch, ids, all_logits=True, hidden=True)
+        return logits, model.hidden
 
     @property
     def launches_steps(self) -> bool:

@@ -212,6 +212,12 @@ class Plan:
         return out
 
 
+def verify_step_rows(streams: int, draft_tokens: int) -> int:
+    """The most rows a decode-shaped forward takes: a step's (one a stream), or a drafting
+    verify's (draft_tokens + 1, its attention row by row and every row's logits)."""
+    return max(streams, draft_tokens + 1 if draft_tokens else 0)
+
+
 def make_plan(
     weights: WeightBytes | Mapping[str, int],
     config: ModelConfig,
@@ -242,8 +248,10 @@ def make_plan(
     if cache < 0:
         raise ValueError(f"prompt_cache_states = {cache} must not be negative")
 
+    step_rows = verify_step_rows(streams, draft_tokens)
+
     def scratch(rows: int) -> int:
-        return scratch_bytes(config, rows, dtype_bytes, step_rows=streams, context=context)
+        return scratch_bytes(config, rows, dtype_bytes, step_rows=step_rows, context=context)
 
     def work(rows: int) -> int:
         return workspace_bytes(config, rows, dtype_bytes, context, score_rows, kv_cache)

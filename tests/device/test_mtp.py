@@ -124,3 +124,38 @@ def test_the_plan_holds_what_drafting_allocates(model_dir):
     planned = len(c.linear_layers) * (2 * rec + hist)
     assert planned <= verify <= planned + 2 * ALIGN
     engine.unload()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_verify_replays_its_graph_at_any_position(model_dir, dtype):
+    """A verify's captured graph (DecodeGraphs.verify) gives what the same verify run
+    eagerly gives, bit for bit, at another position than the one it was captured at (slot
+    0's at warm-up; slot 1's at its first verify, which runs eagerly); each replay records
+    the rows its slot keeps, so a rewind after it returns the right state."""
+    engine = Engine.load(model_dir, settings("3", dtype), context=512, streams=2, max_rows=64)
+    be, model = engine.backend, engine.model
+    graphs = be.graphs
+    ids = prompt(40)
+    model.forward(Batch.window(0, 0, len(ids)), np.asarray(ids))
+    saved = be.save_slot(0, len(ids))
+    for slot, rows in ((0, 4), (0, 2), (1, 3), (1, 3), (1, 4)):
+        window = np.asarray(prompt(rows, seed=rows))
+        batch = Batch.verify(slot, len(ids), rows)
+        outs = []
+        for graph in (False, True):
+            be.restore_slot(slot, saved)
+            if graph:
+                captured, before = (slot, rows) in graphs.verifies, graphs.replays
+                logits, hidden = be.verify_forward(model, batch, window)
+                assert graphs.replays == before + captured and (slot, rows) in graphs.verifies
+            else:
+                logits = model.forward(batch, window, all_logits=True, hidden=True)
+                hidden = model.hidden
+            outs.append((be.to_host(logits), be.to_host(hidden)))
+            be.rewind(slot, 2)
+            outs[-1] += (be.to_host(be.state.recurrent[:, slot].copy()),)
+        for eager, replayed in zip(*outs, strict=True):
+            np.testing.assert_array_equal(replayed, eager)
+    assert graphs.replays > 0
+    be.free_snapshot(saved)
+    engine.unload()

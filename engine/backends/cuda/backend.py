@@ -45,6 +45,7 @@ from engine.backends.cuda.verify_rows import DeviceVerifyRows
 from engine.backends.cuda.weights import upload
 from engine.config import EngineSettings, ModelConfig, parse_device_props
 from engine.errors import DeviceOutOfMemory
+from engine.memory.plan import verify_step_rows
 from engine.memory.pool import is_out_of_memory
 from engine.memory.workspace import ATTN_QUERY_ROWS
 from engine.snapshot_store import HostSnapshot
@@ -212,7 +213,8 @@ class CudaBackend(Backend):
             ) from exc
         isz, mr = self.act_itemsize, self.max_rows
         kv, score_rows = self.settings.kv_cache, self.score_rows
-        self.frame.alloc_blocks(self.pool, config, isz, mr, slots, context, score_rows, kv)
+        step_rows = verify_step_rows(slots, self.draft_tokens)  # as the plan counts them
+        self.frame.alloc_blocks(self.pool, config, isz, mr, step_rows, context, score_rows, kv)
 
     def reset_slot(self, slot: int) -> None:
         self.state.reset_slot(slot)
@@ -451,6 +453,10 @@ class CudaBackend(Backend):
         after the last grow; on first use where neither did, of the model warm-up gave);
         returns (logits [B, V], greedy tokens [B] int32) on the device."""
         return self._decode_graphs(model).replay(batch, ids)
+
+    def verify_forward(self, model: Any, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
+        """A drafting verify on its captured graph (`DecodeGraphs.verify`)."""
+        return self._decode_graphs(model).verify(batch, ids)
 
     @property
     def launches_steps(self) -> bool:

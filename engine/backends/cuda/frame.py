@@ -73,16 +73,17 @@ class Frame:
         config: ModelConfig,
         itemsize: int,
         max_rows: int,
-        slots: int,
+        step_rows: int,
         context: int,
         score_rows: int,
         kv_cache: str = "bf16",
     ) -> None:
         """The scratch and workspace for this state (allocated when first ensured; the
-        workspace also holds a KV head dequantized where `kv_cache` is "int8")."""
+        workspace also holds a KV head dequantized where `kv_cache` is "int8"). `step_rows`:
+        the most rows of a decode-shaped forward (engine.memory.plan.verify_step_rows)."""
         from engine.memory import Scratch, Workspace
 
-        self.mem_scratch = Scratch(pool, config, itemsize, max_rows, slots, context)
+        self.mem_scratch = Scratch(pool, config, itemsize, max_rows, step_rows, context)
         self.mem_workspace = Workspace(
             pool, config, itemsize, max_rows, context, score_rows, kv_cache
         )

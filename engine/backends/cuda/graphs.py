@@ -22,6 +22,12 @@ gets a second graph for steps whose rows are all short enough that those splits 
 most of which would find no keys and exit. The two give the same splits and the same
 results; the host knows each step's longest row and launches the one that fits.
 
+A drafting verify (`Batch.verify`: one stream's k + 1 rows, every row's logits and final
+hidden state) gets a graph too, one per (slot, rows), captured after its first eager run
+(`verify`). Its attention runs row by row on the decode kernels and its DeltaNet layers read
+the layout from `meta`, so a replay at any position writes `meta` and launches; the rows a
+slot keeps for `rewind` are recorded on the host at each replay.
+
 `teardown()` drops every graph; the backend calls it before freeing or moving a buffer a
 graph points into (scratch growth, meta growth, new state). `restore()` captures again the
 batch sizes a teardown dropped; the backend calls it right after a grow, before the forward
@@ -75,6 +81,7 @@ class _Captured:
     logits: Any  # [B, V] view into scratch
     tokens: Any  # [B] int32 view into meta (the next step's input ids)
     short: _Captured | None = None  # the same step for rows of at most short_limit() keys
+    hidden: Any = None  # a verify's final hidden states [R, H] (view into scratch)
 
 
 class DecodeGraphs:
@@ -92,11 +99,13 @@ class DecodeGraphs:
         self.lost: set[int] = set()  # batch sizes torn down since their capture
         self.captures = 0  # graphs captured, and graph launches (tests count both)
         self.replays = 0
+        self.verifies: dict[tuple[int, int], _Captured] = {}  # (slot, rows) -> its verify
         backend.graphs = self
 
     def teardown(self) -> None:
         self.lost |= set(self.graphs)
         self.graphs.clear()
+        self.verifies.clear()  # captured again at their next verify
 
     def restore(self) -> None:
         """Capture again every batch size a teardown dropped (the slots are placeholders, as
@@ -304,6 +313,52 @@ class DecodeGraphs:
         for short rows where there is one, which is the one step_seconds times."""
         self.model.forward(Batch.step([(s, 0) for s in range(B)]), np.zeros(B, np.int32))
         self.capture(B, short_only)
+
+    def verify(self, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
+        """A drafting verify (one segment that keeps its rows): (every row's logits, every
+        row's final hidden state, also in `model.hidden`). The first verify of its (slot,
+        rows) runs eagerly and captures its graph after; later ones replay it."""
+        (seg,) = batch.segments
+        assert seg.keep, "a verify graph replays a verify"
+        key, be = (seg.slot, seg.rows), self.be
+        cap = self.verifies.get(key)
+        if cap is None:
+            logits = self.model.forward(batch, ids, all_logits=True, hidden=True)
+            hidden = self.model.hidden
+            try:  # capturing runs nothing: the outputs above stay as they are
+                self.verifies[key] = self._capture_verify(*key)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise  # no memory for a graph: this verify size stays eager
+            return logits, hidden
+        be.stream.use()
+        be.write_batch(batch, np.asarray(ids, np.int32))
+        self.replays += 1
+        cap.graph.launch(be.stream)
+        be.verify_rows.kept[seg.slot] = seg.rows  # what save_history records when it runs
+        self.model.hidden = cap.hidden
+        return cap.logits, cap.hidden
+
+    def _capture_verify(self, slot: int, rows: int) -> _Captured:
+        """The verify of `rows` rows on `slot` as a graph; the placeholder position is
+        rewritten by each replay's `meta`."""
+        be = self.be
+        batch = Batch.verify(slot, 0, rows)
+        ids = np.zeros(rows, np.int32)
+        be.frame.scratch.reset()
+        be.prepare(batch, ids)
+        be.stream.synchronize()
+        stream = be.stream
+        with be.capture_mode(None), on_stream(stream):
+            stream.begin_capture()
+            try:
+                logits = self.model.forward(batch, ids, all_logits=True, hidden=True)
+                hidden = self.model.hidden
+            finally:
+                graph = stream.end_capture()
+        graph.upload(stream)
+        self.captures += 1
+        return _Captured(graph, logits, None, hidden=hidden)
 
     def replay_next(self, batch_size: int) -> tuple[Any, Any]:
         """The next step of the same streams, fed by the previous step's greedy tokens.

@@ -58,3 +58,18 @@ def test_mlx_checkpoints_plan_without_the_head_and_say_why():
     assert asked.draft_tokens == 0 and "MLX conversions drop them" in asked.drafting
     assert asked.breakdown == off.breakdown
     assert asked.to_dict()["drafting"].startswith("drafting is unavailable")
+
+
+def test_the_scratch_holds_a_verify_as_a_step_of_its_rows():
+    """A verify of k + 1 rows runs its attention row by row and takes every row's logits,
+    as a decode step of k + 1 streams does: the scratch is planned for that many."""
+    from engine.memory.plan import verify_step_rows
+    from engine.memory.scratch import scratch_bytes
+
+    config, _, off = plan("bf16", "off")
+    _, _, on = plan("bf16", "3")
+    assert verify_step_rows(1, 0) == 1 and verify_step_rows(1, 3) == 4
+    assert verify_step_rows(6, 2) == 6
+    one, four = (scratch_bytes(config, 256, 2, rows, 8192) for rows in (1, 4))
+    assert four > one
+    assert off.breakdown.scratch_peak == one and on.breakdown.scratch_peak == four

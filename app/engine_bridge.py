@@ -44,11 +44,13 @@ class LoadRequest:
     settings: EngineSettings
     context: int
     streams: int = 1
-    max_rows: int | None = None  # None: the plan's choice
+    max_rows: int | None = None  # None (or 0, the settings' "Auto"): the plan's choice
     refuse_cpu: bool = False
     gpu_present: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.max_rows == 0:
+            object.__setattr__(self, "max_rows", None)
         sizes = {"context": self.context, "streams": self.streams, "max_rows": self.max_rows}
         for name, value in sizes.items():
             if value is not None and value < 1:

@@ -67,3 +67,17 @@ def test_a_refused_request_is_said_and_leaves_no_empty_reply(qtbot, make_window)
     chats.store.load_all()  # and on disk
     again = chats.store.get(chats.current.id)
     assert again is None or not any(t.role == "assistant" and not t.content for t in again.turns)
+
+
+def test_max_rows_auto_reads_as_auto_and_reaches_the_engine_as_none(qtbot, make_window):
+    """0, the default, shows as "Auto" in Settings and the load panel, and a load made from
+    the stored settings asks the engine for the plan's choice (max_rows None); a number
+    typed in is asked for as typed."""
+    window = make_window()
+    s, editors = window.ctx.settings, window.settings.editors
+    assert s.max_rows == 0 and editors["engine/max_rows"].text() == "Auto"
+    assert window.load.rows_spin.text() == "Auto"
+    assert LoadRequest("/m", s.engine_settings(), 4096, 1, s.max_rows).max_rows is None
+    _type(qtbot, editors["engine/max_rows"], "1024")
+    assert s.max_rows == 1024 and window.load.rows_spin.value() == 1024
+    assert LoadRequest("/m", s.engine_settings(), 4096, 1, s.max_rows).max_rows == 1024

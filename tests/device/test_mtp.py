@@ -159,3 +159,27 @@ def test_a_verify_replays_its_graph_at_any_position(model_dir, dtype):
     assert graphs.replays > 0
     be.free_snapshot(saved)
     engine.unload()
+
+
+def test_a_verify_equals_its_rows_decoded_one_by_one(model_dir):
+    """fp32: a verify of 4 rows (gdn_step_keep, the decode attention row by row) gives each
+    row the logits four decode steps give it, to rounding, and the same state after."""
+    engine = Engine.load(model_dir, settings("3"), context=512, streams=2, max_rows=64)
+    be, model = engine.backend, engine.model
+    ids = prompt(40)
+    model.forward(Batch.window(0, 0, len(ids)), np.asarray(ids))
+    saved = be.save_slot(0, len(ids))
+    window = prompt(4, seed=9)
+    be.restore_slot(1, saved)
+    logits, _ = be.verify_forward(model, Batch.verify(1, len(ids), 4), np.asarray(window))
+    verified = be.to_host(logits)
+    steps = []
+    for i, token in enumerate(window):
+        batch = Batch.step([(0, len(ids) + i)])
+        steps.append(be.to_host(model.forward(batch, np.asarray([token])))[0])
+    np.testing.assert_allclose(verified, np.stack(steps), rtol=1e-4, atol=1e-4)
+    for part in (be.state.conv, be.state.recurrent):
+        a, b = be.to_host(part[:, 0].copy()), be.to_host(part[:, 1].copy())
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    be.free_snapshot(saved)
+    engine.unload()

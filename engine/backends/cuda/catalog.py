@@ -31,7 +31,13 @@ from typing import Any
 
 from engine.backends.cuda.attention import decode_kernel, prefill_kernel
 from engine.backends.cuda.card import Card, runs_mma
-from engine.backends.cuda.deltanet import SCAN, SCAN_KEEP, chunk_kernel, step_kernel
+from engine.backends.cuda.deltanet import (
+    SCAN,
+    SCAN_KEEP,
+    chunk_kernel,
+    keep_step_kernel,
+    step_kernel,
+)
 from engine.backends.cuda.gemv_plan import (
     GEMV_MAX_ROWS,
     TO_BLOCKS,
@@ -253,6 +259,9 @@ def modules(
         walk.add("gdn.cu", SCAN)
         if mtp:  # a drafting verify keeps its rows' states
             walk.add("gdn.cu", SCAN_KEEP)
+            keep_step = keep_step_kernel(Hk, Hv, dk, dv, K)
+            if keep_step is not None:
+                walk.add("gdn.cu", keep_step[0])
         step = step_kernel(Hk, Hv, dk, dv, K, P, card.capability)
         if step is not None:
             walk.add("gdn.cu", step[0])

@@ -42,6 +42,17 @@ SCAN = f"gdn_scan<{SCAN_COLUMNS}>"
 SCAN_KEEP = f"gdn_scan_keep<{SCAN_COLUMNS}>"  # a drafting verify: each row's state kept
 
 
+def keep_step_kernel(Hk: int, Hv: int, dk: int, dv: int, K: int) -> tuple[str, int] | None:
+    """(instance, threads) of a drafting verify's one DeltaNet launch (`gdn_step_keep`:
+    gdn_step row after row, each row's state kept), or None where gdn_step does not apply
+    (then gdn_prep, gdn_conv_state and gdn_scan_keep)."""
+    shape = step_shape(Hk, Hv, dk, dv)
+    if K > STEP_MAX_TAPS or shape is None:
+        return None
+    nc, threads = shape
+    return f"gdn_step_keep<{nc}>", threads
+
+
 def chunk_symbol(gc: int) -> str:
     return f"gdn_chunk<{gc}>"
 
@@ -226,7 +237,9 @@ class DeltaNet:
         its gated norm. A step (one row per stream) runs all of it in one `gdn_step` launch
         (which brings the weights read next, `ahead`, toward L2) where the head sizes allow,
         else the prep kernel updates the conv state itself; a window needs the separate pass
-        after every row has read it."""
+        after every row has read it. A drafting verify runs in one `gdn_step_keep` launch
+        where gdn_step applies (its rows as that many steps), else keeps each row's state
+        with gdn_scan_keep."""
         import cupy
 
         c, fr = self.state.config, self.frame
@@ -244,6 +257,16 @@ class DeltaNet:
             w = (weights["conv1d"], conv, a, b, weights["A_log"], weights["dt_bias"])
             self.step(mixed, *w, recurrent, segs, S, o, dims, ahead=ahead)
             return o
+        keep = self.verify_rows if any(seg.keep for seg in batch.segments) else None
+        kernel = keep_step_kernel(Hk, Hv, dk, dv, K) if keep is not None else None
+        if kernel is not None and all(seg.keep for seg in batch.segments):
+            keep.save_history(layer, conv, mixed, batch)  # before the launch moves the state
+            o = fr.take((R, Hv * dv), f)
+            w = (weights["conv1d"], conv, a, b, weights["A_log"], weights["dt_bias"])
+            args = (mixed, *w, recurrent, *segs, o, i32(Hk), i32(Hv), i32(dv), i32(K))
+            kept = (keep.states[layer], i32(keep.tokens))
+            self.k.run("gdn.cu", kernel[0], (Hk, S), (kernel[1],), args + kept)
+            return o
         outs = (
             fr.take((R, Hk * dk), f),
             fr.take((R, Hk * dk), f),
@@ -254,7 +277,6 @@ class DeltaNet:
         _, row_slot, row_tl, _ = fr.rows(R)
         w = (weights["conv1d"], conv, a, b, weights["A_log"], weights["dt_bias"])
         self.prep(mixed, *w, row_slot, row_tl, outs, dims, update_state=step)
-        keep = self.verify_rows if any(seg.keep for seg in batch.segments) else None
         if keep is not None:  # a verify (Segment.keep): what rewinding it takes
             keep.save_history(layer, conv, mixed, batch)
         if not step:

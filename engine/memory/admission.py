@@ -192,7 +192,9 @@ def largest_context(
     plan's streams; 0 when not even 256 tokens fit."""
     s = settings or EngineSettings()
     args = (card_free, card_total, held, s)
-    for min_rows in (FAST_ROWS, 1):  # a shorter context before smaller chunks (invariant 8)
+    # A shorter context before smaller or lazy chunks (invariant 8): the whole scratch at
+    # max rows where any context allows it, else chunks of at least FAST_ROWS.
+    for min_rows in (plan.max_rows, FAST_ROWS, 1):
         lo, hi = 0, plan.config.max_position_embeddings // CONTEXT_STEP
         while lo < hi:  # largest k with context k*256 fitting; fitting shrinks as context grows
             mid = (lo + hi + 1) // 2

@@ -204,7 +204,8 @@ class Drafter:
                 part = self.backend.hold_rows(hidden, np.arange(start, end))
             want = np.array([end - start - 1], np.int32) if logits and end == n else None
             batch = Batch.window(track.stream.slot, pos + start, end - start)
-            out = self.head.forward(batch, np.asarray(nexts[start:end]), part, want)
+            ids = np.asarray(nexts[start:end])
+            out = self.backend.head_forward(self.head, batch, ids, part, want)
         track.held = self.backend.hold_rows(hidden, np.arange(n, m))
         track.pos, track.rows = pos + n, m - n
         return out
@@ -257,7 +258,8 @@ class Drafter:
                 h = self.backend.hold_rows(hidden, rows)
                 batch = Batch.window(track.stream.slot, n + j - 1, 1)
                 first = np.zeros(1, np.int32)
-                logits = self.head.forward(batch, np.asarray(drafts[-1:]), h, first)
+                ids = np.asarray(drafts[-1:])
+                logits = self.backend.head_forward(self.head, batch, ids, h, first)
                 hidden = self.head.hidden
             draft, q = self._pick(logits, sampler, generated + drafts)
             if self.forced is not None and sampler.params.is_greedy:
@@ -318,9 +320,10 @@ class Drafter:
                 be.verify_forward(self.model, Batch.verify(0, 0, rows), ids[:rows])
         be.rewind(0, 1)
         held = be.hold_rows(self.model.hidden, np.arange(k + 1))
-        self.head.forward(Batch.window(0, 0, k + 1), ids, held, np.array([k], np.int32))
-        one = be.hold_rows(self.head.hidden, np.array([k]))
-        self.head.forward(Batch.window(0, k + 1, 1), ids[:1], one, np.zeros(1, np.int32))
+        for rows in range(1, k + 2):  # the head's sizes in a round: kernels, then graphs
+            last = np.array([rows - 1], np.int32)
+            for _ in range(2):
+                be.head_forward(self.head, Batch.window(0, 0, rows), ids[:rows], held[:rows], last)
         if self.policy.auto:
             self.policy.round_costs = self.measure()
         be.reset_slot(0)
@@ -353,9 +356,11 @@ class Drafter:
         logits, _ = be.verify_forward(self.model, Batch.verify(0, 0, k + 1), ids)
         be.rewind(0, 1)
         held = be.hold_rows(self.model.hidden, np.arange(k + 1))
-        out = self.head.forward(Batch.window(0, 0, k + 1), ids, held, np.array([k], np.int32))
+        head, last = self.head, np.array([k], np.int32)
+        out = be.head_forward(head, Batch.window(0, 0, k + 1), ids, held, last)
         for j in range(1, k):
-            h = be.hold_rows(self.head.hidden, np.array([self.head.hidden.shape[0] - 1]))
-            out = self.head.forward(Batch.window(0, k + j, 1), ids[:1], h, np.zeros(1, np.int32))
+            h = be.hold_rows(head.hidden, np.array([head.hidden.shape[0] - 1]))
+            first = np.zeros(1, np.int32)
+            out = be.head_forward(head, Batch.window(0, k + j, 1), ids[:1], h, first)
         be.argmax_rows(out)
         return logits

@@ -80,14 +80,15 @@ def forward_costs(engine: Engine, prompt: list[int], reps: int) -> dict:
 
             def window(k=k, ids=ids, held=held):
                 batch = Batch.window(stream.slot, n - 1, k + 1)
-                return be.argmax_rows(head.forward(batch, ids, held, np.array([k], np.int32)))
+                last = np.array([k], np.int32)
+                return be.argmax_rows(be.head_forward(head, batch, ids, held, last))
 
             out["head_window_s"][k] = timed(window, reps)
         one = be.hold_rows(model.hidden, np.array([0]))
 
         def draft():
             batch = Batch.window(stream.slot, n, 1)
-            return be.argmax_rows(head.forward(batch, tok, one, np.zeros(1, np.int32)))
+            return be.argmax_rows(be.head_forward(head, batch, tok, one, np.zeros(1, np.int32)))
 
         out["draft_s"] = timed(draft, reps)
     finally:

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from engine.memory import Decision, DevicePool
 
 
+# Windows of at most this many rows run their attention row by row (`Batch.per_row`).
+PER_ROW_ROWS = 8
+
+
 @dataclass(frozen=True)
 class Segment:
     """`rows` consecutive tokens of the stream in state slot `slot`, from position `start`.
@@ -57,10 +61,11 @@ class Batch:
 
     @property
     def per_row(self) -> bool:
-        """Every segment is one row or a drafting verify (`Segment.keep`): each row's
-        attention can run on its own over the cache, up to its own position (a verify's
-        rows are all in the cache before any reads it), as a decode step's rows do."""
-        return all(s.rows == 1 or s.keep for s in self.segments)
+        """Every segment is at most PER_ROW_ROWS rows (a step, a drafting verify, the MTP
+        head's windows, a prompt's short tail): each row's attention runs on its own over
+        the cache, up to its own position (every row's keys are in the cache before any row
+        reads them), as a decode step's rows do, with positions read on the device."""
+        return all(s.rows <= PER_ROW_ROWS for s in self.segments)
 
     def positions(self) -> np.ndarray:
         """Absolute position of every row, `[R]` int32."""
@@ -366,6 +371,12 @@ class Backend(ABC):
         """One decode row per stream: (logits `[B, V]`, greedy tokens `[B]` on the backend,
         or None when the backend does not pick them)."""
         return model.forward(batch, ids), None
+
+    def head_forward(
+        self, head: Any, batch: Batch, ids: np.ndarray, hidden: Any, logits_rows: Any
+    ) -> Any:
+        """The MTP head's forward (`engine.models.mtp.MtpHead.forward`, same arguments)."""
+        return head.forward(batch, ids, hidden, logits_rows)
 
     def verify_forward(self, model: Any, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
         """A drafting verify (`Batch.verify`): (every row's logits `[R, V]`, every row's

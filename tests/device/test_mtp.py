@@ -183,3 +183,30 @@ def test_a_verify_equals_its_rows_decoded_one_by_one(model_dir):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     be.free_snapshot(saved)
     engine.unload()
+
+
+def test_the_head_replays_its_graph_at_any_position(model_dir):
+    """The MTP head's draft-sized forwards (DecodeGraphs.head, captured at warm-up on slot
+    0) give what the eager forward gives, bit for bit, at another position; a window of
+    more rows than a round drafts runs eagerly."""
+    engine = Engine.load(model_dir, settings("3", "bfloat16"), context=512, max_rows=64)
+    be, model, graphs = engine.backend, engine.model, engine.backend.graphs
+    head = engine.drafter.head
+    ids = prompt(40)
+    model.forward(Batch.window(0, 0, len(ids)), np.asarray(ids), hidden=True)
+    hidden = be.hold_rows(model.hidden, np.arange(len(ids)))
+    for rows, start in ((1, 30), (3, 20), (4, 35), (1, 38)):
+        batch = Batch.window(0, start, rows)
+        nexts = np.asarray(ids[start + 1 : start + rows + 1])
+        h, last = hidden[start : start + rows], np.array([rows - 1], np.int32)
+        want = be.to_host(head.forward(batch, nexts, h, last))
+        want_hidden = be.to_host(head.hidden)
+        before = graphs.replays
+        got = be.to_host(be.head_forward(head, batch, nexts, h, last))
+        assert graphs.replays == before + 1
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(be.to_host(head.hidden), want_hidden)
+    before = graphs.replays
+    be.head_forward(head, Batch.window(0, 0, 6), np.asarray(ids[1:7]), hidden[:6], None)
+    assert graphs.replays == before  # 6 rows: more than a round of 3 drafts runs
+    engine.unload()

@@ -349,9 +349,12 @@ class CudaBackend(Backend):
 
     # ----- drafting (engine/drafting.py): small copies from CuPy's pool, off the plan -----
     def concat_cols(self, a: Any, b: Any) -> Any:
-        import cupy
-
-        return cupy.concatenate([a, b], axis=1)
+        """[a | b] in the forward's scratch (the MTP head's input, read at once: a captured
+        head allocates nothing)."""
+        out = self.frame.take((a.shape[0], a.shape[1] + b.shape[1]), a.dtype)
+        out[:, : a.shape[1]] = a
+        out[:, a.shape[1] :] = b
+        return out
 
     def concat_rows(self, a: Any, b: Any) -> Any:
         import cupy
@@ -457,6 +460,12 @@ class CudaBackend(Backend):
     def verify_forward(self, model: Any, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
         """A drafting verify on its captured graph (`DecodeGraphs.verify`)."""
         return self._decode_graphs(model).verify(batch, ids)
+
+    def head_forward(
+        self, head: Any, batch: Batch, ids: np.ndarray, hidden: Any, logits_rows: Any
+    ) -> Any:
+        """The MTP head's draft-sized forwards on captured graphs (`DecodeGraphs.head`)."""
+        return self._decode_graphs().head(head, batch, ids, hidden, logits_rows)
 
     @property
     def launches_steps(self) -> bool:

@@ -82,6 +82,7 @@ class _Captured:
     tokens: Any  # [B] int32 view into meta (the next step's input ids)
     short: _Captured | None = None  # the same step for rows of at most short_limit() keys
     hidden: Any = None  # a verify's final hidden states [R, H] (view into scratch)
+    inputs: Any = None  # the MTP head's hidden-state input, copied in before each replay
 
 
 class DecodeGraphs:
@@ -100,12 +101,14 @@ class DecodeGraphs:
         self.captures = 0  # graphs captured, and graph launches (tests count both)
         self.replays = 0
         self.verifies: dict[tuple[int, int], _Captured] = {}  # (slot, rows) -> its verify
+        self.heads: dict[tuple[int, int, bool], _Captured] = {}  # (slot, rows, logits)
         backend.graphs = self
 
     def teardown(self) -> None:
         self.lost |= set(self.graphs)
         self.graphs.clear()
         self.verifies.clear()  # captured again at their next verify
+        self.heads.clear()
 
     def restore(self) -> None:
         """Capture again every batch size a teardown dropped (the slots are placeholders, as
@@ -359,6 +362,64 @@ class DecodeGraphs:
         graph.upload(stream)
         self.captures += 1
         return _Captured(graph, logits, None, hidden=hidden)
+
+    def head(self, head: Any, batch: Batch, ids: np.ndarray, hidden: Any, logits_rows: Any) -> Any:
+        """The MTP head's forward (`MtpHead.forward`) where a round of drafting runs it: one
+        segment of at most draft_tokens + 1 rows, the logits of its last row or none. The
+        first of each (slot, rows, logits) runs eagerly and captures its graph after; later
+        ones copy `hidden` into the graph's input and replay it. Others run eagerly."""
+        be, segs = self.be, batch.segments
+        rows = batch.rows
+        want = logits_rows is not None
+        if (
+            len(segs) != 1
+            or rows > be.draft_tokens + 1
+            or (want and [int(r) for r in logits_rows] != [rows - 1])
+        ):
+            return head.forward(batch, ids, hidden, logits_rows)
+        key = (segs[0].slot, rows, want)
+        cap = self.heads.get(key)
+        if cap is None:
+            out = head.forward(batch, ids, hidden, logits_rows)
+            try:  # capturing runs nothing: the outputs above stay as they are
+                self.heads[key] = self._capture_head(head, key, hidden)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+            return out
+        be.stream.use()
+        cap.inputs[...] = hidden  # queued on the stream before the replay reads it
+        be.write_batch(batch, np.asarray(ids, np.int32))
+        self.replays += 1
+        cap.graph.launch(be.stream)
+        head.hidden = cap.hidden
+        return cap.logits
+
+    def _capture_head(self, head: Any, key: tuple[int, int, bool], like: Any) -> _Captured:
+        """The head's forward for `key` as a graph, reading its hidden states from an input
+        buffer of its own (shaped like `like`); logits of the last row where asked."""
+        import cupy
+
+        slot, rows, want = key
+        be = self.be
+        inputs = cupy.zeros(like.shape, like.dtype)
+        batch = Batch.window(slot, 0, rows)
+        ids = np.zeros(rows, np.int32)
+        be.frame.scratch.reset()
+        be.prepare(batch, ids)
+        be.stream.synchronize()
+        stream = be.stream
+        with be.capture_mode(None), on_stream(stream):
+            stream.begin_capture()
+            try:
+                head.forward(batch, ids, inputs, None)
+                hidden = head.hidden
+                logits = be.linear(hidden[rows - 1 : rows], head.model.head) if want else None
+            finally:
+                graph = stream.end_capture()
+        graph.upload(stream)
+        self.captures += 1
+        return _Captured(graph, logits, None, hidden=hidden, inputs=inputs)
 
     def replay_next(self, batch_size: int) -> tuple[Any, Any]:
         """The next step of the same streams, fed by the previous step's greedy tokens.

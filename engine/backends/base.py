@@ -28,10 +28,6 @@ if TYPE_CHECKING:
     from engine.memory import Decision, DevicePool
 
 
-# Windows of at most this many rows run their attention row by row (`Batch.per_row`).
-PER_ROW_ROWS = 8
-
-
 @dataclass(frozen=True)
 class Segment:
     """`rows` consecutive tokens of the stream in state slot `slot`, from position `start`.
@@ -59,13 +55,13 @@ class Batch:
         """Every segment is a single row (the decode path)."""
         return all(s.rows == 1 for s in self.segments)
 
-    @property
-    def per_row(self) -> bool:
-        """Every segment is at most PER_ROW_ROWS rows (a step, a drafting verify, the MTP
-        head's windows, a prompt's short tail): each row's attention runs on its own over
-        the cache, up to its own position (every row's keys are in the cache before any row
-        reads them), as a decode step's rows do, with positions read on the device."""
-        return all(s.rows <= PER_ROW_ROWS for s in self.segments)
+    def per_row(self, most: int) -> bool:
+        """A step, or a batch of at most `most` rows (a drafting verify, the MTP head's
+        windows, a prompt's short tail, where the backend's step buffers hold that many):
+        each row's attention can run on its own over the cache, up to its own position
+        (every row's keys are in the cache before any row reads them), as a decode step's
+        rows do, with the positions read on the device."""
+        return self.is_step or self.rows <= most
 
     def positions(self) -> np.ndarray:
         """Absolute position of every row, `[R]` int32."""

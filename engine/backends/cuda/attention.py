@@ -167,7 +167,7 @@ class Attention:
         ahead = ahead if batch.is_step and self.k.prefetch else ()
         self.prep(*prep, c.rope_theta, c.rms_norm_eps, ahead, scales)
         out = fr.take((R, Hq * hd))
-        if batch.per_row:  # a step, or a verify: positions from `meta` (graph-replayable)
+        if batch.per_row(fr.step_rows):  # positions from `meta`: a graph replays anywhere
             split, nsmax = decode_splits(st.context, self.step_splits)
             po = fr.take((R, Hq, nsmax, hd), cupy.float32)
             pml = fr.take((R, Hq, nsmax, 2), cupy.float32)

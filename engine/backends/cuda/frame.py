@@ -138,6 +138,13 @@ class Frame:
         self.meta.data.copy_from_host_async(h.ctypes.data, h.nbytes, stream)
         self._copied[self._turn].record(stream)
 
+    @property
+    def step_rows(self) -> int:
+        """The most rows a decode-shaped forward takes (the scratch's step buffers: the
+        streams, or a drafting verify's rows; engine.memory.plan.verify_step_rows)."""
+        ms = self.mem_scratch
+        return 1 if ms is None or ms.step_rows is None else ms.step_rows
+
     def rows(self, R: int) -> tuple[Any, Any, Any, Any]:
         """Per row: position, slot, index in its segment, its segment's rows."""
         m = self.meta

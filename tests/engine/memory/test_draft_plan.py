@@ -73,3 +73,9 @@ def test_the_scratch_holds_a_verify_as_a_step_of_its_rows():
     one, four = (scratch_bytes(config, 256, 2, rows, 8192) for rows in (1, 4))
     assert four > one
     assert off.breakdown.scratch_peak == one and on.breakdown.scratch_peak == four
+    # The CUDA attention takes a batch row by row where the step buffers hold its rows.
+    from engine.backends.base import Batch
+
+    assert Batch.verify(0, 50, 4).per_row(4) and not Batch.verify(0, 50, 4).per_row(1)
+    assert Batch.step([(0, 9), (1, 3), (2, 7)]).per_row(1)
+    assert not Batch.window(0, 0, 512).per_row(4)

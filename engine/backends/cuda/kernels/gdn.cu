@@ -361,9 +361,9 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
 }
 
 // A drafting verify's DeltaNet layer in one launch: gdn_step for each row of a segment in
-// turn (its conv taps and recurrent state carried in registers from row to row), with the
-// state after each of the first keep_rows rows stored at keep[slot][t] ([slots, keep_rows,
-// Hv, dv, dk]) as gdn_scan_keep stores it, and the conv state left as after the last row.
+// turn (the recurrent state carried in registers from row to row, the conv taps shifted in
+// the state as gdn_step shifts them), with the state after each of the first keep_rows rows
+// stored at keep[slot][t] ([slots, keep_rows, Hv, dv, dk]) as gdn_scan_keep stores it.
 // Row by row it is gdn_step's arithmetic, so a verify's rows come out as the decode steps
 // that would have fed them one at a time. grid (Hk, S) and threads as gdn_step; the caller
 // keeps the conv state and inputs a rewind needs (verify_rows.save_history) before it runs.
@@ -378,7 +378,6 @@ gdn_step_keep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
   __shared__ float sq[DK], sk[DK], sv[MAXC], sg[MAXG], sb[MAXG], red[32];
   const int kh = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gv = Hv / Hk, cols = gv * dv, KD = Hk * DK, VD = Hv * dv, C = 2 * KD + VD;
-  const long r0 = seg_row0[s];
   const int slot = seg_slot[s], rows = seg_rows[s];
   const int col = warp * NC, h = kh * gv + col / dv, j0 = col % dv;
   float4 S[NC];
@@ -389,30 +388,22 @@ gdn_step_keep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
                                : 2 * KD + kh * cols + tid - 2 * DK;
   const int hh = tid - 2 * DK - cols, hg = kh * gv + hh;
   act_t* cs = cstate + (long)slot * (K - 1) * C;
-  float wk[STEP_MAXK - 1], tap[STEP_MAXK - 1], a_log = 0.f, dtb = 0.f;
-  const float wnew = conv_taps(conv, c, K, C, conv_w, cs, wk, tap);
-  if (gate) {
-    a_log = A_log[hg];
-    dtb = dt_bias[hg];
-  }
   pdl_start();
 
   for (int t = 0; t < rows; ++t) {
-    const long r = r0 + t;
+    const long r = seg_row0[s] + t;
+    // gdn_step's row: the conv taps read from the state and shifted there (this block is
+    // the only reader and writer of its channels, and each thread of its own one).
     float val = 0.f;
     if (conv) {
+      float wk[STEP_MAXK - 1], tap[STEP_MAXK - 1];
+      const float wnew = conv_taps(conv, c, K, C, conv_w, cs, wk, tap);
       const act_t newest = mixed[r * C + c];
       const float acc = conv_acc(wk, tap, wnew, newest, K);
-      // The taps shifted as shift_taps shifts the state's: the older down, the newest last.
-#pragma unroll
-      for (int j = 0; j + 2 < STEP_MAXK; ++j)
-        if (j + 2 < K) tap[j] = tap[j + 1];
-#pragma unroll
-      for (int j = 0; j + 1 < STEP_MAXK; ++j)
-        if (j == K - 2) tap[j] = cv(newest);
+      shift_taps(cs, c, C, K, tap, newest);
       val = silu_f(acc);
     } else if (gate) {
-      step_gates(a, b, r * Hv + hg, a_log, dtb, sg[hh], sb[hh]);
+      step_gates(a, b, r * Hv + hg, A_log[hg], dt_bias[hg], sg[hh], sb[hh]);
     }
     stage_qkv(val, tid, lane, warp, cols, red, sq, sk, sv);
     const float decay = expf(sg[col / dv]), bt = sb[col / dv];
@@ -423,11 +414,6 @@ gdn_step_keep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
       store_state<NC>(keep + ((kept * Hv + h) * dv + j0) * STEP_DK, S, lane);
     }
     __syncthreads();  // every warp is done with this row's q, k, v and gates
-  }
-  if (conv) {
-#pragma unroll
-    for (int j = 0; j + 1 < STEP_MAXK; ++j)
-      if (j + 1 < K) cs[(long)j * C + c] = mk(tap[j]);
   }
   store_state<NC>(sp, S, lane);
 }

@@ -79,3 +79,36 @@ def test_w4_mma_equals_the_dequantized_route_and_its_time(capsys):
             )
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_forward_with_every_prompt_product_on_w4_mma(tiny_dirs, dtype, monkeypatch):
+    """SNUG_W4_MMA=on: a prompt window's 4-bit products all on w4_mma; its logits as close
+    to numpy's as the half-precision bound of tests/device/test_forward.py allows."""
+    from engine.backends.base import Batch
+    from engine.backends.numpy_backend import NumpyBackend
+    from tests.device.test_forward import BOUND, PROMPT, _cuda, _model
+
+    monkeypatch.setenv("SNUG_W4_MMA", "on")
+    cuda = _model(tiny_dirs["mlx4"], _cuda(dtype))
+    assert cuda.backend.projections.w4.mode == "on"
+    ref = _model(tiny_dirs["mlx4"], NumpyBackend())
+    ids = np.array(PROMPT * 3)  # 60 rows: past the decode kernels' 8
+    batch = Batch.window(0, 0, len(ids))
+    got = cuda.backend.to_host(cuda.forward(batch, ids, all_logits=True))
+    want = ref.backend.to_host(ref.forward(batch, ids, all_logits=True))
+    rel = float(np.abs(got - want).max() / np.abs(want).max())
+    print(f"\n[w4_mma, tiny mlx4 {dtype}] prefill relative logit error {rel:.3e}")
+    assert rel <= BOUND[dtype]
+
+
+def test_warm_up_times_the_routes(tiny_dirs):
+    """auto: warm-up's first window times each 4-bit shape's two routes (fixed and per-row
+    costs, all positive or zero)."""
+    from engine.config import EngineSettings
+    from engine.session import Engine
+
+    engine = Engine.load(tiny_dirs["mlx4"], EngineSettings(backend="cuda"), context=512)
+    fits = engine.backend.projections.w4.fits
+    assert fits and all(len(f) == 4 and min(f) >= 0 for f in fits.values())
+    engine.unload()

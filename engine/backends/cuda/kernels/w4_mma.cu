@@ -24,12 +24,11 @@
 
 constexpr int W4_BM = 128, W4_BN = 128, W4_LDW = 12;
 
-// Stage `st` <- group g of x rows [m0, m0 + BM) and W rows [n0, n0 + BN).
+// Stage `st` <- group g of x rows [m0, m0 + BM) and W rows [n0, n0 + BN), by cp.async.
 template <int BLK>
-__device__ __forceinline__ void w4_load(act_t (*xs)[64], unsigned (*ws)[W4_LDW], act_t* ss, act_t* bs,
-                                        const act_t* __restrict__ x, const unsigned* __restrict__ W,
-                                        const act_t* __restrict__ S, const act_t* __restrict__ B, int M, int N,
-                                        int K, int m0, int n0, int g, int tid) {
+__device__ __forceinline__ void w4_copy(act_t (*xs)[64], unsigned (*ws)[W4_LDW], const act_t* __restrict__ x,
+                                        const unsigned* __restrict__ W, int M, int N, int K, int m0, int n0,
+                                        int g, int tid) {
   const int ng = K / 64;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {  // x: 128 rows x 8 chunks of 16 bytes
@@ -46,12 +45,19 @@ __device__ __forceinline__ void w4_load(act_t (*xs)[64], unsigned (*ws)[W4_LDW],
     const unsigned* src = W + (long)n * (K / 8) + g * 8 + ch * 4;
     pf_copy(pf_smem(&ws[r][ch * 4]), n < N ? src : W, n < N ? 16 : 0);
   }
-  const int r = tid & 127, n = n0 + r;
+}
+
+// Thread tid's part of group g's scales and biases: the scale (tid < 128) or the bias of W
+// row n0 + tid % 128 (zero past N). Read a group ahead, so the load's latency passes while
+// the current group is multiplied.
+template <int BLK>
+__device__ __forceinline__ act_t w4_scale(const act_t* __restrict__ S, const act_t* __restrict__ B, int N,
+                                          int K, int n0, int g, int tid) {
+  const int ng = K / 64, n = n0 + (tid & 127);
+  if (n >= N || g >= ng) return mk(0.f);
   long si = (long)n * ng + g;
   if constexpr (BLK == 1) si = ((long)(n >> 3) * ng + g) * 8 + (n & 7);
-  act_t* dst = tid < 128 ? ss : bs;
-  const act_t* from = tid < 128 ? S : B;
-  dst[r] = n < N ? from[si] : mk(0.f);
+  return tid < 128 ? S[si] : B[si];
 }
 
 // Two 4-bit codes (nibbles k and k + 1 of w) as one register of two weights.
@@ -80,12 +86,15 @@ w4_mma(const act_t* __restrict__ x, const unsigned* __restrict__ W, const act_t*
       for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
   pdl_start();
 
-  w4_load<BLK>(xs[0], ws[0], ss[0], bs[0], x, W, S, B, M, N, K, m0, n0, 0, tid);
+  act_t* const sbt = tid < 128 ? &ss[0][tid] : &bs[0][tid - 128];  // this thread's scale or bias
+  w4_copy<BLK>(xs[0], ws[0], x, W, M, N, K, m0, n0, 0, tid);
   asm volatile("cp.async.commit_group;" ::: "memory");
+  sbt[0] = w4_scale<BLK>(S, B, N, K, n0, 0, tid);
   for (int g = 0; g < ng; ++g) {
     const int st = g & 1;
-    if (g + 1 < ng) w4_load<BLK>(xs[st ^ 1], ws[st ^ 1], ss[st ^ 1], bs[st ^ 1], x, W, S, B, M, N, K, m0, n0, g + 1, tid);
+    if (g + 1 < ng) w4_copy<BLK>(xs[st ^ 1], ws[st ^ 1], x, W, M, N, K, m0, n0, g + 1, tid);
     asm volatile("cp.async.commit_group;" ::: "memory");
+    const act_t next = w4_scale<BLK>(S, B, N, K, n0, g + 1, tid);  // used after the products
     asm volatile("cp.async.wait_group 1;" ::: "memory");
     __syncthreads();
     float sc[4], bi[4];
@@ -114,6 +123,7 @@ w4_mma(const act_t* __restrict__ x, const unsigned* __restrict__ W, const act_t*
         for (int mt = 0; mt < 4; ++mt) pf_mma(acc[mt][nt], a[mt], b0, b1);
       }
     }
+    sbt[(st ^ 1) * W4_BN] = next;  // stage st ^ 1's, read after the barrier below
     __syncthreads();
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");

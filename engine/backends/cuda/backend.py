@@ -430,7 +430,12 @@ class CudaBackend(Backend):
             fr.mem_scratch.ensure(fr.mem_scratch.max_rows)
             fr.mem_workspace.ensure(fr.mem_workspace.max_rows)
         rows = first_rows(self.max_rows, self.state.context, eager)
-        model.forward(Batch.window(0, 0, rows), np.zeros(rows, np.int32))
+        w4 = self.projections.w4
+        w4.timing = True  # each 4-bit matrix's prompt route, by its time here (w4_mma.py)
+        try:
+            model.forward(Batch.window(0, 0, rows), np.zeros(rows, np.int32))
+        finally:
+            w4.timing = False
         for batch_size in range(1, self.state.slots + 1):
             graphs.warm(batch_size)  # compiles and tunes the step kernels for this size
             graphs.capture(batch_size)

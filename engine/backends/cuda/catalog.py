@@ -55,6 +55,7 @@ from engine.backends.cuda.modules import source
 from engine.backends.cuda.norms import embed_symbol
 from engine.backends.cuda.sampling import draw_symbol
 from engine.backends.cuda.tuning import Tuning
+from engine.backends.cuda.w4_mma import w4_applies, w4_symbol
 from engine.backends.cuda.weights import fused_groups
 from engine.checkpoint.names import MTP_LAYER
 from engine.config import FULL, ModelConfig
@@ -74,6 +75,7 @@ FILES = (
     "gdn_chunk_tc.cu",
     "attention.cu",
     "attn_prefill.cu",
+    "w4_mma.cu",
 )
 
 
@@ -118,6 +120,7 @@ class _Walk:
     def __init__(self, dtype: str, card: Card) -> None:
         self.dtype, self.smem = dtype, card.smem_per_block
         self.mma = runs_mma(card.capability)
+        self.capability = card.capability
         self.isz = 4 if dtype == "float32" else 2
         self.gemv4: set[tuple[int, bool, int]] = set()
         self.files: dict[str, set[str]] = {f: set() for f in ("quant.cu", "norm.cu", "sample.cu")}
@@ -137,6 +140,8 @@ class _Walk:
             self.add("quant.cu", dequant_symbol(w.bits, self.blocked(w)))
             if self.blocked(w):
                 self.add("quant.cu", *TO_BLOCKS)
+            if w4_applies(w.bits, w.group, w.cols, w.n_out, self.dtype, self.capability):
+                self.add("w4_mma.cu", w4_symbol(self.blocked(w)))
 
     def linear(self, w: _Weight, R: int, swiglu: bool = False) -> None:
         """Projections.linear_into (and mlp's one launch with `swiglu`) at R rows."""

@@ -59,6 +59,7 @@ from engine.backends.cuda.launch import (
 from engine.backends.cuda.modules import module
 from engine.backends.cuda.norms import Norms
 from engine.backends.cuda.projection_tuning import ProjectionTuner
+from engine.backends.cuda.w4_mma import W4Route, w4_mma
 from engine.backends.cuda.weights import DWeight, QWeight
 
 i32, f32 = np.int32, np.float32
@@ -140,6 +141,7 @@ class Projections:
         self._resident: dict[tuple, int] = {}  # (kernel, threads, smem) -> blocks at once
         self._gemv4_modules: dict[tuple, Any] = {}  # (rows, swiglu, prologue) -> module
         self._gemv4_kernels: dict[str, Any] = {}  # symbol -> kernel
+        self.w4 = W4Route(kernels)  # 4-bit prompt products: w4_mma or dequantize + cuBLAS
 
     # ----- the ops ------------------------------------------------------------------------
     def linear(self, x: Any, w: Any) -> Any:
@@ -152,12 +154,19 @@ class Projections:
             self.gemv(x, w, out)
             return
         if isinstance(w, QWeight):
-            ws = self.frame.workspace
-            ws.begin("ws")
-            dense = ws.take(w.shape, self.k.act_dtype)
-            self.dequant(w, dense)
-        else:
-            dense = w.data if isinstance(w, DWeight) else w
+            if self.w4.wants(x, w, out, lambda a, o: self._dequantized(a, w, o)):
+                w4_mma(self.k, x, w, out)  # the codes read directly (w4_mma.W4Route)
+                return
+            self._dequantized(x, w, out)
+            return
+        self.gemm(x, w.data if isinstance(w, DWeight) else w, out)
+
+    def _dequantized(self, x: Any, w: QWeight, out: Any) -> None:
+        """out = x @ w.T: w dequantized into the workspace, then cuBLAS."""
+        ws = self.frame.workspace
+        ws.begin("ws")
+        dense = ws.take(w.shape, self.k.act_dtype)
+        self.dequant(w, dense)
         self.gemm(x, dense, out)
 
     def one_product(self, rows: int, weights: list[Any]) -> Any:

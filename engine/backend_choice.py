@@ -9,11 +9,14 @@ from typing import Any
 from engine.backends.base import Backend
 from engine.config import EngineSettings
 from engine.errors import BackendUnavailable
+from engine.memory.admission import BASE_ROWS
 
 log = logging.getLogger(__name__)
 
 
-def select_backend(settings: EngineSettings, max_rows: int = 512, config: Any = None) -> Backend:
+def select_backend(
+    settings: EngineSettings, max_rows: int = BASE_ROWS, config: Any = None
+) -> Backend:
     """`numpy`, `cuda`, or `auto` (cuda when an NVIDIA GPU and CuPy are usable, and its
     kernels cover the card and the model `config`; else numpy, and the log says why)."""
     choice = settings.backend

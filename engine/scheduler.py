@@ -256,6 +256,9 @@ class Scheduler:
                 if not self._waiting:
                     return
                 request = self._waiting.popleft()
+                # Counted as running from here on, so that `running + waiting` never
+                # reads 0 while a slot is being taken or given back.
+                self._running.append(request)
             if request.cancelled:
                 self._finish(request, NO_TOKEN, "cancelled")
                 continue
@@ -269,7 +272,6 @@ class Scheduler:
                 self._fail(request, exc)
                 continue
             request.t0 = time.perf_counter()
-            self._running.append(request)
             self.stats.peak_running = max(self.stats.peak_running, len(self._running))
 
     def _drop_cancelled(self) -> None:
@@ -475,9 +477,9 @@ class Scheduler:
         if request.t_first:
             n = len(request.generated)
             stats = Engine._stats(len(request.prompt_ids), n, request.t0, request.t_first)
+        self.stats.finished += 1  # before the slot goes back: `running` drops last
         self._release(request, save=token != NO_TOKEN)
         request.finish_reason = reason
-        self.stats.finished += 1
         self._deliver(request, TokenEvent(token, text, True, reason, stats))
         request.done.set()
 
@@ -488,17 +490,19 @@ class Scheduler:
         request.done.set()
 
     def _release(self, request: Request, save: bool) -> None:
-        if request in self._running:
-            self._running.remove(request)
         stream, request.stream = request.stream, None
-        if stream is None:
-            return
         try:
-            if save:
-                self.engine._save(stream)
-            self.engine.prompt_cache.persist_deferred()
+            if stream is not None:
+                try:
+                    if save:
+                        self.engine._save(stream)
+                    self.engine.prompt_cache.persist_deferred()
+                finally:
+                    self.engine._close_stream(stream)
         finally:
-            self.engine._close_stream(stream)
+            # Last, once the slot is free: a request leaves `running` with its slot.
+            if request in self._running:
+                self._running.remove(request)
 
     def _deliver(self, request: Request, item: Any) -> None:
         try:

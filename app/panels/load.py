@@ -286,7 +286,7 @@ class LoadPanel(QWidget):
                 settings=s.engine_settings(),
                 context=self.context_spin.value(),
                 streams=self.streams_spin.value(),
-                max_rows=self.rows_spin.value() or None,
+                max_rows=self.rows_spin.value(),  # 0, "Auto": the plan chooses (LoadRequest)
                 refuse_cpu=s.refuse_cpu,
                 gpu_present=self.advisor.machine.gpu is not None,
             )

@@ -236,7 +236,7 @@ class Drafter:
     def _pick(self, logits: Any, sampler: Any, prefix: list[int]) -> tuple[int, Any]:
         """A draft from the head's logits [1, V]: greedy as the model picks, or drawn from
         the request's distribution (returned too, for the verify)."""
-        if sampler.params.takes_argmax:
+        if sampler.takes_argmax:
             return int(self.backend.argmax_rows(logits)[0]), None
         row = np.asarray(self.backend.to_host(logits), np.float32)[0]
         if sampler.params.is_greedy:
@@ -276,7 +276,7 @@ class Drafter:
         window = [token, *drafts]
         batch = Batch.verify(stream.slot, n, k + 1)
         logits, hidden = self.backend.verify_forward(self.model, batch, np.asarray(window))
-        if sampler.params.takes_argmax:
+        if sampler.takes_argmax:
             new = speculative.accept_greedy(drafts, self.backend.argmax_rows(logits).tolist())
         else:
             rows = np.asarray(self.backend.to_host(logits), np.float32)

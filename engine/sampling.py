@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -70,11 +70,18 @@ class Sampler:
     # request with a penalty samples on the host (tests compare the two paths).
     device_penalty = True
 
-    def __init__(self, params: SamplingParams, vocab_rows: int):
+    def __init__(self, params: SamplingParams, vocab_rows: int, constraint: Any = None):
         self.params = params
         self.vocab_rows = vocab_rows
         self.rng = np.random.default_rng(params.seed)
         self._marked: int | None = None  # ids of the reply the device bitmap holds
+        # engine.constraint.Constraint: the tokens a grammar allows (then on the host only)
+        self.constraint = constraint
+
+    @property
+    def takes_argmax(self) -> bool:
+        """The decode step's own argmax is this sampler's pick."""
+        return self.params.takes_argmax and self.constraint is None
 
     def __call__(self, logits: np.ndarray, generated: Iterable[int] = ()) -> int:
         """Pick one token id from `logits [V]` given the ids generated so far."""
@@ -107,6 +114,8 @@ class Sampler:
             seen = np.fromiter(set(generated), dtype=np.int64)
             seen = seen[seen < self.vocab_rows]
             x[seen] -= p.presence_penalty
+        if self.constraint is not None:
+            self.constraint.mask(x, generated)  # type: ignore[arg-type]
         return x
 
     def _candidates(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -142,6 +151,8 @@ class Sampler:
         them), temperature, top-p and the presence penalty, or greedy with a penalty (top-k
         1); not min-p. (Plain greedy takes the step's own argmax.)"""
         p = self.params
+        if self.constraint is not None:
+            return False
         if p.min_p > 0 or (p.presence_penalty and not self.device_penalty):
             return False
         return bool(p.presence_penalty) if p.is_greedy else 0 < p.top_k <= 1024

@@ -263,7 +263,7 @@ class Scheduler:
                 self._finish(request, NO_TOKEN, "cancelled")
                 continue
             try:
-                request.sampler = Sampler(request.params.sampling(), self.engine.vocab_rows)
+                request.sampler = self.engine._sampler(request.params, request.prompt_ids)
                 request.decoder = StreamDecoder(self.engine.tokenizer)
                 request.stream = self.engine._open_stream()
                 request.todo = self.engine._resume(request.stream, request.prompt_ids)
@@ -358,7 +358,7 @@ class Scheduler:
             return None
         if self._waiting or any(r.todo for r in self._running):
             return None
-        if not all(r.sampler.on_device or r.sampler.params.takes_argmax for r in batch):
+        if not all(r.sampler.on_device or r.sampler.takes_argmax for r in batch):
             return None
         return engine.backend.launch_step
 

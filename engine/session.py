@@ -16,7 +16,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from engine import drafting
 from engine.backend_choice import select_backend
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
+from engine.constraint import GrammarTokenizer
 from engine.errors import DoesNotFit, NumericalError, RequestRefused
 from engine.memory import BASE_ROWS, Card, Decision, checkpoint_specs, decide
 from engine.memory.arena import act_itemsize
@@ -45,6 +46,8 @@ class GenerationParams(SamplingParams):
     """One request: how many tokens at most, and how to sample them (SamplingParams)."""
 
     max_new_tokens: int = 1024
+    # The reply's text held to this grammar (engine.constraint.json_grammar), or None.
+    grammar: str | None = None
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(**{f.name: getattr(self, f.name) for f in fields(SamplingParams)})
@@ -173,6 +176,8 @@ class Engine:
         self.eos_ids = frozenset(eos)
         self.vocab_rows = vocab_rows(tokenizer, self.config)
         self._im_start = tokenizer.token_to_id("<|im_start|>")
+        # The tokenizer as the grammar of a held reply reads it (built on first use).
+        self.grammar_tokenizer = GrammarTokenizer(tokenizer, self.vocab_rows, sorted(eos))
         cache_bytes = HOST_PROMPT_CACHE_BYTES
         if decision is not None:  # on the card, or in host memory (one of the two is 0)
             b = decision.breakdown
@@ -355,10 +360,10 @@ class Engine:
         presence penalty take the device's argmax, and what the device sampler does (top-k,
         top-p, presence penalty; not min-p) draws there: 4 bytes come back, not the logits.
         One stream with a drafter (and `draft`): its drafting round instead."""
-        if draft and self.drafter is not None and len(streams) == 1:
+        if draft and self.drafter is not None and len(streams) == 1 and not samplers[0].constraint:
             return [self.drafter.next_token(streams[0], ids[0], samplers[0], outputs[0])]
         logits, greedy = self._step_device(streams, ids)
-        plain = [s.params.takes_argmax for s in samplers]
+        plain = [s.takes_argmax for s in samplers]
         if greedy is not None and all(plain):
             return [int(t) for t in greedy.get()]
         if greedy is not None and self.backend.samples_on_device:
@@ -390,7 +395,7 @@ class Engine:
         params = params or GenerationParams()
         if not prompt_ids:
             raise RequestRefused("the prompt is empty; type a message first")
-        sampler = Sampler(params.sampling(), self.vocab_rows)
+        sampler = self._sampler(params, prompt_ids)
         decoder = StreamDecoder(self.tokenizer)
         stream = self._open_stream()
         completed = False
@@ -450,20 +455,32 @@ class Engine:
             self.prompt_cache.persist_deferred()
             self._close_stream(stream)
 
+    def _sampler(self, params: GenerationParams, prompt_ids: Sequence[int]) -> Sampler:
+        """A request's sampler; held to `params.grammar` where it has one."""
+        constraint = None
+        if params.grammar is not None:
+            from engine.constraint import THINK_CLOSE, Constraint, opens_thinking
+
+            tok = self.tokenizer
+            think_end = tok.token_to_id(THINK_CLOSE) if opens_thinking(prompt_ids, tok) else None
+            llt = self.grammar_tokenizer.get()
+            constraint = Constraint(params.grammar, llt, self.eos_ids, think_end)
+        return Sampler(params.sampling(), self.vocab_rows, constraint)
+
     def _launcher(self, sampler: Sampler) -> Callable[..., Any] | None:
         """The backend's `launch_step` where this request's steps can run without the host
         waiting for each token (their picks made on the device, each step taking its input
         from the last one's: `launches_steps`), else None."""
         if not (self.pipelined_decode and self.backend.launches_steps) or self.drafter:
             return None
-        if not (sampler.on_device or sampler.params.takes_argmax):
+        if not (sampler.on_device or sampler.takes_argmax):
             return None
         return self.backend.launch_step
 
     @staticmethod
     def _draw(sampler: Sampler, generated: list[int], stream: _Stream) -> Any:
         """A launched step's pick: None for the step's greedy token, else a device draw."""
-        if sampler.params.takes_argmax:
+        if sampler.takes_argmax:
             return None
         return sampler.device_draw(generated, stream.slot)
 
@@ -484,7 +501,7 @@ class Engine:
         params = params or GenerationParams()
         streams = [self._open_stream() for _ in prompts]
         try:
-            samplers = [Sampler(params.sampling(), self.vocab_rows) for _ in prompts]
+            samplers = [self._sampler(params, ids) for ids in prompts]
             outputs: list[list[int]] = [[] for _ in prompts]
             next_ids = []
             for s, ids, sampler, out in zip(streams, prompts, samplers, outputs, strict=True):

@@ -122,6 +122,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def hf_json(self) -> str:
+        """The tokenizer as tokenizer.json holds it (for engine.constraint)."""
+        return self._tok.to_str()
+
     # -- chat ----------------------------------------------------------------------------
 
     @property

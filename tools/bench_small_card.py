@@ -3,8 +3,9 @@
 Each (size, limit) cell runs in a process of its own (this script with --cell), so its first
 request is the first request of a new process and its memory starts clean. In it:
 `Engine.load` of a random checkpoint at the real shape (engine/testing/synth.py, MLX 4-bit)
-with the limit standing in for the card (reserve --reserve-gib; no limit: the context is the
-longest prompt plus the reply plus 64 tokens; a limit: the longest context the plan admits),
+with the limit standing in for the card (reserve --reserve-gib; the context: --context, else
+with no limit the longest prompt plus the reply plus 64 tokens, with a limit the longest the
+plan admits),
 then `Engine.generate` as the app calls it, greedy, --new-tokens tokens a reply (end of
 sequence ignored, so every reply has its length): a first request, then for each prompt
 length the context admits a warm request of fresh random ids (no prompt-cache hit). Each warm
@@ -242,10 +243,10 @@ def cell_main(args) -> None:
         settings = replace(settings, kv_cache=args.kv_cache)
     limit = parse_limit(args.limit)
     prompts = parse_ints(args.prompts)
-    context = None
+    context = args.context or None
     if limit is not None:
         settings = settings.with_gib(reserve=args.reserve_gib, limit=limit)
-    else:
+    elif context is None:
         context = max(prompts + [args.first_prompt]) + args.new_tokens + MARGIN
     path = model_dir(args.workdir, args.size, args.format)
     first, new = args.first_prompt, args.new_tokens
@@ -293,7 +294,8 @@ def spawn_cell(args, size: str, limit: float | None, left: float | None) -> dict
         out = Path(tmp) / "cell.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--cell", "--size", size]
         cmd += ["--limit", str(limit), "--cell-out", str(out)]
-        for flag in ("prompts", "first_prompt", "new_tokens", "reserve_gib", "format", "max_rows"):
+        flags = "prompts first_prompt new_tokens reserve_gib format max_rows context".split()
+        for flag in flags:
             if getattr(args, flag) is not None:
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         cmd += ["--workdir", args.workdir, "--backend", args.backend]
@@ -559,6 +561,7 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--first-prompt", type=int, default=0, help="default: the shortest prompt")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--max-rows", type=int, default=None, help="default: the plan's")
+    ap.add_argument("--context", type=int, default=None, help="default: see above")
     ap.add_argument("--reserve-gib", type=float, default=0.5, help="with a limit")
     ap.add_argument("--format", default="mlx4", choices=["mlx4", "mlx8", "bf16"])
     ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy", "auto"])

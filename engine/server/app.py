@@ -117,6 +117,7 @@ class OpenAIServer:
         splitter = ReplySplitter(
             prompt_opens_thinking(prompt_text), bool(chat.tools), tool_schemas(chat.tools)
         )
+        await self._grammar_ready(chat.options)
         gen = self._start(request, ids, chat.options, splitter)
         head = self._head("chatcmpl", chat.options)
         if chat.options.stream:
@@ -151,6 +152,7 @@ class OpenAIServer:
             vocab = self.engine.vocab_rows
             if any(not 0 <= t < vocab for t in ids):
                 raise bad(f"'prompt' has token ids outside the vocabulary [0, {vocab})", "prompt")
+        await self._grammar_ready(req.options)
         gen = self._start(request, ids, req.options, None)
         head = self._head("cmpl", req.options)
         if req.options.stream:
@@ -264,6 +266,12 @@ class OpenAIServer:
             "owned_by": "snug",
             "max_model_len": self.engine.context,
         }
+
+    async def _grammar_ready(self, options: Options) -> None:
+        """A held reply's tokenizer for the grammar, built (once, about a second for a large
+        vocabulary) here rather than in the engine's loop, where it would stall every stream."""
+        if options.grammar is not None:
+            await run_in_threadpool(self.engine.grammar_tokenizer.get)
 
     def _render(self, chat: ChatRequest) -> tuple[str, list[int]]:
         text = self.tokenizer.apply_chat_template(

@@ -2,8 +2,8 @@
 
 Unknown fields are ignored (clients send many); a known field with the wrong type or out of
 range is refused with status 400 and `param` set to its name. Features this engine does not
-have (several choices, log probabilities, forced tool choice, JSON mode) are refused by name
-rather than silently ignored.
+have (several choices, log probabilities, forced tool choice) are refused by name rather
+than silently ignored. `response_format` (JSON mode, a JSON schema) holds the reply to it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from engine.constraint import json_grammar
+from engine.errors import RequestRefused
 from engine.session import GenerationParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -100,6 +102,7 @@ class Options:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    grammar: str | None = None  # `response_format`'s (engine.constraint), or None: free text
 
     def params(self, max_new_tokens: int) -> GenerationParams:
         given = {
@@ -111,7 +114,7 @@ class Options:
             "seed": self.seed,
         }
         chosen = {k: v for k, v in given.items() if v is not None}
-        return GenerationParams(max_new_tokens=max_new_tokens, **chosen)
+        return GenerationParams(max_new_tokens=max_new_tokens, grammar=self.grammar, **chosen)
 
 
 def read_options(body: dict, max_tokens_default: int | None) -> Options:
@@ -153,7 +156,36 @@ def read_options(body: dict, max_tokens_default: int | None) -> Options:
         stream=field(body, "stream", "boolean", False),
         include_usage=field(options, "include_usage", "boolean", False, "stream_options."),
         ignore_eos=field(body, "ignore_eos", "boolean", False),
+        grammar=read_response_format(body),
     )
+
+
+def read_response_format(body: dict) -> str | None:
+    """`response_format` -> the grammar the reply is held to: none for text, any JSON object
+    for `json_object`, the schema's JSON for `json_schema` (engine.constraint)."""
+    fmt = field(body, "response_format", "object", {})
+    kind = field(fmt, "type", "string", "text", "response_format.")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema, where = None, "response_format"
+    elif kind == "json_schema":
+        spec = field(fmt, "json_schema", "object", None, "response_format.")
+        if spec is None:
+            raise bad("'response_format.json_schema' is required with type json_schema",
+                      "response_format.json_schema")  # fmt: skip
+        where = "response_format.json_schema.schema"
+        schema = field(spec, "schema", "object", None, "response_format.json_schema.")
+    else:
+        raise bad(
+            f"'response_format.type' = {json.dumps(kind)[:40]}: use text, json_object or "
+            "json_schema",
+            "response_format.type",
+        )
+    try:
+        return json_grammar(schema, where)
+    except RequestRefused as exc:
+        raise bad(str(exc), where) from exc
 
 
 # ----- chat -----------------------------------------------------------------------------------
@@ -181,9 +213,6 @@ def read_chat(body: dict) -> ChatRequest:
             "'tool_choice' may be 'auto' or 'none': this server does not force a tool call",
             "tool_choice",
         )
-    fmt = field(body, "response_format", "object", {})
-    if fmt.get("type", "text") != "text":
-        raise bad("'response_format' other than text is not supported", "response_format")
     kwargs = field(body, "chat_template_kwargs", "object", {})
     thinking = field(kwargs, "enable_thinking", "boolean", None, "chat_template_kwargs.")
     return ChatRequest(read_options(body, None), messages, tools, thinking)

@@ -184,6 +184,14 @@ def test_a_cell_in_its_own_process_on_the_numpy_backend(tmp_path, capsys):
     assert text.strip() in capsys.readouterr().out
 
 
+def test_a_named_context_reaches_the_cell_and_bounds_its_prompts(tmp_path):
+    flags = "--backend numpy --sizes tiny --limits none --prompts 8,40 --new-tokens 3"
+    out = tmp_path / "out"
+    main([*flags.split(), "--context", "32", "--workdir", str(tmp_path / "w"), "--out", str(out)])
+    (cell,) = json.loads((out / "small_card.json").read_text())["cells"]
+    assert cell["context"] == 32 and cell["rows"][1]["skipped"] == "not admitted"
+
+
 def test_the_cell_reads_the_plan_and_the_pool_where_the_backend_has_one(tmp_path, monkeypatch):
     """The numpy backend with a simulated card: the plan's path of a cell, refused and
     admitted (the numpy backend allocates nothing through the pool)."""

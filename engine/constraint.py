@@ -37,9 +37,35 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 def json_grammar(schema: dict[str, Any] | None, where: str) -> str:
     """The grammar of JSON text matching `schema` (None: any JSON object). Raises
     RequestRefused naming `where` (the request's field) when the schema cannot be compiled."""
+    return _grammar("", {"type": "object"} if schema is None else schema, "", where)
+
+
+def tool_call_grammar(tools: list[dict[str, Any]], name: str | None, where: str) -> str:
+    """The grammar of one tool call (`tool_choice` "required", or the tool `name`): a
+    `<tool_call>` block holding `{"name": ..., "arguments": {...}}`, the arguments held to
+    the tool's parameters. This is the JSON form of Qwen's tool calls (Qwen2.5 and Qwen3
+    write it; engine.server.reply reads it beside Qwen3.5's own form)."""
+    calls = []
+    for tool in tools:
+        fn = tool["function"]
+        if name is None or fn["name"] == name:
+            arguments = fn.get("parameters") or {"type": "object"}
+            calls.append(
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": fn["name"]}, "arguments": arguments},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": False,
+                }
+            )
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return _grammar('"<tool_call>\\n"', schema, '"\\n</tool_call>"', where)
+
+
+def _grammar(before: str, schema: dict[str, Any], after: str, where: str) -> str:
+    """llguidance's grammar of `before` (lark), JSON text matching `schema`, `after`."""
     from llguidance import LLMatcher
 
-    schema = {"type": "object"} if schema is None else schema
     given = schema.get("x-guidance")  # llguidance's own options, where a client sets them
     options = {"whitespace_pattern": WHITESPACE, **(given if isinstance(given, dict) else {})}
     try:
@@ -47,7 +73,7 @@ def json_grammar(schema: dict[str, Any] | None, where: str) -> str:
     except (TypeError, ValueError) as exc:
         raise RequestRefused(f"'{where}' is not a usable JSON schema: {exc}") from exc
     # A line break or two may come first: Qwen3.5 writes them after `</think>`.
-    grammar = LLMatcher.grammar_from_lark(f"start: /{LEAD}/ %json {text}")
+    grammar = LLMatcher.grammar_from_lark(f"start: /{LEAD}/ {before} %json {text} {after}")
     error = LLMatcher.validate_grammar(grammar)
     if error:
         raise RequestRefused(f"'{where}' is not a usable JSON schema: {error.strip()[:300]}")

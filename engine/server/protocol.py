@@ -2,17 +2,18 @@
 
 Unknown fields are ignored (clients send many); a known field with the wrong type or out of
 range is refused with status 400 and `param` set to its name. Features this engine does not
-have (several choices, log probabilities, forced tool choice) are refused by name rather
-than silently ignored. `response_format` (JSON mode, a JSON schema) holds the reply to it.
+have (several choices, log probabilities) are refused by name rather than silently ignored.
+`response_format` (JSON mode, a JSON schema) and a forced `tool_choice` hold the reply to a
+grammar (engine.constraint).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.constraint import json_grammar
+from engine.constraint import json_grammar, tool_call_grammar
 from engine.errors import RequestRefused
 from engine.session import GenerationParams
 
@@ -205,17 +206,45 @@ def read_chat(body: dict) -> ChatRequest:
     tools = field(body, "tools", "array")
     if tools is not None:
         tools = [_tool(t, i) for i, t in enumerate(tools)] or None
+    options = read_options(body, None)
     choice = body.get("tool_choice", "auto")
     if choice == "none":
         tools = None
     elif choice not in ("auto", None):
-        raise bad(
-            "'tool_choice' may be 'auto' or 'none': this server does not force a tool call",
-            "tool_choice",
-        )
+        options = replace(options, grammar=_forced_call(choice, tools, options))
     kwargs = field(body, "chat_template_kwargs", "object", {})
     thinking = field(kwargs, "enable_thinking", "boolean", None, "chat_template_kwargs.")
-    return ChatRequest(read_options(body, None), messages, tools, thinking)
+    return ChatRequest(options, messages, tools, thinking)
+
+
+def _forced_call(choice: Any, tools: list[dict[str, Any]] | None, options: Options) -> str:
+    """`tool_choice` "required" or {"type": "function", "function": {"name": ...}}: the
+    grammar that holds the reply to one call (of that tool)."""
+    name = None
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type", "function") != "function" or not isinstance(name, str):
+            raise bad(
+                "'tool_choice' must be 'auto', 'none', 'required' or "
+                '{"type": "function", "function": {"name": ...}}',
+                "tool_choice",
+            )
+    elif choice != "required":
+        raise bad(f"'tool_choice' = {json.dumps(choice)[:40]}: use auto, none or required",
+                  "tool_choice")  # fmt: skip
+    if not tools:
+        raise bad("'tool_choice' asks for a tool call but the request has no 'tools'",
+                  "tool_choice")  # fmt: skip
+    if name is not None and name not in {t["function"]["name"] for t in tools}:
+        raise bad(f"'tool_choice' names {name!r}, which is not in 'tools'", "tool_choice")
+    if options.grammar is not None:
+        raise bad("'response_format' and a forced 'tool_choice' cannot both hold the reply",
+                  "tool_choice")  # fmt: skip
+    try:
+        return tool_call_grammar(tools, name, "tools")
+    except RequestRefused as exc:
+        raise bad(str(exc), "tools") from exc
 
 
 def _message(message: Any, i: int) -> dict[str, Any]:

@@ -36,7 +36,15 @@ CASES = [
     ("POST", "/chat/completions", chat(seed=-1), 400, "seed", None, "must be in"),
     ("POST", "/chat/completions", chat(n=2), 400, "n", None, "one choice"),
     ("POST", "/chat/completions", chat(logprobs=True), 400, "logprobs", None, "not supported"),
-    ("POST", "/chat/completions", chat(tool_choice="required"), 400, "tool_choice", None, "auto"),
+    (
+        "POST",
+        "/chat/completions",
+        chat(tool_choice="required"),
+        400,
+        "tool_choice",
+        None,
+        "no 'tools'",
+    ),
     ("POST", "/chat/completions", {"model": "tiny-tools"}, 400, "messages", None, "non-empty"),
     (
         "POST",

@@ -131,3 +131,60 @@ def test_completions_take_a_schema_too(served):
         extra_body={"response_format": AS_SCHEMA},
     )
     assert r.choices[0].finish_reason == "stop" and fits(r.choices[0].text)
+
+
+CLOSED = {"type": "object", "properties": {}, "additionalProperties": False}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "set_units",
+            "parameters": {
+                "type": "object",
+                "properties": {"unit": {"enum": ["c", "f"]}, "loud": {"type": "boolean"}},
+                "required": ["unit", "loud"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "ping", "parameters": CLOSED}},
+]
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "set_units"}}]
+)
+def test_a_forced_tool_choice_gets_a_call_of_that_tool(served, choice):
+    reply = served.client().chat.completions.create(
+        model=served.model,
+        messages=[{"role": "user", "content": "Use a tool"}],
+        tools=TOOLS,
+        tool_choice=choice,
+        temperature=0,
+        max_tokens=300,
+        extra_body=NO_THINKING,
+    )
+    choice_ = reply.choices[0]
+    (call,) = choice_.message.tool_calls
+    assert choice_.finish_reason == "tool_calls" and not choice_.message.content
+    if isinstance(choice, dict):
+        args = json.loads(call.function.arguments)
+        assert call.function.name == "set_units" and args["unit"] in ("c", "f")
+        assert isinstance(args["loud"], bool)
+    else:
+        assert call.function.name in ("set_units", "ping")
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tool_choice": "always"}, "tool_choice"),
+        ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ],
+)
+def test_a_forced_tool_choice_that_cannot_be_met_is_refused_by_name(served, extra, param):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS, **extra}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(f"{served.url}/chat/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()

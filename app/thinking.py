@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-OPEN, CLOSE = "<think>", "</think>"
+from engine.tokenizer import THINK_CLOSE as CLOSE
+from engine.tokenizer import THINK_OPEN as OPEN
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import RequestRefused
+from engine.tokenizer import THINK_CLOSE, THINK_OPEN
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 # indent; never without end (a model that likes spaces could otherwise fill the reply).
 WHITESPACE = r"(\n[ \t]{0,20}|[ ])?"
 LEAD = r"[ \t\n]{0,4}"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def json_grammar(schema: dict[str, Any] | None, where: str) -> str:
@@ -123,8 +123,7 @@ class Constraint:
         self.matcher = LLMatcher(tokenizer, grammar, log_level=0)
         if self.matcher.is_error():  # json_grammar validated it: this is not the request's
             raise RequestRefused(f"the reply's grammar did not compile: {self.matcher.get_error()}")
-        self.vocab = tokenizer.vocab_size
-        self.bitmask = np.zeros((self.vocab + 31) // 32, dtype=np.int32)
+        self.bitmask = np.zeros((tokenizer.vocab_size + 31) // 32, dtype=np.int32)
         self.eos_ids = np.asarray(list(eos_ids), dtype=np.int64)
         self.think_end = think_end  # None: held from the first token
         self.start: int | None = 0 if think_end is None else None  # first held index
@@ -147,7 +146,7 @@ class Constraint:
             return False
         if self.start is None:
             try:
-                self.start = list(generated).index(self.think_end) + 1
+                self.start = generated.index(self.think_end) + 1
             except ValueError:
                 return False  # still thinking
         held = generated[self.start :]

@@ -27,7 +27,7 @@ from engine import drafting
 from engine.backend_choice import select_backend
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
-from engine.constraint import GrammarTokenizer
+from engine.constraint import THINK_CLOSE, Constraint, GrammarTokenizer, opens_thinking
 from engine.errors import DoesNotFit, NumericalError, RequestRefused
 from engine.memory import BASE_ROWS, Card, Decision, checkpoint_specs, decide
 from engine.memory.arena import act_itemsize
@@ -459,8 +459,6 @@ class Engine:
         """A request's sampler; held to `params.grammar` where it has one."""
         constraint = None
         if params.grammar is not None:
-            from engine.constraint import THINK_CLOSE, Constraint, opens_thinking
-
             tok = self.tokenizer
             think_end = tok.token_to_id(THINK_CLOSE) if opens_thinking(prompt_ids, tok) else None
             llt = self.grammar_tokenizer.get()

@@ -31,6 +31,7 @@ TEMPLATE_FILE = "chat_template.jinja"
 EXTRA_TEMPLATES = "additional_chat_templates"  # transformers 5 saves named templates here
 MAX_TIME_FORMAT = 256  # characters of a strftime_now format
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # Qwen's thinking block
 REPLACEMENT = "\ufffd"
 MAX_TOKENIZER_CONFIG_BYTES = 16 << 20  # Qwen3.5's is 16 KB, template included
 # Where a message's reasoning may be; transformers copies it to `reasoning_content` and

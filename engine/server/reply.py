@@ -26,7 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+from engine.tokenizer import THINK_CLOSE, THINK_OPEN
+
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)

@@ -107,7 +107,9 @@ def test_warm_up_times_the_routes(tiny_dirs):
     costs, all positive or zero)."""
     from engine.config import EngineSettings
     from engine.session import Engine
+    from engine.testing.tiny import write_tokenizer
 
+    write_tokenizer(tiny_dirs["mlx4"])  # Engine.load reads one; the other tests need none
     engine = Engine.load(tiny_dirs["mlx4"], EngineSettings(backend="cuda"), context=512)
     fits = engine.backend.projections.w4.fits
     assert fits and all(len(f) == 4 and min(f) >= 0 for f in fits.values())

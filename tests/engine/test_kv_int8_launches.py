@@ -46,16 +46,19 @@ def test_prep_writes_codes_and_scales():
     a = DeviceArray((3, 8))
     meta = (a,) * 4
     prep = (a, a, a, a, a, meta, a, "kc", "vc", (16, 4, 256), 64, 1024, 1e7, 1e-6)
-    at.prep(*prep, (), ("ks", "vs"))
+    at.prep(*prep, True, (), ("ks", "vs"))
     sym, grid, block, smem, args = k.launches[-1]
     assert (sym, grid, block, smem) == ("attn_prep_q8", (3, 20), (256,), 1024)
     names = _params("attn_prep_q8")
     assert len(args) == len(names) and names[10:14] == ["kc", "vc", "ks", "vs"]
     assert args[10:14] == ("kc", "vc", "ks", "vs")
     assert [int(x) for x in args[14:19]] == [16, 4, 256, 64, 1024]
-    at.prep(*prep)
+    assert names[21] == "rowwise" and int(args[21]) == 1  # queries [R, Hq, hd]
+    at.prep(*prep, False)
     sym, _, _, _, args = k.launches[-1]
-    assert sym == "attn_prep" and len(args) == len(_params("attn_prep"))
+    names = _params("attn_prep")
+    assert sym == "attn_prep" and len(args) == len(names)
+    assert names[19] == "rowwise" and int(args[19]) == 0
 
 
 def test_dequant_covers_every_code_once():

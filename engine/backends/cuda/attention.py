@@ -163,11 +163,14 @@ class Attention:
         scales = (st.kv_k_scale[layer], st.kv_v_scale[layer]) if st.kv_int8 else None
         q = fr.take((R, Hq * hd))
         meta = fr.rows(R)
+        # Row by row (positions from `meta`: a graph replays anywhere) where the step
+        # buffers hold the rows; the queries then go row-major, as the decode kernels read.
+        rowwise = batch.per_row(fr.step_rows)
         prep = (qg, k, v, q_norm, k_norm, meta, q, kc, vc, heads, c.rotary_dim, st.context)
         ahead = ahead if batch.is_step and self.k.prefetch else ()
-        self.prep(*prep, c.rope_theta, c.rms_norm_eps, ahead, scales)
+        self.prep(*prep, c.rope_theta, c.rms_norm_eps, rowwise, ahead, scales)
         out = fr.take((R, Hq * hd))
-        if batch.per_row(fr.step_rows):  # positions from `meta`: a graph replays anywhere
+        if rowwise:
             split, nsmax = decode_splits(st.context, self.step_splits)
             po = fr.take((R, Hq, nsmax, hd), cupy.float32)
             pml = fr.take((R, Hq, nsmax, 2), cupy.float32)
@@ -204,11 +207,14 @@ class Attention:
         ctx,
         theta,
         eps,
+        rowwise,
         ahead=(),
         scales=None,
     ):
         """q/k norm and RoPE into `qout` and the KV cache; `ahead` (a step's next weights)
-        toward L2. `scales` (the 8-bit cache's key and value scales): codes into kc / vc."""
+        toward L2. `scales` (the 8-bit cache's key and value scales): codes into kc / vc.
+        `rowwise`: `qout` [R, Hq, hd] for the decode kernels, else [Hq, rows, hd] a segment
+        for the prefill kernels."""
         Hq, Hkv, hd = heads
         R = qg.shape[0]
         pos, row_slot, row_tl, row_n = meta
@@ -238,6 +244,7 @@ class Attention:
                 i32(ctx),
                 np.float64(theta),
                 f32(eps),
+                i32(rowwise),
             )
             + ahead_spans(ahead, self.tuning),
             hd * 4,

@@ -5,8 +5,9 @@
 // Per-row metadata (int32, device memory, written before launch so a captured graph replays
 // with new values): pos[r] absolute position, row_slot[r] state slot, row_tl[r] index of the
 // row inside its segment, row_n[r] rows of that segment.
-// KV cache of one layer: [slots, Hkv, ctx, hd]. Query buffer: per segment starting at row0,
-// [Hq, rows, hd] at offset row0*Hq*hd (for one-row segments that is the plain [Hq, hd]).
+// KV cache of one layer: [slots, Hkv, ctx, hd]. Query buffer: for the prefill kernels, per
+// segment starting at row0, [Hq, rows, hd] at offset row0*Hq*hd; for the decode kernels (a
+// step, or a short window attending row by row: attn_prep's `rowwise`), [R, Hq, hd].
 //
 // The 8-bit cache (engine/backends/kv_int8.py) holds int8 codes in the same layout and one
 // fp32 scale per (slot, KV head, position), [slots, Hkv, ctx] for keys and for values. Its
@@ -43,13 +44,23 @@ __device__ __forceinline__ float prep_head(const act_t* __restrict__ qg, const a
   return x;
 }
 
+// Where row r's query head h goes in qout: rowwise, [R, Hq, hd] as the decode kernels read it
+// (a step, or a short window attending row by row); else each segment's heads apart,
+// [Hq, rows, hd] from the segment's first row, as the prefill kernels read them.
+__device__ __forceinline__ long q_index(int r, int h, int Hq, int hd, const int* __restrict__ row_tl,
+                                        const int* __restrict__ row_n, int rowwise) {
+  if (rowwise) return ((long)r * Hq + h) * hd;
+  const long row0 = r - row_tl[r];
+  return row0 * Hq * hd + ((long)h * row_n[r] + row_tl[r]) * hd;
+}
+
 extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* __restrict__ k,
                                      const act_t* __restrict__ v, const float* __restrict__ qn,
                                      const float* __restrict__ kn, const int* __restrict__ pos,
                                      const int* __restrict__ row_slot, const int* __restrict__ row_tl,
                                      const int* __restrict__ row_n, act_t* __restrict__ qout,
                                      act_t* __restrict__ kc, act_t* __restrict__ vc, int Hq, int Hkv,
-                                     int hd, int rot, int ctx, double theta, float eps,
+                                     int hd, int rot, int ctx, double theta, float eps, int rowwise,
                                      const unsigned char* __restrict__ ahead, long long ahead_bytes,
                                      const unsigned char* __restrict__ ahead2, long long bytes2,
                                      const unsigned char* __restrict__ ahead3, long long bytes3) {
@@ -64,8 +75,7 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
   int kvh, p;
   const float x = prep_head(qg, k, qn, kn, pos, Hq, Hkv, hd, rot, theta, eps, buf, red, kvh, p);
   if (h < Hq) {
-    long row0 = r - row_tl[r];
-    qout[row0 * Hq * hd + ((long)h * row_n[r] + row_tl[r]) * hd + d] = mk(x);
+    qout[q_index(r, h, Hq, hd, row_tl, row_n, rowwise) + d] = mk(x);
   } else {
     long off = (((long)row_slot[r] * Hkv + kvh) * ctx + p) * hd + d;
     kc[off] = mk(x);
@@ -92,7 +102,7 @@ extern "C" __global__ void attn_prep_q8(const act_t* __restrict__ qg, const act_
                                         const int* __restrict__ row_n, act_t* __restrict__ qout,
                                         signed char* __restrict__ kc, signed char* __restrict__ vc,
                                         float* __restrict__ ks, float* __restrict__ vs, int Hq, int Hkv,
-                                        int hd, int rot, int ctx, double theta, float eps,
+                                        int hd, int rot, int ctx, double theta, float eps, int rowwise,
                                         const unsigned char* __restrict__ ahead, long long ahead_bytes,
                                         const unsigned char* __restrict__ ahead2, long long bytes2,
                                         const unsigned char* __restrict__ ahead3, long long bytes3) {
@@ -105,8 +115,7 @@ extern "C" __global__ void attn_prep_q8(const act_t* __restrict__ qg, const act_
   int kvh, p;
   const float x = prep_head(qg, k, qn, kn, pos, Hq, Hkv, hd, rot, theta, eps, buf, red, kvh, p);
   if (h < Hq) {
-    long row0 = r - row_tl[r];
-    qout[row0 * Hq * hd + ((long)h * row_n[r] + row_tl[r]) * hd + d] = mk(x);
+    qout[q_index(r, h, Hq, hd, row_tl, row_n, rowwise) + d] = mk(x);
     return;
   }
   const long row = ((long)row_slot[r] * Hkv + kvh) * ctx + p;

@@ -175,7 +175,9 @@ class Attention:
             po = fr.take((R, Hq, nsmax, hd), cupy.float32)
             pml = fr.take((R, Hq, nsmax, 2), cupy.float32)
             ctx = st.context
-            self.decode(q, kc, vc, meta[0], meta[1], po, pml, heads, ctx, split, nsmax, scales)
+            fresh = max(seg.rows for seg in batch.segments)  # keys prep just wrote, a row
+            args = (q, kc, vc, meta[0], meta[1], po, pml, heads, ctx, split, nsmax)
+            self.decode(*args, scales, fresh)
             self.combine(po, pml, qg, meta[0], out, heads, split, nsmax)
             return out
         row0, fused = 0, bool(self.fused_prefill()[0])
@@ -250,10 +252,14 @@ class Attention:
             hd * 4,
         )
 
-    def decode(self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, least, nsmax, scales=None):
+    def decode(
+        self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, least, nsmax, scales=None, fresh=1
+    ):
         """Split-KV decode attention: nsmax splits a KV head at most, each of at least
         `least` keys (engine.memory.scratch.decode_splits); partials to po / pml. `scales`:
-        the 8-bit cache's key and value scales (kc / vc hold codes)."""
+        the 8-bit cache's key and value scales (kc / vc hold codes). `fresh`: the newest
+        keys of a row that attn_prep has just written (read only after the kernel waits for
+        it; the older ones are requested before): 1 in a step, a verify's rows in one."""
         Hq, Hkv, hd = heads
         R = q.shape[0]
         # support.check_model refused any other shape at load
@@ -281,6 +287,7 @@ class Attention:
                 i32(least),
                 i32(nsmax),
                 f32(hd**-0.5),
+                i32(fresh),
             ),
         )
 

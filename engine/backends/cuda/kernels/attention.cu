@@ -166,8 +166,9 @@ __device__ __forceinline__ void load_codes(const signed char* __restrict__ p, fl
 // (one memory latency per KU keys, not per key), then the KU scores of each of the gq <= GM
 // query heads sharing this KV head are folded into the running (max, sum, o) at once. A
 // warp's first KU keys are requested before the wait for the previous kernel (attn_prep),
-// except the newest one, which attn_prep writes; with NW * KU = 32, a split of the fewest
-// (32) keys is requested whole before the wait, with no second round trip after it.
+// except the `fresh` newest of the row, which attn_prep writes (1 in a step; in a window
+// attending row by row, a drafting verify's, up to its rows); with NW * KU = 32, a split of
+// the fewest (32) keys is requested whole before the wait, with no second round trip after it.
 // Q8 = 1 reads the 8-bit cache: each key's and value's codes with its scale (ks, vs:
 // [slots, Hkv, ctx]), dequantized to fp32 as they are loaded (attn_decode_q8).
 template <int DPL, int GM, int KU, int NW, int Q8>
@@ -177,7 +178,7 @@ __device__ __forceinline__ void attn_decode_body(const act_t* __restrict__ q,
                                                  const float* __restrict__ ks, const float* __restrict__ vs,
                                                  const int* __restrict__ pos, const int* __restrict__ row_slot,
                                                  float* __restrict__ po, float* __restrict__ pml, int Hq, int Hkv,
-                                                 int ctx, int least, int nsmax, float scale) {
+                                                 int ctx, int least, int nsmax, float scale, int fresh) {
   constexpr int HD = DPL * 32;
   __shared__ float sm_o[NW][GM][HD];
   __shared__ float sm_m[NW][GM], sm_l[NW][GM];
@@ -193,12 +194,13 @@ __device__ __forceinline__ void attn_decode_body(const act_t* __restrict__ q,
   const long head = (long)row_slot[r] * Hkv + kvh, base = head * ctx * HD;
   const int jfirst = k0 + warp * KU;
   float kv[KU][DPL], vv[KU][DPL];
-  // Keys j0..j0+KU-1 of the split: which = 0 all of them, 1 all but the newest, 2 only it.
+  // Keys j0..j0+KU-1 of the split: which = 0 all of them, 1 all but the fresh ones, 2 only
+  // those (attn_prep wrote them: read after the wait).
   auto load_keys = [&](int j0, int which) {
 #pragma unroll
     for (int u = 0; u < KU; ++u) {
       const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
-      if (which == 0 || (which == 1 ? j < len - 1 : j == len - 1)) {
+      if (which == 0 || (which == 1 ? j < len - fresh : j >= len - fresh)) {
         if constexpr (Q8) {
           load_codes<DPL>(kc + base + j * HD + lane * DPL, ks[head * ctx + j], kv[u]);
           load_codes<DPL>(vc + base + j * HD + lane * DPL, vs[head * ctx + j], vv[u]);
@@ -290,9 +292,9 @@ template <int DPL, int GM, int KU, int NW>
 __global__ void __launch_bounds__(NW * 32)
 attn_decode(const act_t* __restrict__ q, const act_t* __restrict__ kc, const act_t* __restrict__ vc,
             const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
-            float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale) {
+            float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale, int fresh) {
   attn_decode_body<DPL, GM, KU, NW, 0>(q, kc, vc, nullptr, nullptr, pos, row_slot, po, pml, Hq, Hkv, ctx,
-                                       least, nsmax, scale);
+                                       least, nsmax, scale, fresh);
 }
 
 template <int DPL, int GM, int KU, int NW>
@@ -300,9 +302,9 @@ __global__ void __launch_bounds__(NW * 32)
 attn_decode_q8(const act_t* __restrict__ q, const signed char* __restrict__ kc,
                const signed char* __restrict__ vc, const float* __restrict__ ks, const float* __restrict__ vs,
                const int* __restrict__ pos, const int* __restrict__ row_slot, float* __restrict__ po,
-               float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale) {
+               float* __restrict__ pml, int Hq, int Hkv, int ctx, int least, int nsmax, float scale, int fresh) {
   attn_decode_body<DPL, GM, KU, NW, 1>(q, kc, vc, ks, vs, pos, row_slot, po, pml, Hq, Hkv, ctx, least, nsmax,
-                                       scale);
+                                       scale, fresh);
 }
 
 // grid (R, Hq), hd threads: merge the splits, normalise, multiply by sigmoid(gate).

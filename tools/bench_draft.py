@@ -19,6 +19,7 @@ first position; `--acceptance` takes one rate for every position or one per posi
 Target: >= 1.6x projected at k = 2.
 
     python3 tools/bench_draft.py --shape 4B --out OUT          (GPU)
+    python3 tools/bench_draft.py --shape 4B --profile --out OUT   (and each forward's kernels)
     python3 tools/bench_draft.py --backend numpy --shape tiny --prompt 64 --steps 32 (smoke)
 """
 
@@ -149,6 +150,85 @@ def projected(rates: list[float], k: int, round_s: float, plain_tok_s: float) ->
     return tokens / round_s / plain_tok_s
 
 
+def _instance(name: str) -> str:
+    """A kernel's family (tools/profile_step.family), with the projections' template
+    arguments kept: their row count is what a verify changes."""
+    from tools.profile_step import family
+
+    base = family(name)
+    name = name.removeprefix("void ").strip()
+    if base in ("gemv", "gemv4") and "<" in name:
+        return name[: name.index(">") + 1]
+    return base
+
+
+def profile_forwards(engine: Engine, prompt: list[int], reps: int) -> dict[str, dict]:
+    """Kernel figures (GPU): each kernel's microseconds per call of a step and of a verify
+    of k + 1 rows (k = 1, 2, 3) at the prompt's end, from CUPTI as torch's profiler drives
+    it over `reps` calls of each. For finding where a verify's time goes, not its cost
+    (`forward_costs` times that)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    be, model = engine.backend, engine.model
+    stream = engine._open_stream()
+    out: dict[str, dict] = {}
+    try:
+        engine.prefill(stream, prompt)
+        n, tok = len(stream.ids), np.asarray([prompt[-1]])
+        runs = {"step": lambda: be.decode_step(model, Batch.step([(stream.slot, n)]), tok)}
+        for k in (1, 2, 3):
+            ids = np.asarray([prompt[-1]] * (k + 1))
+            batch = Batch.verify(stream.slot, n, k + 1)
+            runs[f"verify {k}"] = lambda b=batch, i=ids: be.verify_forward(model, b, i)
+        torch.cuda.init()
+        trace = Path("/tmp/snug-draft-trace.json")
+        for name, run in runs.items():
+            run()  # captured and warm before the trace
+            be.stream.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    run()
+                be.stream.synchronize()
+            prof.export_chrome_trace(str(trace))
+            events = json.loads(trace.read_text())["traceEvents"]
+            per: dict[str, list[float]] = {}
+            for e in events:
+                if e.get("cat") == "kernel":
+                    acc = per.setdefault(_instance(e["name"]), [0.0, 0.0])
+                    acc[0] += 1 / reps
+                    acc[1] += float(e["dur"]) / reps
+            out[name] = {fam: {"launches": a[0], "us": a[1]} for fam, a in per.items()}
+    finally:
+        engine._close_stream(stream)
+    return out
+
+
+def profile_table(prof: dict[str, dict], top: int = 30) -> str:
+    """Kernel microseconds per call by family, step against verifies, largest in the
+    verify of 4 rows first."""
+    cols = list(prof)
+    last = prof[cols[-1]]
+    every = {f for p in prof.values() for f in p}
+    fams = sorted(every, key=lambda f: -last.get(f, {}).get("us", 0))
+    lines = [
+        "Kernel figures (CUPTI; for finding where time goes): microseconds a call, launches in "
+        "brackets",
+        "",
+        "| kernel | " + " | ".join(cols) + " |",
+        "| --- |" + " --- |" * len(cols),
+    ]
+    for fam in fams[:top]:
+        cells = []
+        for c in cols:
+            v = prof[c].get(fam)
+            cells.append(f"{v['us']:.1f} ({v['launches']:.0f})" if v else "-")
+        lines.append(f"| `{fam[:60]}` | " + " | ".join(cells) + " |")
+    totals = [sum(v["us"] for v in prof[c].values()) for c in cols]
+    lines.append("| **all kernels** | " + " | ".join(f"**{t:.1f}**" for t in totals) + " |")
+    return "\n".join(lines)
+
+
 def table(r: dict, rates: list[float]) -> str:
     costs, reply = r["costs"], r["replies"]
     step = costs["step_s"]
@@ -188,7 +268,12 @@ def main() -> None:
     ap.add_argument("--acceptance", default="0.85", help="kept rate, or one per position")
     ap.add_argument("--workdir", default="/tmp/snug-bench")
     ap.add_argument("--out", default=".")
+    ap.add_argument(
+        "--profile", action="store_true", help="also trace a step's and each verify's kernels"
+    )
     args = ap.parse_args()
+    if args.profile and args.backend != "cuda":
+        raise SystemExit("--profile traces CUDA kernels: it needs --backend cuda")
 
     rates = [float(x) for x in args.acceptance.split(",")]
     path = model_dir(args.workdir, args.shape, "bf16", seed=1, mtp=True)
@@ -206,6 +291,9 @@ def main() -> None:
         "replies": replies(engine, prompt, args.steps),
     }
     text = table(result, rates)
+    if args.profile:
+        result["profile"] = profile_forwards(engine, prompt, args.reps)
+        text += "\n\n" + profile_table(result["profile"])
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

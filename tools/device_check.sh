@@ -9,6 +9,7 @@
 #   tools/device_check.sh small-card --sizes 4B      # tools/bench_small_card.py (its log, small_card.md)
 #   tools/device_check.sh soak                       # tools/soak.py: 1,000 requests under 4 GiB (soak.json)
 #   tools/device_check.sh draft --shape 4B           # tools/bench_draft.py: MTP drafting (draft.md)
+#   tools/device_check.sh draft --shape 4B --profile # and a step's and each verify's kernels
 #   tools/device_check.sh resume [--dtype float32]   # tools/bench_resume.py: a turn after a restart
 #   tools/device_check.sh serve --synth 4B:mlx4 --limit-gib 4 --streams 6   # tools/bench_serve.py
 #   tools/device_check.sh llamacpp --shape 4B        # tools/llamacpp.py bench (carry .llama-src.tgz)

@@ -3,6 +3,8 @@
 // biases [out, in/G] in the activation type) or dense in the activation type (BITS 0).
 // One warp owns RPW output rows; each lane streams 16 bytes of a row per step and
 // dequantizes them in registers (w = s*q + b, fp32), then dots them with every input row.
+// Input rows are read in 16-byte loads (x 16-byte aligned, in * sizeof(act_t) a multiple
+// of 16: gemv_plan.gemv_fits).
 #include "common.cuh"
 
 // Values per 32-bit word: 32/BITS codes, or 4/sizeof(act_t) dense values.
@@ -77,7 +79,27 @@ gemv(const void* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __r
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = c0 + 32 * u;
-        if (c < nc) {
+        if (BITS == 0 && c < nc) {
+          // Dense: the chunk's CPC activations of each input row in one 16-byte load (the
+          // path below reads a word's VPW of them at a time, 4 bytes); the same sums in the
+          // same order.
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            float x[CPC];
+            load_vec<CPC>(X + (long)m * ldx + c * CPC, x);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+#pragma unroll
+              for (int r = 0; r < RPW; ++r) {
+                const unsigned word = i == 0 ? raw[u][r].x : i == 1 ? raw[u][r].y : i == 2 ? raw[u][r].z : raw[u][r].w;
+                float a = acc[r][m];
+#pragma unroll
+                for (int k = 0; k < VPW; ++k) a = fmaf(wval<BITS>(word, k, 0.f, 0.f), x[i * VPW + k], a);
+                acc[r][m] = a;
+              }
+            }
+          }
+        } else if (c < nc) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
 #pragma unroll

@@ -118,3 +118,32 @@ def test_step_tuning_tries_the_fastest_alone_and_every_variant_requested_at_once
     old = p.gemv_candidates(_X(), _weight(blocked=False))
     tuner.ranked = {"old": old}
     assert tuner.step_candidates("old", 2) == old[:2]
+
+
+def _dense(out: int = 256, cols: int = 2560):
+    from engine.backends.cuda.weights import DWeight
+
+    return DWeight(np.zeros((out, cols), np.float16), (out, cols))
+
+
+def test_dense_matrices_offer_the_tensor_core_kernel_beside_the_simt_one(monkeypatch):
+    """gemv_tc joins the candidates for a dense matrix in 16-bit activations from sm_80,
+    after the SIMT variants (the first candidate is what a capture takes untimed); never in
+    fp32, before sm_80, for a width that is not a multiple of 32, or batch-invariant."""
+    from engine.backends.cuda.gemv_tc import TC_WARPS
+
+    x = np.zeros((3, 2560), np.float16)
+    for dtype in ("bfloat16", "float16"):
+        cands = _proj(dtype).gemv_candidates(x, _dense())
+        assert cands[0][0] == "old" and [c for c in cands if c[0] == "tc"] == [
+            ("tc", w) for w in TC_WARPS
+        ]
+        swiglu = _proj(dtype).gemv_candidates(x, _dense(), up=_dense())
+        assert ("tc", TC_WARPS[0]) in swiglu
+    assert all(c[0] == "old" for c in _proj("float32").gemv_candidates(x, _dense()))
+    assert all(c[0] == "old" for c in _proj("bfloat16").gemv_candidates(x, _dense(cols=2576)))
+    invariant = _proj("bfloat16")
+    invariant.invariant = True
+    assert all(c[0] == "old" for c in invariant.gemv_candidates(x, _dense()))
+    monkeypatch.setattr(projections, "compute_capability", lambda: 75)
+    assert all(c[0] == "old" for c in _proj("float16").gemv_candidates(x, _dense()))

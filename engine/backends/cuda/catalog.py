@@ -51,6 +51,7 @@ from engine.backends.cuda.gemv_plan import (
     simt_symbol,
     simt_variants,
 )
+from engine.backends.cuda.gemv_tc import tc_applies, tc_symbol
 from engine.backends.cuda.modules import source
 from engine.backends.cuda.norms import embed_symbol
 from engine.backends.cuda.sampling import draw_symbol
@@ -70,6 +71,7 @@ FILES = (
     "norm.cu",
     "sample.cu",
     "gemv.cu",
+    "gemv_tc.cu",
     "gdn.cu",
     "gdn_chunk.cu",
     "gdn_chunk_tc.cu",
@@ -153,6 +155,8 @@ class _Walk:
             return
         for rpw, u in simt_variants(swiglu):
             self.add("gemv.cu", simt_symbol(w.bits, R, rpw, swiglu, u))
+        if not w.bits and tc_applies(R, w.cols, self.dtype, self.capability):
+            self.add("gemv_tc.cu", tc_symbol(R, swiglu))
 
     def prologue(
         self, w: _Weight, R: int, kind: int, head_dim: int = 0, swiglu: bool = False

@@ -205,6 +205,8 @@ def reduction_order(choice: tuple, cols: int) -> tuple:
     variant: each lane its 16-byte chunks in ascending order, then one warp sum."""
     if choice[0] == "mma":
         return ("mma", gemv4_threads(cols, tuple(choice[1:]))[0])
+    if choice[0] == "tc":  # gemv_tc: its warps' column slices, added in warp order
+        return tuple(choice)
     return (choice[0],)
 
 

@@ -47,6 +47,7 @@ from engine.backends.cuda.gemv_plan import (  # the variants: tools and tests re
     simt_symbol,
     simt_variants,
 )
+from engine.backends.cuda.gemv_tc import TC_WARPS, tc_applies, tc_launch
 from engine.backends.cuda.launch import (
     Kernels,
     cdiv,
@@ -405,7 +406,8 @@ class Projections:
         self, x: Any, w: Any, up: Any = None, pro: Pro | None = None, order: tuple | None = None
     ) -> list:
         """Kernel variants that can run this product: ('mma', ks, tpb, ug, pipe) for gemv4
-        (4-bit weights in 8-row blocks), else ('old', rpw, u) for the SIMT kernel; with
+        (4-bit weights in 8-row blocks), else ('old', rpw, u) for the SIMT kernel and, for a
+        dense matrix outside the batch-invariant mode, ('tc', warps) for gemv_tc; with
         `order`, those that sum each row in that order (`reduction_order`)."""
         kind = self._kind(pro)
         if self._gemv4_ok(x, w, kind):
@@ -413,6 +415,8 @@ class Projections:
         else:
             assert pro is None, "only gemv4 has prologues"
             cands = [("old", *v) for v in simt_variants(up is not None)]
+            if order is None and not self.invariant and self._tc_ok(x, w):
+                cands += [("tc", warps) for warps in TC_WARPS]  # gemv_tc.py
         if order is not None:
             cands = order_candidates(cands, w.shape[1], order)
             assert cands, f"no variant sums in the order {order} at {x.shape[0]} rows"
@@ -443,9 +447,18 @@ class Projections:
             pro = replace(pro, h=cupy.empty(pro.h.shape, pro.h.dtype))
         return self.tuner.rank(key, cands, lambda c: self.gemv_run(c, x, w, own_out, up, pro))
 
+    def _tc_ok(self, x: Any, w: Any) -> bool:
+        """A dense matrix gemv_tc covers (16-bit activations, sm_80; x's rows contiguous)."""
+        if isinstance(w, QWeight) or x.strides[1] != x.itemsize:
+            return False
+        return tc_applies(x.shape[0], w.shape[1], self.dtype, compute_capability())
+
     def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None) -> None:
         if choice[0] == "mma":
             self._gemv4_launch(x, w, out, up, pro, choice[1:])
+        elif choice[0] == "tc":
+            assert pro is None, "gemv_tc has no prologue"
+            tc_launch(self.k, x, w, out, up, choice[1])
         else:
             assert pro is None, "the SIMT kernel has no prologue"
             self._gemv_launch(x, w, out, up, *choice[1:])

@@ -48,6 +48,33 @@ class SamplingParams:
         return self.is_greedy and not self.presence_penalty
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives a token's log-probabilities may list (as OpenAI's API)
+
+
+class TokenLogprobs(NamedTuple):
+    """A picked token's log-probability under the model, and the `top` most likely tokens
+    at that step with theirs ((id, logprob), most likely first)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int, vocab_rows: int) -> TokenLogprobs:
+    """The model's log-probabilities at one step: a log-softmax of the raw logits over the
+    real vocabulary in float64, before temperature, penalties, top-k / top-p or a grammar
+    (what the model itself gives each token, however the token was then drawn)."""
+    x = np.asarray(logits[:vocab_rows], dtype=np.float64)
+    peak = x.max()
+    lse = peak + np.log(np.exp(x - peak).sum())
+    alts: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        k = min(top, x.size)
+        ids = np.argpartition(-x, k - 1)[:k]
+        ids = ids[np.lexsort((ids, -x[ids]))]  # most likely first, ties by id
+        alts = tuple((int(i), float(x[i] - lse)) for i in ids)
+    return TokenLogprobs(float(x[token] - lse), alts)
+
+
 class Draw(NamedTuple):
     """One row's draw on the device (`sample_rows`): top-k, temperature, top-p, one seeded
     draw; `penalty` off the logits of the ids the slot's bitmap marks (the reply so far),
@@ -70,26 +97,46 @@ class Sampler:
     # request with a penalty samples on the host (tests compare the two paths).
     device_penalty = True
 
-    def __init__(self, params: SamplingParams, vocab_rows: int, constraint: Any = None):
+    def __init__(
+        self,
+        params: SamplingParams,
+        vocab_rows: int,
+        constraint: Any = None,
+        logprobs: int | None = None,
+    ):
         self.params = params
         self.vocab_rows = vocab_rows
         self.rng = np.random.default_rng(params.seed)
         self._marked: int | None = None  # ids of the reply the device bitmap holds
         # engine.constraint.Constraint: the tokens a grammar allows (then on the host only)
         self.constraint = constraint
+        # Each pick's log-probabilities with this many alternatives (None: not asked; then on
+        # the host only), the latest in `last`.
+        self.logprobs = logprobs
+        self.last: TokenLogprobs | None = None
+
+    @property
+    def host_only(self) -> bool:
+        """Every pick is made here, from the logits on the host: a grammar holds the reply,
+        or each pick's log-probabilities are asked for."""
+        return self.constraint is not None or self.logprobs is not None
 
     @property
     def takes_argmax(self) -> bool:
         """The decode step's own argmax is this sampler's pick."""
-        return self.params.takes_argmax and self.constraint is None
+        return self.params.takes_argmax and not self.host_only
 
     def __call__(self, logits: np.ndarray, generated: Iterable[int] = ()) -> int:
         """Pick one token id from `logits [V]` given the ids generated so far."""
         x = self._scores(logits, generated)
         if self.params.is_greedy:
-            return int(np.argmax(x))
-        cand, probs = self._candidates(x)
-        return int(cand[self.rng.choice(probs.size, p=probs)])
+            token = int(np.argmax(x))
+        else:
+            cand, probs = self._candidates(x)
+            token = int(cand[self.rng.choice(probs.size, p=probs)])
+        if self.logprobs is not None:
+            self.last = token_logprobs(logits, token, self.logprobs, self.vocab_rows)
+        return token
 
     def distribution(self, logits: np.ndarray, generated: Iterable[int] = ()) -> np.ndarray:
         """The probabilities `__call__` draws from, over the real vocabulary `[vocab_rows]`
@@ -151,7 +198,7 @@ class Sampler:
         them), temperature, top-p and the presence penalty, or greedy with a penalty (top-k
         1); not min-p. (Plain greedy takes the step's own argmax.)"""
         p = self.params
-        if self.constraint is not None:
+        if self.host_only:
             return False
         if p.min_p > 0 or (p.presence_penalty and not self.device_penalty):
             return False

@@ -463,7 +463,8 @@ class Scheduler:
             self._finish(request, token, reason)
             return
         text = "" if token in engine.eos_ids else request.decoder.push(token)
-        self._deliver(request, TokenEvent(token, text))
+        assert request.sampler is not None
+        self._deliver(request, TokenEvent(token, text, logprobs=request.sampler.last))
         request.next_token = token
 
     def _finish(self, request: Request, token: int, reason: str) -> None:
@@ -480,7 +481,10 @@ class Scheduler:
         self.stats.finished += 1  # before the slot goes back: `running` drops last
         self._release(request, save=token != NO_TOKEN)
         request.finish_reason = reason
-        self._deliver(request, TokenEvent(token, text, True, reason, stats))
+        last = None  # this token's log-probabilities, where the request asked for them
+        if request.sampler is not None and token != NO_TOKEN:
+            last = request.sampler.last
+        self._deliver(request, TokenEvent(token, text, True, reason, stats, last))
         request.done.set()
 
     def _fail(self, request: Request, exc: BaseException) -> None:

@@ -28,12 +28,12 @@ from engine.backend_choice import select_backend
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
 from engine.constraint import THINK_CLOSE, Constraint, GrammarTokenizer, opens_thinking
-from engine.errors import DoesNotFit, NumericalError, RequestRefused
+from engine.errors import DoesNotFit, NumericalError, RequestRefused, SnugError
 from engine.memory import BASE_ROWS, Card, Decision, checkpoint_specs, decide
 from engine.memory.arena import act_itemsize
 from engine.models.qwen35 import Qwen35Model
 from engine.prompt_cache import open_prompt_cache
-from engine.sampling import Sampler, SamplingParams
+from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprobs
 
 Progress = Callable[[str, float], None]
 HOST_PROMPT_CACHE_BYTES = 1 << 30  # saved stream states kept in host memory (numpy backend)
@@ -48,6 +48,16 @@ class GenerationParams(SamplingParams):
     max_new_tokens: int = 1024
     # The reply's text held to this grammar (engine.constraint.json_grammar), or None.
     grammar: str | None = None
+    # Each token's log-probability and this many of the likeliest alternatives' (0 to
+    # MAX_TOP_LOGPROBS) on its event, or None: not asked (sampling.token_logprobs).
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise SnugError(
+                f"logprobs {self.logprobs}: at most {MAX_TOP_LOGPROBS} alternatives a token"
+            )
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(**{f.name: getattr(self, f.name) for f in fields(SamplingParams)})
@@ -71,6 +81,7 @@ class TokenEvent:
     finished: bool = False
     finish_reason: str | None = None
     stats: GenerationStats | None = None
+    logprobs: TokenLogprobs | None = None  # where the request asked (GenerationParams)
 
 
 @dataclass
@@ -360,7 +371,7 @@ class Engine:
         presence penalty take the device's argmax, and what the device sampler does (top-k,
         top-p, presence penalty; not min-p) draws there: 4 bytes come back, not the logits.
         One stream with a drafter (and `draft`): its drafting round instead."""
-        if draft and self.drafter is not None and len(streams) == 1 and not samplers[0].constraint:
+        if draft and self.drafter is not None and len(streams) == 1 and not samplers[0].host_only:
             return [self.drafter.next_token(streams[0], ids[0], samplers[0], outputs[0])]
         logits, greedy = self._step_device(streams, ids)
         plain = [s.takes_argmax for s in samplers]
@@ -424,9 +435,9 @@ class Engine:
                     text += decoder.flush()
                     stats = self._stats(len(prompt_ids), len(generated), t0, t_first)
                     completed = True
-                    yield TokenEvent(token, text, True, reason, stats)
+                    yield TokenEvent(token, text, True, reason, stats, sampler.last)
                     return
-                yield TokenEvent(token, text)
+                yield TokenEvent(token, text, logprobs=sampler.last)
                 if len(generated) == 1 and self.backend.cheap_snapshots:
                     # The state is the prompt's, fed nothing yet. Its disk copy (a copy to
                     # the host) waits for the reply's end, off the decode's path.
@@ -463,7 +474,7 @@ class Engine:
             think_end = tok.token_to_id(THINK_CLOSE) if opens_thinking(prompt_ids, tok) else None
             llt = self.grammar_tokenizer.get()
             constraint = Constraint(params.grammar, llt, self.eos_ids, think_end)
-        return Sampler(params.sampling(), self.vocab_rows, constraint)
+        return Sampler(params.sampling(), self.vocab_rows, constraint, params.logprobs)
 
     def _launcher(self, sampler: Sampler) -> Callable[..., Any] | None:
         """The backend's `launch_step` where this request's steps can run without the host

@@ -72,6 +72,8 @@ class Tokenizer:
         self._env: BoundedSandbox | None = None
         self.vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
         self.eos_ids = self._collect_eos(eos_ids)
+        self._byte_chars: dict[str, int] | None = None  # token_bytes, read at its first call
+        self._added: set[int] = set()
 
     @classmethod
     def load(
@@ -122,6 +124,27 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for. A byte-level BPE piece may be part of a character
+        (its text alone would decode to U+FFFD); an added token (`<|im_end|>`) is its text."""
+        if self._byte_chars is None:
+            decoder = self._tok.decoder
+            state = json.loads(decoder.__getstate__()) if decoder is not None else {}
+            steps = state.get("decoders", [state])
+            self._byte_chars = (
+                {} if all(d.get("type") != "ByteLevel" for d in steps) else (_byte_level_chars())
+            )
+            self._added = set(self._tok.get_added_tokens_decoder())
+        piece = self._tok.id_to_token(int(token_id))
+        if piece is None:
+            return b""
+        if self._byte_chars and int(token_id) not in self._added:
+            try:
+                return bytes(self._byte_chars[c] for c in piece)
+            except KeyError:
+                pass  # not a byte-level piece after all: its text below
+        return self._tok.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
 
     def hf_json(self) -> str:
         """The tokenizer as tokenizer.json holds it (for engine.constraint)."""
@@ -256,6 +279,19 @@ class Tokenizer:
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = _strftime_now
         return env
+
+
+def _byte_level_chars() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's, which Qwen's tokenizers use): the character that
+    stands for each byte in the vocabulary's pieces, mapped back to the byte. Printable
+    Latin-1 bytes stand for themselves; the others, in byte order, for U+0100 onwards. The
+    `tokenizers` library decodes pieces to text only, so the bytes of a piece that is part
+    of a character need this table."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: b for b in printable}
+    for n, b in enumerate(b for b in range(256) if b not in chars):
+        chars[b] = 0x100 + n
+    return {chr(c): b for b, c in chars.items()}
 
 
 class StreamDecoder:

@@ -30,6 +30,7 @@ from starlette.routing import Route
 from engine.errors import RequestRefused, SnugError, TemplateError
 from engine.scheduler import QueueFull, Scheduler
 from engine.server.generation import Generation
+from engine.server.logprobs import LogprobFormat
 from engine.server.protocol import (
     ApiError,
     ChatRequest,
@@ -136,7 +137,12 @@ class OpenAIServer:
             message["reasoning_content"] = message["reasoning"] = "".join(reasoning)
         if calls:
             message["tool_calls"] = calls
-        choice = {"index": 0, "message": message, "finish_reason": gen.finish_reason}
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": self._logprobs(gen, True),
+            "finish_reason": gen.finish_reason,
+        }
         return JSONResponse(
             {**head, "object": "chat.completion", "choices": [choice], "usage": gen.usage}
         )
@@ -158,15 +164,23 @@ class OpenAIServer:
         if req.options.stream:
             return _sse(self._completion_events(gen, head, req.options.include_usage), gen)
         text = "".join([piece.text async for piece in gen.pieces()])
-        choice = {"index": 0, "text": text, "finish_reason": gen.finish_reason, "logprobs": None}
+        choice = {
+            "index": 0,
+            "text": text,
+            "finish_reason": gen.finish_reason,
+            "logprobs": self._logprobs(gen, False),
+        }
         return JSONResponse(
             {**head, "object": "text_completion", "choices": [choice], "usage": gen.usage}
         )
 
     # ----- streaming ------------------------------------------------------------------------
     async def _chat_events(self, gen: Generation, head: dict, usage: bool) -> AsyncIterator[str]:
+        fmt = LogprobFormat(self.tokenizer)
+
         def chunk(delta: dict, finish: str | None = None) -> str:
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            logprobs = self._logprobs(gen, True, fmt, finish is not None)
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
             body = {**head, "object": "chat.completion.chunk", "choices": [choice]}
             return _data({**body, "usage": None} if usage else body)
 
@@ -193,8 +207,11 @@ class OpenAIServer:
     async def _completion_events(
         self, gen: Generation, head: dict, usage: bool
     ) -> AsyncIterator[str]:
+        fmt = LogprobFormat(self.tokenizer)
+
         def chunk(text: str, finish: str | None = None) -> str:
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            logprobs = self._logprobs(gen, False, fmt, finish is not None)
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
             body = {**head, "object": "text_completion", "choices": [choice]}
             return _data({**body, "usage": None} if usage else body)
 
@@ -211,6 +228,20 @@ class OpenAIServer:
         yield "data: [DONE]\n\n"
 
     # ----- helpers --------------------------------------------------------------------------
+    def _logprobs(
+        self, gen: Generation, chat: bool, fmt: LogprobFormat | None = None, final: bool = True
+    ) -> dict | None:
+        """The log-probabilities of the tokens `gen` received since the last call, in the
+        endpoint's shape; None where the request did not ask, or (before the final chunk
+        of a stream) where no token came."""
+        if not gen.wants_logprobs:
+            return None
+        entries = gen.take_logprobs()
+        if not entries and not final:
+            return None
+        fmt = fmt or LogprobFormat(self.tokenizer)
+        return fmt.chat(entries) if chat else fmt.completion(entries)
+
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:
             return

@@ -43,12 +43,22 @@ class Generation:
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0
         self.finish_reason = "stop"
+        # (token id, TokenLogprobs) of the reply's tokens not yet handed out (`take_logprobs`);
+        # an end-of-sequence token is not the reply's (unless `ignore_eos`).
+        self.wants_logprobs = params.logprobs is not None
+        self._logprobs: list[tuple[int, Any]] = []
+        self._ends = frozenset() if ignore_eos else frozenset(scheduler.engine.eos_ids)
         self.request: Request = scheduler.submit(
             prompt_ids, params, sink=self._sink, ignore_eos=ignore_eos
         )
 
     def _sink(self, item: Any) -> None:  # the engine thread
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def take_logprobs(self) -> list[tuple[int, Any]]:
+        """The log-probabilities of the tokens received since the last call, in order."""
+        out, self._logprobs = self._logprobs, []
+        return out
 
     def cancel(self) -> None:
         self.request.cancel()
@@ -105,6 +115,8 @@ class Generation:
                 raise item
             if item.token_id != NO_TOKEN:
                 self.completion_tokens += 1
+                if item.logprobs is not None and item.token_id not in self._ends:
+                    self._logprobs.append((item.token_id, item.logprobs))
             if item.finished:
                 self.finish_reason = FINISH.get(item.finish_reason, "stop")
             yield item.text, item.finished

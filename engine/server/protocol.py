@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.constraint import json_grammar, tool_call_grammar
 from engine.errors import RequestRefused
+from engine.sampling import MAX_TOP_LOGPROBS
 from engine.session import GenerationParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -104,6 +105,8 @@ class Options:
     include_usage: bool
     ignore_eos: bool
     grammar: str | None = None  # `response_format`'s (engine.constraint), or None: free text
+    # Each token's log-probability with this many alternatives (None: not asked).
+    logprobs: int | None = None
 
     def params(self, max_new_tokens: int) -> GenerationParams:
         given = {
@@ -115,15 +118,35 @@ class Options:
             "seed": self.seed,
         }
         chosen = {k: v for k, v in given.items() if v is not None}
-        return GenerationParams(max_new_tokens=max_new_tokens, grammar=self.grammar, **chosen)
+        return GenerationParams(
+            max_new_tokens=max_new_tokens,
+            grammar=self.grammar,
+            logprobs=self.logprobs,
+            **chosen,
+        )
 
 
-def read_options(body: dict, max_tokens_default: int | None) -> Options:
+def read_logprobs(body: dict, chat: bool) -> int | None:
+    """The alternatives each token's log-probability comes with, or None where none are
+    asked: chat's `logprobs` (true / false) and `top_logprobs` (0 to 20), completions'
+    `logprobs` (a count, 0 to 20)."""
+    if chat:
+        top = in_range("top_logprobs", field(body, "top_logprobs", "integer"), 0, MAX_TOP_LOGPROBS)
+        if not field(body, "logprobs", "boolean", False):
+            if top:
+                raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+            return None
+        return top or 0
+    value = body.get("logprobs")
+    if isinstance(value, bool):  # some clients send chat's form here
+        return 0 if value else None
+    return in_range("logprobs", field(body, "logprobs", "integer"), 0, MAX_TOP_LOGPROBS)
+
+
+def read_options(body: dict, max_tokens_default: int | None, chat: bool = True) -> Options:
     for name in ("n", "best_of"):
         if field(body, name, "integer", 1) != 1:
             raise bad(f"'{name}' must be 1: this server returns one choice per request", name)
-    if field(body, "logprobs", "boolean", False) is True or body.get("top_logprobs"):
-        raise bad("log probabilities are not supported by this server", "logprobs")
     max_tokens = field(body, "max_completion_tokens", "integer")
     if max_tokens is None:
         max_tokens = field(body, "max_tokens", "integer", max_tokens_default)
@@ -158,6 +181,7 @@ def read_options(body: dict, max_tokens_default: int | None) -> Options:
         include_usage=field(options, "include_usage", "boolean", False, "stream_options."),
         ignore_eos=field(body, "ignore_eos", "boolean", False),
         grammar=read_response_format(body),
+        logprobs=read_logprobs(body, chat),
     )
 
 
@@ -354,4 +378,4 @@ def read_completion(body: dict) -> CompletionRequest:
         raise bad("'echo' is not supported by this server", "echo")
     if body.get("suffix"):
         raise bad("'suffix' is not supported by this server", "suffix")
-    return CompletionRequest(read_options(body, 16), prompt)
+    return CompletionRequest(read_options(body, 16, chat=False), prompt)

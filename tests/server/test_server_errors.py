@@ -35,7 +35,17 @@ CASES = [
     ("POST", "/chat/completions", chat(top_p=0), 400, "top_p", None, "(0, 1]"),
     ("POST", "/chat/completions", chat(seed=-1), 400, "seed", None, "must be in"),
     ("POST", "/chat/completions", chat(n=2), 400, "n", None, "one choice"),
-    ("POST", "/chat/completions", chat(logprobs=True), 400, "logprobs", None, "not supported"),
+    ("POST", "/chat/completions", chat(top_logprobs=3), 400, "top_logprobs", None, "needs"),
+    (
+        "POST",
+        "/chat/completions",
+        chat(logprobs=True, top_logprobs=21),
+        400,
+        "top_logprobs",
+        None,
+        "[0, 20]",
+    ),  # fmt: skip
+    ("POST", "/completions", {"prompt": "hi", "logprobs": -1}, 400, "logprobs", None, "[0, 20]"),
     (
         "POST",
         "/chat/completions",

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from engine.errors import SnugError
 from engine.server.generation import Generation
 from engine.server.protocol import ApiError, bad, field
 from engine.server.reply import Piece
@@ -365,8 +366,10 @@ class ResponseOutput:
                     yield event(kind, **data)
             final = self.response(gen)
             yield event(f"response.{final['status']}", response=final)
-        except ApiError as exc:
-            yield event("error", code=exc.code, message=exc.message, param=exc.param)
+        except (ApiError, SnugError) as exc:  # after the head went out: an error event
+            code = exc.code if isinstance(exc, ApiError) else None
+            param = exc.param if isinstance(exc, ApiError) else None
+            yield event("error", code=code, message=str(exc), param=param)
 
 
 def _emptied(item: dict[str, Any]) -> dict[str, Any]:

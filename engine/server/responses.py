@@ -400,8 +400,9 @@ def _item_done(item: dict[str, Any], index: int) -> list[tuple]:
         else ("response.reasoning_text.done")
     )
     ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    extra = {"logprobs": []} if item["type"] == "message" else {}
     return [
-        (done, {**ids, "text": part["text"]}),
+        (done, {**ids, "text": part["text"], **extra}),
         ("response.content_part.done", {**ids, "part": part}),
         ("response.output_item.done", {"output_index": index, "item": item}),
     ]

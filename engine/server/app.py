@@ -41,6 +41,7 @@ from engine.server.protocol import (
     tool_schemas,
 )
 from engine.server.reply import ReplySplitter, prompt_opens_thinking
+from engine.server.responses import ResponseOutput, ResponsesRequest
 
 MAX_BODY = 4 << 20  # bytes of one request body
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -74,6 +75,7 @@ class OpenAIServer:
             Route("/v1/models/{model:path}", self.model, methods=["GET"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
         ]
         handlers = {
             ApiError: _api_error,
@@ -173,6 +175,33 @@ class OpenAIServer:
         return JSONResponse(
             {**head, "object": "text_completion", "choices": [choice], "usage": gen.usage}
         )
+
+    async def responses(self, request: Request) -> Any:
+        """The Responses API, read as the chat request it stands for (responses.py)."""
+        self._authorize(request)
+        body = await self._body(request)
+        asked = ResponsesRequest(body)
+        try:
+            chat = read_chat(asked.chat)
+            self._check_model(chat.options.model)
+            try:
+                prompt_text, ids = await run_in_threadpool(self._render, chat)
+            except TemplateError as exc:
+                raise bad(str(exc), "input", "template_error") from exc
+            splitter = ReplySplitter(
+                prompt_opens_thinking(prompt_text), bool(chat.tools), tool_schemas(chat.tools)
+            )
+            await self._grammar_ready(chat.options)
+            gen = self._start(request, ids, chat.options, splitter)
+        except ApiError as exc:
+            raise asked.rename(exc) from exc
+        out = ResponseOutput(body, chat.options.model or self.model_id)
+        if chat.options.stream:
+            return _sse(out.events(gen), gen)
+        async for piece in gen.pieces():
+            if piece.kind != "content" or piece.text:
+                out.add(piece)
+        return JSONResponse(out.response(gen))
 
     # ----- streaming ------------------------------------------------------------------------
     async def _chat_events(self, gen: Generation, head: dict, usage: bool) -> AsyncIterator[str]:

@@ -1,0 +1,408 @@
+"""The Responses API (`POST /v1/responses`), as the `openai` client's `responses.create` and
+the agents built on it send it. A request is read as the chat request it stands for (the
+same checks, chat template, grammar, reply splitting and scheduler), and the reply's pieces
+become output items: a `reasoning` item for the thinking, a `message` with `output_text`,
+a `function_call` per tool call. The server keeps no responses, so `previous_response_id`
+is refused: the conversation comes whole in `input`, its earlier calls and their outputs
+as `function_call` and `function_call_output` items.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engine.errors import SnugError
+from engine.server.generation import Generation
+from engine.server.protocol import ApiError, bad, field
+from engine.server.reply import Piece
+
+TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+# Requests for state this server does not keep, and what to send instead.
+STATEFUL = {
+    "previous_response_id": "this server keeps no responses: send the whole conversation "
+    "in 'input' (earlier replies as assistant messages and function_call items)",
+    "conversation": "this server keeps no conversations: send the whole conversation in 'input'",
+}
+
+
+class ResponsesRequest:
+    """A Responses body read as a chat body (`chat`), with where each chat message came from
+    in `input` (`origin`), so that an error about `messages[i]` names the input item."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        for name, why in STATEFUL.items():
+            if body.get(name) is not None:
+                raise bad(f"'{name}' is not supported: {why}", name)
+        if body.get("background"):
+            raise bad(
+                "'background' is not supported: this server answers while you wait", "background"
+            )
+        if body.get("top_logprobs"):
+            raise bad(
+                "'top_logprobs' is not supported on /v1/responses; "
+                "/v1/chat/completions returns them",
+                "top_logprobs",
+            )
+        self.origin: list[str] = []
+        self.chat = self._chat_body()
+
+    def _chat_body(self) -> dict[str, Any]:
+        body = self.body
+        messages: list[dict[str, Any]] = []
+        instructions = field(body, "instructions", "string")
+        if instructions:
+            messages.append({"role": "system", "content": instructions})
+            self.origin.append("instructions")
+        raw = body.get("input")
+        if isinstance(raw, str):
+            raw = [{"role": "user", "content": raw}]
+        elif not isinstance(raw, list) or not raw:
+            raise bad("'input' must be a string or a non-empty list of items", "input")
+        reasoning = None  # a reasoning item's text, for the assistant turn after it
+        for i, item in enumerate(raw):
+            where = f"input[{i}]"
+            if not isinstance(item, dict):
+                raise bad(f"'{where}' must be an object", where)
+            kind = item.get("type", "message")
+            if kind == "message":
+                messages.append(self._message(item, where))
+            elif kind == "function_call":
+                call = {
+                    "id": field(item, "call_id", "string", "", f"{where}."),
+                    "type": "function",
+                    "function": {
+                        "name": field(item, "name", "string", None, f"{where}."),
+                        "arguments": field(item, "arguments", "string", "{}", f"{where}."),
+                    },
+                }
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant":  # the same turn
+                    last.setdefault("tool_calls", []).append(call)
+                    continue
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            elif kind == "function_call_output":
+                output = item.get("output", "")
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": field(item, "call_id", "string", "", f"{where}."),
+                        "content": output if isinstance(output, str) else _parts(output),
+                    }
+                )
+            elif kind == "reasoning":
+                parts = [*(item.get("content") or []), *(item.get("summary") or [])]
+                reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+                continue
+            else:
+                raise bad(
+                    f"'{where}.type' = {json.dumps(kind)[:40]} is not supported: use "
+                    "message, function_call, function_call_output or reasoning",
+                    f"{where}.type",
+                )
+            self.origin.append(where)
+            if reasoning and messages[-1]["role"] == "assistant":
+                messages[-1]["reasoning_content"], reasoning = reasoning, None
+        chat: dict[str, Any] = {"messages": messages}
+        for name in (
+            "model",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "stream",
+            "presence_penalty",
+            "chat_template_kwargs",
+            "stop",
+        ):
+            if name in body:
+                chat[name] = body[name]
+        if body.get("max_output_tokens") is not None:
+            chat["max_tokens"] = body["max_output_tokens"]
+        tools = field(body, "tools", "array")
+        if tools:
+            chat["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            choice = {"type": "function", "function": {"name": choice.get("name")}}
+        if choice is not None:
+            chat["tool_choice"] = choice
+        fmt = field(field(body, "text", "object", {}), "format", "object", None, "text.")
+        if fmt is not None:
+            chat["response_format"] = _format(fmt)
+        effort = field(field(body, "reasoning", "object", {}), "effort", "string", None)
+        if effort in ("none", "minimal"):  # no thinking block
+            kwargs = chat.setdefault("chat_template_kwargs", {})
+            if isinstance(kwargs, dict):
+                kwargs.setdefault("enable_thinking", False)
+        return chat
+
+    def _message(self, item: dict[str, Any], where: str) -> dict[str, Any]:
+        content = item.get("content", "")
+        return {
+            "role": item.get("role"),
+            "content": content if isinstance(content, str) else _parts(content),
+        }
+
+    def rename(self, exc: ApiError) -> ApiError:
+        """`exc` with the chat request's names put back as this request's: messages[i] as
+        the input item it came from, max_tokens as max_output_tokens."""
+
+        def names(text: str | None) -> str | None:
+            if text is None:
+                return None
+            text = re.sub(
+                r"messages\[(\d+)\]",
+                lambda m: (
+                    self.origin[int(m.group(1))]
+                    if int(m.group(1)) < len(self.origin)
+                    else m.group(0)
+                ),
+                text,
+            )
+            text = re.sub(r"\bmax_tokens\b", "max_output_tokens", text)
+            text = re.sub(r"\bresponse_format(\.json_schema)?", "text.format", text)
+            return text.replace("'messages'", "'input'")
+
+        param = "input" if exc.param == "messages" else names(exc.param)
+        return ApiError(exc.status, names(exc.message) or "", exc.kind, param, exc.code)
+
+
+def _parts(parts: Any) -> list[dict[str, Any]]:
+    """Responses content parts as chat text parts; any other part kept for the chat reader,
+    which refuses it by name (images, files)."""
+    if not isinstance(parts, list):
+        return parts
+    out = []
+    for part in parts:
+        if isinstance(part, dict) and part.get("type") in TEXT_PARTS:
+            out.append({"type": "text", "text": part.get("text", part.get("refusal", ""))})
+        else:
+            out.append(part)
+    return out
+
+
+def _tool(tool: Any, i: int) -> Any:
+    """A Responses function tool ({"type": "function", "name", "parameters", ...}) as chat's."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+        raise bad(
+            f"'tools[{i}]' is a '{kind}' tool: this server runs function tools only", f"tools[{i}]"
+        )
+    if "function" in tool:
+        return tool  # already in chat's form
+    fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+    return {"type": "function", "function": fn}
+
+
+def _format(fmt: dict[str, Any]) -> dict[str, Any]:
+    """`text.format` as chat's `response_format`."""
+    if fmt.get("type") != "json_schema":
+        return fmt
+    spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"type": "json_schema", "json_schema": spec}
+
+
+class ResponseOutput:
+    """One reply's output items, built from its pieces (`add`), and the response object."""
+
+    def __init__(self, body: dict[str, Any], model: str) -> None:
+        self.body = body
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.items: list[dict[str, Any]] = []
+
+    def _open(self, kind: str) -> dict[str, Any]:
+        """The item that a piece of `kind` continues: the last one if it is of that kind."""
+        want = {"reasoning": "reasoning", "content": "message"}[kind]
+        if self.items and self.items[-1]["type"] == want:
+            return self.items[-1]
+        if want == "reasoning":
+            item = {
+                "type": "reasoning",
+                "id": f"rs_{uuid.uuid4().hex}",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": ""}],
+            }
+        else:
+            item = {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "", "annotations": []}],
+            }
+        self.items.append(item)
+        return item
+
+    def add(self, piece: Piece) -> tuple[dict[str, Any], bool]:
+        """Take one piece; (the item it went to, whether that item is new)."""
+        if piece.kind == "tool_call":
+            call = piece.call
+            assert call is not None
+            item = {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": call.arguments,
+                "status": "completed",
+            }
+            self.items.append(item)
+            return item, True
+        count = len(self.items)
+        item = self._open(piece.kind)
+        item["content"][0]["text"] += piece.text
+        return item, len(self.items) > count
+
+    def response(self, gen: Generation | None, status: str = "completed") -> dict[str, Any]:
+        body = self.body
+        incomplete = None
+        if gen is not None and gen.finish_reason == "length":
+            status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+        usage = None
+        if gen is not None:
+            u = gen.usage
+            usage = {
+                "input_tokens": u["prompt_tokens"],
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": u["completion_tokens"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": u["total_tokens"],
+            }
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "model": self.model,
+            "status": status,
+            "incomplete_details": incomplete,
+            "error": None,
+            "instructions": body.get("instructions"),
+            "output": self.items if gen is not None else [],
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "temperature": body.get("temperature"),
+            "top_p": body.get("top_p"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "previous_response_id": None,
+            "reasoning": body.get("reasoning") or {"effort": None, "summary": None},
+            "text": body.get("text") or {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "store": False,
+            "metadata": body.get("metadata") or {},
+            "usage": usage,
+        }
+
+    async def events(self, gen: Generation) -> AsyncIterator[str]:
+        """The stream: response.created, each item's added / delta / done events, then
+        response.completed (or .incomplete)."""
+        seq = 0
+
+        def event(kind: str, **data: Any) -> str:
+            nonlocal seq
+            seq += 1
+            payload = {"type": kind, "sequence_number": seq - 1, **data}
+            return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+        start = self.response(None, "in_progress")
+        yield event("response.created", response=start)
+        yield event("response.in_progress", response=start)
+        try:
+            async for piece in gen.pieces():
+                if piece.kind == "content" and not piece.text:
+                    continue
+                before = self.items[-1] if self.items else None
+                item, new = self.add(piece)
+                index = len(self.items) - 1
+                if new and before is not None:
+                    for kind, data in _item_done(before, index - 1):
+                        yield event(kind, **data)
+                if item["type"] == "function_call":
+                    yield event(
+                        "response.output_item.added",
+                        output_index=index,
+                        item={**item, "arguments": "", "status": "in_progress"},
+                    )
+                    yield event(
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        delta=item["arguments"],
+                    )
+                    continue
+                if new:
+                    empty = _emptied(item)
+                    yield event("response.output_item.added", output_index=index, item=empty)
+                    yield event(
+                        "response.content_part.added",
+                        item_id=item["id"],
+                        output_index=index,
+                        content_index=0,
+                        part=empty["content"][0],
+                    )
+                delta = "response.output_text.delta"
+                if item["type"] == "reasoning":
+                    delta = "response.reasoning_text.delta"
+                extra = {"logprobs": []} if item["type"] == "message" else {}
+                yield event(
+                    delta,
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    delta=piece.text,
+                    **extra,
+                )
+            if self.items:
+                for kind, data in _item_done(self.items[-1], len(self.items) - 1):
+                    yield event(kind, **data)
+            final = self.response(gen)
+            yield event(f"response.{final['status']}", response=final)
+        except (ApiError, SnugError) as exc:  # after the head went out: an error event
+            code = exc.code if isinstance(exc, ApiError) else None
+            param = exc.param if isinstance(exc, ApiError) else None
+            yield event("error", code=code, message=str(exc), param=param)
+
+
+def _emptied(item: dict[str, Any]) -> dict[str, Any]:
+    """An item as first announced: its text not yet there."""
+    part = {**item["content"][0], "text": ""}
+    return {**item, "content": [part], **({"status": "in_progress"} if "status" in item else {})}
+
+
+def _item_done(item: dict[str, Any], index: int) -> list[tuple]:
+    """The events that close an item: its text done, its part done, the item done."""
+    if item["type"] == "function_call":
+        return [
+            (
+                "response.function_call_arguments.done",
+                {
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                },
+            ),
+            ("response.output_item.done", {"output_index": index, "item": item}),
+        ]
+    part = item["content"][0]
+    done = (
+        "response.output_text.done"
+        if item["type"] == "message"
+        else ("response.reasoning_text.done")
+    )
+    ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    extra = {"logprobs": []} if item["type"] == "message" else {}
+    return [
+        (done, {**ids, "text": part["text"], **extra}),
+        ("response.content_part.done", {**ids, "part": part}),
+        ("response.output_item.done", {"output_index": index, "item": item}),
+    ]

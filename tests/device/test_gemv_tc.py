@@ -81,6 +81,9 @@ def test_gemv_tc_beside_the_simt_kernel(capsys):
                 e1.synchronize()
                 times[route] = cupy.cuda.get_elapsed_time(e0, e1) / 20 * 1e3
             assert _rel(be.to_host(y), be.to_host(simt)) < 1e-2, (name, rows)
+            via = cupy.empty_like(y)  # the same launch as the projections' choice runs it
+            be.projections.gemv_run(("tc", TC_WARPS[-1]), x, w, via)
+            assert (be.to_host(via) == be.to_host(y)).all(), (name, rows)
             lines.append(
                 f"[gemv_tc, 4B bf16 {name} {out}x{cols}, {rows} rows] {times['tc']:.1f} us, "
                 f"SIMT (1, 4) {times['old']:.1f} us"

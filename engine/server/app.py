@@ -31,6 +31,8 @@ from engine.errors import RequestRefused, SnugError, TemplateError
 from engine.scheduler import QueueFull, Scheduler
 from engine.server.generation import Generation
 from engine.server.logprobs import LogprobFormat
+from engine.server.messages import MessageOutput, MessagesRequest
+from engine.server.messages import error_body as messages_error
 from engine.server.protocol import (
     ApiError,
     ChatRequest,
@@ -76,6 +78,7 @@ class OpenAIServer:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
         ]
         handlers = {
             ApiError: _api_error,
@@ -113,15 +116,7 @@ class OpenAIServer:
         self._authorize(request)
         chat = read_chat(await self._body(request))
         self._check_model(chat.options.model)
-        try:
-            prompt_text, ids = await run_in_threadpool(self._render, chat)
-        except TemplateError as exc:
-            raise bad(str(exc), "messages", "template_error") from exc
-        splitter = ReplySplitter(
-            prompt_opens_thinking(prompt_text), bool(chat.tools), tool_schemas(chat.tools)
-        )
-        await self._grammar_ready(chat.options)
-        gen = self._start(request, ids, chat.options, splitter)
+        gen = await self._submit(request, chat, "messages")
         head = self._head("chatcmpl", chat.options)
         if chat.options.stream:
             return _sse(self._chat_events(gen, head, chat.options.include_usage), gen)
@@ -184,15 +179,7 @@ class OpenAIServer:
         try:
             chat = read_chat(asked.chat)
             self._check_model(chat.options.model)
-            try:
-                prompt_text, ids = await run_in_threadpool(self._render, chat)
-            except TemplateError as exc:
-                raise bad(str(exc), "input", "template_error") from exc
-            splitter = ReplySplitter(
-                prompt_opens_thinking(prompt_text), bool(chat.tools), tool_schemas(chat.tools)
-            )
-            await self._grammar_ready(chat.options)
-            gen = self._start(request, ids, chat.options, splitter)
+            gen = await self._submit(request, chat, "input")
         except ApiError as exc:
             raise asked.rename(exc) from exc
         out = ResponseOutput(body, chat.options.model or self.model_id)
@@ -202,6 +189,41 @@ class OpenAIServer:
             if piece.kind != "content" or piece.text:
                 out.add(piece)
         return JSONResponse(out.response(gen))
+
+    async def messages(self, request: Request) -> Any:
+        """Anthropic's Messages API, read as the chat request it stands for (messages.py);
+        its errors in Anthropic's shape."""
+        asked = None
+        try:
+            self._authorize(request)
+            asked = MessagesRequest(await self._body(request))
+            chat = read_chat(asked.chat)
+            self._check_model(chat.options.model)
+            gen = await self._submit(request, chat, "messages")
+        except (ApiError, SnugError) as exc:
+            err = _error_of(exc)
+            err = asked.rename(err) if asked is not None else err
+            return JSONResponse(messages_error(err), status_code=err.status)
+        out = MessageOutput(chat.options.model or self.model_id)
+        if chat.options.stream:
+            return _sse(out.events(gen), gen)
+        async for piece in gen.pieces():
+            if piece.kind == "tool_call" or piece.text:
+                out.add(piece)
+        return JSONResponse(out.message(gen))
+
+    async def _submit(self, request: Request, chat: ChatRequest, where: str) -> Generation:
+        """Render a chat request, ready its grammar, and submit it (`where`: the field a
+        template error names)."""
+        try:
+            prompt_text, ids = await run_in_threadpool(self._render, chat)
+        except TemplateError as exc:
+            raise bad(str(exc), where, "template_error") from exc
+        splitter = ReplySplitter(
+            prompt_opens_thinking(prompt_text), bool(chat.tools), tool_schemas(chat.tools)
+        )
+        await self._grammar_ready(chat.options)
+        return self._start(request, ids, chat.options, splitter)
 
     # ----- streaming ------------------------------------------------------------------------
     async def _chat_events(self, gen: Generation, head: dict, usage: bool) -> AsyncIterator[str]:
@@ -275,13 +297,13 @@ class OpenAIServer:
         if self.api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), self.api_key.encode()
-        ):
+        if scheme.lower() != "bearer":  # Anthropic's clients send it as x-api-key
+            token = request.headers.get("x-api-key", "")
+        if not token or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
             raise ApiError(
                 401,
                 "invalid or missing API key: send the header 'Authorization: Bearer KEY' "
-                "with the key the server was started with (--api-key)",
+                "(or 'x-api-key: KEY') with the key the server was started with (--api-key)",
                 code="invalid_api_key",
             )
 

@@ -50,21 +50,24 @@ def prompt_opens_thinking(prompt_text: str) -> bool:
 
 
 class StopFilter:
-    """Cuts the text at the first stop string; `hit` tells that one was found."""
+    """Cuts the text at the first stop string; `hit` tells that one was found, `which`
+    which one."""
 
     def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
         self.stops = [s for s in stops if s]
         self.hit = False
+        self.which: str | None = None
         self._held = ""
 
     def feed(self, text: str) -> str:
         if self.hit:
             return ""
         text = self._held + text
-        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        found = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
         if found:
+            at, self.which = min(found)
             self.hit, self._held = True, ""
-            return text[: min(found)]
+            return text[:at]
         keep = partial_suffix(text, self.stops)
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]

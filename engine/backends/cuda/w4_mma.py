@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda.card import runs_mma
+from engine.errors import ConfigError
 
 TILE = 128  # rows of x and of W a block takes (W4_BM, W4_BN)
 THREADS = 256
@@ -62,7 +63,7 @@ class W4Route:
         self.k = kernels
         self.mode = (mode or os.environ.get(ENV_W4, "auto")).strip().lower()
         if self.mode not in ("auto", "on", "off"):
-            raise ValueError(f"{ENV_W4}={self.mode!r}: use auto, on or off")
+            raise ConfigError(f"{ENV_W4}={self.mode!r} is not a choice: set it to auto, on or off")
         self.fits: dict[tuple, tuple[float, float, float, float]] = {}  # shape -> costs
         self.timing = False  # warm-up's first window: time what is not timed yet
 

@@ -1,0 +1,139 @@
+"""Anthropic's Messages API (`/v1/messages`) through the `anthropic` client: the system
+prompt and messages read as the chat request they stand for, thinking only when enabled,
+the answer as text blocks, tool calls as tool_use blocks and their results sent back as
+tool_result blocks; streamed as the client's stream helper assembles it; errors in
+Anthropic's shape, naming the Messages field."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.conftest import KEY
+
+anthropic = pytest.importorskip("anthropic")
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
+}
+CALL = (
+    "I will check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+    "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
+)
+THINK = {"type": "enabled", "budget_tokens": 1024}
+
+
+def client(served, key: str = KEY):
+    base = served.url[: -len("/v1")]
+    return anthropic.Anthropic(base_url=base, api_key=key, max_retries=0)
+
+
+def prompt_of(scripted) -> str:
+    return scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
+
+
+def test_text_and_thinking_blocks(scripted):
+    scripted.scheduler.say("Short and kind.</think>\n\nHello there!")
+    reply = client(scripted).messages.create(
+        model=scripted.model, max_tokens=64, system="Be brief.", thinking=THINK,
+        messages=[{"role": "user", "content": "Hi"}],
+    )  # fmt: skip
+    thinking, text = reply.content
+    assert thinking.type == "thinking" and thinking.thinking == "Short and kind."
+    assert text.type == "text" and text.text == "Hello there!"
+    assert reply.stop_reason == "end_turn" and reply.usage.output_tokens > 0
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in prompt_of(scripted)
+
+
+def test_no_thinking_unless_enabled(scripted):
+    scripted.scheduler.say("Hello there!")
+    reply = client(scripted).messages.create(
+        model=scripted.model, max_tokens=64, messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert [b.type for b in reply.content] == ["text"] and reply.content[0].text == "Hello there!"
+    assert prompt_of(scripted).endswith("<think>\n\n</think>\n\n")  # closed by the template
+
+
+def test_the_stream_assembles_into_the_same_message(scripted):
+    scripted.scheduler.say("Short and kind.</think>\n\nHello there!")
+    with client(scripted).messages.stream(
+        model=scripted.model, max_tokens=64, thinking=THINK,
+        messages=[{"role": "user", "content": "Hi"}],
+    ) as stream:  # fmt: skip
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and "content_block_delta" in kinds
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[1].text == "Hello there!" and final.stop_reason == "end_turn"
+
+
+def test_a_tool_use_and_its_result_go_round(scripted):
+    c = client(scripted)
+    scripted.scheduler.say(CALL)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    reply = c.messages.create(
+        model=scripted.model, max_tokens=200, tools=[WEATHER], messages=messages
+    )
+    text, use = reply.content
+    assert text.text == "I will check." and reply.stop_reason == "tool_use"
+    assert use.type == "tool_use" and use.name == "get_weather"
+    assert use.input == {"city": "Paris", "days": 2}
+    scripted.scheduler.say("It is 21 degrees.")
+    messages += [
+        {"role": "assistant", "content": [b.model_dump() for b in reply.content]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": use.id, "content": '{"temp": 21}'}]},
+    ]  # fmt: skip
+    final = c.messages.create(
+        model=scripted.model, max_tokens=200, tools=[WEATHER], messages=messages
+    )
+    assert final.content[0].text == "It is 21 degrees." and final.stop_reason == "end_turn"
+    prompt = prompt_of(scripted)
+    assert (
+        "<|im_start|>assistant\nI will check.\n\n<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n"
+        "</function>\n</tool_call><|im_end|>"
+    ) in prompt
+    assert '<|im_start|>user\n<tool_response>\n{"temp": 21}\n</tool_response><|im_end|>' in prompt
+
+
+def test_a_stop_sequence_is_named(scripted):
+    scripted.scheduler.say("one two three")
+    reply = client(scripted).messages.create(
+        model=scripted.model, max_tokens=64, stop_sequences=["two"],
+        messages=[{"role": "user", "content": "Count"}],
+    )  # fmt: skip
+    assert reply.content[0].text.strip() == "one" and reply.stop_reason == "stop_sequence"
+    assert reply.stop_sequence == "two"
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "words"),
+    [
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
+         "messages[0].content[0]"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "tools[0]"),
+        ({"max_tokens": 10**7}, 400, "max_tokens"),
+        ({"messages": []}, 400, "non-empty"),
+    ],
+)  # fmt: skip
+def test_errors_come_in_anthropics_shape(served, extra, status, words):
+    body = {"model": served.model, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Hi"}], **extra}  # fmt: skip
+    r = httpx.post(served.url + "/messages", json=body, headers={"x-api-key": KEY})
+    got = r.json()
+    assert r.status_code == status and got["type"] == "error", got
+    assert got["error"]["type"] == "invalid_request_error" and words in got["error"]["message"]
+
+
+def test_the_key_goes_as_x_api_key(served):
+    with pytest.raises(anthropic.AuthenticationError):
+        client(served, key="wrong").messages.create(
+            model=served.model, max_tokens=8, messages=[{"role": "user", "content": "Hi"}]
+        )

@@ -79,6 +79,7 @@ class OpenAIServer:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
         ]
         handlers = {
             ApiError: _api_error,
@@ -211,6 +212,24 @@ class OpenAIServer:
             if piece.kind == "tool_call" or piece.text:
                 out.add(piece)
         return JSONResponse(out.message(gen))
+
+    async def count_tokens(self, request: Request) -> Any:
+        """Anthropic's token count: the prompt a Messages request would run, in tokens."""
+        asked = None
+        try:
+            self._authorize(request)
+            body = await self._body(request)
+            asked = MessagesRequest({**body, "stream": False, "max_tokens": None})
+            chat = read_chat(asked.chat)
+            try:
+                _, ids = await run_in_threadpool(self._render, chat)
+            except TemplateError as exc:
+                raise bad(str(exc), "messages", "template_error") from exc
+        except (ApiError, SnugError) as exc:
+            err = _error_of(exc)
+            err = asked.rename(err) if asked is not None else err
+            return JSONResponse(messages_error(err), status_code=err.status)
+        return JSONResponse({"input_tokens": len(ids)})
 
     async def _submit(self, request: Request, chat: ChatRequest, where: str) -> Generation:
         """Render a chat request, ready its grammar, and submit it (`where`: the field a

@@ -137,3 +137,12 @@ def test_the_key_goes_as_x_api_key(served):
         client(served, key="wrong").messages.create(
             model=served.model, max_tokens=8, messages=[{"role": "user", "content": "Hi"}]
         )
+
+
+def test_count_tokens_counts_the_prompt_a_request_would_run(scripted):
+    c = client(scripted)
+    messages = [{"role": "user", "content": "Hi"}]
+    count = c.messages.count_tokens(model=scripted.model, system="Be brief.", messages=messages)
+    scripted.scheduler.say("Hello")
+    c.messages.create(model=scripted.model, max_tokens=8, system="Be brief.", messages=messages)
+    assert count.input_tokens == len(scripted.scheduler.prompts[-1]) > 0

@@ -238,6 +238,8 @@ def read_chat(body: dict) -> ChatRequest:
         options = replace(options, grammar=_forced_call(choice, tools, options))
     kwargs = field(body, "chat_template_kwargs", "object", {})
     thinking = field(kwargs, "enable_thinking", "boolean", None, "chat_template_kwargs.")
+    if thinking is None and field(body, "reasoning_effort", "string") in ("none", "minimal"):
+        thinking = False  # OpenAI's way to ask a reasoning model not to think
     return ChatRequest(options, messages, tools, thinking)
 
 

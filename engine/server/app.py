@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -200,7 +201,7 @@ class OpenAIServer:
             asked = MessagesRequest(await self._body(request))
             chat = read_chat(asked.chat)
             self._check_model(chat.options.model)
-            gen = await self._submit(request, chat, "messages")
+            gen = await self._submit(request, chat, "messages", fit=True)
         except (ApiError, SnugError) as exc:
             err = _error_of(exc)
             err = asked.rename(err) if asked is not None else err
@@ -231,9 +232,11 @@ class OpenAIServer:
             return JSONResponse(messages_error(err), status_code=err.status)
         return JSONResponse({"input_tokens": len(ids)})
 
-    async def _submit(self, request: Request, chat: ChatRequest, where: str) -> Generation:
+    async def _submit(
+        self, request: Request, chat: ChatRequest, where: str, fit: bool = False
+    ) -> Generation:
         """Render a chat request, ready its grammar, and submit it (`where`: the field a
-        template error names)."""
+        template error names; `fit`: as `_start`)."""
         try:
             prompt_text, ids = await run_in_threadpool(self._render, chat)
         except TemplateError as exc:
@@ -242,7 +245,7 @@ class OpenAIServer:
             prompt_opens_thinking(prompt_text), bool(chat.tools), tool_schemas(chat.tools)
         )
         await self._grammar_ready(chat.options)
-        return self._start(request, ids, chat.options, splitter)
+        return self._start(request, ids, chat.options, splitter, fit)
 
     # ----- streaming ------------------------------------------------------------------------
     async def _chat_events(self, gen: Generation, head: dict, usage: bool) -> AsyncIterator[str]:
@@ -381,9 +384,16 @@ class OpenAIServer:
         return text, self.tokenizer.encode(text)
 
     def _start(
-        self, request: Request, ids: list[int], options: Options, splitter: ReplySplitter | None
+        self,
+        request: Request,
+        ids: list[int],
+        options: Options,
+        splitter: ReplySplitter | None,
+        fit: bool = False,
     ) -> Generation:
-        """Check the prompt and the reply's length against the context, then submit."""
+        """Check the prompt and the reply's length against the context, then submit.
+        `fit`: a max_tokens past the room left is cut to it (Anthropic's clients send the
+        most their model may write, whatever the context), not refused."""
         context, prompt = self.engine.context, len(ids)
         if prompt >= context:
             raise bad(
@@ -394,6 +404,8 @@ class OpenAIServer:
                 "context_length_exceeded",
             )
         room = context - prompt
+        if fit and options.max_tokens is not None and options.max_tokens > room:
+            options = replace(options, max_tokens=room)
         if options.max_tokens is not None and options.max_tokens > room:
             raise bad(
                 f"max_tokens = {options.max_tokens} but the context of {context} tokens leaves "

@@ -28,17 +28,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from engine.errors import RequestRefused, SnugError, TemplateError
+from engine.errors import SnugError, TemplateError
 from engine.scheduler import QueueFull, Scheduler
 from engine.server.generation import Generation
 from engine.server.logprobs import LogprobFormat
 from engine.server.messages import MessageOutput, MessagesRequest
 from engine.server.messages import error_body as messages_error
+from engine.server.ollama import OllamaApi
 from engine.server.protocol import (
     ApiError,
     ChatRequest,
     Options,
     bad,
+    error_of,
     read_chat,
     read_completion,
     tool_schemas,
@@ -81,6 +83,7 @@ class OpenAIServer:
             Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+            *OllamaApi(self).routes(),
         ]
         handlers = {
             ApiError: _api_error,
@@ -203,7 +206,7 @@ class OpenAIServer:
             self._check_model(chat.options.model)
             gen = await self._submit(request, chat, "messages", fit=True)
         except (ApiError, SnugError) as exc:
-            err = _error_of(exc)
+            err = error_of(exc)
             err = asked.rename(err) if asked is not None else err
             return JSONResponse(messages_error(err), status_code=err.status)
         out = MessageOutput(chat.options.model or self.model_id)
@@ -227,7 +230,7 @@ class OpenAIServer:
             except TemplateError as exc:
                 raise bad(str(exc), "messages", "template_error") from exc
         except (ApiError, SnugError) as exc:
-            err = _error_of(exc)
+            err = error_of(exc)
             err = asked.rename(err) if asked is not None else err
             return JSONResponse(messages_error(err), status_code=err.status)
         return JSONResponse({"input_tokens": len(ids)})
@@ -274,7 +277,7 @@ class OpenAIServer:
                     {**head, "object": "chat.completion.chunk", "choices": [], "usage": gen.usage}
                 )
         except (ApiError, SnugError) as exc:
-            yield _data(_error_of(exc).body())
+            yield _data(error_of(exc).body())
         yield "data: [DONE]\n\n"
 
     async def _completion_events(
@@ -297,7 +300,7 @@ class OpenAIServer:
                     {**head, "object": "text_completion", "choices": [], "usage": gen.usage}
                 )
         except (ApiError, SnugError) as exc:
-            yield _data(_error_of(exc).body())
+            yield _data(error_of(exc).body())
         yield "data: [DONE]\n\n"
 
     # ----- helpers --------------------------------------------------------------------------
@@ -452,18 +455,8 @@ def _sse(events: AsyncIterator[str], gen: Generation) -> StreamingResponse:
     )
 
 
-def _error_of(exc: Exception) -> ApiError:
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, QueueFull):
-        return ApiError(503, str(exc), "server_overloaded", code="queue_full")
-    if isinstance(exc, RequestRefused):
-        return bad(str(exc))
-    return ApiError(500, f"{type(exc).__name__}: {exc}", "server_error")
-
-
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
-    err = _error_of(exc)
+    err = error_of(exc)
     headers = {"Retry-After": "1"} if err.status == 503 else None
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 

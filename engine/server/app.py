@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -27,17 +28,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from engine.errors import RequestRefused, SnugError, TemplateError
+from engine.errors import SnugError, TemplateError
 from engine.scheduler import QueueFull, Scheduler
 from engine.server.generation import Generation
 from engine.server.logprobs import LogprobFormat
 from engine.server.messages import MessageOutput, MessagesRequest
 from engine.server.messages import error_body as messages_error
+from engine.server.ollama import OllamaApi
 from engine.server.protocol import (
     ApiError,
     ChatRequest,
     Options,
     bad,
+    error_of,
     read_chat,
     read_completion,
     tool_schemas,
@@ -79,6 +82,8 @@ class OpenAIServer:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+            *OllamaApi(self).routes(),
         ]
         handlers = {
             ApiError: _api_error,
@@ -199,9 +204,9 @@ class OpenAIServer:
             asked = MessagesRequest(await self._body(request))
             chat = read_chat(asked.chat)
             self._check_model(chat.options.model)
-            gen = await self._submit(request, chat, "messages")
+            gen = await self._submit(request, chat, "messages", fit=True)
         except (ApiError, SnugError) as exc:
-            err = _error_of(exc)
+            err = error_of(exc)
             err = asked.rename(err) if asked is not None else err
             return JSONResponse(messages_error(err), status_code=err.status)
         out = MessageOutput(chat.options.model or self.model_id)
@@ -212,9 +217,29 @@ class OpenAIServer:
                 out.add(piece)
         return JSONResponse(out.message(gen))
 
-    async def _submit(self, request: Request, chat: ChatRequest, where: str) -> Generation:
+    async def count_tokens(self, request: Request) -> Any:
+        """Anthropic's token count: the prompt a Messages request would run, in tokens."""
+        asked = None
+        try:
+            self._authorize(request)
+            body = await self._body(request)
+            asked = MessagesRequest({**body, "stream": False, "max_tokens": None})
+            chat = read_chat(asked.chat)
+            try:
+                _, ids = await run_in_threadpool(self._render, chat)
+            except TemplateError as exc:
+                raise bad(str(exc), "messages", "template_error") from exc
+        except (ApiError, SnugError) as exc:
+            err = error_of(exc)
+            err = asked.rename(err) if asked is not None else err
+            return JSONResponse(messages_error(err), status_code=err.status)
+        return JSONResponse({"input_tokens": len(ids)})
+
+    async def _submit(
+        self, request: Request, chat: ChatRequest, where: str, fit: bool = False
+    ) -> Generation:
         """Render a chat request, ready its grammar, and submit it (`where`: the field a
-        template error names)."""
+        template error names; `fit`: as `_start`)."""
         try:
             prompt_text, ids = await run_in_threadpool(self._render, chat)
         except TemplateError as exc:
@@ -223,7 +248,7 @@ class OpenAIServer:
             prompt_opens_thinking(prompt_text), bool(chat.tools), tool_schemas(chat.tools)
         )
         await self._grammar_ready(chat.options)
-        return self._start(request, ids, chat.options, splitter)
+        return self._start(request, ids, chat.options, splitter, fit)
 
     # ----- streaming ------------------------------------------------------------------------
     async def _chat_events(self, gen: Generation, head: dict, usage: bool) -> AsyncIterator[str]:
@@ -252,7 +277,7 @@ class OpenAIServer:
                     {**head, "object": "chat.completion.chunk", "choices": [], "usage": gen.usage}
                 )
         except (ApiError, SnugError) as exc:
-            yield _data(_error_of(exc).body())
+            yield _data(error_of(exc).body())
         yield "data: [DONE]\n\n"
 
     async def _completion_events(
@@ -275,7 +300,7 @@ class OpenAIServer:
                     {**head, "object": "text_completion", "choices": [], "usage": gen.usage}
                 )
         except (ApiError, SnugError) as exc:
-            yield _data(_error_of(exc).body())
+            yield _data(error_of(exc).body())
         yield "data: [DONE]\n\n"
 
     # ----- helpers --------------------------------------------------------------------------
@@ -362,9 +387,16 @@ class OpenAIServer:
         return text, self.tokenizer.encode(text)
 
     def _start(
-        self, request: Request, ids: list[int], options: Options, splitter: ReplySplitter | None
+        self,
+        request: Request,
+        ids: list[int],
+        options: Options,
+        splitter: ReplySplitter | None,
+        fit: bool = False,
     ) -> Generation:
-        """Check the prompt and the reply's length against the context, then submit."""
+        """Check the prompt and the reply's length against the context, then submit.
+        `fit`: a max_tokens past the room left is cut to it (Anthropic's clients send the
+        most their model may write, whatever the context), not refused."""
         context, prompt = self.engine.context, len(ids)
         if prompt >= context:
             raise bad(
@@ -375,6 +407,8 @@ class OpenAIServer:
                 "context_length_exceeded",
             )
         room = context - prompt
+        if fit and options.max_tokens is not None and options.max_tokens > room:
+            options = replace(options, max_tokens=room)
         if options.max_tokens is not None and options.max_tokens > room:
             raise bad(
                 f"max_tokens = {options.max_tokens} but the context of {context} tokens leaves "
@@ -421,18 +455,8 @@ def _sse(events: AsyncIterator[str], gen: Generation) -> StreamingResponse:
     )
 
 
-def _error_of(exc: Exception) -> ApiError:
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, QueueFull):
-        return ApiError(503, str(exc), "server_overloaded", code="queue_full")
-    if isinstance(exc, RequestRefused):
-        return bad(str(exc))
-    return ApiError(500, f"{type(exc).__name__}: {exc}", "server_error")
-
-
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
-    err = _error_of(exc)
+    err = error_of(exc)
     headers = {"Retry-After": "1"} if err.status == 503 else None
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 

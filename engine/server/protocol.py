@@ -16,6 +16,7 @@ from typing import Any
 from engine.constraint import json_grammar, tool_call_grammar
 from engine.errors import RequestRefused
 from engine.sampling import MAX_TOP_LOGPROBS
+from engine.scheduler import QueueFull
 from engine.session import GenerationParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -65,6 +66,17 @@ _KINDS = {
     "array": lambda v: isinstance(v, list),
     "object": lambda v: isinstance(v, dict),
 }
+
+
+def error_of(exc: Exception) -> ApiError:
+    """The API's error for any exception a request raised (a bug: a 500 in the same shape)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, QueueFull):
+        return ApiError(503, str(exc), "server_overloaded", code="queue_full")
+    if isinstance(exc, RequestRefused):
+        return bad(str(exc))
+    return ApiError(500, f"{type(exc).__name__}: {exc}", "server_error")
 
 
 def field(body: dict, name: str, kind: str, default: Any = None, where: str = "") -> Any:
@@ -238,6 +250,8 @@ def read_chat(body: dict) -> ChatRequest:
         options = replace(options, grammar=_forced_call(choice, tools, options))
     kwargs = field(body, "chat_template_kwargs", "object", {})
     thinking = field(kwargs, "enable_thinking", "boolean", None, "chat_template_kwargs.")
+    if thinking is None and field(body, "reasoning_effort", "string") in ("none", "minimal"):
+        thinking = False  # OpenAI's way to ask a reasoning model not to think
     return ChatRequest(options, messages, tools, thinking)
 
 

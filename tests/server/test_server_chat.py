@@ -136,6 +136,14 @@ def test_thinking_is_split_from_the_answer(scripted):
     assert "reasoning_content" not in (reply.choices[0].message.model_extra or {})
     prompt = scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
     assert prompt.endswith("<think>\n\n</think>\n\n")
+    # OpenAI's reasoning_effort "none" asks the same.
+    scripted.scheduler.say("Just the answer.")
+    reply = client.chat.completions.create(
+        model=scripted.model, messages=USER, max_tokens=50, reasoning_effort="none"
+    )
+    assert reply.choices[0].message.content == "Just the answer."
+    prompt = scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
+    assert prompt.endswith("<think>\n\n</think>\n\n")
 
 
 def test_completions_take_text_or_token_ids(served, solo):

@@ -1,0 +1,312 @@
+"""Ollama's API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/version`),
+for the front-ends and the `ollama` client that speak it rather than OpenAI's. A request is
+read as the chat (or, with `raw`, completion) request it stands for and runs on the same
+path; the reply is Ollama's: the answer in `message.content` (`response` for generate), the
+thinking in `thinking` when `think` is on, tool calls with their arguments as objects, and
+the counts and durations (nanoseconds) at the end. It streams unless `stream` is false, as
+newline-delimited JSON. Errors are `{"error": message}`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from engine import __version__
+from engine.errors import SnugError
+from engine.server.generation import Generation
+from engine.server.protocol import (
+    ApiError,
+    bad,
+    error_of,
+    field,
+    read_chat,
+    read_completion,
+)
+from engine.server.reply import Piece
+
+if TYPE_CHECKING:
+    from engine.server.app import OpenAIServer
+
+# Ollama's sampling options and the chat request's names for them.
+OPTIONS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "seed": "seed",
+    "stop": "stop",
+    "presence_penalty": "presence_penalty",
+}
+
+
+def chat_body(body: dict[str, Any], generate: bool) -> dict[str, Any]:
+    """The chat body an Ollama chat or generate request stands for."""
+    if generate:
+        prompt = field(body, "prompt", "string", "")
+        if body.get("images") or body.get("suffix"):
+            name = "images" if body.get("images") else "suffix"
+            raise bad(f"'{name}' is not supported: this server takes text prompts", name)
+        messages = [{"role": "user", "content": prompt}]
+        system = field(body, "system", "string")
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+    else:
+        raw = body.get("messages")
+        if not isinstance(raw, list) or not raw:
+            raise bad("'messages' must be a non-empty list of messages", "messages")
+        messages = [_message(m, i) for i, m in enumerate(raw)]
+    if body.get("logprobs"):
+        raise bad(
+            "'logprobs' is not supported on /api; /v1/chat/completions returns them", "logprobs"
+        )
+    chat: dict[str, Any] = {"messages": messages, "model": body.get("model")}
+    chat["stream"] = field(body, "stream", "boolean", True)
+    options = field(body, "options", "object", {})
+    for name, ours in OPTIONS.items():
+        if options.get(name) is not None:
+            chat[ours] = options[name]
+    predict = options.get("num_predict")
+    if isinstance(predict, int) and predict > 0:
+        chat["max_tokens"] = predict
+    if body.get("tools"):
+        chat["tools"] = body["tools"]  # OpenAI's function tools, as Ollama takes them
+    fmt = body.get("format")
+    if fmt == "json":
+        chat["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt}}
+    elif fmt not in (None, ""):
+        raise bad("'format' must be \"json\" or a JSON schema", "format")
+    think = body.get("think")
+    if think is not None:  # true, false, or a level ("low", "medium", "high")
+        chat["chat_template_kwargs"] = {"enable_thinking": think not in (False, "none")}
+    return chat
+
+
+def _message(message: Any, i: int) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        raise bad(f"'messages[{i}]' must be an object with 'role' and 'content'", f"messages[{i}]")
+    if message.get("images"):
+        raise bad(f"'messages[{i}].images': this server takes text only", f"messages[{i}].images")
+    out = {k: message[k] for k in ("role", "content") if k in message}
+    if message.get("thinking"):
+        out["reasoning_content"] = message["thinking"]
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {"type": "function", "function": c.get("function", {})} if isinstance(c, dict) else c
+            for c in message["tool_calls"]
+        ]
+    if message.get("tool_name"):
+        out["name"] = message["tool_name"]
+    return out
+
+
+class Reply:
+    """One Ollama reply: its pieces gathered (`add`) into content, thinking and tool calls,
+    and the objects the API answers with."""
+
+    def __init__(self, model: str, generate: bool) -> None:
+        self.model, self.generate = model, generate
+        self.t0 = time.perf_counter_ns()
+        self.content, self.thinking = "", ""
+        self.calls: list[dict[str, Any]] = []
+
+    def add(self, piece: Piece) -> dict[str, Any]:
+        """Take one piece; the part of a streamed line it makes."""
+        if piece.kind == "tool_call":
+            call = piece.call
+            assert call is not None
+            try:
+                args = json.loads(call.arguments)
+            except json.JSONDecodeError:
+                args = {}
+            one = {"function": {"name": call.name, "arguments": args}}
+            self.calls.append(one)
+            return {"tool_calls": [one]}
+        if piece.kind == "reasoning":
+            self.thinking += piece.text
+            return {"thinking": piece.text}
+        self.content += piece.text
+        return {"content": piece.text}
+
+    def line(self, part: dict[str, Any], done: bool = False) -> dict[str, Any]:
+        """A response object: `part` as the message (chat) or as its fields (generate)."""
+        now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        out: dict[str, Any] = {"model": self.model, "created_at": now}
+        if self.generate:
+            out["response"] = part.get("content", "")
+            if part.get("thinking"):
+                out["thinking"] = part["thinking"]
+        else:
+            out["message"] = {
+                "role": "assistant",
+                "content": part.get("content", ""),
+                **{k: part[k] for k in ("thinking", "tool_calls") if part.get(k)},
+            }
+        out["done"] = done
+        return out
+
+    def final(self, gen: Generation, whole: bool) -> dict[str, Any]:
+        """The last object: the whole reply (`whole`: not streamed), the reason it ended,
+        the counts and durations."""
+        part: dict[str, Any] = {}
+        if whole:
+            part = {"content": self.content, "thinking": self.thinking, "tool_calls": self.calls}
+        out = self.line(part, done=True)
+        total = time.perf_counter_ns() - self.t0
+        out |= {
+            "done_reason": "length" if gen.finish_reason == "length" else "stop",
+            "total_duration": total,
+            "load_duration": 0,
+            "prompt_eval_count": gen.prompt_tokens,
+            "eval_count": gen.completion_tokens,
+            "eval_duration": total,
+        }
+        return out
+
+
+class OllamaApi:
+    """Ollama's routes over the server's path (`OpenAIServer`): auth, body, model check and
+    submission are the server's."""
+
+    def __init__(self, server: OpenAIServer) -> None:
+        self.server = server
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/api/version", self.version, methods=["GET"]),
+            Route("/api/tags", self.tags, methods=["GET"]),
+            Route("/api/show", self.show, methods=["POST"]),
+            Route("/api/chat", self.chat, methods=["POST"]),
+            Route("/api/generate", self.generate, methods=["POST"]),
+        ]
+
+    async def version(self, request: Request) -> JSONResponse:
+        return JSONResponse({"version": __version__})
+
+    def _model(self) -> dict[str, Any]:
+        s = self.server
+        when = datetime.fromtimestamp(s.created, UTC).isoformat().replace("+00:00", "Z")
+        details = {
+            "format": "safetensors",
+            "family": "qwen3_5",
+            "families": ["qwen3_5"],
+            "parameter_size": "",
+            "quantization_level": "",
+        }
+        return {
+            "name": s.model_id,
+            "model": s.model_id,
+            "modified_at": when,
+            "size": 0,
+            "digest": "",
+            "details": details,
+        }
+
+    async def tags(self, request: Request) -> JSONResponse:
+        try:
+            self.server._authorize(request)
+        except ApiError as exc:
+            return _error(exc)
+        return JSONResponse({"models": [self._model()]})
+
+    async def show(self, request: Request) -> JSONResponse:
+        s = self.server
+        try:
+            s._authorize(request)
+            body = await s._body(request)
+            s._check_model(body.get("model") or body.get("name"))
+        except ApiError as exc:
+            return _error(exc)
+        info = {"general.architecture": "qwen3_5", "qwen3_5.context_length": s.engine.context}
+        return JSONResponse(
+            {
+                "details": self._model()["details"],
+                "model_info": info,
+                "capabilities": ["completion", "tools", "thinking"],
+                "template": s.tokenizer.template or "",
+            }
+        )
+
+    async def chat(self, request: Request) -> Any:
+        return await self._run(request, generate=False)
+
+    async def generate(self, request: Request) -> Any:
+        return await self._run(request, generate=True)
+
+    async def _run(self, request: Request, generate: bool) -> Any:
+        s = self.server
+        try:
+            s._authorize(request)
+            body = await s._body(request)
+            if generate and body.get("raw"):
+                gen, stream = await self._raw(request, body)
+            else:
+                chat = read_chat(chat_body(body, generate))
+                s._check_model(chat.options.model)
+                gen, stream = await s._submit(request, chat, "messages"), chat.options.stream
+        except (ApiError, SnugError) as exc:
+            return _error(exc)
+        reply = Reply(body.get("model") or s.model_id, generate)
+        if stream:
+            return StreamingResponse(
+                _lines(reply, gen),
+                media_type="application/x-ndjson",
+                background=BackgroundTask(gen.cancel),
+            )
+        try:
+            async for piece in gen.pieces():
+                if piece.kind == "tool_call" or piece.text:
+                    reply.add(piece)
+        except (ApiError, SnugError) as exc:
+            return _error(exc)
+        return JSONResponse(reply.final(gen, whole=True))
+
+    async def _raw(self, request: Request, body: dict[str, Any]) -> tuple[Generation, bool]:
+        """generate with `raw`: the prompt as it is, no template (a completion)."""
+        s = self.server
+        completion = {"prompt": field(body, "prompt", "string", ""), "model": body.get("model")}
+        chat = chat_body({**body, "raw": False}, generate=True)
+        for name in (
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "stop",
+            "presence_penalty",
+            "response_format",
+            "stream",
+        ):
+            if name in chat:
+                completion[name] = chat[name]
+        req = read_completion(completion)
+        s._check_model(req.options.model)
+        ids = s.tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
+        await s._grammar_ready(req.options)
+        return s._start(request, ids, req.options, None), req.options.stream
+
+
+async def _lines(reply: Reply, gen: Generation) -> AsyncIterator[str]:
+    try:
+        async for piece in gen.pieces():
+            if piece.kind == "tool_call" or piece.text:
+                yield json.dumps(reply.line(reply.add(piece)), ensure_ascii=False) + "\n"
+        yield json.dumps(reply.final(gen, whole=False), ensure_ascii=False) + "\n"
+    except (ApiError, SnugError) as exc:
+        yield json.dumps({"error": str(exc)}, ensure_ascii=False) + "\n"
+
+
+def _error(exc: Exception) -> JSONResponse:
+    err = error_of(exc)
+    return JSONResponse({"error": err.message}, status_code=err.status)

@@ -1,0 +1,119 @@
+"""Ollama's API (`/api/*`) through the `ollama` client: chat and generate read as the chat
+request they stand for, the thinking in `thinking` when `think` is on, tool calls with
+their arguments as objects and their results sent back, streamed as lines; the model list;
+errors as `{"error": ...}`."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.server.conftest import KEY
+
+ollama = pytest.importorskip("ollama")
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+CALL = (
+    "I will check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+    "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
+)
+
+
+def client(served):
+    host = served.url[: -len("/v1")]
+    return ollama.Client(host=host, headers={"Authorization": f"Bearer {KEY}"})
+
+
+def prompt_of(scripted) -> str:
+    return scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
+
+
+def test_chat_with_thinking_and_without(scripted):
+    c = client(scripted)
+    scripted.scheduler.say("Short and kind.</think>\n\nHello there!")
+    reply = c.chat(model=scripted.model, messages=[{"role": "user", "content": "Hi"}], think=True)
+    assert reply.message.content == "Hello there!" and reply.message.thinking == "Short and kind."
+    assert reply.done and reply.done_reason == "stop" and reply.eval_count > 0
+    assert reply.prompt_eval_count == len(scripted.scheduler.prompts[-1])
+    scripted.scheduler.say("Hello there!")
+    reply = c.chat(model=scripted.model, messages=[{"role": "user", "content": "Hi"}], think=False)
+    assert reply.message.content == "Hello there!" and not reply.message.thinking
+    assert prompt_of(scripted).endswith("<think>\n\n</think>\n\n")
+
+
+def test_a_stream_of_lines_adds_up_to_the_reply(scripted):
+    scripted.scheduler.say("Short and kind.</think>\n\nHello there!")
+    parts = list(
+        client(scripted).chat(
+            model=scripted.model, messages=[{"role": "user", "content": "Hi"}], think=True,
+            stream=True,
+        )
+    )  # fmt: skip
+    assert "".join(p.message.content for p in parts) == "Hello there!"
+    assert "".join(p.message.thinking or "" for p in parts) == "Short and kind."
+    assert parts[-1].done and not any(p.done for p in parts[:-1])
+
+
+def test_a_tool_call_and_its_result_go_round(scripted):
+    c = client(scripted)
+    scripted.scheduler.say(CALL)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    reply = c.chat(model=scripted.model, messages=messages, tools=[WEATHER], think=False)
+    (call,) = reply.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments == {
+        "city": "Paris", "days": 2}  # fmt: skip
+    scripted.scheduler.say("It is 21 degrees.")
+    messages += [
+        reply.message.model_dump(exclude_none=True),
+        {"role": "tool", "content": '{"temp": 21}', "tool_name": "get_weather"},
+    ]
+    final = c.chat(model=scripted.model, messages=messages, tools=[WEATHER], think=False)
+    assert final.message.content == "It is 21 degrees."
+    prompt = prompt_of(scripted)
+    assert "<parameter=city>\nParis\n</parameter>" in prompt
+    assert '<|im_start|>user\n<tool_response>\n{"temp": 21}\n</tool_response><|im_end|>' in prompt
+
+
+def test_generate_with_a_system_prompt_and_raw(scripted):
+    c = client(scripted)
+    scripted.scheduler.say("Hello there!")
+    reply = c.generate(model=scripted.model, prompt="Hi", system="Be brief.", think=False)
+    assert reply.response == "Hello there!" and reply.done
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in prompt_of(scripted)
+    scripted.scheduler.say(" upon a time")
+    raw = c.generate(model=scripted.model, prompt="Once", raw=True, options={"num_predict": 8})
+    assert raw.response == " upon a time"
+    assert prompt_of(scripted) == "Once"  # no template
+
+
+def test_a_json_schema_holds_the_answer(served):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    reply = client(served).chat(
+        model=served.model, messages=[{"role": "user", "content": "Well?"}], think=False,
+        format=schema, options={"temperature": 0, "num_predict": 200},
+    )  # fmt: skip
+    assert set(json.loads(reply.message.content)) == {"ok"}
+
+
+def test_the_model_list_and_errors(served):
+    c = client(served)
+    assert [m.model for m in c.list().models] == [served.model]
+    with pytest.raises(ollama.ResponseError) as err:
+        c.chat(model="other", messages=[{"role": "user", "content": "Hi"}])
+    assert err.value.status_code == 404 and "other" in err.value.error
+    r = httpx.post(served.base + "/api/chat", json={"model": served.model, "messages": []},
+                   headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+    assert r.status_code == 400 and "non-empty" in r.json()["error"]

@@ -11,14 +11,13 @@ a user message. Errors have Anthropic's shape and name the Messages field.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.errors import SnugError
 from engine.server.generation import Generation
-from engine.server.protocol import ApiError, bad, field
+from engine.server.protocol import ApiError, bad, field, renamed
 from engine.server.reply import Piece
 
 ERROR_TYPES = {
@@ -83,21 +82,7 @@ class MessagesRequest:
     def rename(self, exc: ApiError) -> ApiError:
         """`exc` with the chat request's `messages[i]` put back as the Messages field it came
         from (the system prompt, or the message of that index)."""
-
-        def names(text: str | None) -> str | None:
-            if text is None:
-                return None
-            return re.sub(
-                r"messages\[(\d+)\]",
-                lambda m: (
-                    self.origin[int(m.group(1))]
-                    if int(m.group(1)) < len(self.origin)
-                    else m.group(0)
-                ),
-                text,
-            ).replace("response_format", "tool_choice")
-
-        return ApiError(exc.status, names(exc.message) or "", exc.kind, names(exc.param), exc.code)
+        return renamed(exc, self.origin)
 
 
 def _texts(blocks: Any, where: str) -> str:
@@ -217,10 +202,7 @@ class MessageOutput:
         if piece.kind == "tool_call":
             call = piece.call
             assert call is not None
-            try:
-                args = json.loads(call.arguments)
-            except json.JSONDecodeError:
-                args = {}
+            args = call.arguments_object()
             block = {
                 "type": "tool_use",
                 "id": f"toolu_{call.id.removeprefix('call_')}",

@@ -125,10 +125,7 @@ class Reply:
         if piece.kind == "tool_call":
             call = piece.call
             assert call is not None
-            try:
-                args = json.loads(call.arguments)
-            except json.JSONDecodeError:
-                args = {}
+            args = call.arguments_object()
             one = {"function": {"name": call.name, "arguments": args}}
             self.calls.append(one)
             return {"tool_calls": [one]}

@@ -10,6 +10,7 @@ grammar (engine.constraint).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -77,6 +78,28 @@ def error_of(exc: Exception) -> ApiError:
     if isinstance(exc, RequestRefused):
         return bad(str(exc))
     return ApiError(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+def renamed(exc: ApiError, origin: list[str], words: dict[str, str] | None = None) -> ApiError:
+    """`exc`, raised reading a chat body made from another API's request, with that API's
+    names put back: `messages[i]` as `origin[i]` (the field chat message i came from), and
+    each pattern of `words` as its name there."""
+
+    def names(text: str | None) -> str | None:
+        if text is None:
+            return None
+
+        def back(m: re.Match) -> str:
+            i = int(m.group(1))
+            return origin[i] if i < len(origin) else m.group(0)
+
+        text = re.sub(r"messages\[(\d+)\]", back, text)
+        for pattern, name in (words or {}).items():
+            text = re.sub(pattern, name, text)
+        return text
+
+    param = names(exc.param)
+    return ApiError(exc.status, names(exc.message) or "", exc.kind, param, exc.code)
 
 
 def field(body: dict, name: str, kind: str, default: Any = None, where: str = "") -> Any:

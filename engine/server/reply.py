@@ -83,6 +83,15 @@ class ToolCall:
     arguments: str  # a JSON object, as the OpenAI API sends it
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
+    def arguments_object(self) -> dict[str, Any]:
+        """The arguments as an object, as the Messages and Ollama APIs give them ({} where
+        they do not parse as one)."""
+        try:
+            value = json.loads(self.arguments)
+        except json.JSONDecodeError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
     def as_dict(self, index: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.id,

@@ -10,7 +10,6 @@ as `function_call` and `function_call_output` items.
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,7 +17,7 @@ from typing import Any
 
 from engine.errors import SnugError
 from engine.server.generation import Generation
-from engine.server.protocol import ApiError, bad, field
+from engine.server.protocol import ApiError, bad, field, renamed
 from engine.server.reply import Piece
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -152,26 +151,15 @@ class ResponsesRequest:
 
     def rename(self, exc: ApiError) -> ApiError:
         """`exc` with the chat request's names put back as this request's: messages[i] as
-        the input item it came from, max_tokens as max_output_tokens."""
-
-        def names(text: str | None) -> str | None:
-            if text is None:
-                return None
-            text = re.sub(
-                r"messages\[(\d+)\]",
-                lambda m: (
-                    self.origin[int(m.group(1))]
-                    if int(m.group(1)) < len(self.origin)
-                    else m.group(0)
-                ),
-                text,
-            )
-            text = re.sub(r"\bmax_tokens\b", "max_output_tokens", text)
-            text = re.sub(r"\bresponse_format(\.json_schema)?", "text.format", text)
-            return text.replace("'messages'", "'input'")
-
-        param = "input" if exc.param == "messages" else names(exc.param)
-        return ApiError(exc.status, names(exc.message) or "", exc.kind, param, exc.code)
+        the input item it came from, max_tokens as max_output_tokens, response_format as
+        text.format, 'messages' as 'input'."""
+        words = {
+            r"\bmax_tokens\b": "max_output_tokens",
+            r"\bresponse_format(\.json_schema)?": "text.format",
+            r"'messages'": "'input'",
+            r"^messages$": "input",
+        }
+        return renamed(exc, self.origin, words)
 
 
 def _parts(parts: Any) -> list[dict[str, Any]]:

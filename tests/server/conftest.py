@@ -47,6 +47,19 @@ def light_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
     return with_template(source, tmp_path_factory.mktemp("light") / "tiny-light")
 
 
+# The weather tool's parameters, and a call of it in Qwen3.5's form (what the tool tests make
+# the model say), for the APIs that take tools each in their own shape.
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"],
+}
+PARIS_CALL = (
+    "I will check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+    "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
+)
+
+
 class Scripted(Scheduler):
     """Runs the model as usual but picks the tokens of `script` (then end of sequence), so
     a test can make the tiny random model say what a real one would. Records each prompt."""
@@ -58,6 +71,9 @@ class Scripted(Scheduler):
 
     def say(self, text: str) -> None:
         self.script = self.engine.tokenizer.encode(text)
+
+    def last_prompt(self) -> str:
+        return self.engine.tokenizer.decode(self.prompts[-1])
 
     def _pick(self, request) -> int:
         n = len(request.generated)

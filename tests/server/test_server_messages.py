@@ -9,33 +9,22 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.server.conftest import KEY
+from tests.server.conftest import KEY, PARIS_CALL, WEATHER_PARAMETERS
 
 anthropic = pytest.importorskip("anthropic")
 
 WEATHER = {
     "name": "get_weather",
     "description": "The weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"],
-    },
+    "input_schema": WEATHER_PARAMETERS,
 }
-CALL = (
-    "I will check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
-    "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
-)
+CALL = PARIS_CALL
 THINK = {"type": "enabled", "budget_tokens": 1024}
 
 
 def client(served, key: str = KEY):
     base = served.url[: -len("/v1")]
     return anthropic.Anthropic(base_url=base, api_key=key, max_retries=0)
-
-
-def prompt_of(scripted) -> str:
-    return scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
 
 
 def test_text_and_thinking_blocks(scripted):
@@ -48,7 +37,7 @@ def test_text_and_thinking_blocks(scripted):
     assert thinking.type == "thinking" and thinking.thinking == "Short and kind."
     assert text.type == "text" and text.text == "Hello there!"
     assert reply.stop_reason == "end_turn" and reply.usage.output_tokens > 0
-    assert "<|im_start|>system\nBe brief.<|im_end|>" in prompt_of(scripted)
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in scripted.scheduler.last_prompt()
 
 
 def test_no_thinking_unless_enabled(scripted):
@@ -57,7 +46,8 @@ def test_no_thinking_unless_enabled(scripted):
         model=scripted.model, max_tokens=64, messages=[{"role": "user", "content": "Hi"}]
     )
     assert [b.type for b in reply.content] == ["text"] and reply.content[0].text == "Hello there!"
-    assert prompt_of(scripted).endswith("<think>\n\n</think>\n\n")  # closed by the template
+    closed = "<think>\n\n</think>\n\n"  # the template closes the block
+    assert scripted.scheduler.last_prompt().endswith(closed)
 
 
 def test_the_stream_assembles_into_the_same_message(scripted):
@@ -94,7 +84,7 @@ def test_a_tool_use_and_its_result_go_round(scripted):
         model=scripted.model, max_tokens=200, tools=[WEATHER], messages=messages
     )
     assert final.content[0].text == "It is 21 degrees." and final.stop_reason == "end_turn"
-    prompt = prompt_of(scripted)
+    prompt = scripted.scheduler.last_prompt()
     assert (
         "<|im_start|>assistant\nI will check.\n\n<tool_call>\n<function=get_weather>\n"
         "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n"

@@ -10,34 +10,20 @@ import json
 import httpx
 import pytest
 
-from tests.server.conftest import KEY
+from tests.server.conftest import KEY, PARIS_CALL, WEATHER_PARAMETERS
 
 ollama = pytest.importorskip("ollama")
 
 WEATHER = {
     "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city"],
-        },
-    },
+    "function": {"name": "get_weather", "parameters": WEATHER_PARAMETERS},
 }
-CALL = (
-    "I will check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
-    "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
-)
+CALL = PARIS_CALL
 
 
 def client(served):
     host = served.url[: -len("/v1")]
     return ollama.Client(host=host, headers={"Authorization": f"Bearer {KEY}"})
-
-
-def prompt_of(scripted) -> str:
-    return scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
 
 
 def test_chat_with_thinking_and_without(scripted):
@@ -50,7 +36,7 @@ def test_chat_with_thinking_and_without(scripted):
     scripted.scheduler.say("Hello there!")
     reply = c.chat(model=scripted.model, messages=[{"role": "user", "content": "Hi"}], think=False)
     assert reply.message.content == "Hello there!" and not reply.message.thinking
-    assert prompt_of(scripted).endswith("<think>\n\n</think>\n\n")
+    assert scripted.scheduler.last_prompt().endswith("<think>\n\n</think>\n\n")
 
 
 def test_a_stream_of_lines_adds_up_to_the_reply(scripted):
@@ -81,7 +67,7 @@ def test_a_tool_call_and_its_result_go_round(scripted):
     ]
     final = c.chat(model=scripted.model, messages=messages, tools=[WEATHER], think=False)
     assert final.message.content == "It is 21 degrees."
-    prompt = prompt_of(scripted)
+    prompt = scripted.scheduler.last_prompt()
     assert "<parameter=city>\nParis\n</parameter>" in prompt
     assert '<|im_start|>user\n<tool_response>\n{"temp": 21}\n</tool_response><|im_end|>' in prompt
 
@@ -91,11 +77,11 @@ def test_generate_with_a_system_prompt_and_raw(scripted):
     scripted.scheduler.say("Hello there!")
     reply = c.generate(model=scripted.model, prompt="Hi", system="Be brief.", think=False)
     assert reply.response == "Hello there!" and reply.done
-    assert "<|im_start|>system\nBe brief.<|im_end|>" in prompt_of(scripted)
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in scripted.scheduler.last_prompt()
     scripted.scheduler.say(" upon a time")
     raw = c.generate(model=scripted.model, prompt="Once", raw=True, options={"num_predict": 8})
     assert raw.response == " upon a time"
-    assert prompt_of(scripted) == "Once"  # no template
+    assert scripted.scheduler.last_prompt() == "Once"  # no template
 
 
 def test_a_json_schema_holds_the_answer(served):

@@ -10,26 +10,15 @@ import json
 import httpx
 import pytest
 
-from tests.server.conftest import KEY
+from tests.server.conftest import KEY, PARIS_CALL, WEATHER_PARAMETERS
 
 WEATHER = {
     "type": "function",
     "name": "get_weather",
     "description": "The weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"],
-    },
+    "parameters": WEATHER_PARAMETERS,
 }
-CALL = (
-    "I will check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
-    "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
-)
-
-
-def prompt_of(scripted) -> str:
-    return scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
+CALL = PARIS_CALL
 
 
 def test_thinking_and_answer_come_as_a_reasoning_item_and_output_text(scripted):
@@ -42,7 +31,7 @@ def test_thinking_and_answer_come_as_a_reasoning_item_and_output_text(scripted):
     assert reasoning.type == "reasoning" and reasoning.content[0].text == "Short and kind."
     assert message.type == "message" and message.role == "assistant"
     assert reply.usage.output_tokens > 0 and reply.usage.input_tokens > 0
-    prompt = prompt_of(scripted)
+    prompt = scripted.scheduler.last_prompt()
     assert "<|im_start|>system\nBe brief.<|im_end|>" in prompt
     assert "<|im_start|>user\nHi<|im_end|>" in prompt
 
@@ -71,7 +60,7 @@ def test_a_function_call_and_its_output_go_round(scripted):
     assert message.content[0].text == "I will check."
     assert call.type == "function_call" and call.name == "get_weather"
     assert json.loads(call.arguments) == {"city": "Paris", "days": 2}
-    assert json.dumps(WEATHER["parameters"])[:20] in prompt_of(scripted)
+    assert json.dumps(WEATHER["parameters"])[:20] in scripted.scheduler.last_prompt()
     scripted.scheduler.say("It is 21 degrees.")
     history = [
         {"role": "user", "content": "Weather in Paris?"},
@@ -82,7 +71,7 @@ def test_a_function_call_and_its_output_go_round(scripted):
         model=scripted.model, input=history, tools=[WEATHER], reasoning=off
     )
     assert final.output_text == "It is 21 degrees."
-    prompt = prompt_of(scripted)
+    prompt = scripted.scheduler.last_prompt()
     assert (  # one assistant turn, as the chat form renders it
         "<|im_start|>assistant\nI will check.\n\n<tool_call>\n<function=get_weather>\n"
         "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n"

@@ -169,22 +169,15 @@ class DecodeGraphs:
     def _capture(self, B: int, splits: int | None) -> _Captured:
         be = self.be
         batch = Batch.step([(s, 0) for s in range(B)])
-        ids = np.zeros(B, np.int32)
-        be.frame.scratch.reset()
-        be.prepare(batch, ids)  # sizes the scratch for B rows before capture
-        be.stream.synchronize()
-        stream = be.stream
-        with be.capture_mode(splits), on_stream(stream):
-            stream.begin_capture()
-            try:
-                logits = self.model.forward(batch, ids)
-                tokens = be.frame.meta[0, :B]
-                be.sample_greedy(logits, out=tokens)
-                be.sampling.advance(be.frame.meta[1], B)
-            finally:
-                graph = stream.end_capture()
-        graph.upload(stream)
-        self.captures += 1
+
+        def run(ids: np.ndarray) -> tuple[Any, Any]:
+            logits = self.model.forward(batch, ids)
+            tokens = be.frame.meta[0, :B]
+            be.sample_greedy(logits, out=tokens)
+            be.sampling.advance(be.frame.meta[1], B)
+            return logits, tokens
+
+        graph, (logits, tokens) = self._record(batch, run, splits)
         self.keys[B] = list(dict.fromkeys(be.projections.tuner.step_keys))
         return _Captured(graph, logits, tokens)
 
@@ -342,25 +335,35 @@ class DecodeGraphs:
         self.model.hidden = cap.hidden
         return cap.logits, cap.hidden
 
-    def _capture_verify(self, slot: int, rows: int) -> _Captured:
-        """The verify of `rows` rows on `slot` as a graph; the placeholder position is
-        rewritten by each replay's `meta`."""
+    def _record(self, batch: Batch, run: Any, splits: int | None = None) -> tuple[Any, Any]:
+        """(the graph of `run(ids)`, what it returned): a forward of `batch` with placeholder
+        ids, prepared first (which sizes the scratch for its rows); each replay rewrites
+        `meta` with the real positions and ids. `splits`: the attention's (capture_mode)."""
         be = self.be
-        batch = Batch.verify(slot, 0, rows)
-        ids = np.zeros(rows, np.int32)
+        ids = np.zeros(batch.rows, np.int32)
         be.frame.scratch.reset()
         be.prepare(batch, ids)
         be.stream.synchronize()
         stream = be.stream
-        with be.capture_mode(None), on_stream(stream):
+        with be.capture_mode(splits), on_stream(stream):
             stream.begin_capture()
             try:
-                logits = self.model.forward(batch, ids, all_logits=True, hidden=True)
-                hidden = self.model.hidden
+                out = run(ids)
             finally:
                 graph = stream.end_capture()
         graph.upload(stream)
         self.captures += 1
+        return graph, out
+
+    def _capture_verify(self, slot: int, rows: int) -> _Captured:
+        """The verify of `rows` rows on `slot` as a graph."""
+        batch = Batch.verify(slot, 0, rows)
+
+        def run(ids: np.ndarray) -> tuple[Any, Any]:
+            logits = self.model.forward(batch, ids, all_logits=True, hidden=True)
+            return logits, self.model.hidden
+
+        graph, (logits, hidden) = self._record(batch, run)
         return _Captured(graph, logits, None, hidden=hidden)
 
     def head(self, head: Any, batch: Batch, ids: np.ndarray, hidden: Any, logits_rows: Any) -> Any:
@@ -404,21 +407,14 @@ class DecodeGraphs:
         be = self.be
         inputs = cupy.zeros(like.shape, like.dtype)
         batch = Batch.window(slot, 0, rows)
-        ids = np.zeros(rows, np.int32)
-        be.frame.scratch.reset()
-        be.prepare(batch, ids)
-        be.stream.synchronize()
-        stream = be.stream
-        with be.capture_mode(None), on_stream(stream):
-            stream.begin_capture()
-            try:
-                head.forward(batch, ids, inputs, None)
-                hidden = head.hidden
-                logits = be.linear(hidden[rows - 1 : rows], head.model.head) if want else None
-            finally:
-                graph = stream.end_capture()
-        graph.upload(stream)
-        self.captures += 1
+
+        def run(ids: np.ndarray) -> tuple[Any, Any]:
+            head.forward(batch, ids, inputs, None)
+            hidden = head.hidden
+            logits = be.linear(hidden[rows - 1 : rows], head.model.head) if want else None
+            return logits, hidden
+
+        graph, (logits, hidden) = self._record(batch, run)
         return _Captured(graph, logits, None, hidden=hidden, inputs=inputs)
 
     def replay_next(self, batch_size: int) -> tuple[Any, Any]:

@@ -245,6 +245,10 @@ class OllamaApi:
         try:
             s._authorize(request)
             body = await s._body(request)
+            if _loads_only(body, generate):  # how Ollama's clients ask for the model ready
+                s._check_model(body.get("model"))
+                reply = Reply(body.get("model") or s.model_id, generate)
+                return JSONResponse({**reply.line({}, done=True), "done_reason": "load"})
             if generate and body.get("raw"):
                 gen, stream = await self._raw(request, body)
             else:
@@ -292,6 +296,14 @@ class OllamaApi:
         ids = s.tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
         await s._grammar_ready(req.options)
         return s._start(request, ids, req.options, None), req.options.stream
+
+
+def _loads_only(body: dict[str, Any], generate: bool) -> bool:
+    """A request with nothing to answer (no prompt, or no messages): in Ollama's API it
+    loads the model and answers `done_reason: "load"`; here the model is loaded already."""
+    if generate:
+        return not body.get("prompt") and not body.get("system")
+    return body.get("messages") == []
 
 
 async def _lines(reply: Reply, gen: Generation) -> AsyncIterator[str]:

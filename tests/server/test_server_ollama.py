@@ -100,6 +100,11 @@ def test_the_model_list_and_errors(served):
     with pytest.raises(ollama.ResponseError) as err:
         c.chat(model="other", messages=[{"role": "user", "content": "Hi"}])
     assert err.value.status_code == 404 and "other" in err.value.error
-    r = httpx.post(served.base + "/api/chat", json={"model": served.model, "messages": []},
-                   headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+    headers = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(served.base + "/api/chat", json={"model": served.model, "messages": "Hi"},
+                   headers=headers)  # fmt: skip
     assert r.status_code == 400 and "non-empty" in r.json()["error"]
+    # Nothing to answer: how Ollama's clients get a model loaded; it is, already.
+    for path, body in (("/api/chat", {"messages": []}), ("/api/generate", {})):
+        r = httpx.post(served.base + path, json={"model": served.model, **body}, headers=headers)
+        assert r.json()["done"] is True and r.json()["done_reason"] == "load"

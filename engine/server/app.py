@@ -38,6 +38,7 @@ from engine.server.ollama import OllamaApi
 from engine.server.protocol import (
     ApiError,
     ChatRequest,
+    CompletionRequest,
     Options,
     bad,
     error_of,
@@ -153,15 +154,7 @@ class OpenAIServer:
         self._authorize(request)
         req = read_completion(await self._body(request))
         self._check_model(req.options.model)
-        if isinstance(req.prompt, str):
-            ids = await run_in_threadpool(self.tokenizer.encode, req.prompt)
-        else:
-            ids = req.prompt
-            vocab = self.engine.vocab_rows
-            if any(not 0 <= t < vocab for t in ids):
-                raise bad(f"'prompt' has token ids outside the vocabulary [0, {vocab})", "prompt")
-        await self._grammar_ready(req.options)
-        gen = self._start(request, ids, req.options, None)
+        gen = await self._submit_completion(request, req)
         head = self._head("cmpl", req.options)
         if req.options.stream:
             return _sse(self._completion_events(gen, head, req.options.include_usage), gen)
@@ -234,6 +227,18 @@ class OpenAIServer:
             err = asked.rename(err) if asked is not None else err
             return JSONResponse(messages_error(err), status_code=err.status)
         return JSONResponse({"input_tokens": len(ids)})
+
+    async def _submit_completion(self, request: Request, req: CompletionRequest) -> Generation:
+        """Tokenize (or check the ids of) a completion's prompt, ready its grammar, submit."""
+        if isinstance(req.prompt, str):
+            ids = await run_in_threadpool(self.tokenizer.encode, req.prompt)
+        else:
+            ids = req.prompt
+            vocab = self.engine.vocab_rows
+            if any(not 0 <= t < vocab for t in ids):
+                raise bad(f"'prompt' has token ids outside the vocabulary [0, {vocab})", "prompt")
+        await self._grammar_ready(req.options)
+        return self._start(request, ids, req.options, None)
 
     async def _submit(
         self, request: Request, chat: ChatRequest, where: str, fit: bool = False

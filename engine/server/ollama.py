@@ -275,27 +275,12 @@ class OllamaApi:
     async def _raw(self, request: Request, body: dict[str, Any]) -> tuple[Generation, bool]:
         """generate with `raw`: the prompt as it is, no template (a completion)."""
         s = self.server
-        completion = {"prompt": field(body, "prompt", "string", ""), "model": body.get("model")}
-        chat = chat_body({**body, "raw": False}, generate=True)
-        for name in (
-            "max_tokens",
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "seed",
-            "stop",
-            "presence_penalty",
-            "response_format",
-            "stream",
-        ):
-            if name in chat:
-                completion[name] = chat[name]
-        req = read_completion(completion)
+        chat = chat_body({**body, "raw": False}, generate=True)  # its options, read once
+        dropped = ("messages", "tools", "chat_template_kwargs")
+        completion = {k: v for k, v in chat.items() if k not in dropped}
+        req = read_completion({**completion, "prompt": field(body, "prompt", "string", "")})
         s._check_model(req.options.model)
-        ids = s.tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else req.prompt
-        await s._grammar_ready(req.options)
-        return s._start(request, ids, req.options, None), req.options.stream
+        return await s._submit_completion(request, req), req.options.stream
 
 
 def _loads_only(body: dict[str, Any], generate: bool) -> bool:

@@ -57,16 +57,21 @@ def test_greedy_fp32_matches_numpy(tiny_dirs, fmt):
     assert diff < 1e-3
 
 
+def prefill_error(cuda, ref, ids: np.ndarray) -> float:
+    """The largest logit difference of one window of `ids`, CUDA against numpy, relative to
+    numpy's largest logit."""
+    batch = Batch.window(0, 0, len(ids))
+    got = cuda.backend.to_host(cuda.forward(batch, ids, all_logits=True))
+    want = ref.backend.to_host(ref.forward(batch, ids, all_logits=True))
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("fmt", ["mlx4", "bf16"])
 def test_half_logits_close(tiny_dirs, fmt, dtype):
     cuda = _model(tiny_dirs[fmt], _cuda(dtype))
     ref = _model(tiny_dirs[fmt], NumpyBackend())
-    ids = np.array(PROMPT)
-    batch = Batch.window(0, 0, len(ids))
-    got = cuda.backend.to_host(cuda.forward(batch, ids, all_logits=True))
-    want = ref.backend.to_host(ref.forward(batch, ids, all_logits=True))
-    rel = float(np.abs(got - want).max() / np.abs(want).max())
+    rel = prefill_error(cuda, ref, np.array(PROMPT))
     print(f"\n[{fmt} {dtype}] prefill relative logit error {rel:.3e}")
     assert rel <= BOUND[dtype]
     steps_want, wl = _greedy(ref, PROMPT, 8, slot=1)

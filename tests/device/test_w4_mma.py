@@ -85,19 +85,14 @@ def test_w4_mma_equals_the_dequantized_route_and_its_time(capsys):
 def test_the_forward_with_every_prompt_product_on_w4_mma(tiny_dirs, dtype, monkeypatch):
     """SNUG_W4_MMA=on: a prompt window's 4-bit products all on w4_mma; its logits as close
     to numpy's as the half-precision bound of tests/device/test_forward.py allows."""
-    from engine.backends.base import Batch
     from engine.backends.numpy_backend import NumpyBackend
-    from tests.device.test_forward import BOUND, PROMPT, _cuda, _model
+    from tests.device.test_forward import BOUND, PROMPT, _cuda, _model, prefill_error
 
     monkeypatch.setenv("SNUG_W4_MMA", "on")
     cuda = _model(tiny_dirs["mlx4"], _cuda(dtype))
     assert cuda.backend.projections.w4.mode == "on"
     ref = _model(tiny_dirs["mlx4"], NumpyBackend())
-    ids = np.array(PROMPT * 3)  # 60 rows: past the decode kernels' 8
-    batch = Batch.window(0, 0, len(ids))
-    got = cuda.backend.to_host(cuda.forward(batch, ids, all_logits=True))
-    want = ref.backend.to_host(ref.forward(batch, ids, all_logits=True))
-    rel = float(np.abs(got - want).max() / np.abs(want).max())
+    rel = prefill_error(cuda, ref, np.array(PROMPT * 3))  # 60 rows: past the decode kernels' 8
     print(f"\n[w4_mma, tiny mlx4 {dtype}] prefill relative logit error {rel:.3e}")
     assert rel <= BOUND[dtype]
 

@@ -17,6 +17,13 @@ Each round, with x the last token (not yet fed) at position n:
    (`Backend.rewind`); the KV entries of the rejected rows stay and are overwritten later.
    The verify's hidden states of rows 0..a wait for the next round's step 1.
 
+A greedy reply's round waits once (`Drafter._greedy_round`): the drafts stay on the backend
+(each chained step reads the last one's pick there), and the verify, its picks and step 1 of
+the next round run as one forward (`Backend.verify_follow`, one captured graph on a GPU):
+the head runs over all k + 1 verified positions with the verify's own picks as their next
+tokens, which are the true ones up to row a; its pick at row a is the next round's d1.
+A sampled reply waits for each draft, whose distribution the verify needs.
+
 `Engine.prefill` keeps the head in step with the prompt (`follow`), so the head's KV cache
 covers the prompt and a saved prompt state holds it too (it is the backend's last KV layer).
 "auto" picks k from 0..3 each round by the acceptance seen so far (`DraftPolicy`); at 0
@@ -122,13 +129,20 @@ class DraftStats:
 @dataclass
 class _Track:
     """One stream's place in the head: the final hidden states of positions pos.. that the
-    head has not run over yet (`rows` of them), and tokens a verify gave, not yet handed out."""
+    head has not run over yet (`rows` of them), and tokens a verify gave, not yet handed out.
+    After a greedy round (`Drafter._greedy_round`) the head has run up to pos - 1: `first`
+    is its draft for pos + 1 and `chain` its hidden state at pos - 1 `[1, H]`."""
 
     stream: Any
     pos: int
     held: Any = None
     rows: int = 0
     queue: list[int] = field(default_factory=list)
+    first: int | None = None
+    chain: Any = None
+
+    def drop_first(self) -> None:
+        self.first, self.chain = None, None
 
 
 def choose(checkpoint: Any, settings: Any, decision: Any) -> DraftChoice:
@@ -172,6 +186,7 @@ class Drafter:
         self.stats = DraftStats()
         self.forced: list[int] | None = None  # a reply's known continuation (tools)
         self._tracks: dict[int, _Track] = {}
+        self._drafts: Any = None  # a greedy round's drafts on the backend (`id_buffer`)
 
     # ----- the prompt --------------------------------------------------------------------
     def follow(self, stream: Any, next_id: int | None) -> None:
@@ -184,6 +199,7 @@ class Drafter:
         if track is None or track.stream is not stream or track.pos + track.rows != start:
             track = self._tracks[stream.slot] = _Track(stream, start)
         track.queue.clear()
+        track.drop_first()
         hidden = self.backend.hold_rows(self.model.hidden, np.arange(rows))
         if track.rows:
             hidden = self.backend.concat_rows(track.held, hidden)
@@ -224,8 +240,12 @@ class Drafter:
         if k <= 0:  # plainly; the head falls out of step with the stream
             self.stats.plain += 1
             track.pos, track.held, track.rows = n + 1, None, 0
+            track.drop_first()
             step = self.engine._next_tokens([stream], [token], [sampler], [generated], False)
             return step[0]
+        if sampler.takes_argmax:
+            return self._greedy_round(track, token, k, generated)
+        track.drop_first()
         if not track.rows or track.pos + track.rows != n:
             # The head needs the final hidden state of position n - 1, which a plain step
             # does not keep: this round verifies the token alone, without drafts.
@@ -262,9 +282,8 @@ class Drafter:
                 logits = self.backend.head_forward(self.head, batch, ids, h, first)
                 hidden = self.head.hidden
             draft, q = self._pick(logits, sampler, generated + drafts)
-            if self.forced is not None and sampler.params.is_greedy:
-                g = len(generated) + j
-                draft = self.forced[g] if g < len(self.forced) else draft
+            if self._forces(generated, k) and sampler.params.is_greedy:
+                draft = self.forced[len(generated) + j]
             drafts.append(draft)
             q_rows.append(q)
         return drafts, q_rows
@@ -297,6 +316,53 @@ class Drafter:
         self._count(k, kept, len(new))
         return new[0]
 
+    def _greedy_round(self, track: _Track, token: int, k: int, generated: list[int]) -> int:
+        """A round for a greedy reply with one wait: the drafts stay on the backend, each
+        chained step reads the last one's pick there, and the verify, its picks and the head
+        over the verified positions run as one forward (`Backend.verify_follow`), which
+        leaves the next round's first draft. Same tokens as `_draft` then `_verify`."""
+        be, stream, head = self.backend, track.stream, self.head
+        n, slot = len(stream.ids), stream.slot
+        if self._drafts is None or len(self._drafts) < k:  # rounds wait for their ends
+            self._drafts = be.id_buffer(max(k, self.policy.most))
+        drafts = self._drafts
+        if track.first is not None and track.pos == n:
+            drafts[0] = track.first
+            chain = track.chain
+        elif track.rows and track.pos + track.rows == n:
+            be.pick_into(self._run_head(track, track.held, [token], logits=True), drafts[:1])
+            chain = be.hold_rows(head.hidden, np.array([head.hidden.shape[0] - 1]))
+        else:  # the head has not seen position n - 1: this round verifies the token alone
+            k = 0
+        one, last = np.zeros(1, np.int32), np.zeros(1, np.int32)
+        for j in range(1, k):  # d(j+1) from the head's step at n + j - 1 over d(j)
+            batch = Batch.window(slot, n + j - 1, 1)
+            logits = be.head_forward(head, batch, one, chain, last, fill=drafts[j - 1 : j])
+            be.pick_into(logits, drafts[j : j + 1])
+            chain = be.hold_rows(head.hidden, last)
+        ids = np.zeros(k + 1, np.int32)
+        ids[0], fill = token, drafts[:k]
+        if k and self._forces(generated, k):
+            ids[1:], fill = self.forced[len(generated) : len(generated) + k], None
+        out = be.verify_follow(self.model, head, Batch.verify(slot, n, k + 1), ids, fill)
+        chain = be.hold_rows(head.hidden, np.arange(k + 1))  # before anything reuses it
+        window, picks, follow = np.asarray(be.to_host(out), np.int64).tolist()  # the wait
+        new = speculative.accept_greedy(window[1:], picks)
+        kept = len(new) - 1
+        stream.ids.extend(window[: kept + 1])
+        if kept < k:
+            be.rewind(slot, kept + 1)
+        track.pos, track.held, track.rows = n + kept + 1, None, 0
+        track.first, track.chain = follow[kept], chain[kept : kept + 1]
+        track.queue = new[1:]
+        self._count(k, kept, len(new))
+        return new[0]
+
+    def _forces(self, generated: list[int], k: int) -> bool:
+        """Whether this round's k drafts are a tool's (`forced`, a known continuation): the
+        rounds it covers whole."""
+        return self.forced is not None and len(generated) + k <= len(self.forced)
+
     def _count(self, drafted: int, kept: int, tokens: int) -> None:
         s = self.stats
         s.rounds += 1
@@ -324,14 +390,19 @@ class Drafter:
             last = np.array([rows - 1], np.int32)
             for _ in range(2):
                 be.head_forward(self.head, Batch.window(0, 0, rows), ids[:rows], held[:rows], last)
+        for rows in range(1, k + 2):  # a greedy round's verify and head (`_greedy_round`)
+            for _ in range(2):
+                be.verify_follow(self.model, self.head, Batch.verify(0, 0, rows), ids[:rows], None)
+        be.rewind(0, 1)
         if self.policy.auto:
             self.policy.round_costs = self.measure()
         be.reset_slot(0)
 
     def measure(self, reps: int = 3) -> dict[int, float]:
-        """Each round's cost (a verify of k + 1 rows and k head forwards) in decode steps of
-        this backend, timed on slot 0 (the best of `reps`): "auto" drafts only where the
-        acceptance pays for it. A slow verify makes it decode plainly."""
+        """Each greedy round's cost (k - 1 chained head steps, then the verify of k + 1 rows
+        with the head after it) in decode steps of this backend, timed on slot 0 (the best
+        of `reps`): "auto" drafts only where the acceptance pays for it. A slow verify makes
+        it decode plainly. A sampled round, which waits for each draft, costs more."""
         be, model = self.backend, self.model
 
         def best(run: Any) -> float:
@@ -351,16 +422,18 @@ class Drafter:
         return costs
 
     def _round(self, k: int) -> Any:
-        """A round's work on slot 0 (warm-up's timing): the head's k forwards, the verify."""
-        be, ids = self.backend, np.zeros(k + 1, np.int32)
-        logits, _ = be.verify_forward(self.model, Batch.verify(0, 0, k + 1), ids)
-        be.rewind(0, 1)
-        held = be.hold_rows(self.model.hidden, np.arange(k + 1))
-        head, last = self.head, np.array([k], np.int32)
-        out = be.head_forward(head, Batch.window(0, 0, k + 1), ids, held, last)
+        """A greedy round's work on slot 0 (warm-up's timing), as `_greedy_round` runs it."""
+        be, head = self.backend, self.head
+        one = np.zeros(1, np.int32)
+        drafts = be.id_buffer(k)
+        chain = be.hold_rows(head.hidden, one)
         for j in range(1, k):
-            h = be.hold_rows(head.hidden, np.array([head.hidden.shape[0] - 1]))
-            first = np.zeros(1, np.int32)
-            out = be.head_forward(head, Batch.window(0, k + j, 1), ids[:1], h, first)
-        be.argmax_rows(out)
-        return logits
+            logits = be.head_forward(
+                head, Batch.window(0, k + j, 1), one, chain, one, drafts[j - 1 : j]
+            )
+            be.pick_into(logits, drafts[j : j + 1])
+            chain = be.hold_rows(head.hidden, one)
+        ids = np.zeros(k + 1, np.int32)
+        out = be.verify_follow(self.model, head, Batch.verify(0, 0, k + 1), ids, drafts)
+        be.rewind(0, 1)
+        return out

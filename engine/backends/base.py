@@ -369,16 +369,54 @@ class Backend(ABC):
         return model.forward(batch, ids), None
 
     def head_forward(
-        self, head: Any, batch: Batch, ids: np.ndarray, hidden: Any, logits_rows: Any
+        self,
+        head: Any,
+        batch: Batch,
+        ids: np.ndarray,
+        hidden: Any,
+        logits_rows: Any,
+        fill: Any = None,
     ) -> Any:
-        """The MTP head's forward (`engine.models.mtp.MtpHead.forward`, same arguments)."""
-        return head.forward(batch, ids, hidden, logits_rows)
+        """The MTP head's forward (`engine.models.mtp.MtpHead.forward`, same arguments).
+        `fill`: token ids on the backend (`id_buffer`) that replace the last ids."""
+        return head.forward(batch, self.filled(ids, fill), hidden, logits_rows)
 
     def verify_forward(self, model: Any, batch: Batch, ids: np.ndarray) -> tuple[Any, Any]:
         """A drafting verify (`Batch.verify`): (every row's logits `[R, V]`, every row's
         final hidden state `[R, H]`, also left in `model.hidden`)."""
         logits = model.forward(batch, ids, all_logits=True, hidden=True)
         return logits, model.hidden
+
+    def verify_follow(self, model: Any, head: Any, batch: Batch, ids: np.ndarray, fill: Any) -> Any:
+        """A greedy drafting round's verify and the MTP head after it, without waiting:
+        the verify of `batch` (`ids`, the last of them replaced by `fill` as in
+        `head_forward`), each row's pick, then the head over the same positions with those
+        picks as its next tokens, and each of its rows' picks. Returns int32 `[3, R]` on
+        the backend: the verify's ids, its picks, the head's picks (the head's final hidden
+        states are left in `head.hidden`)."""
+        ids = self.filled(ids, fill)
+        logits, hidden = self.verify_forward(model, batch, ids)
+        picks = np.asarray(self.argmax_rows(logits), np.int32)
+        (seg,) = batch.segments
+        window = Batch.window(seg.slot, seg.start, seg.rows)
+        drafted = head.forward(window, picks, hidden, np.arange(seg.rows))
+        return np.stack([ids, picks, np.asarray(self.argmax_rows(drafted), np.int32)])
+
+    def id_buffer(self, n: int) -> Any:
+        """`n` token ids on the backend (int32), for picks that feed later forwards."""
+        return np.zeros(n, np.int32)
+
+    def pick_into(self, logits: Any, out: Any) -> None:
+        """Each row's argmax over the real vocabulary into `out` (`id_buffer`), no wait."""
+        out[...] = self.argmax_rows(logits)
+
+    def filled(self, ids: np.ndarray, fill: Any) -> np.ndarray:
+        """`ids` with its last len(fill) entries taken from `fill` (on the backend), on the
+        host (this waits for `fill`)."""
+        ids = np.array(ids, np.int32)
+        if fill is not None and len(fill):
+            ids[len(ids) - len(fill) :] = np.asarray(self.to_host(fill), np.int32)
+        return ids
 
     @property
     def launches_steps(self) -> bool:

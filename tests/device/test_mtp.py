@@ -210,3 +210,37 @@ def test_the_head_replays_its_graph_at_any_position(model_dir):
     be.head_forward(head, Batch.window(0, 0, 6), np.asarray(ids[1:7]), hidden[:6], None)
     assert graphs.replays == before  # 6 rows: more than a round of 3 drafts runs
     engine.unload()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_greedy_round_replays_what_runs_eagerly(model_dir, dtype):
+    """A greedy round's verify and head (DecodeGraphs.follow, captured at warm-up on slot
+    0, its drafts read from the device) give the ids, picks and head states that the eager
+    verify and head give on another slot holding the same prompt, bit for bit."""
+    from engine.backends.base import Backend
+
+    engine = Engine.load(model_dir, settings("3", dtype), context=512, streams=2, max_rows=64)
+    be, model, graphs = engine.backend, engine.model, engine.backend.graphs
+    head = engine.drafter.head
+    ids = np.asarray(prompt(60))
+    for slot in (0, 1):
+        model.forward(Batch.window(slot, 0, 30), ids[:30])
+    start = 30
+    for rows in (1, 2, 4, 3):
+        window = ids[start : start + rows]
+        want = Backend.verify_follow(be, model, head, Batch.verify(1, start, rows), window, None)
+        want_hidden = be.to_host(head.hidden)
+        fill = be.id_buffer(rows - 1)  # the drafts, on the device
+        for i, t in enumerate(window[1:]):
+            fill[i] = int(t)
+        placeholders = window[:1].repeat(rows)
+        before = graphs.replays
+        got = be.to_host(
+            be.verify_follow(model, head, Batch.verify(0, start, rows), placeholders, fill)
+        )
+        assert graphs.replays == before + 1
+        np.testing.assert_array_equal(got, want)
+        assert got[0].tolist() == window.tolist()
+        np.testing.assert_array_equal(be.to_host(head.hidden), want_hidden)
+        start += rows
+    engine.unload()

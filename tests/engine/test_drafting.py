@@ -91,6 +91,41 @@ def test_forced_drafts_keep_and_reject_at_every_position(mtp_dir, plain, k):
     assert s.rounds - before <= -(-(STEPS - 1) // (k + 1)) + 1
 
 
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_greedy_rounds_draft_as_the_waiting_rounds_do(mtp_dir, plain, k, monkeypatch):
+    """A greedy reply's rounds (drafts on the backend, the verify and the head after it in
+    one forward) give the drafts and picks of the rounds that wait for each draft (which a
+    sampler that picks on the host takes), with the head's own drafts and forced ones."""
+    from engine import speculative
+    from engine.sampling import Sampler
+
+    calls = []
+    accept = speculative.accept_greedy
+
+    def logged(drafts, picks):
+        calls.append(([int(d) for d in drafts], [int(p) for p in picks]))
+        return accept(drafts, picks)
+
+    monkeypatch.setattr(speculative, "accept_greedy", logged)
+    rng = np.random.default_rng(k)
+    # Partly right drafts for the first 40 tokens, then the head's own after rounds that
+    # kept some (which a round's first draft depends on).
+    forced = [t if rng.random() > 0.3 else (t + 1) % 400 for t in plain[:40]]
+    rounds = {}
+    for path in ("one wait", "waits"):
+        if path == "waits":
+            monkeypatch.setattr(Sampler, "takes_argmax", property(lambda self: False))
+        for force in (None, forced):  # the head's own drafts, then partly right ones
+            engine = load(mtp_dir, str(k))
+            engine.drafter.forced = force
+            calls.clear()
+            assert reply(engine, prompt()) == plain
+            rounds[path, force is None] = list(calls)
+    assert rounds["one wait", True] == rounds["waits", True]
+    assert rounds["one wait", False] == rounds["waits", False]
+    assert len(rounds["one wait", False]) < STEPS - 1  # forced drafts were kept
+
+
 def test_rewind_gives_the_state_of_the_kept_rows(mtp_dir):
     """A verify of 4 rows rewound to r rows leaves the DeltaNet state that a window of those
     r rows leaves, and the next step then gives the same logits."""

@@ -467,10 +467,29 @@ class CudaBackend(Backend):
         return self._decode_graphs(model).verify(batch, ids)
 
     def head_forward(
-        self, head: Any, batch: Batch, ids: np.ndarray, hidden: Any, logits_rows: Any
+        self,
+        head: Any,
+        batch: Batch,
+        ids: np.ndarray,
+        hidden: Any,
+        logits_rows: Any,
+        fill: Any = None,
     ) -> Any:
         """The MTP head's draft-sized forwards on captured graphs (`DecodeGraphs.head`)."""
-        return self._decode_graphs().head(head, batch, ids, hidden, logits_rows)
+        return self._decode_graphs().head(head, batch, ids, hidden, logits_rows, fill)
+
+    def verify_follow(self, model: Any, head: Any, batch: Batch, ids: np.ndarray, fill: Any) -> Any:
+        """The verify and the head after it as one captured graph (`DecodeGraphs.follow`)."""
+        return self._decode_graphs(model).follow(head, batch, ids, fill)
+
+    def id_buffer(self, n: int) -> Any:
+        import cupy
+
+        self.stream.use()  # the forwards that read and write it run on this stream
+        return cupy.zeros(n, cupy.int32)
+
+    def pick_into(self, logits: Any, out: Any) -> None:
+        self.sample_greedy(logits, out)
 
     @property
     def launches_steps(self) -> bool:

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.backends.base import Batch
+from engine.backends.base import Backend, Batch
 from engine.backends.cuda.launch import on_stream
 from engine.errors import GraphCaptureFailed, RequestRefused
 from engine.memory.pool import is_out_of_memory
@@ -102,6 +102,7 @@ class DecodeGraphs:
         self.replays = 0
         self.verifies: dict[tuple[int, int], _Captured] = {}  # (slot, rows) -> its verify
         self.heads: dict[tuple[int, int, bool], _Captured] = {}  # (slot, rows, logits)
+        self.follows: dict[tuple[int, int], _Captured] = {}  # (slot, rows) -> verify_follow
         backend.graphs = self
 
     def teardown(self) -> None:
@@ -109,6 +110,7 @@ class DecodeGraphs:
         self.graphs.clear()
         self.verifies.clear()  # captured again at their next verify
         self.heads.clear()
+        self.follows.clear()
 
     def restore(self) -> None:
         """Capture again every batch size a teardown dropped (the slots are placeholders, as
@@ -366,11 +368,14 @@ class DecodeGraphs:
         graph, (logits, hidden) = self._record(batch, run)
         return _Captured(graph, logits, None, hidden=hidden)
 
-    def head(self, head: Any, batch: Batch, ids: np.ndarray, hidden: Any, logits_rows: Any) -> Any:
+    def head(
+        self, head: Any, batch: Batch, ids: np.ndarray, hidden: Any, logits_rows: Any, fill: Any
+    ) -> Any:
         """The MTP head's forward (`MtpHead.forward`) where a round of drafting runs it: one
         segment of at most draft_tokens + 1 rows, the logits of its last row or none. The
         first of each (slot, rows, logits) runs eagerly and captures its graph after; later
-        ones copy `hidden` into the graph's input and replay it. Others run eagerly."""
+        ones copy `hidden` into the graph's input and replay it. Others run eagerly.
+        `fill` (`Backend.head_forward`) is copied into the ids on the device."""
         be, segs = self.be, batch.segments
         rows = batch.rows
         want = logits_rows is not None
@@ -379,11 +384,11 @@ class DecodeGraphs:
             or rows > be.draft_tokens + 1
             or (want and [int(r) for r in logits_rows] != [rows - 1])
         ):
-            return head.forward(batch, ids, hidden, logits_rows)
+            return head.forward(batch, be.filled(ids, fill), hidden, logits_rows)
         key = (segs[0].slot, rows, want)
         cap = self.heads.get(key)
         if cap is None:
-            out = head.forward(batch, ids, hidden, logits_rows)
+            out = head.forward(batch, be.filled(ids, fill), hidden, logits_rows)
             try:  # capturing runs nothing: the outputs above stay as they are
                 self.heads[key] = self._capture_head(head, key, hidden)
             except Exception as exc:
@@ -392,7 +397,7 @@ class DecodeGraphs:
             return out
         be.stream.use()
         cap.inputs[...] = hidden  # queued on the stream before the replay reads it
-        be.write_batch(batch, np.asarray(ids, np.int32))
+        self._write(batch, ids, fill)
         self.replays += 1
         cap.graph.launch(be.stream)
         head.hidden = cap.hidden
@@ -416,6 +421,62 @@ class DecodeGraphs:
 
         graph, (logits, hidden) = self._record(batch, run)
         return _Captured(graph, logits, None, hidden=hidden, inputs=inputs)
+
+    def follow(self, head: Any, batch: Batch, ids: np.ndarray, fill: Any) -> Any:
+        """`Backend.verify_follow`: the verify, its picks and the head after it as one
+        graph per (slot, rows), captured after the first such round, which runs eagerly.
+        No wait: the round's one wait is the caller's copy of the result."""
+        (seg,) = batch.segments
+        key, be = (seg.slot, seg.rows), self.be
+        cap = self.follows.get(key)
+        if cap is None:
+            out = Backend.verify_follow(be, self.model, head, batch, ids, fill)
+            try:  # capturing runs nothing: the outputs above stay as they are
+                self.follows[key] = self._capture_follow(head, *key)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+            return out
+        be.stream.use()
+        self._write(batch, ids, fill)
+        self.replays += 1
+        cap.graph.launch(be.stream)
+        be.verify_rows.kept[seg.slot] = seg.rows  # what save_history records when it runs
+        self.model.hidden = None  # the head's forward reused the verify's buffers
+        head.hidden = cap.hidden
+        return cap.tokens
+
+    def _capture_follow(self, head: Any, slot: int, rows: int) -> _Captured:
+        """The round's verify of `rows` rows on `slot`, its picks written as the ids the
+        head's forward over the same positions reads, and the head's picks, as a graph."""
+        import cupy
+
+        be = self.be
+        batch = Batch.verify(slot, 0, rows)
+        window = Batch.window(slot, 0, rows)
+        out = cupy.zeros((3, rows), cupy.int32)  # verify ids, verify picks, head picks
+        inputs = cupy.zeros((rows, self.model.config.hidden_size), be.kernels.act_dtype)
+
+        def run(ids: np.ndarray) -> tuple[Any, Any]:
+            logits = self.model.forward(batch, ids, all_logits=True, hidden=True)
+            meta = be.frame.meta[0, :rows]
+            out[0] = meta
+            be.pick_into(logits, out[1])
+            inputs[...] = self.model.hidden  # the head's forward reuses the verify's buffers
+            meta[...] = out[1]  # the head reads the verify's picks as its next tokens
+            head.forward(window, ids, inputs, None)
+            be.pick_into(be.linear(head.hidden, head.model.head), out[2])
+            return out, head.hidden
+
+        graph, (tokens, hidden) = self._record(batch, run)
+        return _Captured(graph, None, tokens, hidden=hidden, inputs=inputs)
+
+    def _write(self, batch: Batch, ids: np.ndarray, fill: Any) -> None:
+        """The batch and its ids into `meta`, the last ids from `fill` (on the device)."""
+        be = self.be
+        be.write_batch(batch, np.asarray(ids, np.int32))
+        if fill is not None and len(fill):
+            be.frame.meta[0, batch.rows - len(fill) : batch.rows] = fill
 
     def replay_next(self, batch_size: int) -> tuple[Any, Any]:
         """The next step of the same streams, fed by the previous step's greedy tokens.

@@ -21,7 +21,8 @@ A greedy reply's round waits once (`Drafter._greedy_round`): the drafts stay on 
 (each chained step reads the last one's pick there), and the verify, its picks and step 1 of
 the next round run as one forward (`Backend.verify_follow`, one captured graph on a GPU):
 the head runs over all k + 1 verified positions with the verify's own picks as their next
-tokens, which are the true ones up to row a; its pick at row a is the next round's d1.
+tokens, which are the true ones up to row a, and its LM head over row a (chosen on the
+device) gives the next round's d1.
 A sampled reply waits for each draft, whose distribution the verify needs.
 
 `Engine.prefill` keeps the head in step with the prompt (`follow`), so the head's KV cache
@@ -353,7 +354,7 @@ class Drafter:
         if kept < k:
             be.rewind(slot, kept + 1)
         track.pos, track.held, track.rows = n + kept + 1, None, 0
-        track.first, track.chain = follow[kept], chain[kept : kept + 1]
+        track.first, track.chain = follow[0], chain[kept : kept + 1]
         track.queue = new[1:]
         self._count(k, kept, len(new))
         return new[0]

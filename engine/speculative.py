@@ -26,13 +26,16 @@ def accept_greedy(drafts: Sequence[int], picks: Sequence[int]) -> list[int]:
     the pick of the first row that does not (or of the last row)."""
     if len(picks) != len(drafts) + 1:
         raise ValueError(f"{len(drafts)} drafts need {len(drafts) + 1} picks, not {len(picks)}")
-    out = []
-    for draft, pick in zip(drafts, picks, strict=False):
-        if draft != pick:
-            break
-        out.append(int(draft))
-    out.append(int(picks[len(out)]))
-    return out
+    kept = kept_greedy(drafts, picks)
+    return [int(d) for d in drafts[:kept]] + [int(picks[kept])]
+
+
+def kept_greedy(drafts: Sequence[int], picks: Sequence[int]) -> int:
+    """How many leading drafts a greedy verify keeps (`accept_greedy`)."""
+    kept = 0
+    while kept < len(drafts) and drafts[kept] == picks[kept]:
+        kept += 1
+    return kept
 
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from engine import speculative
 from engine.config import EngineSettings, ModelConfig
 from engine.errors import RequestRefused
 from engine.snapshot_store import HostSnapshot
@@ -391,16 +392,20 @@ class Backend(ABC):
         """A greedy drafting round's verify and the MTP head after it, without waiting:
         the verify of `batch` (`ids`, the last of them replaced by `fill` as in
         `head_forward`), each row's pick, then the head over the same positions with those
-        picks as its next tokens, and each of its rows' picks. Returns int32 `[3, R]` on
-        the backend: the verify's ids, its picks, the head's picks (the head's final hidden
-        states are left in `head.hidden`)."""
+        picks as its next tokens, and its pick at the last row that greedy acceptance keeps
+        (`speculative.accept_greedy`: the next round's first draft). Returns int32 `[3, R]`
+        on the backend: the verify's ids, its picks, and that pick first in the last row
+        (zeros after it). The head's final hidden states are left in `head.hidden`."""
         ids = self.filled(ids, fill)
         logits, hidden = self.verify_forward(model, batch, ids)
         picks = np.asarray(self.argmax_rows(logits), np.int32)
         (seg,) = batch.segments
+        kept = speculative.kept_greedy(ids[1:], picks)
         window = Batch.window(seg.slot, seg.start, seg.rows)
-        drafted = head.forward(window, picks, hidden, np.arange(seg.rows))
-        return np.stack([ids, picks, np.asarray(self.argmax_rows(drafted), np.int32)])
+        drafted = head.forward(window, picks, hidden, np.array([kept]))
+        follow = np.zeros(seg.rows, np.int32)
+        follow[0] = self.argmax_rows(drafted)[0]
+        return np.stack([ids, picks, follow])
 
     def id_buffer(self, n: int) -> Any:
         """`n` token ids on the backend (int32), for picks that feed later forwards."""

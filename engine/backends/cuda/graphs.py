@@ -75,6 +75,27 @@ class Pending:
         return [int(t) for t in self.host]
 
 
+_LAST_KEPT_ROW: Any = None
+
+
+def last_kept_row(ids: Any, picks: Any, rows: int, x: Any, width: int, out: Any) -> None:
+    """out[0] = x[a], a the drafts a greedy verify keeps: ids[1..a] equal picks[0..a-1]
+    (`speculative.accept_greedy`). Every thread finds a itself (at most 3 compares), so
+    the row the head's LM head reads is chosen on the device, inside a captured graph."""
+    global _LAST_KEPT_ROW
+    import cupy
+
+    if _LAST_KEPT_ROW is None:  # an elementwise copy: no library call picks a row by data
+        _LAST_KEPT_ROW = cupy.ElementwiseKernel(
+            "raw int32 ids, raw int32 picks, int32 rows, raw T x, int32 width",
+            "T out",
+            "int a = 0; while (a + 1 < rows && ids[a + 1] == picks[a]) ++a;"
+            " out = x[a * width + i];",
+            "snug_last_kept_row",
+        )
+    _LAST_KEPT_ROW(ids, picks, np.int32(rows), x, np.int32(width), out)
+
+
 @dataclass
 class _Captured:
     graph: Any
@@ -454,8 +475,11 @@ class DecodeGraphs:
         be = self.be
         batch = Batch.verify(slot, 0, rows)
         window = Batch.window(slot, 0, rows)
-        out = cupy.zeros((3, rows), cupy.int32)  # verify ids, verify picks, head picks
-        inputs = cupy.zeros((rows, self.model.config.hidden_size), be.kernels.act_dtype)
+        out = cupy.zeros((3, rows), cupy.int32)  # verify ids, verify picks, head pick
+        width = self.model.config.hidden_size
+        inputs = cupy.zeros((rows, width), be.kernels.act_dtype)
+        kept = cupy.zeros((1, width), be.kernels.act_dtype)  # the head's state at the last kept row
+        last_kept_row(out[0], out[1], rows, inputs, width, kept)  # compiled before the capture
 
         def run(ids: np.ndarray) -> tuple[Any, Any]:
             logits = self.model.forward(batch, ids, all_logits=True, hidden=True)
@@ -465,7 +489,8 @@ class DecodeGraphs:
             inputs[...] = self.model.hidden  # the head's forward reuses the verify's buffers
             meta[...] = out[1]  # the head reads the verify's picks as its next tokens
             head.forward(window, ids, inputs, None)
-            be.pick_into(be.linear(head.hidden, head.model.head), out[2])
+            last_kept_row(out[0], out[1], rows, head.hidden, width, kept)
+            be.pick_into(be.linear(kept, head.model.head), out[2, :1])
             return out, head.hidden
 
         graph, (tokens, hidden) = self._record(batch, run)

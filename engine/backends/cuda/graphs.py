@@ -104,6 +104,7 @@ class _Captured:
     short: _Captured | None = None  # the same step for rows of at most short_limit() keys
     hidden: Any = None  # a verify's final hidden states [R, H] (view into scratch)
     inputs: Any = None  # the MTP head's hidden-state input, copied in before each replay
+    buffers: tuple = ()  # other buffers the graph reads or writes, alive as long as it is
 
 
 class DecodeGraphs:
@@ -494,7 +495,7 @@ class DecodeGraphs:
             return out, head.hidden
 
         graph, (tokens, hidden) = self._record(batch, run)
-        return _Captured(graph, None, tokens, hidden=hidden, inputs=inputs)
+        return _Captured(graph, None, tokens, hidden=hidden, inputs=inputs, buffers=(kept,))
 
     def _write(self, batch: Batch, ids: np.ndarray, fill: Any) -> None:
         """The batch and its ids into `meta`, the last ids from `fill` (on the device)."""

@@ -1,4 +1,5 @@
-"""Ollama's API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/version`),
+"""Ollama's API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`, `/api/show`,
+`/api/version`),
 for the front-ends and the `ollama` client that speak it rather than OpenAI's. A request is
 read as the chat (or, with `raw`, completion) request it stands for and runs on the same
 path; the reply is Ollama's: the answer in `message.content` (`response` for generate), the
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -182,6 +184,7 @@ class OllamaApi:
         return [
             Route("/api/version", self.version, methods=["GET"]),
             Route("/api/tags", self.tags, methods=["GET"]),
+            Route("/api/ps", self.running, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
@@ -193,18 +196,19 @@ class OllamaApi:
     def _model(self) -> dict[str, Any]:
         s = self.server
         when = datetime.fromtimestamp(s.created, UTC).isoformat().replace("+00:00", "Z")
+        tensors = s.engine.checkpoint.tensors
         details = {
             "format": "safetensors",
             "family": "qwen3_5",
             "families": ["qwen3_5"],
-            "parameter_size": "",
-            "quantization_level": "",
+            "parameter_size": parameter_size(tensors.values()),
+            "quantization_level": quantization_level(tensors.values()),
         }
         return {
             "name": s.model_id,
             "model": s.model_id,
             "modified_at": when,
-            "size": 0,
+            "size": s.engine.checkpoint.total_bytes,
             "digest": "",
             "details": details,
         }
@@ -215,6 +219,19 @@ class OllamaApi:
         except ApiError as exc:
             return _error(exc)
         return JSONResponse({"models": [self._model()]})
+
+    async def running(self, request: Request) -> JSONResponse:
+        """`ollama ps`: the one model this server runs, with the bytes it holds on the card,
+        loaded until the server stops."""
+        try:
+            self.server._authorize(request)
+        except ApiError as exc:
+            return _error(exc)
+        model = self._model()
+        model["size_vram"] = self.server.engine.held_bytes()
+        model["expires_at"] = FOREVER
+        model["context_length"] = self.server.engine.context
+        return JSONResponse({"models": [model]})
 
     async def show(self, request: Request) -> JSONResponse:
         s = self.server
@@ -281,6 +298,25 @@ class OllamaApi:
         req = read_completion({**completion, "prompt": field(body, "prompt", "string", "")})
         s._check_model(req.options.model)
         return await s._submit_completion(request, req), req.options.stream
+
+
+# A model stays loaded until the server stops: `expires_at` as Ollama writes "never".
+FOREVER = "2318-08-28T00:00:00Z"
+
+
+def parameter_size(tensors: Any) -> str:
+    """The checkpoint's parameter count as Ollama writes it ("751.63M", "4.21B")."""
+    count = sum(int(np.prod(t.shape)) for t in tensors)
+    return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+
+
+def quantization_level(tensors: Any) -> str:
+    """How the matrices are stored: "Q4" (with its group size, MLX affine) or the float type."""
+    quant = next((t.quant for t in tensors if t.quant is not None), None)
+    if quant is not None:
+        return f"Q{quant.bits}_G{quant.group_size}"
+    dtypes = {t.dtype for t in tensors if len(t.shape) == 2}
+    return next(iter(dtypes)).upper() if len(dtypes) == 1 else "/".join(sorted(dtypes)).upper()
 
 
 def _loads_only(body: dict[str, Any], generate: bool) -> bool:

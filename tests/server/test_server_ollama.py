@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.server.conftest import KEY, PARIS_CALL, WEATHER_PARAMETERS
@@ -97,6 +98,15 @@ def test_a_json_schema_holds_the_answer(served):
 def test_the_model_list_and_errors(served):
     c = client(served)
     assert [m.model for m in c.list().models] == [served.model]
+    (listed,) = c.list().models
+    tensors = served.engine.checkpoint.tensors.values()
+    params = sum(int(np.prod(t.shape)) for t in tensors)
+    assert listed.size == served.engine.checkpoint.total_bytes > 0
+    assert float(listed.details.parameter_size[:-1]) * 1e6 == pytest.approx(params, rel=1e-2)
+    assert listed.details.quantization_level == "F32"  # the fp32 test checkpoint
+    (running,) = c.ps().models  # `ollama ps`
+    assert running.model == served.model and running.size_vram == served.engine.held_bytes()
+    assert running.expires_at.year > 2100  # loaded until the server stops
     with pytest.raises(ollama.ResponseError) as err:
         c.chat(model="other", messages=[{"role": "user", "content": "Hi"}])
     assert err.value.status_code == 404 and "other" in err.value.error

@@ -44,6 +44,7 @@ from engine import speculative
 from engine.backends.base import Batch
 from engine.memory.draft import DraftChoice, draft_choice
 from engine.models.mtp import MtpHead
+from engine.sampling import Sampler, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ class DraftPolicy:
     """How many tokens the next round drafts: the setting's count, or ("auto") the count
     with the most tokens per unit of cost at the acceptance rate seen so far. A round's
     cost in decode steps is the one measured on this backend at load (`round_costs`, k ->
-    steps), else estimated from VERIFY_ROW_COST and the drafts' weight bytes."""
+    steps; `sampled_costs` for a sampled reply's rounds, which wait for each draft and draw
+    on the host), else estimated from VERIFY_ROW_COST and the drafts' weight bytes."""
 
     def __init__(
         self,
@@ -68,17 +70,20 @@ class DraftPolicy:
         auto: bool,
         draft_cost: float,
         round_costs: dict[int, float] | None = None,
+        sampled_costs: dict[int, float] | None = None,
     ) -> None:
         self.most, self.auto, self.draft_cost = most, auto, draft_cost
         self.round_costs = dict(round_costs or {})
+        self.sampled_costs = dict(sampled_costs or {})
         self.tried, self.kept = PRIOR_TRIES, PRIOR_TRIES * PRIOR_RATE
         self.plain = 0  # tokens decoded without drafts since "auto" chose 0
 
-    def cost(self, k: int) -> float:
+    def cost(self, k: int, sampled: bool = False) -> float:
         """A round of k drafts, in decode steps (k = 0: one plain step)."""
         if not k:
             return 1.0
-        return self.round_costs.get(k, 1 + k * (VERIFY_ROW_COST + self.draft_cost))
+        measured = self.sampled_costs if sampled and self.sampled_costs else self.round_costs
+        return measured.get(k, 1 + k * (VERIFY_ROW_COST + self.draft_cost))
 
     @property
     def rate(self) -> float:
@@ -91,15 +96,16 @@ class DraftPolicy:
         self.tried = DECAY * self.tried + min(drafted, kept + 1)
         self.kept = DECAY * self.kept + kept
 
-    def gain(self, k: int) -> float:
+    def gain(self, k: int, sampled: bool = False) -> float:
         """Expected tokens a round of k drafts gives, per decode step it costs."""
         a = self.rate
-        return sum(a**i for i in range(k + 1)) / self.cost(k)
+        return sum(a**i for i in range(k + 1)) / self.cost(k, sampled)
 
-    def next(self) -> int:
+    def next(self, sampled: bool = False) -> int:
+        """The next round's drafts (`sampled`: for a reply that draws its tokens)."""
         if not self.auto:
             return self.most
-        best = max(range(self.most + 1), key=self.gain)
+        best = max(range(self.most + 1), key=lambda k: self.gain(k, sampled))
         if best:
             self.plain = 0
             return best
@@ -237,7 +243,7 @@ class Drafter:
         if track.queue:
             return track.queue.pop(0)
         n = len(stream.ids)
-        k = min(self.policy.next(), self.engine.context - n - 1)
+        k = min(self.policy.next(not sampler.takes_argmax), self.engine.context - n - 1)
         if k <= 0:  # plainly; the head falls out of step with the stream
             self.stats.plain += 1
             track.pos, track.held, track.rows = n + 1, None, 0
@@ -397,13 +403,14 @@ class Drafter:
         be.rewind(0, 1)
         if self.policy.auto:
             self.policy.round_costs = self.measure()
+            self.policy.sampled_costs = self.measure(sampled=True, reps=2)
         be.reset_slot(0)
 
-    def measure(self, reps: int = 3) -> dict[int, float]:
+    def measure(self, sampled: bool = False, reps: int = 3) -> dict[int, float]:
         """Each greedy round's cost (k - 1 chained head steps, then the verify of k + 1 rows
-        with the head after it) in decode steps of this backend, timed on slot 0 (the best
-        of `reps`): "auto" drafts only where the acceptance pays for it. A slow verify makes
-        it decode plainly. A sampled round, which waits for each draft, costs more."""
+        with the head after it), or with `sampled` a sampled reply's (`_sampled_round`), in
+        decode steps of this backend, timed on slot 0 (the best of `reps`): "auto" drafts
+        only where the acceptance pays for it. A slow verify makes it decode plainly."""
         be, model = self.backend, self.model
 
         def best(run: Any) -> float:
@@ -417,9 +424,18 @@ class Drafter:
         one = np.zeros(1, np.int32)
         step = best(lambda: be.decode_step(model, Batch.step([(0, 1)]), one)[0])
         costs = {}
+        sampler = Sampler(
+            SamplingParams(seed=0), self.backend.vocab_rows or self.model.config.vocab_size
+        )
         for k in range(1, self.policy.most + 1):
-            costs[k] = best(lambda k=k: self._round(k)) / max(step, 1e-9)
-        log.info("drafting: a round of k = 1.. drafts costs %s decode steps", costs)
+            run = (
+                (lambda k=k: self._sampled_round(k, sampler))
+                if sampled
+                else (lambda k=k: self._round(k))
+            )
+            costs[k] = best(run) / max(step, 1e-9)
+        kind = "sampled" if sampled else "greedy"
+        log.info("drafting: a %s round of k = 1.. drafts costs %s decode steps", kind, costs)
         return costs
 
     def _round(self, k: int) -> Any:
@@ -438,3 +454,26 @@ class Drafter:
         out = be.verify_follow(self.model, head, Batch.verify(0, 0, k + 1), ids, drafts)
         be.rewind(0, 1)
         return out
+
+    def _sampled_round(self, k: int, sampler: Any) -> Any:
+        """A sampled round's work on slot 0 (warm-up's timing), as `_draft` and `_verify` run
+        it with the app's sampling: each draft waits for its logits and draws on the host,
+        and so does each verified row."""
+        be, head = self.backend, self.head
+        one, rows = np.zeros(1, np.int32), np.arange(1)
+        hidden = be.hold_rows(head.hidden, rows)
+        drafts, q_rows = [], []
+        for j in range(k):
+            logits = be.head_forward(head, Batch.window(0, k + j, 1), one, hidden, one)
+            hidden = be.hold_rows(head.hidden, rows)
+            q = sampler.distribution(np.asarray(be.to_host(logits), np.float32)[0], drafts)
+            drafts.append(speculative.draw(q, sampler.rng))
+            q_rows.append(q)
+        logits, _ = be.verify_forward(
+            self.model, Batch.verify(0, 0, k + 1), np.zeros(k + 1, np.int32)
+        )
+        verified = np.asarray(be.to_host(logits), np.float32)
+        p_rows = [sampler.distribution(r, drafts[:i]) for i, r in enumerate(verified)]
+        speculative.accept_sampled(drafts, p_rows, q_rows, sampler.rng)
+        be.rewind(0, 1)
+        return np.asarray(drafts)  # on the host: the round has waited for all of it

@@ -259,10 +259,15 @@ def test_auto_drafts_only_where_the_measured_rounds_pay():
     assert slow.next() == 0 and fast.next() == 3
     fixed = DraftPolicy(2, False, 0.05, {1: 9.0, 2: 9.0})
     assert fixed.next() == 2  # a fixed count is the setting's, whatever it costs
+    # A sampled reply's rounds wait for each draft: their own measured cost decides.
+    both = DraftPolicy(3, True, 0.05, {1: 1.15, 2: 1.25, 3: 1.35}, {1: 3.0, 2: 3.5, 3: 4.0})
+    both.tried, both.kept = 100.0, 85.0
+    assert both.next(sampled=False) == 3 and both.next(sampled=True) == 0
 
 
 def test_auto_measures_each_rounds_cost_at_load(mtp_dir):
     engine = load(mtp_dir, "auto")
-    costs = engine.drafter.policy.round_costs
-    assert sorted(costs) == [1, 2, 3] and all(c > 0 for c in costs.values())
+    policy = engine.drafter.policy
+    for costs in (policy.round_costs, policy.sampled_costs):
+        assert sorted(costs) == [1, 2, 3] and all(c > 0 for c in costs.values())
     assert engine.drafter.stats.rounds == 0  # measured on slot 0, nothing counted

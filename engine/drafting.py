@@ -260,6 +260,14 @@ class Drafter:
         drafts, q_rows = self._draft(track, token, k, sampler, generated)
         return self._verify(track, token, drafts, q_rows, sampler, generated)
 
+    def queued(self, stream: Any) -> int | None:
+        """The next of the tokens `stream`'s last verify gave and fed, not yet handed out
+        (taken from the queue), or None."""
+        track = self._tracks.get(stream.slot)
+        if track is None or track.stream is not stream or not track.queue:
+            return None
+        return track.queue.pop(0)
+
     def _pick(self, logits: Any, sampler: Any, prefix: list[int]) -> tuple[int, Any]:
         """A draft from the head's logits [1, V]: greedy as the model picks, or drawn from
         the request's distribution (returned too, for the verify)."""

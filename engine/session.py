@@ -373,6 +373,26 @@ class Engine:
         One stream with a drafter (and `draft`): its drafting round instead."""
         if draft and self.drafter is not None and len(streams) == 1 and not samplers[0].host_only:
             return [self.drafter.next_token(streams[0], ids[0], samplers[0], outputs[0])]
+        if self.drafter is not None:
+            # A stream a verify gave several tokens has fed them already: they are handed
+            # out before it decodes with others (a request that joined its batch).
+            queued = [self.drafter.queued(s) for s in streams]
+            if any(q is not None for q in queued):
+                rest = [i for i, q in enumerate(queued) if q is None]
+                picks = (
+                    self._next_tokens(
+                        [streams[i] for i in rest],
+                        [ids[i] for i in rest],
+                        [samplers[i] for i in rest],
+                        [outputs[i] for i in rest],
+                        draft=False,
+                    )
+                    if rest
+                    else []
+                )
+                for i, token in zip(rest, picks, strict=True):
+                    queued[i] = token
+                return [int(q) for q in queued]  # type: ignore[arg-type]
         logits, greedy = self._step_device(streams, ids)
         plain = [s.takes_argmax for s in samplers]
         if greedy is not None and all(plain):

@@ -126,6 +126,35 @@ def test_greedy_rounds_draft_as_the_waiting_rounds_do(mtp_dir, plain, k, monkeyp
     assert len(rounds["one wait", False]) < STEPS - 1  # forced drafts were kept
 
 
+def test_a_request_joining_a_drafting_stream_leaves_both_replies_whole(mtp_dir, plain):
+    """Served: a drafting reply's verify feeds several tokens at once; when a second request
+    joins its batch at any step, those tokens are handed out first and both replies are the
+    ones each gets alone."""
+    from engine.scheduler import NO_TOKEN, Scheduler
+
+    other = prompt(30, seed=2)
+    want = reply(load(mtp_dir), other)
+    engine = Engine.load(mtp_dir, EngineSettings(backend="numpy", draft_tokens="2"), 512, streams=2)
+
+    def tokens(request):
+        out = []
+        while not request._queue.empty():
+            out.append(request._queue.get().token_id)
+        return [t for t in out if t != NO_TOKEN]
+
+    for wait in range(1, 7):  # every place in a round of two drafts, twice
+        engine.prompt_cache.clear()
+        engine.drafter.forced = list(plain)  # every draft kept: tokens queue up
+        scheduler = Scheduler(engine)
+        first = scheduler.submit(prompt(), GREEDY)
+        for _ in range(wait):
+            scheduler.run_once()
+        second = scheduler.submit(other, GREEDY)
+        while not (first.done.is_set() and second.done.is_set()):
+            scheduler.run_once()
+        assert tokens(first) == plain and tokens(second) == want, wait
+
+
 def test_rewind_gives_the_state_of_the_kept_rows(mtp_dir):
     """A verify of 4 rows rewound to r rows leaves the DeltaNet state that a window of those
     r rows leaves, and the next step then gives the same logits."""

@@ -16,7 +16,9 @@ Then replies: plain (no drafter), and with drafts forced to the plain reply's ow
 the head's own, so the projected speed-up uses the forced rounds' measured cost with the
 tokens a round gives at the acceptance published for Qwen3.5's MTP head (about 0.85 at the
 first position; `--acceptance` takes one rate for every position or one per position).
-Target: >= 1.6x projected at k = 2.
+Target: >= 1.6x projected at k = 2. Last, a round's cost as warm-up times it for "auto"
+(`Drafter.measure`), greedy and sampled: a sampled reply's round waits for each draft and
+draws it on the host.
 
     python3 tools/bench_draft.py --shape 4B --out OUT          (GPU)
     python3 tools/bench_draft.py --shape 4B --profile --out OUT   (and each forward's kernels)
@@ -253,7 +255,40 @@ def table(r: dict, rates: list[float]) -> str:
     k2 = projected(rates, 2, reply["forced"][2]["round_s"], reply["plain_tok_s"])
     verdict = "ok" if k2 >= PROJECTED_TARGET else "short"
     lines += ["", f"projected at k = 2: {k2:.2f}x (target >= {PROJECTED_TARGET}x: {verdict})"]
+    if "load_rounds" in r:
+        lines += ["", load_rounds_table(r["load_rounds"], rates)]
     return "\n".join(lines)
+
+
+def load_rounds_table(rounds: dict[str, dict[int, float]], rates: list[float]) -> str:
+    """A round's cost as warm-up times it for "auto" (`Drafter.measure`: one stream on slot
+    0, in decode steps), greedy and sampled, and the tokens a step it would give at `rates`."""
+    lines = [
+        "A round as warm-up times it for auto (decode steps; tokens a step at "
+        + ",".join(map(str, rates))
+        + ")",
+        "",
+        "| k | greedy round | greedy tokens / step | sampled round | sampled tokens / step |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for k in sorted(rounds["greedy"]):
+        g, sm = rounds["greedy"][k], rounds["sampled"][k]
+        t = projected(rates, k, 1.0, 1.0)  # tokens a round
+        lines.append(f"| {k} | {g:.2f} | {t / g:.2f} | {sm:.2f} | {t / sm:.2f} |")
+    return "\n".join(lines)
+
+
+def load_rounds(engine: Engine) -> dict[str, dict[int, float]]:
+    """`Drafter.measure` for greedy and sampled rounds (slot 0, reset after)."""
+    drafter = engine.drafter
+    engine.prompt_cache.clear()
+    try:
+        return {
+            "greedy": drafter.measure(),
+            "sampled": drafter.measure(sampled=True, reps=2),
+        }
+    finally:
+        engine.backend.reset_slot(0)
 
 
 def main() -> None:
@@ -290,6 +325,7 @@ def main() -> None:
         "costs": forward_costs(engine, prompt, args.reps),
         "replies": replies(engine, prompt, args.steps),
     }
+    result["load_rounds"] = load_rounds(engine)
     text = table(result, rates)
     if args.profile:
         result["profile"] = profile_forwards(engine, prompt, args.reps)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -338,9 +339,7 @@ class Drafter:
         leaves the next round's first draft. Same tokens as `_draft` then `_verify`."""
         be, stream, head = self.backend, track.stream, self.head
         n, slot = len(stream.ids), stream.slot
-        if self._drafts is None or len(self._drafts) < k:  # rounds wait for their ends
-            self._drafts = be.id_buffer(max(k, self.policy.most))
-        drafts = self._drafts
+        drafts = self._draft_ids(k)
         if track.first is not None and track.pos == n:
             drafts[0] = track.first
             chain = track.chain
@@ -348,13 +347,8 @@ class Drafter:
             be.pick_into(self._run_head(track, track.held, [token], logits=True), drafts[:1])
             chain = be.hold_rows(head.hidden, np.array([head.hidden.shape[0] - 1]))
         else:  # the head has not seen position n - 1: this round verifies the token alone
-            k = 0
-        one, last = np.zeros(1, np.int32), np.zeros(1, np.int32)
-        for j in range(1, k):  # d(j+1) from the head's step at n + j - 1 over d(j)
-            batch = Batch.window(slot, n + j - 1, 1)
-            logits = be.head_forward(head, batch, one, chain, last, fill=drafts[j - 1 : j])
-            be.pick_into(logits, drafts[j : j + 1])
-            chain = be.hold_rows(head.hidden, last)
+            k, chain = 0, None
+        self._chain(slot, n, k, drafts, chain)
         ids = np.zeros(k + 1, np.int32)
         ids[0], fill = token, drafts[:k]
         if k and self._forces(generated, k):
@@ -372,6 +366,24 @@ class Drafter:
         track.queue = new[1:]
         self._count(k, kept, len(new))
         return new[0]
+
+    def _draft_ids(self, k: int) -> Any:
+        """The backend buffer a greedy round's k drafts stay in (one for every round: each
+        round waits for its end)."""
+        if self._drafts is None or len(self._drafts) < k:
+            self._drafts = self.backend.id_buffer(max(k, self.policy.most))
+        return self._drafts
+
+    def _chain(self, slot: int, start: int, k: int, drafts: Any, chain: Any) -> None:
+        """Drafts 2..k into `drafts` on the backend: draft j + 1 from the head's one-row
+        step at start + j - 1 over draft j (read there), from `chain`, the head's hidden
+        state before the first step."""
+        be, head, one = self.backend, self.head, np.zeros(1, np.int32)
+        for j in range(1, k):
+            batch = Batch.window(slot, start + j - 1, 1)
+            logits = be.head_forward(head, batch, one, chain, one, fill=drafts[j - 1 : j])
+            be.pick_into(logits, drafts[j : j + 1])
+            chain = be.hold_rows(head.hidden, one)
 
     def _forces(self, generated: list[int], k: int) -> bool:
         """Whether this round's k drafts are a tool's (`forced`, a known continuation): the
@@ -431,16 +443,12 @@ class Drafter:
 
         one = np.zeros(1, np.int32)
         step = best(lambda: be.decode_step(model, Batch.step([(0, 1)]), one)[0])
+        sampler = None
+        if sampled:
+            sampler = Sampler(SamplingParams(seed=0), be.vocab_rows or model.config.vocab_size)
         costs = {}
-        sampler = Sampler(
-            SamplingParams(seed=0), self.backend.vocab_rows or self.model.config.vocab_size
-        )
         for k in range(1, self.policy.most + 1):
-            run = (
-                (lambda k=k: self._sampled_round(k, sampler))
-                if sampled
-                else (lambda k=k: self._round(k))
-            )
+            run = partial(self._sampled_round, k, sampler) if sampler else partial(self._round, k)
             costs[k] = best(run) / max(step, 1e-9)
         kind = "sampled" if sampled else "greedy"
         log.info("drafting: a %s round of k = 1.. drafts costs %s decode steps", kind, costs)
@@ -449,15 +457,8 @@ class Drafter:
     def _round(self, k: int) -> Any:
         """A greedy round's work on slot 0 (warm-up's timing), as `_greedy_round` runs it."""
         be, head = self.backend, self.head
-        one = np.zeros(1, np.int32)
-        drafts = be.id_buffer(k)
-        chain = be.hold_rows(head.hidden, one)
-        for j in range(1, k):
-            logits = be.head_forward(
-                head, Batch.window(0, k + j, 1), one, chain, one, drafts[j - 1 : j]
-            )
-            be.pick_into(logits, drafts[j : j + 1])
-            chain = be.hold_rows(head.hidden, one)
+        drafts = self._draft_ids(k)[:k]
+        self._chain(0, k + 1, k, drafts, be.hold_rows(head.hidden, np.zeros(1, np.int32)))
         ids = np.zeros(k + 1, np.int32)
         out = be.verify_follow(self.model, head, Batch.verify(0, 0, k + 1), ids, drafts)
         be.rewind(0, 1)

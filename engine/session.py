@@ -379,20 +379,12 @@ class Engine:
             queued = [self.drafter.queued(s) for s in streams]
             if any(q is not None for q in queued):
                 rest = [i for i, q in enumerate(queued) if q is None]
-                picks = (
-                    self._next_tokens(
-                        [streams[i] for i in rest],
-                        [ids[i] for i in rest],
-                        [samplers[i] for i in rest],
-                        [outputs[i] for i in rest],
-                        draft=False,
-                    )
-                    if rest
-                    else []
-                )
-                for i, token in zip(rest, picks, strict=True):
-                    queued[i] = token
-                return [int(q) for q in queued]  # type: ignore[arg-type]
+                if rest:
+                    parts = ([x[i] for i in rest] for x in (streams, ids, samplers, outputs))
+                    picks = self._next_tokens(*parts, draft=False)
+                    for i, token in zip(rest, picks, strict=True):
+                        queued[i] = token
+                return queued  # type: ignore[return-value]
         logits, greedy = self._step_device(streams, ids)
         plain = [s.takes_argmax for s in samplers]
         if greedy is not None and all(plain):

@@ -340,24 +340,42 @@ class DecodeGraphs:
         rows) runs eagerly and captures its graph after; later ones replay it."""
         (seg,) = batch.segments
         assert seg.keep, "a verify graph replays a verify"
-        key, be = (seg.slot, seg.rows), self.be
+        key = (seg.slot, seg.rows)
         cap = self.verifies.get(key)
         if cap is None:
-            logits = self.model.forward(batch, ids, all_logits=True, hidden=True)
-            hidden = self.model.hidden
-            try:  # capturing runs nothing: the outputs above stay as they are
-                self.verifies[key] = self._capture_verify(*key)
-            except Exception as exc:
-                if not is_out_of_memory(exc):
-                    raise  # no memory for a graph: this verify size stays eager
-            return logits, hidden
-        be.stream.use()
-        be.write_batch(batch, np.asarray(ids, np.int32))
-        self.replays += 1
-        cap.graph.launch(be.stream)
-        be.verify_rows.kept[seg.slot] = seg.rows  # what save_history records when it runs
+
+            def eager() -> tuple[Any, Any]:
+                logits = self.model.forward(batch, ids, all_logits=True, hidden=True)
+                return logits, self.model.hidden
+
+            return self._first(self.verifies, key, eager, lambda: self._capture_verify(*key))
+        self._launch(cap, batch, ids)
+        self.be.verify_rows.kept[seg.slot] = seg.rows  # what save_history records when it runs
         self.model.hidden = cap.hidden
         return cap.logits, cap.hidden
+
+    def _first(self, store: dict, key: Any, eager: Any, capture: Any) -> Any:
+        """The first forward of `key`: `eager()`, then its graph captured into `store`
+        (capturing runs nothing, so the eager outputs stay as they are). Where there is no
+        memory for the graph, that forward stays eager."""
+        out = eager()
+        try:
+            store[key] = capture()
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+        return out
+
+    def _launch(self, cap: _Captured, batch: Batch, ids: np.ndarray, fill: Any = None) -> None:
+        """Replay `cap` for `batch`: its ids (the last from `fill`, on the device) and
+        layout into `meta`, then the graph."""
+        be = self.be
+        be.stream.use()
+        be.write_batch(batch, np.asarray(ids, np.int32))
+        if fill is not None and len(fill):
+            be.frame.meta[0, batch.rows - len(fill) : batch.rows] = fill
+        self.replays += 1
+        cap.graph.launch(be.stream)
 
     def _record(self, batch: Batch, run: Any, splits: int | None = None) -> tuple[Any, Any]:
         """(the graph of `run(ids)`, what it returned): a forward of `batch` with placeholder
@@ -410,18 +428,15 @@ class DecodeGraphs:
         key = (segs[0].slot, rows, want)
         cap = self.heads.get(key)
         if cap is None:
-            out = head.forward(batch, be.filled(ids, fill), hidden, logits_rows)
-            try:  # capturing runs nothing: the outputs above stay as they are
-                self.heads[key] = self._capture_head(head, key, hidden)
-            except Exception as exc:
-                if not is_out_of_memory(exc):
-                    raise
-            return out
+            return self._first(
+                self.heads,
+                key,
+                lambda: head.forward(batch, be.filled(ids, fill), hidden, logits_rows),
+                lambda: self._capture_head(head, key, hidden),
+            )
         be.stream.use()
         cap.inputs[...] = hidden  # queued on the stream before the replay reads it
-        self._write(batch, ids, fill)
-        self.replays += 1
-        cap.graph.launch(be.stream)
+        self._launch(cap, batch, ids, fill)
         head.hidden = cap.hidden
         return cap.logits
 
@@ -449,21 +464,17 @@ class DecodeGraphs:
         graph per (slot, rows), captured after the first such round, which runs eagerly.
         No wait: the round's one wait is the caller's copy of the result."""
         (seg,) = batch.segments
-        key, be = (seg.slot, seg.rows), self.be
+        key = (seg.slot, seg.rows)
         cap = self.follows.get(key)
         if cap is None:
-            out = Backend.verify_follow(be, self.model, head, batch, ids, fill)
-            try:  # capturing runs nothing: the outputs above stay as they are
-                self.follows[key] = self._capture_follow(head, *key)
-            except Exception as exc:
-                if not is_out_of_memory(exc):
-                    raise
-            return out
-        be.stream.use()
-        self._write(batch, ids, fill)
-        self.replays += 1
-        cap.graph.launch(be.stream)
-        be.verify_rows.kept[seg.slot] = seg.rows  # what save_history records when it runs
+            return self._first(
+                self.follows,
+                key,
+                lambda: Backend.verify_follow(self.be, self.model, head, batch, ids, fill),
+                lambda: self._capture_follow(head, *key),
+            )
+        self._launch(cap, batch, ids, fill)
+        self.be.verify_rows.kept[seg.slot] = seg.rows  # what save_history records when it runs
         self.model.hidden = None  # the head's forward reused the verify's buffers
         head.hidden = cap.hidden
         return cap.tokens
@@ -496,13 +507,6 @@ class DecodeGraphs:
 
         graph, (tokens, hidden) = self._record(batch, run)
         return _Captured(graph, None, tokens, hidden=hidden, inputs=inputs, buffers=(kept,))
-
-    def _write(self, batch: Batch, ids: np.ndarray, fill: Any) -> None:
-        """The batch and its ids into `meta`, the last ids from `fill` (on the device)."""
-        be = self.be
-        be.write_batch(batch, np.asarray(ids, np.int32))
-        if fill is not None and len(fill):
-            be.frame.meta[0, batch.rows - len(fill) : batch.rows] = fill
 
     def replay_next(self, batch_size: int) -> tuple[Any, Any]:
         """The next step of the same streams, fed by the previous step's greedy tokens.

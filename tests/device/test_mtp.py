@@ -1,6 +1,6 @@
 """Drafting with the MTP head on the GPU: drafted replies equal plain ones token for token
-(fp32, k = 1, 2, 3, 64 steps), a verify rewinds the DeltaNet state exactly (gdn_scan_keep
-and the kept conv inputs), the head computes what the numpy backend's does, and the plan
+(fp32, k = 1, 2, 3, 64 steps), a verify rewinds the DeltaNet state exactly (the kept states
+and conv inputs), the head computes what the numpy backend's does, and the plan
 counts what drafting holds."""
 
 from __future__ import annotations
@@ -162,8 +162,9 @@ def test_a_verify_replays_its_graph_at_any_position(model_dir, dtype):
 
 
 def test_a_verify_equals_its_rows_decoded_one_by_one(model_dir):
-    """fp32: a verify of 4 rows (gdn_step_keep, the decode attention row by row) gives each
-    row the logits four decode steps give it, to rounding, and the same state after."""
+    """fp32: a verify of 4 rows (gdn_step_split_keep on sm_90, else gdn_step_keep; the
+    decode attention row by row) gives each row the logits four decode steps give it, to
+    rounding, and the same state after."""
     engine = Engine.load(model_dir, settings("3"), context=512, streams=2, max_rows=64)
     be, model = engine.backend, engine.model
     ids = prompt(40)

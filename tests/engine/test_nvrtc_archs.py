@@ -131,6 +131,10 @@ def test_the_catalog_follows_the_card():
     assert not any(f == "gemv4.cu" for f, _ in names(90, "float32"))
     assert ("gdn.cu", "gdn_step_split<4,4>") in names(90)
     assert ("gdn.cu", "gdn_step<8>") in names(120)
+    # a drafting verify (the bf16 checkpoint keeps the MTP head) runs the step's own split
+    assert ("gdn.cu", "gdn_step_split_keep<4,4>") in names(90, "bfloat16", "bf16")
+    assert ("gdn.cu", "gdn_step_keep<8>") in names(120, "bfloat16", "bf16")
+    assert not any("keep" in n for _, n in names(90))  # MLX conversions drop the head
     assert not any("split" in n for _, n in names(120))
     assert ("gdn_chunk.cu", "gdn_chunk<64>") in names(80, "float32")
     assert ("gdn_chunk_tc.cu", "gdn_chunk_tc<32>") in names(90)

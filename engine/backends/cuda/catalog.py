@@ -268,7 +268,7 @@ def modules(
         walk.add("gdn.cu", SCAN)
         if mtp:  # a drafting verify keeps its rows' states
             walk.add("gdn.cu", SCAN_KEEP)
-            keep_step = keep_step_kernel(Hk, Hv, dk, dv, K)
+            keep_step = keep_step_kernel(Hk, Hv, dk, dv, K, P, card.capability)
             if keep_step is not None:
                 walk.add("gdn.cu", keep_step[0])
         step = step_kernel(Hk, Hv, dk, dv, K, P, card.capability)

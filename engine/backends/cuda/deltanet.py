@@ -42,15 +42,19 @@ SCAN = f"gdn_scan<{SCAN_COLUMNS}>"
 SCAN_KEEP = f"gdn_scan_keep<{SCAN_COLUMNS}>"  # a drafting verify: each row's state kept
 
 
-def keep_step_kernel(Hk: int, Hv: int, dk: int, dv: int, K: int) -> tuple[str, int] | None:
-    """(instance, threads) of a drafting verify's one DeltaNet launch (`gdn_step_keep`:
-    gdn_step row after row, each row's state kept), or None where gdn_step does not apply
-    (then gdn_prep, gdn_conv_state and gdn_scan_keep)."""
-    shape = step_shape(Hk, Hv, dk, dv)
-    if K > STEP_MAX_TAPS or shape is None:
+def keep_step_kernel(
+    Hk: int, Hv: int, dk: int, dv: int, K: int, blocks: int, capability: int
+) -> tuple[str, int, int] | None:
+    """(instance, blocks a key head, threads) of a drafting verify's one DeltaNet launch: the
+    decode step's kernel (`step_kernel`) row after row, each row's state and conv inputs kept
+    (`gdn_step_split_keep` over the step's cluster, or `gdn_step_keep`), or None where no
+    step kernel applies (then gdn_prep, gdn_conv_state and gdn_scan_keep)."""
+    step = step_kernel(Hk, Hv, dk, dv, K, blocks, capability)
+    if step is None:
         return None
-    nc, threads = shape
-    return f"gdn_step_keep<{nc}>", threads
+    sym, per_head, threads = step
+    name, _, params = sym.partition("<")
+    return f"{name}_keep<{params}", per_head, threads
 
 
 def chunk_symbol(gc: int) -> str:
@@ -237,9 +241,9 @@ class DeltaNet:
         its gated norm. A step (one row per stream) runs all of it in one `gdn_step` launch
         (which brings the weights read next, `ahead`, toward L2) where the head sizes allow,
         else the prep kernel updates the conv state itself; a window needs the separate pass
-        after every row has read it. A drafting verify runs in one `gdn_step_keep` launch
-        where gdn_step applies (its rows as that many steps), else keeps each row's state
-        with gdn_scan_keep."""
+        after every row has read it. A drafting verify runs in one launch where a step kernel
+        applies (`keep_step_kernel`: its rows as that many steps, each row's state and conv
+        inputs kept), else keeps each row's state with gdn_scan_keep."""
         import cupy
 
         c, fr = self.state.config, self.frame
@@ -258,14 +262,17 @@ class DeltaNet:
             self.step(mixed, *w, recurrent, segs, S, o, dims, ahead=ahead)
             return o
         keep = self.verify_rows if any(seg.keep for seg in batch.segments) else None
-        kernel = keep_step_kernel(Hk, Hv, dk, dv, K) if keep is not None else None
+        P = self.tuning.deltanet_step_blocks
+        kernel = keep_step_kernel(*dims, P, compute_capability()) if keep is not None else None
         if kernel is not None and all(seg.keep for seg in batch.segments):
-            keep.save_history(layer, conv, mixed, batch)  # before the launch moves the state
+            keep.record(batch)  # the launch writes the history itself
+            sym, per_head, threads = kernel
             o = fr.take((R, Hv * dv), f)
             w = (weights["conv1d"], conv, a, b, weights["A_log"], weights["dt_bias"])
             args = (mixed, *w, recurrent, *segs, o, i32(Hk), i32(Hv), i32(dv), i32(K))
             kept = (keep.states[layer], i32(keep.tokens))
-            self.k.run("gdn.cu", kernel[0], (Hk, S), (kernel[1],), args + kept)
+            hist = (keep.history[layer], i32(keep.history.shape[2]))
+            self.k.run("gdn.cu", sym, (Hk * per_head, S), (threads,), args + kept + hist)
             return o
         outs = (
             fr.take((R, Hk * dk), f),

@@ -7,7 +7,10 @@ and slot:
     history  [layers, slots, K-1+k+1, C]        activation type: the conv state a verify
                                                 started from, then its rows' conv inputs
     states   [layers, slots, k, Hv, dv, dk]     fp32: the recurrent state after each of its
-                                                first k rows (gdn_scan_keep writes them)
+                                                first k rows
+
+The verify's one-launch kernels (`gdn_step_keep`, `gdn_step_split_keep`) write both;
+elsewhere gdn_scan_keep writes the states and `save_history` copies the history.
 
 `rewind(slot, n)` copies back the state after the verify's first n rows: conv =
 history[n : n+K-1], recurrent = states[n-1], for every layer at once.
@@ -57,19 +60,27 @@ class DeviceVerifyRows:
     def nbytes(self) -> int:
         return 0 if self.block is None else int(self.block.nbytes)
 
+    def record(self, batch: Batch) -> None:
+        """A verify of `batch`'s kept segments is about to run: the rows each will have kept
+        (the one-launch kernels write the history themselves; `save_history` otherwise)."""
+        for seg in batch.segments:
+            if seg.keep:
+                if seg.rows > self.tokens + 1:
+                    raise ValueError(f"a verify of {seg.rows} rows keeps {self.tokens + 1}")
+                self.kept[seg.slot] = seg.rows
+
     def save_history(self, layer: int, conv: Any, mixed: Any, batch: Batch) -> None:
-        """Before a verify's conv state moves on: its kept segments' conv state and rows'
-        conv inputs (`conv` the layer's [slots, K-1, C], `mixed` the forward's [R, C])."""
+        """Before a verify's conv state moves on (gdn_prep's path): its kept segments' conv
+        state and rows' conv inputs (`conv` the layer's [slots, K-1, C], `mixed` the
+        forward's [R, C])."""
+        self.record(batch)
         row0 = 0
         with on_stream(self.state.stream):
             for seg in batch.segments:
                 if seg.keep:
-                    if seg.rows > self.tokens + 1:
-                        raise ValueError(f"a verify of {seg.rows} rows keeps {self.tokens + 1}")
                     hist = self.history[layer, seg.slot]
                     hist[: self.taps] = conv[seg.slot]
                     hist[self.taps : self.taps + seg.rows] = mixed[row0 : row0 + seg.rows]
-                    self.kept[seg.slot] = seg.rows
                 row0 += seg.rows
 
     def rewind(self, slot: int, rows: int) -> None:

@@ -360,20 +360,47 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
   store_state<NC>(sp, S, lane);
 }
 
+// A verify's conv history: channel c's K-1 taps the verify started from, then each of its
+// rows' newest taps (verify_rows.py's history, [slots, taps + rows, C] for this layer), so a
+// rewind to any row finds the conv state there.
+__device__ __forceinline__ void record_taps(act_t* hs, int c, int C, int K, const float (&tap)[STEP_MAXK - 1]) {
+#pragma unroll
+  for (int j = 0; j + 1 < STEP_MAXK; ++j)
+    if (j + 1 < K) hs[(long)j * C + c] = mk(tap[j]);
+}
+
+// The taps after a row: the older ones down by one, the newest last (registers only).
+__device__ __forceinline__ void shift_regs(float (&tap)[STEP_MAXK - 1], int K, act_t newest) {
+#pragma unroll
+  for (int j = 0; j + 2 < STEP_MAXK; ++j)
+    if (j + 2 < K) tap[j] = tap[j + 1];
+#pragma unroll
+  for (int j = 0; j + 1 < STEP_MAXK; ++j)
+    if (j == K - 2) tap[j] = cv(newest);
+}
+
+// Channel c's taps written back to the conv state.
+__device__ __forceinline__ void store_taps(act_t* cs, int c, int C, int K, const float (&tap)[STEP_MAXK - 1]) {
+#pragma unroll
+  for (int j = 0; j + 1 < STEP_MAXK; ++j)
+    if (j + 1 < K) cs[(long)j * C + c] = mk(tap[j]);
+}
+
 // A drafting verify's DeltaNet layer in one launch: gdn_step for each row of a segment in
-// turn (the recurrent state carried in registers from row to row, the conv taps shifted in
-// the state as gdn_step shifts them), with the state after each of the first keep_rows rows
-// stored at keep[slot][t] ([slots, keep_rows, Hv, dv, dk]) as gdn_scan_keep stores it.
-// Row by row it is gdn_step's arithmetic, so a verify's rows come out as the decode steps
-// that would have fed them one at a time. grid (Hk, S) and threads as gdn_step; the caller
-// keeps the conv state and inputs a rewind needs (verify_rows.save_history) before it runs.
+// turn (the recurrent state and the conv taps carried in registers from row to row), with
+// the state after each of the first keep_rows rows stored at keep[slot][t] ([slots,
+// keep_rows, Hv, dv, dk]) as gdn_scan_keep stores it, and the conv history at hist[slot]
+// ([slots, hist_rows, C]: record_taps). Row by row it is gdn_step's arithmetic, so a
+// verify's rows come out as the decode steps that would have fed them one at a time.
+// grid (Hk, S) and threads as gdn_step.
 template <int NC>
 __global__ void __launch_bounds__(1024)
 gdn_step_keep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_t* __restrict__ cstate,
               const act_t* __restrict__ a, const act_t* __restrict__ b, const float* __restrict__ A_log,
               const float* __restrict__ dt_bias, float* __restrict__ state, const int* __restrict__ seg_slot,
               const int* __restrict__ seg_row0, const int* __restrict__ seg_rows, float* __restrict__ o,
-              int Hk, int Hv, int dv, int K, float* __restrict__ keep, int keep_rows) {
+              int Hk, int Hv, int dv, int K, float* __restrict__ keep, int keep_rows,
+              act_t* __restrict__ hist, int hist_rows) {
   constexpr int DK = STEP_DK, MAXC = 256, MAXG = 8;
   __shared__ float sq[DK], sk[DK], sv[MAXC], sg[MAXG], sb[MAXG], red[32];
   const int kh = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -388,22 +415,27 @@ gdn_step_keep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
                                : 2 * KD + kh * cols + tid - 2 * DK;
   const int hh = tid - 2 * DK - cols, hg = kh * gv + hh;
   act_t* cs = cstate + (long)slot * (K - 1) * C;
+  act_t* hs = hist + (long)slot * hist_rows * C;
+  float wk[STEP_MAXK - 1], tap[STEP_MAXK - 1], a_log = 0.f, dtb = 0.f;
+  const float wnew = conv_taps(conv, c, K, C, conv_w, cs, wk, tap);
+  if (gate) {
+    a_log = A_log[hg];
+    dtb = dt_bias[hg];
+  }
   pdl_start();
+  if (conv) record_taps(hs, c, C, K, tap);
 
   for (int t = 0; t < rows; ++t) {
     const long r = seg_row0[s] + t;
-    // gdn_step's row: the conv taps read from the state and shifted there (this block is
-    // the only reader and writer of its channels, and each thread of its own one).
     float val = 0.f;
     if (conv) {
-      float wk[STEP_MAXK - 1], tap[STEP_MAXK - 1];
-      const float wnew = conv_taps(conv, c, K, C, conv_w, cs, wk, tap);
       const act_t newest = mixed[r * C + c];
       const float acc = conv_acc(wk, tap, wnew, newest, K);
-      shift_taps(cs, c, C, K, tap, newest);
+      hs[(long)(K - 1 + t) * C + c] = newest;
+      shift_regs(tap, K, newest);
       val = silu_f(acc);
     } else if (gate) {
-      step_gates(a, b, r * Hv + hg, A_log[hg], dt_bias[hg], sg[hh], sb[hh]);
+      step_gates(a, b, r * Hv + hg, a_log, dtb, sg[hh], sb[hh]);
     }
     stage_qkv(val, tid, lane, warp, cols, red, sq, sk, sv);
     const float decay = expf(sg[col / dv]), bt = sb[col / dv];
@@ -416,6 +448,7 @@ gdn_step_keep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
     __syncthreads();  // every warp is done with this row's q, k, v and gates
   }
   store_state<NC>(sp, S, lane);
+  if (conv) store_taps(cs, c, C, K, tap);
 }
 
 // gdn_step spread over P blocks a key head, one thread block cluster (compute capability
@@ -483,5 +516,73 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
   // Every block of the cluster has read the q and k taps (before its wait): block 0 shifts them.
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
   if (p == 0 && tid < 2 * DK) shift_taps(cs, c, C, K, tap, newest);
+}
+// gdn_step_keep over gdn_step_split's cluster of P blocks a key head: the verify's rows in
+// turn, each as gdn_step_split computes it, the conv taps in registers from row to row.
+// Every block writes its own v channels' taps and history; block 0 the q and k channels'
+// (their taps once every block of the cluster has read them). grid (Hk * P, S), threads as
+// gdn_step_split; keep and hist as gdn_step_keep.
+template <int NC, int P>
+__global__ void __cluster_dims__(P, 1, 1) __launch_bounds__(1024)
+gdn_step_split_keep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
+                    act_t* __restrict__ cstate, const act_t* __restrict__ a, const act_t* __restrict__ b,
+                    const float* __restrict__ A_log, const float* __restrict__ dt_bias,
+                    float* __restrict__ state, const int* __restrict__ seg_slot,
+                    const int* __restrict__ seg_row0, const int* __restrict__ seg_rows,
+                    float* __restrict__ o, int Hk, int Hv, int dv, int K, float* __restrict__ keep,
+                    int keep_rows, act_t* __restrict__ hist, int hist_rows) {
+  constexpr int DK = STEP_DK, MAXC = 256;
+  __shared__ float sq[DK], sk[DK], sv[MAXC], sgb[2], red[32];
+  const int p = blockIdx.x % P, kh = blockIdx.x / P, s = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gv = Hv / Hk, cols = gv * dv, cb = cols / P, KD = Hk * DK, VD = Hv * dv, C = 2 * KD + VD;
+  const int slot = seg_slot[s], rows = seg_rows[s];
+  const int col = p * cb + warp * NC, h = kh * gv + col / dv, j0 = col % dv;
+  float4 S[NC];
+  float* const sp = load_state<NC>(state, slot, Hv, h, dv, j0, lane, S);
+  const bool conv = tid < 2 * DK + cb, gate = tid == 2 * DK + cb;
+  const bool owns = conv && (tid >= 2 * DK || p == 0);  // writes this channel's taps and history
+  const int c = tid < DK       ? kh * DK + tid
+                : tid < 2 * DK ? KD + kh * DK + tid - DK
+                               : 2 * KD + kh * cols + p * cb + tid - 2 * DK;
+  const int hg = kh * gv + p * cb / dv;
+  act_t* cs = cstate + (long)slot * (K - 1) * C;
+  act_t* hs = hist + (long)slot * hist_rows * C;
+  float wk[STEP_MAXK - 1], tap[STEP_MAXK - 1], a_log = 0.f, dtb = 0.f;
+  const float wnew = conv_taps(conv, c, K, C, conv_w, cs, wk, tap);
+  if (gate) {
+    a_log = A_log[hg];
+    dtb = dt_bias[hg];
+  }
+  pdl_start();
+  if (owns) record_taps(hs, c, C, K, tap);
+
+  for (int t = 0; t < rows; ++t) {
+    const long r = seg_row0[s] + t;
+    float val = 0.f;
+    if (conv) {
+      const act_t newest = mixed[r * C + c];
+      const float acc = conv_acc(wk, tap, wnew, newest, K);
+      if (owns) hs[(long)(K - 1 + t) * C + c] = newest;
+      shift_regs(tap, K, newest);
+      val = silu_f(acc);
+    } else if (gate) {
+      step_gates(a, b, r * Hv + hg, a_log, dtb, sgb[0], sgb[1]);
+    }
+    stage_qkv(val, tid, lane, warp, cb, red, sq, sk, sv);
+    const float decay = expf(sgb[0]), bt = sgb[1];
+    const float out = delta_columns<NC>(S, sq, sk, sv + warp * NC, decay, bt, lane);
+    if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
+    if (t < keep_rows) {
+      const long kept = (long)slot * keep_rows + t;
+      store_state<NC>(keep + ((kept * Hv + h) * dv + j0) * STEP_DK, S, lane);
+    }
+    __syncthreads();  // every warp is done with this row's q, k, v and gates
+  }
+  store_state<NC>(sp, S, lane);
+  if (conv && tid >= 2 * DK) store_taps(cs, c, C, K, tap);
+  // Every block of the cluster has read the q and k taps (before its wait): block 0 writes them.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (p == 0 && tid < 2 * DK) store_taps(cs, c, C, K, tap);
 }
 #endif

@@ -38,29 +38,11 @@ from engine.memory.workspace import FAST_QUERY_ROWS
 from engine.models.qwen35 import Qwen35Model
 from engine.sampling import Draw
 from engine.testing.synth import write_checkpoint
+from tools.roofline import copy_bandwidth, decode_bytes, roofline_pct
 
 PROMPT = 512
 HF_MAX_PREFILL = 8192  # transformers runs its reference DeltaNet path; longer prompts take minutes
 CHUNK = 2048
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy GB/s (bytes read + written), 2 GiB buffers, best of 10."""
-    import cupy
-
-    n = 1 << 31
-    a, b = cupy.empty(n, cupy.uint8), cupy.empty(n, cupy.uint8)
-    a.fill(1)
-    best = 1e9
-    for _ in range(10):
-        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-        e0.record()
-        b[...] = a
-        e1.record()
-        e1.synchronize()
-        best = min(best, cupy.cuda.get_elapsed_time(e0, e1) / 1e3)
-    del a, b
-    return 2 * n / best / 1e9
 
 
 class Peak:
@@ -72,23 +54,6 @@ class Peak:
 
         free, total = cupy.cuda.runtime.memGetInfo()
         self.value = max(self.value, total - free)
-
-
-def decode_bytes(weights: dict, cfg, context: int) -> int:
-    """Bytes one decode token reads: every matrix (the tied table once, as the LM head; an
-    untied table only one row), fp32 DeltaNet state read and written, KV at `context`."""
-    from engine.backends.cuda.weights import DWeight, QWeight
-
-    total = 0
-    for name, w in weights.items():
-        if isinstance(w, QWeight | DWeight):
-            if name == "embed_tokens" and not cfg.tie_word_embeddings:
-                total += w.nbytes // w.shape[0]
-            else:
-                total += w.nbytes
-    state = len(cfg.linear_layers) * cfg.linear_num_value_heads * 128 * 128 * 4 * 2
-    kv = len(cfg.full_layers) * cfg.num_key_value_heads * cfg.head_dim * 2 * 2 * context
-    return total + state + kv
 
 
 def sampled_rate(model, be, graphs, n: int, penalty: float = 0.0) -> float:
@@ -284,7 +249,7 @@ def bench_snug(path: Path, shape: str, fmt: str, args, bw: float) -> dict:
     graphs.capture(1)
     nbytes = decode_bytes(weights, ck.config, PROMPT + n // 2)
     res["bytes_per_token_gb"] = nbytes / 1e9
-    res["roofline_pct"] = 100.0 * nbytes / dt / (bw * 1e9)
+    res["roofline_pct"] = roofline_pct(1.0 / dt, nbytes, bw)
     t_gemv, gemv_bytes = gemv_time(be, weights)
     res["gemv_ms"] = t_gemv * 1e3
     res["gemv_gb_s"] = gemv_bytes / t_gemv / 1e9

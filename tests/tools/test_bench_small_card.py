@@ -7,17 +7,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from tools.bench_small_card import (
-    COLUMNS,
-    GIB,
-    main,
-    merge,
-    parse_args,
-    plan_text,
-    run_matrix,
-    table,
-    verdicts,
-)
+from tools.bench_small_card import main, parse_args, run_matrix
+from tools.small_card_report import COLUMNS, GIB, merge, plan_text, table, verdicts
 
 META = {"gpu": "NVIDIA H200", "commit": "abc1234", "date": "2026-12-01", "new_tokens": 64}
 
@@ -98,6 +89,16 @@ def test_every_row_has_every_column_and_the_shares_of_the_unconstrained_run():
     assert refused[col["plan"]] == "does not fit: needs 1.2 GiB"
     nine = next(r for r in body if r[1] == "6 GiB")
     assert nine[col["plan"]].endswith("embeddings on host, saved states on host")
+    assert at_4[0][col["decode tok/s (% roofline)"]] == "693.0"  # no bandwidth measured
+
+
+def test_a_measured_roofline_share_follows_the_decode_rate():
+    cells = _cells()
+    cells[0]["rows"][0]["roofline_pct"] = 40.56
+    rows = _cells_of(table(cells, META))
+    col = {name: i for i, name in enumerate(rows[0])}
+    first = next(r for r in rows[2:] if r[:2] == ["4B", "none"])
+    assert first[col["decode tok/s (% roofline)"]] == "694.0 (40.6%)"
 
 
 def test_the_verdicts_name_the_numbers():

@@ -12,6 +12,7 @@ vocab size as the converter pads a real one.
 
     python3 tools/llamacpp.py pack --out .llama-src.tgz      # here: the sources, trimmed
     python3 tools/llamacpp.py bench --src .llama-src.tgz --shape 4B --out OUT   # GPU machine
+    python3 tools/llamacpp.py bench --prepare-only ...   # build and convert only (no GPU use)
 
 `pack` downloads the source distribution with pip (or takes --sdist) and keeps what a build
 and the converter need (no git history, test vocabularies but the Qwen3.5 one, docs), small
@@ -183,6 +184,9 @@ def run_bench(args: argparse.Namespace) -> None:
         convert(src, model, bf16)
         subprocess.run([str(bins / "llama-quantize"), str(bf16), str(q4), "Q4_0"], check=True)
         bf16.unlink()
+    if args.prepare_only:  # built and converted; a later run times it
+        print(f"ready: {bins} ({backend}), {q4}")
+        return
     prompts = [int(p) for p in args.prompts.split(",")]
     rows = bench(bins, q4, prompts, args.decode_tokens, args.reps)
     gpu = smi("name") if backend != "CPU" else "the CPU"
@@ -216,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--reps", type=int, default=3)
     b.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     b.add_argument("--workdir", default="/tmp/llamacpp")
+    b.add_argument("--prepare-only", action="store_true", help="build and convert, time nothing")
     b.add_argument("--out", default=".")
     b.add_argument("--commit", default="unknown", help="Snug's tree, for the record")
     args = ap.parse_args(argv)

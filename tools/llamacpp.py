@@ -63,6 +63,7 @@ def pack(sdist: Path | None, out: Path) -> None:
                     continue
                 data = src.extractfile(member) if member.isfile() else None
                 member.name = f"llama.cpp/{rel}"
+                member.pax_headers.pop("path", None)  # a long name's header would win over it
                 dst.addfile(member, data)
     print(f"{out}: {out.stat().st_size / 2**20:.1f} MiB from {sdist.name}")
 

@@ -11,7 +11,7 @@ from tools.llamacpp import VOCAB, pack, table
 
 
 def _sdist(path, names: list[str]) -> None:
-    with tarfile.open(path, "w:gz") as tar:
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as tar:
         for name in names:
             data = name.encode()
             info = tarfile.TarInfo(f"llama_cpp_python-9.9/{name}")
@@ -22,6 +22,8 @@ def _sdist(path, names: list[str]) -> None:
 def test_pack_keeps_the_sources_and_the_qwen35_vocabulary(tmp_path):
     v = "vendor/llama.cpp/"
     names = [v + n for n in ("CMakeLists.txt", "ggml/src/ggml.c", VOCAB, "convert_hf_to_gguf.py")]
+    # a name past ustar's 100 characters travels in a PAX header, as the CUDA instances do
+    names.append(v + "ggml/src/ggml-cuda/template-instances/fattn-vec-instance-f16-f16.cu")
     dropped = [v + n for n in ("models/ggml-vocab-llama-bpe.gguf", ".git/HEAD", "docs/x.md")]
     _sdist(tmp_path / "s.tar.gz", [*names, *dropped, "llama_cpp/__init__.py"])
     pack(tmp_path / "s.tar.gz", tmp_path / "out.tgz")

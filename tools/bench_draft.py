@@ -22,6 +22,7 @@ draws it on the host.
 
     python3 tools/bench_draft.py --shape 4B --out OUT          (GPU)
     python3 tools/bench_draft.py --shape 4B --profile --out OUT   (and each forward's kernels)
+    SNUG_MEMORY_LIMIT_GIB=4 python3 tools/bench_draft.py --shape 0.8B --out OUT   (a 4 GiB card)
     python3 tools/bench_draft.py --backend numpy --shape tiny --prompt 64 --steps 32 (smoke)
 """
 
@@ -31,6 +32,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -235,9 +237,9 @@ def table(r: dict, rates: list[float]) -> str:
     costs, reply = r["costs"], r["replies"]
     step = costs["step_s"]
     lines = [
-        f"{r['shape']} bf16 + MTP, {r['backend']} ({r['dtype']}), position {costs['position']}: "
-        f"step {step * 1e3:.3f} ms, draft {costs['draft_s'] / step:.2f}x a step, plain "
-        f"{reply['plain_tok_s']:.1f} tok/s",
+        f"{r['shape']} bf16 + MTP, {r['backend']} ({r['dtype']}), {r.get('card', 'whole card')}, "
+        f"position {costs['position']}: step {step * 1e3:.3f} ms, "
+        f"draft {costs['draft_s'] / step:.2f}x a step, plain {reply['plain_tok_s']:.1f} tok/s",
         "",
         "| k | verify / step (target) | head window / step | round / step, every draft kept "
         "| speed-up, every draft kept | projected speed-up at " + ",".join(map(str, rates)) + " |",
@@ -312,7 +314,10 @@ def main() -> None:
 
     rates = [float(x) for x in args.acceptance.split(",")]
     path = model_dir(args.workdir, args.shape, "bf16", seed=1, mtp=True)
-    settings = EngineSettings(backend=args.backend, compute_dtype=args.dtype, draft_tokens="3")
+    # SNUG_MEMORY_LIMIT_GIB (and the other SNUG_* settings) simulate a small card
+    settings = replace(
+        EngineSettings.from_env(), backend=args.backend, compute_dtype=args.dtype, draft_tokens="3"
+    )
     engine = Engine.load(path, settings, context=args.context)
     if engine.drafter is None:
         raise SystemExit(f"no drafting: {engine.drafting}")
@@ -322,6 +327,9 @@ def main() -> None:
         "backend": engine.backend_name,
         "dtype": args.dtype if args.backend == "cuda" else "float32",
         "acceptance": rates,
+        "card": "whole card"
+        if settings.limit_bytes is None
+        else f"limit {settings.limit_bytes / 2**30:g} GiB",
         "costs": forward_costs(engine, prompt, args.reps),
         "replies": replies(engine, prompt, args.steps),
     }

@@ -517,6 +517,7 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
   if (p == 0 && tid < 2 * DK) shift_taps(cs, c, C, K, tap, newest);
 }
+
 // gdn_step_keep over gdn_step_split's cluster of P blocks a key head: the verify's rows in
 // turn, each as gdn_step_split computes it, the conv taps in registers from row to row.
 // Every block writes its own v channels' taps and history; block 0 the q and k channels'

@@ -386,6 +386,28 @@ __device__ __forceinline__ void store_taps(act_t* cs, int c, int C, int K, const
     if (j + 1 < K) cs[(long)j * C + c] = mk(tap[j]);
 }
 
+// A verify's row t for conv channel c: the newest tap into the history (where this thread
+// owns the channel), the taps shifted in registers; returns the conv output after SiLU.
+__device__ __forceinline__ float verify_conv(const act_t* __restrict__ mixed, long r, int t, int c, int C, int K,
+                                             const float (&wk)[STEP_MAXK - 1], float (&tap)[STEP_MAXK - 1],
+                                             float wnew, act_t* hs, bool owns) {
+  const act_t newest = mixed[r * C + c];
+  const float acc = conv_acc(wk, tap, wnew, newest, K);
+  if (owns) hs[(long)(K - 1 + t) * C + c] = newest;
+  shift_regs(tap, K, newest);
+  return silu_f(acc);
+}
+
+// The state after a verify's row t, kept where t is among the first keep_rows rows.
+template <int NC>
+__device__ __forceinline__ void keep_row(float* keep, int keep_rows, int slot, int t, int Hv, int h, int dv, int j0,
+                                         const float4 (&S)[NC], int lane) {
+  if (t < keep_rows) {
+    const long kept = (long)slot * keep_rows + t;
+    store_state<NC>(keep + ((kept * Hv + h) * dv + j0) * STEP_DK, S, lane);
+  }
+}
+
 // A drafting verify's DeltaNet layer in one launch: gdn_step for each row of a segment in
 // turn (the recurrent state and the conv taps carried in registers from row to row), with
 // the state after each of the first keep_rows rows stored at keep[slot][t] ([slots,
@@ -429,11 +451,7 @@ gdn_step_keep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
     const long r = seg_row0[s] + t;
     float val = 0.f;
     if (conv) {
-      const act_t newest = mixed[r * C + c];
-      const float acc = conv_acc(wk, tap, wnew, newest, K);
-      hs[(long)(K - 1 + t) * C + c] = newest;
-      shift_regs(tap, K, newest);
-      val = silu_f(acc);
+      val = verify_conv(mixed, r, t, c, C, K, wk, tap, wnew, hs, true);
     } else if (gate) {
       step_gates(a, b, r * Hv + hg, a_log, dtb, sg[hh], sb[hh]);
     }
@@ -441,10 +459,7 @@ gdn_step_keep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
     const float decay = expf(sg[col / dv]), bt = sb[col / dv];
     const float out = delta_columns<NC>(S, sq, sk, sv + col, decay, bt, lane);
     if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
-    if (t < keep_rows) {
-      const long kept = (long)slot * keep_rows + t;
-      store_state<NC>(keep + ((kept * Hv + h) * dv + j0) * STEP_DK, S, lane);
-    }
+    keep_row<NC>(keep, keep_rows, slot, t, Hv, h, dv, j0, S, lane);
     __syncthreads();  // every warp is done with this row's q, k, v and gates
   }
   store_state<NC>(sp, S, lane);
@@ -562,11 +577,7 @@ gdn_step_split_keep(const act_t* __restrict__ mixed, const float* __restrict__ c
     const long r = seg_row0[s] + t;
     float val = 0.f;
     if (conv) {
-      const act_t newest = mixed[r * C + c];
-      const float acc = conv_acc(wk, tap, wnew, newest, K);
-      if (owns) hs[(long)(K - 1 + t) * C + c] = newest;
-      shift_regs(tap, K, newest);
-      val = silu_f(acc);
+      val = verify_conv(mixed, r, t, c, C, K, wk, tap, wnew, hs, owns);
     } else if (gate) {
       step_gates(a, b, r * Hv + hg, a_log, dtb, sgb[0], sgb[1]);
     }
@@ -574,10 +585,7 @@ gdn_step_split_keep(const act_t* __restrict__ mixed, const float* __restrict__ c
     const float decay = expf(sgb[0]), bt = sgb[1];
     const float out = delta_columns<NC>(S, sq, sk, sv + warp * NC, decay, bt, lane);
     if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
-    if (t < keep_rows) {
-      const long kept = (long)slot * keep_rows + t;
-      store_state<NC>(keep + ((kept * Hv + h) * dv + j0) * STEP_DK, S, lane);
-    }
+    keep_row<NC>(keep, keep_rows, slot, t, Hv, h, dv, j0, S, lane);
     __syncthreads();  // every warp is done with this row's q, k, v and gates
   }
   store_state<NC>(sp, S, lane);

@@ -328,7 +328,8 @@ class ChatController(QObject):
 
 
 def format_stats(stats: dict) -> str:
-    """'42 tokens · 31.5 tok/s · first token 0.21 s' (parts missing from stats are left out)."""
+    """'42 tokens · 31.5 tok/s · first token 0.21 s · 30 of 40 drafts kept' (parts missing
+    from stats are left out)."""
     parts = []
     if stats.get("new_tokens") is not None:
         parts.append(f"{stats['new_tokens']} tokens")
@@ -336,6 +337,9 @@ def format_stats(stats: dict) -> str:
         parts.append(f"{stats['decode_tok_s']:.1f} tok/s")
     if stats.get("ttft_s") is not None:
         parts.append(f"first token {stats['ttft_s']:.2f} s")
+    if stats.get("drafted"):  # drafting with the MTP head: how many of its drafts paid
+        kept, drafted = int(stats.get("drafts_kept") or 0), int(stats["drafted"])
+        parts.append(f"{kept} of {drafted} drafts kept")
     if stats.get("finish_reason") == "cancelled":
         parts.append("stopped")
     elif stats.get("finish_reason") == "length":

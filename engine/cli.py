@@ -244,7 +244,9 @@ def _generate(engine, args: argparse.Namespace) -> int:
                 f"{stats.decode_tok_s:.1f} tokens/s\n"
             )
         if engine.drafting:
-            sys.stderr.write(f"[drafting] {engine.drafting}\n")
+            on = stats is not None and engine.drafter is not None
+            kept = f"; {stats.drafts_kept} of {stats.drafted} drafts kept" if on else ""
+            sys.stderr.write(f"[drafting] {engine.drafting}{kept}\n")
     return 0
 
 

@@ -329,7 +329,7 @@ class Drafter:
         track.pos, track.rows = n, kept + 1
         track.held = self.backend.hold_rows(hidden, np.arange(kept + 1))
         track.queue = new[1:]
-        self._count(k, kept, len(new))
+        self._count(track, k, kept, len(new))
         return new[0]
 
     def _greedy_round(self, track: _Track, token: int, k: int, generated: list[int]) -> int:
@@ -364,7 +364,7 @@ class Drafter:
         track.pos, track.held, track.rows = n + kept + 1, None, 0
         track.first, track.chain = follow[0], chain[kept : kept + 1]
         track.queue = new[1:]
-        self._count(k, kept, len(new))
+        self._count(track, k, kept, len(new))
         return new[0]
 
     def _draft_ids(self, k: int) -> Any:
@@ -390,7 +390,9 @@ class Drafter:
         rounds it covers whole."""
         return self.forced is not None and len(generated) + k <= len(self.forced)
 
-    def _count(self, drafted: int, kept: int, tokens: int) -> None:
+    def _count(self, track: _Track, drafted: int, kept: int, tokens: int) -> None:
+        track.stream.drafted += drafted  # the request's own counts (GenerationStats)
+        track.stream.drafts_kept += kept
         s = self.stats
         s.rounds += 1
         s.drafted += drafted

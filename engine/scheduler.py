@@ -477,7 +477,9 @@ class Scheduler:
         stats = None
         if request.t_first:
             n = len(request.generated)
-            stats = Engine._stats(len(request.prompt_ids), n, request.t0, request.t_first)
+            stats = Engine._stats(
+                len(request.prompt_ids), n, request.t0, request.t_first, request.stream
+            )
         self.stats.finished += 1  # before the slot goes back: `running` drops last
         self._release(request, save=token != NO_TOKEN)
         request.finish_reason = reason

@@ -70,6 +70,8 @@ class GenerationStats:
     ttft_s: float
     prefill_tok_s: float
     decode_tok_s: float
+    drafted: int = 0  # tokens the MTP head drafted for this reply (engine/drafting.py)
+    drafts_kept: int = 0  # of those, the ones the model's verify kept
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class TokenEvent:
 class _Stream:
     slot: int
     ids: list[int] = field(default_factory=list)  # every token now in the slot's state
+    drafted: int = 0  # this request's drafts (Drafter counts them), and those kept
+    drafts_kept: int = 0
 
 
 def aligned_chunks(
@@ -445,7 +449,7 @@ class Engine:
                 text = "" if token in self.eos_ids else decoder.push(token)
                 if reason is not None:
                     text += decoder.flush()
-                    stats = self._stats(len(prompt_ids), len(generated), t0, t_first)
+                    stats = self._stats(len(prompt_ids), len(generated), t0, t_first, stream)
                     completed = True
                     yield TokenEvent(token, text, True, reason, stats, sampler.last)
                     return
@@ -553,7 +557,9 @@ class Engine:
                 self._close_stream(s)
 
     @staticmethod
-    def _stats(prompt_tokens: int, new_tokens: int, t0: float, t_first: float):
+    def _stats(
+        prompt_tokens: int, new_tokens: int, t0: float, t_first: float, stream: Any = None
+    ) -> GenerationStats:
         now = time.perf_counter()
         prefill_s, decode_s = max(t_first - t0, 1e-9), max(now - t_first, 1e-9)
         return GenerationStats(
@@ -562,6 +568,8 @@ class Engine:
             ttft_s=t_first - t0,
             prefill_tok_s=prompt_tokens / prefill_s,
             decode_tok_s=(new_tokens - 1) / decode_s if new_tokens > 1 else 0.0,
+            drafted=getattr(stream, "drafted", 0),
+            drafts_kept=getattr(stream, "drafts_kept", 0),
         )
 
     def unload(self) -> None:

@@ -105,7 +105,15 @@ class Chat:
 
 
 # Field checks for from_dict: each returns the value or raises ChatFileError naming the field.
-NUMERIC_STATS = ("prompt_tokens", "new_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s")
+NUMERIC_STATS = (
+    "prompt_tokens",
+    "new_tokens",
+    "ttft_s",
+    "prefill_tok_s",
+    "decode_tok_s",
+    "drafted",
+    "drafts_kept",
+)
 
 
 def _short(value: object) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.engine_bridge import EngineLike, Loader, LoadRequest
+from app.state.chat_history import NUMERIC_STATS
 
 BATCH_S = 0.03
 CPU_REFUSED = (
@@ -150,6 +151,6 @@ def _summary(event: Any, cancel: threading.Event | None) -> dict:
         reason = "cancelled" if cancel is not None and cancel.is_set() else "stop"
     out: dict[str, Any] = {"finish_reason": reason}
     if stats is not None:
-        for name in ("prompt_tokens", "new_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s"):
+        for name in NUMERIC_STATS:
             out[name] = getattr(stats, name, None)
     return out

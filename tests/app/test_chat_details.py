@@ -74,3 +74,22 @@ def test_version_prints_the_version_and_starts_no_window(capsys, monkeypatch):
     monkeypatch.setattr(app.main, "main", no_gui)
     assert entry.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"snug {version('snug')}"
+
+
+def test_the_stats_line_says_how_many_drafts_were_kept():
+    """A drafted reply's stats (the engine's counts, through the worker's summary) end the
+    message's stats line with the drafts kept; a reply without drafts says nothing of them."""
+    from types import SimpleNamespace
+
+    from app.controllers import format_stats
+    from app.workers.engine_worker import _summary
+    from engine.session import GenerationStats
+
+    stats = GenerationStats(12, 40, 0.2, 60.0, 55.0, drafted=30, drafts_kept=24)
+    summary = _summary(SimpleNamespace(stats=stats, finish_reason="stop"), None)
+    assert (summary["drafted"], summary["drafts_kept"]) == (30, 24)
+    assert format_stats(summary).endswith(" · 24 of 30 drafts kept")
+    plain = _summary(
+        SimpleNamespace(stats=GenerationStats(12, 40, 0.2, 60.0, 55.0), finish_reason="stop"), None
+    )
+    assert "draft" not in format_stats(plain)

@@ -91,6 +91,45 @@ def test_forced_drafts_keep_and_reject_at_every_position(mtp_dir, plain, k):
     assert s.rounds - before <= -(-(STEPS - 1) // (k + 1)) + 1
 
 
+def test_each_reply_counts_its_own_drafts(mtp_dir, plain):
+    """A reply's stats say how many drafts the head made for it and how many were kept: the
+    drafter's counts over that reply, all of them kept when every draft is right, none when
+    the engine does not draft; a plain request served beside a drafting one counts none."""
+    from engine.scheduler import Scheduler
+
+    engine = load(mtp_dir, "2")
+    rng = np.random.default_rng(5)
+    s = engine.drafter.stats
+    for forced in ([t if rng.random() > 0.3 else (t + 1) % 400 for t in plain], list(plain)):
+        engine.drafter.forced = forced
+        drafted, kept = s.drafted, s.kept
+        stats = list(engine.generate(prompt(), GREEDY))[-1].stats
+        assert (stats.drafted, stats.drafts_kept) == (s.drafted - drafted, s.kept - kept)
+        assert stats.drafted > 0
+    assert stats.drafts_kept == stats.drafted  # the second reply: every draft right
+    plain_stats = list(load(mtp_dir).generate(prompt(), GREEDY))[-1].stats
+    assert (plain_stats.drafted, plain_stats.drafts_kept) == (0, 0)
+
+    engine = Engine.load(mtp_dir, EngineSettings(backend="numpy", draft_tokens="2"), 512, streams=2)
+    engine.drafter.forced = list(plain)
+    scheduler = Scheduler(engine)
+    first = scheduler.submit(prompt(), GREEDY)
+    for _ in range(3):
+        scheduler.run_once()
+    second = scheduler.submit(prompt(30, seed=2), GREEDY)
+    while not (first.done.is_set() and second.done.is_set()):
+        scheduler.run_once()
+    counts = []
+    for request in (first, second):
+        events = []
+        while not request._queue.empty():
+            events.append(request._queue.get())
+        final = [e for e in events if e.finished][-1].stats
+        counts.append((final.drafted, final.drafts_kept))
+    assert counts[0][0] > 0 and counts[0][1] == counts[0][0]
+    assert sum(c[0] for c in counts) == engine.drafter.stats.drafted
+
+
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_greedy_rounds_draft_as_the_waiting_rounds_do(mtp_dir, plain, k, monkeypatch):
     """A greedy reply's rounds (drafts on the backend, the verify and the head after it in

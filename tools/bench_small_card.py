@@ -10,7 +10,9 @@ then `Engine.generate` as the app calls it, greedy, --new-tokens tokens a reply 
 sequence ignored, so every reply has its length): a first request, then for each prompt
 length the context admits a warm request of fresh random ids (no prompt-cache hit). Each warm
 request starts with the prompt cache emptied and the pool's peak reset, so its row's peak is
-its own. A row gives the time to first token, decode tokens/s, the plan's predicted speed,
+its own. A row gives the time to first token, decode tokens/s with its share of the
+bandwidth roofline (tools/roofline.py, the copy bandwidth measured in the cell after its
+requests), the plan's predicted speed,
 the plan's peak (saved prompt states counted at what the cache holds on the card:
 `Decision.planned_peak`) against the pool's peak, and the whole GPU's peak used memory from
 NVML (sampled every 10 ms). A cell the plan refuses prints the plan's verdict. Then the

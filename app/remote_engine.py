@@ -137,13 +137,14 @@ class RemoteEngine:
             )
         except Exception as exc:
             raise _explain(exc, self.target.url) from exc
-        thinking, reason, usage, t_first = False, None, None, None
+        thinking, reason, usage, t_first, timings = False, None, None, None, {}
         try:
             for chunk in stream:
                 if cancel is not None and cancel.is_set():
                     reason = "cancelled"
                     break
                 usage = chunk.usage or usage
+                timings = (chunk.model_extra or {}).get("timings") or timings  # Snug, llama.cpp
                 for choice in chunk.choices:
                     extra = choice.delta.model_extra or {}
                     reasoning = extra.get("reasoning_content") or extra.get("reasoning") or ""
@@ -164,7 +165,7 @@ class RemoteEngine:
         finally:
             stream.close()
         tail = "\n</think>" if thinking else ""
-        stats = _stats(usage, t0, t_first)
+        stats = _stats(usage, t0, t_first, timings)
         yield RemoteEvent(tail, True, reason or "stop", stats)
 
     def unload(self) -> None:
@@ -193,8 +194,11 @@ def _sampling(params: Any, enable_thinking: bool | None) -> dict[str, Any]:
     return out
 
 
-def _stats(usage: Any, t0: float, t_first: float | None) -> GenerationStats | None:
-    """The reply's stats in the shape a local reply carries them."""
+def _stats(
+    usage: Any, t0: float, t_first: float | None, timings: dict | None = None
+) -> GenerationStats | None:
+    """The reply's stats in the shape a local reply carries them: times as this client saw
+    them; the drafts from the server's llama.cpp-style `timings`, where it sends them."""
     from engine.session import GenerationStats
 
     if usage is None:
@@ -207,7 +211,15 @@ def _stats(usage: Any, t0: float, t_first: float | None) -> GenerationStats | No
         ttft_s=first - t0,
         prefill_tok_s=usage.prompt_tokens / max(first - t0, 1e-9),
         decode_tok_s=(new - 1) / max(now - first, 1e-9) if new > 1 else 0.0,
+        drafted=_count(timings, "draft_n"),
+        drafts_kept=_count(timings, "draft_n_accepted"),
     )
+
+
+def _count(timings: dict | None, key: str) -> int:
+    """A non-negative count from a server's `timings` (0 where it is absent or not one)."""
+    value = (timings or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class RemoteLoader:

@@ -146,9 +146,8 @@ class OpenAIServer:
             "logprobs": self._logprobs(gen, True),
             "finish_reason": gen.finish_reason,
         }
-        return JSONResponse(
-            {**head, "object": "chat.completion", "choices": [choice], "usage": gen.usage}
-        )
+        body = {**head, "object": "chat.completion", "choices": [choice], "usage": gen.usage}
+        return JSONResponse(_with_timings(body, gen))
 
     async def completions(self, request: Request) -> Any:
         self._authorize(request)
@@ -165,9 +164,8 @@ class OpenAIServer:
             "finish_reason": gen.finish_reason,
             "logprobs": self._logprobs(gen, False),
         }
-        return JSONResponse(
-            {**head, "object": "text_completion", "choices": [choice], "usage": gen.usage}
-        )
+        body = {**head, "object": "text_completion", "choices": [choice], "usage": gen.usage}
+        return JSONResponse(_with_timings(body, gen))
 
     async def responses(self, request: Request) -> Any:
         """The Responses API, read as the chat request it stands for (responses.py)."""
@@ -263,6 +261,7 @@ class OpenAIServer:
             logprobs = self._logprobs(gen, True, fmt, finish is not None)
             choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
             body = {**head, "object": "chat.completion.chunk", "choices": [choice]}
+            body = _with_timings(body, gen) if finish is not None else body
             return _data({**body, "usage": None} if usage else body)
 
         calls = 0
@@ -294,6 +293,7 @@ class OpenAIServer:
             logprobs = self._logprobs(gen, False, fmt, finish is not None)
             choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
             body = {**head, "object": "text_completion", "choices": [choice]}
+            body = _with_timings(body, gen) if finish is not None else body
             return _data({**body, "usage": None} if usage else body)
 
         try:
@@ -443,6 +443,13 @@ class OpenAIServer:
             "created": int(time.time()),
             "model": options.model or self.model_id,
         }
+
+
+def _with_timings(body: dict, gen: Generation) -> dict:
+    """`body` with llama.cpp's `timings` object (`Generation.timings`) where the reply has
+    them: OpenAI clients ignore the field, llama.cpp's clients read tokens/s from it."""
+    timings = gen.timings
+    return body if timings is None else {**body, "timings": timings}
 
 
 def _data(obj: dict) -> str:

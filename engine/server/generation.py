@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.scheduler import NO_TOKEN, Request, Scheduler
 from engine.server.reply import Piece, ReplySplitter, StopFilter
-from engine.session import GenerationParams
+from engine.session import GenerationParams, GenerationStats
 
 FINISH = {"stop": "stop", "length": "length"}  # engine reason -> API reason ("cancelled": stop)
 DISCONNECT_POLL_S = 0.25
@@ -43,6 +43,7 @@ class Generation:
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0
         self.finish_reason = "stop"
+        self.stats: GenerationStats | None = None  # the engine's, with the reply's last event
         # (token id, TokenLogprobs) of the reply's tokens not yet handed out (`take_logprobs`);
         # an end-of-sequence token is not the reply's (unless `ignore_eos`).
         self.wants_logprobs = params.logprobs is not None
@@ -70,6 +71,30 @@ class Generation:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
+
+    @property
+    def timings(self) -> dict[str, float] | None:
+        """The reply's timings as llama.cpp's server reports them beside the OpenAI fields
+        (clients written for it read tokens/s there): the prompt up to the first token, the
+        decode after it, and where the MTP head drafted, its drafts and those kept. None
+        until the reply's last event has come."""
+        s = self.stats
+        if s is None:
+            return None
+        decode_ms = (s.new_tokens - 1) / s.decode_tok_s * 1e3 if s.decode_tok_s else 0.0
+        out = {
+            "prompt_n": s.prompt_tokens,
+            "prompt_ms": s.ttft_s * 1e3,
+            "prompt_per_token_ms": s.ttft_s * 1e3 / max(s.prompt_tokens, 1),
+            "prompt_per_second": s.prefill_tok_s,
+            "predicted_n": s.new_tokens,
+            "predicted_ms": decode_ms,
+            "predicted_per_token_ms": 1e3 / s.decode_tok_s if s.decode_tok_s else 0.0,
+            "predicted_per_second": s.decode_tok_s,
+        }
+        if s.drafted:
+            out |= {"draft_n": s.drafted, "draft_n_accepted": s.drafts_kept}
+        return out
 
     async def pieces(self) -> AsyncIterator[Piece]:
         """The reply's pieces as they become certain; raises the request's error if any."""
@@ -119,6 +144,7 @@ class Generation:
                     self._logprobs.append((item.token_id, item.logprobs))
             if item.finished:
                 self.finish_reason = FINISH.get(item.finish_reason, "stop")
+                self.stats = item.stats
             yield item.text, item.finished
             if item.finished:
                 return

@@ -162,13 +162,19 @@ class Reply:
             part = {"content": self.content, "thinking": self.thinking, "tool_calls": self.calls}
         out = self.line(part, done=True)
         total = time.perf_counter_ns() - self.t0
+        # The prompt up to the first token, the reply after it (`ollama run --verbose` divides
+        # eval_count by eval_duration for its eval rate); the whole time where the engine's
+        # own timings did not come (a reply cut at a stop string).
+        prompt = int(gen.stats.ttft_s * 1e9) if gen.stats is not None else 0
+        prompt = min(prompt, total - 1) if total > 1 else 0
         out |= {
             "done_reason": "length" if gen.finish_reason == "length" else "stop",
             "total_duration": total,
             "load_duration": 0,
             "prompt_eval_count": gen.prompt_tokens,
+            "prompt_eval_duration": prompt,
             "eval_count": gen.completion_tokens,
-            "eval_duration": total,
+            "eval_duration": total - prompt,
         }
         return out
 

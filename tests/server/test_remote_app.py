@@ -126,3 +126,18 @@ def test_connect_dialog_lists_models_and_returns_the_target(qtbot, served):
     with qtbot.waitSignal(dialog.models_listed, timeout=10000):
         dialog.refresh()
     assert "401" in dialog.status.text()
+
+
+def test_a_remote_reply_takes_its_draft_counts_from_the_servers_timings():
+    """A server that drafts (Snug, llama.cpp) says so in `timings`; the app's stats line
+    shows it as for a local reply. Anything else there counts as no drafts."""
+    from types import SimpleNamespace
+
+    from app.remote_engine import _stats
+
+    usage = SimpleNamespace(prompt_tokens=20, completion_tokens=10)
+    stats = _stats(usage, 0.0, 0.5, {"draft_n": 12, "draft_n_accepted": 9})
+    assert (stats.drafted, stats.drafts_kept) == (12, 9)
+    for odd in (None, {}, {"draft_n": "12", "draft_n_accepted": True}, {"draft_n": -3}):
+        stats = _stats(usage, 0.0, 0.5, odd)
+        assert (stats.drafted, stats.drafts_kept) == (0, 0)

@@ -41,6 +41,13 @@ def test_chat_equals_engine_generate_alone_with_usage(served, solo):
     assert reply.usage.prompt_tokens == prompt_tokens
     assert reply.usage.completion_tokens == 24
     assert reply.usage.total_tokens == prompt_tokens + 24
+    # llama.cpp's `timings` beside the OpenAI fields (its clients read tokens/s there)
+    timings = reply.model_extra["timings"]
+    assert timings["prompt_n"] == prompt_tokens and timings["predicted_n"] == 24
+    assert timings["prompt_ms"] > 0 and timings["predicted_per_second"] > 0
+    per_token = timings["predicted_ms"] / (timings["predicted_n"] - 1)
+    assert abs(per_token - timings["predicted_per_token_ms"]) < 1e-6 * per_token
+    assert "draft_n" not in timings  # this engine does not draft
 
 
 def test_streaming_gives_the_same_reply_and_usage_last(served, solo):
@@ -63,6 +70,10 @@ def test_streaming_gives_the_same_reply_and_usage_last(served, solo):
     assert finals[-1] == "length" and set(finals[:-1]) == {None}
     assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 24
     assert all(c.usage is None for c in chunks[:-1])
+    # the chunk that ends the reply carries llama.cpp's `timings`, no other does
+    timed = [c for c in chunks if "timings" in (c.model_extra or {})]
+    assert len(timed) == 1 and timed[0].choices[0].finish_reason == "length"
+    assert timed[0].model_extra["timings"]["predicted_n"] == 24
 
 
 def test_stop_strings_are_cut_from_the_output(served, solo):
@@ -177,3 +188,39 @@ def test_seeded_sampling_repeats_itself(served):
     first = client.chat.completions.create(**kwargs).choices[0].message
     again = client.chat.completions.create(**kwargs).choices[0].message
     assert first.model_extra.get("reasoning") == again.model_extra.get("reasoning")
+
+
+def test_a_drafting_engine_reports_its_drafts_in_the_timings(tmp_path):
+    """Served with MTP drafting on: the reply's `timings` say how many tokens the head
+    drafted and how many the model kept, as llama.cpp's server reports its drafts; every
+    draft is kept where the drafts are the reply itself."""
+    import numpy as np
+
+    from engine.config import EngineSettings
+    from engine.scheduler import Scheduler
+    from engine.server.app import create_app
+    from engine.server.runner import ServerThread
+    from engine.session import Engine
+    from engine.testing.synth import write_checkpoint
+    from engine.testing.tiny import write_tokenizer
+    from tests.engine.test_drafting import SHAPE
+    from tests.server.conftest import KEY, Served
+
+    path = write_checkpoint(tmp_path / "mtp", SHAPE, "bf16", seed=3, mtp=True)
+    write_tokenizer(path)
+    ids = np.random.default_rng(1).integers(0, 400, size=24).tolist()
+    plain = [e.token_id for e in Engine.load(path, EngineSettings(backend="numpy"), 256)
+             .generate(ids, GenerationParams(max_new_tokens=12, greedy=True))]  # fmt: skip
+    engine = Engine.load(path, EngineSettings(backend="numpy", draft_tokens="2"), 256)
+    engine.drafter.forced = plain
+    scheduler = Scheduler(engine).start()
+    server = ServerThread(create_app(scheduler, api_key=KEY)).start()
+    try:
+        client = Served(engine, scheduler, server, path.name).client()
+        reply = client.completions.create(model=path.name, prompt=ids, max_tokens=12, temperature=0)
+        timings = reply.model_extra["timings"]
+        assert timings["predicted_n"] == 12 and timings["draft_n"] > 0
+        assert timings["draft_n_accepted"] == timings["draft_n"]
+    finally:
+        server.stop()
+        scheduler.close()

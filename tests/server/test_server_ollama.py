@@ -34,6 +34,9 @@ def test_chat_with_thinking_and_without(scripted):
     assert reply.message.content == "Hello there!" and reply.message.thinking == "Short and kind."
     assert reply.done and reply.done_reason == "stop" and reply.eval_count > 0
     assert reply.prompt_eval_count == len(scripted.scheduler.prompts[-1])
+    # the prompt's time and the reply's apart, as `ollama run --verbose` reads them
+    assert 0 < reply.prompt_eval_duration < reply.total_duration
+    assert reply.prompt_eval_duration + reply.eval_duration == reply.total_duration
     scripted.scheduler.say("Hello there!")
     reply = c.chat(model=scripted.model, messages=[{"role": "user", "content": "Hi"}], think=False)
     assert reply.message.content == "Hello there!" and not reply.message.thinking

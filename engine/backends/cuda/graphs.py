@@ -350,7 +350,7 @@ class DecodeGraphs:
 
             return self._first(self.verifies, key, eager, lambda: self._capture_verify(*key))
         self._launch(cap, batch, ids)
-        self.be.verify_rows.kept[seg.slot] = seg.rows  # what `record` notes when it runs
+        self.be.verify_rows.record(batch)  # the rows its replay keeps, as an eager run notes them
         self.model.hidden = cap.hidden
         return cap.logits, cap.hidden
 
@@ -474,7 +474,7 @@ class DecodeGraphs:
                 lambda: self._capture_follow(head, *key),
             )
         self._launch(cap, batch, ids, fill)
-        self.be.verify_rows.kept[seg.slot] = seg.rows  # what `record` notes when it runs
+        self.be.verify_rows.record(batch)  # the rows its replay keeps, as an eager run notes them
         self.model.hidden = None  # the head's forward reused the verify's buffers
         head.hidden = cap.hidden
         return cap.tokens

@@ -19,7 +19,6 @@ dtype, R = rows, S = rows that produce logits (<= step rows), P = decode KV spli
     |                window: heads [Hq,R,hd]                                         |
     |     DeltaNet:  mixed [R,C] | z [R,VD] | b, a [R,Hv] | gdn_q, gdn_k [R,KD] f32  |
     |                gdn_v, gdn_o [R,VD] f32 | gdn_g, gdn_beta [R,Hv] f32 | gdn [R,VD] |
-    |                step: gdn_part [R,Hk,H] f32                                     |
     |     then: mixer_out, u1, x1 [R,H] | act, gate, up [R,I] | mlp_out [R,H]        |
     +-- region 1: the same size (also holds the embedding output x) ----------------+
     +-- head: x, delta, u, h [S,H] dt (last rows, final norm) | logits [S,V] dt ----+
@@ -131,8 +130,6 @@ def _layer_buffers(c: ModelConfig, R: int, step: bool, context: int, dt: str):
         ("gdn_o", (R, VD), f32),
         ("gdn", (R, VD), dt),
     ]
-    if step:  # a step's DeltaNet through out_proj in one launch: each key head's products
-        deltanet += [("gdn_part", (R, c.linear_num_key_heads, H), f32)]
 
     def size(bufs):
         return sum(align_up(math.prod(shape) * _itemsize(d)) for _, shape, d in bufs)

@@ -199,8 +199,7 @@ def test_split_deltanet_step_matches_one_block(tiny_dirs):
     from engine.config import EngineSettings
 
     results = []
-    # out_proj as its own launch in both (the split step's fused form sums in another order)
-    for tuning in (Tuning(deltanet_step_blocks=0), Tuning(fused_out_proj=False)):
+    for tuning in (Tuning(deltanet_step_blocks=0), Tuning()):
         be = CudaBackend(EngineSettings(), dtype="bfloat16", tuning=tuning)
         results.append(_captured_run(be, tiny_dirs["mlx4"]))
     c = be.config

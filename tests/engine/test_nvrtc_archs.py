@@ -116,8 +116,7 @@ def test_every_instance_compiles_for_each_architecture(capability):
 
 def test_the_catalog_follows_the_card():
     """What each architecture's catalog holds: the tensor-core projection from sm_80, the
-    DeltaNet cluster step (and with it the step through a 4-bit out_proj) only on the
-    data-centre parts, 64-row chunks where a block may
+    DeltaNet cluster step only on the data-centre parts, 64-row chunks where a block may
     take 134 KB (32-row chunks on tensor cores from sm_80 unless the model computes in
     fp32), and the decode attention's 8-warp form where the grid can fit the SMs."""
 
@@ -137,11 +136,6 @@ def test_the_catalog_follows_the_card():
     assert ("gdn.cu", "gdn_step_keep<8>") in names(120, "bfloat16", "bf16")
     assert not any("keep" in n for _, n in names(90))  # MLX conversions drop the head
     assert not any("split" in n for _, n in names(120))
-    # a step's DeltaNet through out_proj in one launch: 4-bit out_proj, the cluster step
-    assert ("gdn_step_out.cu", "gdn_step_out<4,4,64>") in names(90)
-    assert not any(f == "gdn_step_out.cu" for f, _ in names(90, "float16", "bf16"))
-    assert not any(f == "gdn_step_out.cu" for f, _ in names(90, "float32"))
-    assert not any(f == "gdn_step_out.cu" for f, _ in names(120))
     assert ("gdn_chunk.cu", "gdn_chunk<64>") in names(80, "float32")
     assert ("gdn_chunk_tc.cu", "gdn_chunk_tc<32>") in names(90)
     assert ("gdn_chunk_tc.cu", "gdn_chunk_tc<32>") in names(86)

@@ -16,7 +16,6 @@ The backend composes one object per concern and implements the `Backend` contrac
     projections  projections.Projections  x @ W.T: decode GEMVs, their tuner, cuBLAS
     attn         attention.Attention   full attention, decode and prefill
     deltanet     deltanet.DeltaNet     the Gated DeltaNet mixer
-    step_out     deltanet_out.StepOut  a decode step's DeltaNet through out_proj in one launch
     sampling     sampling.Sampling     greedy picks and draws on the device
     graphs       graphs.DecodeGraphs   the captured decode steps (made at warm-up)
 """
@@ -33,7 +32,6 @@ from engine.backends.base import Backend, Batch
 from engine.backends.cuda import catalog, nvrtc, support
 from engine.backends.cuda.attention import Attention, prefill_kernel
 from engine.backends.cuda.deltanet import DeltaNet
-from engine.backends.cuda.deltanet_out import StepOut
 from engine.backends.cuda.frame import Frame
 from engine.backends.cuda.host_table import host_table
 from engine.backends.cuda.launch import Kernels, card, simulate
@@ -111,7 +109,6 @@ class CudaBackend(Backend):
         self.deltanet = DeltaNet(k, self.frame, self.state, self.projections, t)
         self.sampling = Sampling(k, self.frame, t)
         self.verify_rows = self.deltanet.verify_rows = DeviceVerifyRows(self.state)
-        self.step_out = self.deltanet.step_out = StepOut(k, self.frame, t)
 
     # ----- what admission decided ---------------------------------------------------------
     @property
@@ -137,7 +134,7 @@ class CudaBackend(Backend):
         """Bytes Snug holds on the card: the pool's blocks plus the small step buffers."""
         small = 0
         if self.frame.meta is not None:
-            small = self.frame.nbytes + self.sampling.nbytes + self.step_out.nbytes
+            small = self.frame.nbytes + self.sampling.nbytes
         return self.pool.held_bytes + small
 
     def _teardown_graphs(self) -> None:
@@ -206,7 +203,6 @@ class CudaBackend(Backend):
         try:  # small buffers from CuPy's own pool, outside the plan's blocks
             self.frame.alloc_meta(rows)
             self.sampling.alloc(rows, slots, config.vocab_size)
-            self.step_out.alloc(slots)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise

@@ -38,9 +38,6 @@ from engine.backends.cuda.deltanet import (
     keep_step_kernel,
     step_kernel,
 )
-from engine.backends.cuda.deltanet_out import FILE as STEP_OUT_FILE
-from engine.backends.cuda.deltanet_out import STATIC_SMEM as STEP_OUT_STATIC
-from engine.backends.cuda.deltanet_out import out_kernel, out_smem
 from engine.backends.cuda.gemv_plan import (
     GEMV_MAX_ROWS,
     TO_BLOCKS,
@@ -78,7 +75,6 @@ FILES = (
     "gdn.cu",
     "gdn_chunk.cu",
     "gdn_chunk_tc.cu",
-    "gdn_step_out.cu",
     "attention.cu",
     "attn_prefill.cu",
     "w4_mma.cu",
@@ -195,13 +191,6 @@ class _Walk:
         self.linear(up, R)
         self.linear(down, R)
 
-    def step_out(self, out_proj: _Weight, cb: int) -> bool:
-        """Whether a step's DeltaNet runs this out_proj in its launch (StepOut.kernel)."""
-        w = out_proj
-        if w.bits != 4 or w.group != 64 or not self.blocked(w):
-            return False
-        return out_smem(w.n_out, cb, self.isz) + STEP_OUT_STATIC <= self.smem
-
     def modules(self) -> list[Module]:
         out = [Module("gemv4.cu", tuple(gemv4_module(*key))) for key in sorted(self.gemv4)]
         for file in FILES:
@@ -285,10 +274,6 @@ def modules(
         step = step_kernel(Hk, Hv, dk, dv, K, P, card.capability)
         if step is not None:
             walk.add("gdn.cu", step[0])
-        out_w = next(out for kind, _, _, out, _ in layers if kind != FULL)
-        fused_out = out_kernel(Hk, Hv, dk, dv, K, P, card.capability, c.hidden_size, dtype)
-        if fused_out is not None and tuning.fused_out_proj and walk.step_out(out_w, fused_out[2]):
-            walk.add(STEP_OUT_FILE, fused_out[0])
         chunk = chunk_kernel(dtype, card.capability, card.smem_per_block)
         if chunk is not None and dv % 32 == 0:
             walk.add(chunk.file, chunk.symbol)

@@ -196,7 +196,6 @@ class DeltaNet:
         self._chunk_rows: int | None = None  # gdn_chunk rows per chunk (0: not available)
         self._tc_rows: int | None = None  # gdn_chunk_tc rows per chunk (0: gdn_chunk runs)
         self.verify_rows: Any = None  # DeviceVerifyRows where the backend drafts
-        self.step_out: Any = None  # deltanet_out.StepOut: a step's out_proj in its launch
 
     # ----- the ops ------------------------------------------------------------------------
     def gated_delta(
@@ -227,9 +226,6 @@ class DeltaNet:
         brings out_proj's weights and the heads of `ahead`'s toward L2."""
         c = self.state.config
         dv = c.linear_value_head_dim
-        fused = self.fused_out(layer, mixed, z, b, a, weights, out_proj, batch, ahead)
-        if fused is not None:
-            return fused
         if not self.projections.pro_ok(z, out_proj, Prologue.GATED_NORM, head_dim=dv):
             return None
         o = self.core(layer, mixed, b, a, weights, batch, (out_proj, *ahead))
@@ -237,34 +233,6 @@ class DeltaNet:
         pro = Pro(Prologue.GATED_NORM, weights["norm"], c.rms_norm_eps, o=o, head_dim=dv)
         self.projections.gemv(z, out_proj, out, pro=pro)
         return out
-
-    def fused_out(
-        self,
-        layer: int,
-        mixed: Any,
-        z: Any,
-        b: Any,
-        a: Any,
-        weights: dict,
-        out_proj: Any,
-        batch: Batch,
-        ahead: tuple,
-    ) -> Any:
-        """A step's DeltaNet through out_proj in one launch (deltanet_out.StepOut) where it
-        applies, else None (nothing done). Batch-invariant decode keeps out_proj's gemv4."""
-        so = self.step_out
-        if so is None or not batch.is_step or self.projections.invariant:
-            return None
-        c = self.state.config
-        kernel = so.kernel(c, z, out_proj, compute_capability())
-        if kernel is None:
-            return None
-        S = len(batch.segments)
-        w = (mixed, weights["conv1d"], self.state.conv[layer], a, b)
-        w += (weights["A_log"], weights["dt_bias"], self.state.recurrent[layer])
-        segs = self.frame.segs(S)[:2]
-        norm, eps = weights["norm"], c.rms_norm_eps
-        return so.run(kernel, w, segs, S, z, norm, eps, out_proj, c, ahead)
 
     def core(
         self, layer: int, mixed: Any, b: Any, a: Any, weights: dict, batch: Batch, ahead=()

@@ -18,9 +18,6 @@ class Tuning:
     # Blocks a key head of the decode step's DeltaNet launch (gdn_step_split, a thread block
     # cluster, where card.runs_cluster_split); 0, or where the head sizes do not split: one.
     deltanet_step_blocks: int = 4
-    # A step's DeltaNet launch also runs the gated norm and out_proj (gdn_step_out, where
-    # deltanet_out.out_kernel applies); False: out_proj is a gemv4 launch of its own.
-    fused_out_proj: bool = True
     # Share of the next MLP's gate and up codes that a decode step's DeltaNet and attention
     # launches bring toward L2 (after all of out_proj or o_proj).
     l2_mlp_fraction: float = 0.3

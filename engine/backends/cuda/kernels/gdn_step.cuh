@@ -1,6 +1,6 @@
-// Pieces of a decode step's DeltaNet (gdn.cu's gdn_step and gdn_step_split, and
-// gdn_step_out.cu): the recurrent state of a warp's columns, the conv taps, the gates, the
-// staged q, k and v, and the delta rule for one row.
+// Pieces of a decode step's DeltaNet shared by gdn.cu's step kernels (gdn_step,
+// gdn_step_split and their verify forms): the recurrent state of a warp's columns, the conv
+// taps, the gates, the staged q, k and v, and the delta rule for one row.
 #pragma once
 #include "common.cuh"
 

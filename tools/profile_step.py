@@ -263,9 +263,27 @@ def write_sequence(named: list, replays: int, path: str) -> None:
             prev_end = max(prev_end, b)
 
 
+def step_shares(named: list, replays: int) -> dict[str, float]:
+    """Per kernel family, microseconds a step it accounts for: each kernel's end past the
+    latest end before it (0 where an earlier kernel outlasts it; the first kernel of a replay
+    from its start). Summed over the families this is a replay's span, first start to last
+    end; with overlapped launches it says what a kernel added, where durations overlap."""
+    named = sorted(named)
+    per = len(named) // replays
+    out: dict[str, float] = defaultdict(float)
+    for r in range(replays):
+        step = named[r * per : (r + 1) * per]
+        end = step[0][0]
+        for _, b, name in step:
+            out[name] += max(0.0, b - end) / 1e3 / replays
+            end = max(end, b)
+    return out
+
+
 def timeline(csv_path: str, replays: int, sequence: str | None = None) -> None:
     """Fold an `nsys stats` cuda_gpu_trace CSV of `replays` graph replays into per-family
-    in-graph times per step, and the step's span against the time some kernel was running."""
+    in-graph times per step, each family's share of the step (`step_shares`), and the step's
+    span against the time some kernel was running."""
     spans, rows, named = [], defaultdict(list), []
     with open(csv_path, newline="") as f:
         for rec in csv.DictReader(f):
@@ -286,11 +304,15 @@ def timeline(csv_path: str, replays: int, sequence: str | None = None) -> None:
             end = b
     span = (spans[-1][1] - spans[0][0]) / 1e3
     total = sum(sum(v) for v in rows.values())
-    print("| kernel | launches per step | us per step | mean us | share |\n|---|---|---|---|---|")
+    shares = step_shares(named, replays)
+    print(
+        "| kernel | launches per step | us per step | mean us | share | us of the step's span |"
+        "\n|---|---|---|---|---|---|"
+    )
     for name, v in sorted(rows.items(), key=lambda kv: -sum(kv[1])):
         print(
             f"| {name} | {len(v) / replays:.0f} | {sum(v) / replays:.1f} | {np.mean(v):.2f} "
-            f"| {sum(v) / total:.1%} |"
+            f"| {sum(v) / total:.1%} | {shares[name]:.1f} |"
         )
     if sequence:
         write_sequence(sorted(named), replays, sequence)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 
-from tools.profile_step import summary
+from tools.profile_step import step_shares, summary
 
 COLS = ["ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value"]
 
@@ -52,3 +52,19 @@ def test_memory_metrics_add_bandwidth_columns(tmp_path):
     assert lines[0].endswith("| MB read | GB/s | DRAM % of peak | L2 hit % |")
     # 120 MB in 40 us: 60 MB a launch, 3000 GB/s; mean DRAM share 60%, mean hit rate 20%.
     assert lines[2] == "| attn_combine | 2 | 40.0 | 20.00 | 100.0% | 60.00 | 3000 | 60.0 | 20.0 |"
+
+
+def test_step_shares_add_up_to_each_replays_span():
+    """With overlapped launches a kernel's share is its end past the latest end before it:
+    the early-started next kernel gets only what it adds, one outlasted by an earlier kernel
+    gets nothing, a gap before a kernel is its own, and the shares sum to the span."""
+    one = [
+        (0, 10_000, "gemv"),  # 10 us
+        (4_000, 13_000, "gdn"),  # starts early, adds 3 us
+        (5_000, 12_000, "tiny"),  # outlasted by gdn: 0
+        (15_000, 16_000, "gemv"),  # 2 us gap, then 1 us: 3 us
+    ]
+    later = [(a + 100_000, b + 100_000, n) for a, b, n in one]  # a second replay, the same
+    shares = step_shares(later + one, 2)
+    assert shares == {"gemv": 13.0, "gdn": 3.0, "tiny": 0.0}
+    assert sum(shares.values()) == 16.0  # first start to last end of a replay

@@ -1,6 +1,7 @@
-// Pieces of a decode step's DeltaNet shared by gdn.cu's step kernels (gdn_step,
-// gdn_step_split and their verify forms): the recurrent state of a warp's columns, the conv
-// taps, the gates, the staged q, k and v, and the delta rule for one row.
+// Pieces of gdn.cu's recurrent kernels: the state of a warp's value columns (gdn_scan and
+// the step kernels), and what the decode step kernels (gdn_step, gdn_step_split and their
+// verify forms) share: the conv taps, the gates, the staged q, k and v, the delta rule for
+// one row.
 #pragma once
 #include "common.cuh"
 

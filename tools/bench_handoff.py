@@ -1,0 +1,190 @@
+"""What one dependent hand-off between all the blocks of the GPU costs (GPU only): a kernel
+boundary under programmatic dependent launch, as the decode step has between its launches,
+against a flag inside one persistent kernel, as a whole-step kernel would have.
+
+Each of `--stages` stages is what a projection's chain does without its weights: every block
+reads the whole vector the previous stage wrote (n floats, from L2), sums its squares, and
+writes its own slice of the next vector (x * rsqrt(mean(x^2) + eps), plus its index). Run
+three ways, each timed over replays of a CUDA graph:
+
+    pdl         one launch a stage, captured with programmatic dependent launch (the engine's
+                decode graph: griddepcontrol.wait before the reads, launch_dependents after)
+    plain       one launch a stage, captured without it
+    persistent  one launch in all; stage s waits until every block has counted itself in
+                for stage s - 1 (a counter each stage: fence, atomic add; thread 0 polls)
+
+It prints microseconds a stage for each and writes bench_handoff.json. These are kernel-level
+figures for deciding where the decode step can save time, not the product's speed.
+
+    PYTHONPATH=. python3 tools/bench_handoff.py --blocks 64,132 --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = r"""
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += red[w];
+  return t;
+}
+
+// One stage: the whole of x read (through L2: another SM wrote it), this block's slice of y.
+__device__ __forceinline__ void stage(const float* x, float* y, int n) {
+  __shared__ float red[32];
+  float s = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = __ldcg(x + i);
+    s = fmaf(v, v, s);
+  }
+  const float inv = rsqrtf(block_sum(s, red) / n + 1e-6f);
+  const int per = (n + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per;
+  for (int i = lo + threadIdx.x; i < min(n, lo + per); i += blockDim.x)
+    y[i] = __ldcg(x + i) * inv + 1e-3f * (i & 7);
+}
+
+extern "C" __global__ void handoff_stage(const float* x, float* y, int n, int pdl) {
+#if __CUDA_ARCH__ >= 900
+  if (pdl) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  stage(x, y, n);
+}
+
+// All stages in one launch (every block resident: the caller keeps the grid at the SMs).
+// count[s] counts the blocks done with stage s; stage s + 1 starts when it reaches the grid.
+extern "C" __global__ void handoff_persistent(float* buf, unsigned* count, int n, int stages) {
+  for (int s = 0; s < stages; ++s) {
+    if (s > 0) {
+      if (threadIdx.x == 0) {
+        unsigned seen = 0;
+        do {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                       : "=r"(seen) : "l"(count + s - 1) : "memory");
+        } while (seen < gridDim.x);
+      }
+      __syncthreads();
+    }
+    stage(buf + (s & 1) * n, buf + ((s + 1) & 1) * n, n);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(count + s, 1u);
+    }
+  }
+}
+"""
+
+
+def reference(x: np.ndarray, stages: int) -> np.ndarray:
+    """The stages on the host (float64 sums; the device's differ by rounding)."""
+    idx = 1e-3 * (np.arange(x.size) & 7)
+    for _ in range(stages):
+        inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean() + 1e-6)
+        x = (x * inv + idx).astype(np.float32)
+    return x
+
+
+def run(blocks: int, n: int, stages: int, replays: int, threads: int) -> dict:
+    """Microseconds a stage for each way at this grid, and each way's largest relative
+    difference from `reference`."""
+    import cupy
+
+    from engine.backends.cuda.launch import launch_pdl, pdl_available
+
+    mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",))
+    one, persist = mod.get_function("handoff_stage"), mod.get_function("handoff_persistent")
+    x0 = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    want = reference(x0, stages)
+    buf = cupy.empty(2 * n, cupy.float32)
+    count = cupy.zeros(stages, cupy.uint32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    n32, s32 = np.int32(n), np.int32(stages)
+
+    def chain(pdl: bool):
+        for s in range(stages):
+            x, y = buf[(s & 1) * n :][:n], buf[((s + 1) & 1) * n :][:n]
+            args = (x, y, n32, np.int32(1 if pdl else 0))
+            launch_pdl(one, (blocks,), (threads,), args, 0, pdl=pdl)
+
+    def persistent(_pdl: bool):
+        count.fill(0)
+        persist((blocks,), (threads,), (buf, count, n32, s32))
+
+    out = {}
+    ways = {"pdl": chain, "plain": chain, "persistent": persistent}
+    for name, body in ways.items():
+        if name == "pdl" and not pdl_available():
+            continue
+        with stream:
+            stream.begin_capture()
+            body(name == "pdl")
+            graph = stream.end_capture()
+            times = []
+            for _ in range(replays):
+                buf[:n] = cupy.asarray(x0)
+                e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+                e0.record(stream)
+                graph.launch(stream)
+                e1.record(stream)
+                e1.synchronize()
+                times.append(cupy.cuda.get_elapsed_time(e0, e1) * 1e3)
+        got = cupy.asnumpy(buf[(stages & 1) * n :][:n])
+        err = float(np.abs(got - want).max() / np.abs(want).max())
+        out[name] = {"us_per_stage": float(np.median(times)) / stages, "rel_err": err}
+    return out
+
+
+def table(results: dict, stages: int, n: int) -> str:
+    """The markdown table of `results` ({blocks: {way: {us_per_stage, rel_err}}})."""
+    ways = ("pdl", "plain", "persistent")
+    lines = [
+        f"{stages} stages of {n} floats; microseconds a stage (median of the replays)",
+        "",
+        "| blocks | " + " | ".join(ways) + " |",
+        "|---" * (len(ways) + 1) + "|",
+    ]
+    for blocks, by_way in sorted(results.items()):
+        cells = [f"{by_way[w]['us_per_stage']:.2f}" if w in by_way else "-" for w in ways]
+        lines.append(f"| {blocks} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--blocks", default="64,132", help="grid sizes (at most the SM count)")
+    ap.add_argument("--n", type=int, default=2560, help="floats in the vector")
+    ap.add_argument("--stages", type=int, default=64)
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=256)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    from engine.backends.cuda.launch import sm_count
+
+    sms = sm_count()
+    results = {}
+    for blocks in (int(b) for b in args.blocks.split(",")):
+        if blocks > sms:  # the persistent kernel needs every block resident at once
+            raise SystemExit(f"--blocks {blocks}: this GPU has {sms} SMs; ask for at most that")
+        results[blocks] = run(blocks, args.n, args.stages, args.replays, args.threads)
+        for way, r in results[blocks].items():
+            if r["rel_err"] > 1e-3:
+                raise SystemExit(f"{way} at {blocks} blocks: relative error {r['rel_err']:.2e}")
+    text = table(results, args.stages, args.n)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_handoff.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

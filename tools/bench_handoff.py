@@ -99,7 +99,7 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int) -> dict:
     difference from `reference`."""
     import cupy
 
-    from engine.backends.cuda.launch import launch_pdl, pdl_available
+    from engine.backends.cuda.launch import launch_pdl, on_stream, pdl_available
 
     mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",))
     one, persist = mod.get_function("handoff_stage"), mod.get_function("handoff_persistent")
@@ -125,7 +125,7 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int) -> dict:
     for name, body in ways.items():
         if name == "pdl" and not pdl_available():
             continue
-        with stream:
+        with on_stream(stream):
             stream.begin_capture()
             body(name == "pdl")
             graph = stream.end_capture()

@@ -219,9 +219,7 @@ gdn_step(const act_t* __restrict__ mixed, const float* __restrict__ conv_w, act_
   // This thread's conv channel c: its K weights and K-1 older taps (the previous step's
   // gdn_step wrote them); or, for the gate threads, the head's A_log and dt_bias.
   const bool conv = tid < 2 * DK + cols, gate = !conv && tid < 2 * DK + cols + gv;
-  const int c = tid < DK       ? kh * DK + tid                 // q
-                : tid < 2 * DK ? KD + kh * DK + tid - DK       // k
-                               : 2 * KD + kh * cols + tid - 2 * DK;  // v of this key head's value heads
+  const int c = step_channel(tid, kh, KD, kh * cols);
   const int hh = tid - 2 * DK - cols, hg = kh * gv + hh;
   act_t* cs = cstate + (long)slot * (K - 1) * C;
   float wk[STEP_MAXK - 1], tap[STEP_MAXK - 1], a_log = 0.f, dtb = 0.f;
@@ -325,9 +323,7 @@ gdn_step_keep(const act_t* __restrict__ mixed, const float* __restrict__ conv_w,
   float4 S[NC];
   float* const sp = load_state<NC>(state, slot, Hv, h, dv, j0, lane, S);
   const bool conv = tid < 2 * DK + cols, gate = !conv && tid < 2 * DK + cols + gv;
-  const int c = tid < DK       ? kh * DK + tid
-                : tid < 2 * DK ? KD + kh * DK + tid - DK
-                               : 2 * KD + kh * cols + tid - 2 * DK;
+  const int c = step_channel(tid, kh, KD, kh * cols);
   const int hh = tid - 2 * DK - cols, hg = kh * gv + hh;
   act_t* cs = cstate + (long)slot * (K - 1) * C;
   act_t* hs = hist + (long)slot * hist_rows * C;
@@ -390,9 +386,7 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
   float4 S[NC];
   float* const sp = load_state<NC>(state, slot, Hv, h, dv, j0, lane, S);
   const bool conv = tid < 2 * DK + cb, gate = tid == 2 * DK + cb;
-  const int c = tid < DK       ? kh * DK + tid
-                : tid < 2 * DK ? KD + kh * DK + tid - DK
-                               : 2 * KD + kh * cols + p * cb + tid - 2 * DK;
+  const int c = step_channel(tid, kh, KD, kh * cols + p * cb);
   const int hg = kh * gv + p * cb / dv;  // the one value head of this block's columns
   act_t* cs = cstate + (long)slot * (K - 1) * C;
   float wk[STEP_MAXK - 1], tap[STEP_MAXK - 1], a_log = 0.f, dtb = 0.f;
@@ -451,9 +445,7 @@ gdn_step_split_keep(const act_t* __restrict__ mixed, const float* __restrict__ c
   float* const sp = load_state<NC>(state, slot, Hv, h, dv, j0, lane, S);
   const bool conv = tid < 2 * DK + cb, gate = tid == 2 * DK + cb;
   const bool owns = conv && (tid >= 2 * DK || p == 0);  // writes this channel's taps and history
-  const int c = tid < DK       ? kh * DK + tid
-                : tid < 2 * DK ? KD + kh * DK + tid - DK
-                               : 2 * KD + kh * cols + p * cb + tid - 2 * DK;
+  const int c = step_channel(tid, kh, KD, kh * cols + p * cb);
   const int hg = kh * gv + p * cb / dv;
   act_t* cs = cstate + (long)slot * (K - 1) * C;
   act_t* hs = hist + (long)slot * hist_rows * C;

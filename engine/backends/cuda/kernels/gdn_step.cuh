@@ -28,6 +28,13 @@ __device__ __forceinline__ void store_state(float* sp, const float4 (&S)[NC], in
   for (int c = 0; c < NC; ++c) reinterpret_cast<float4*>(sp + c * STEP_DK)[lane] = S[c];
 }
 
+// The conv channel of thread tid in a block of key head kh: q (threads 0-127), k (128-255),
+// then v channels from column v0 of the whole value width (the block's first value column).
+__device__ __forceinline__ int step_channel(int tid, int kh, int KD, int v0) {
+  constexpr int DK = STEP_DK;
+  return tid < DK ? kh * DK + tid : tid < 2 * DK ? KD + kh * DK + tid - DK : 2 * KD + v0 + tid - 2 * DK;
+}
+
 // Conv channel c's K-1 older taps and their weights (zeros where the thread has no channel,
 // conv false); returns the newest tap's weight. Nothing earlier in the step writes them.
 __device__ __forceinline__ float conv_taps(bool conv, int c, int K, int C, const float* __restrict__ conv_w,

@@ -5,18 +5,24 @@ against a flag inside one persistent kernel, as a whole-step kernel would have.
 Each of `--stages` stages is what a projection's chain does without its weights: every block
 reads the whole vector the previous stage wrote (n floats, from L2), sums its squares, and
 writes its own slice of the next vector (x * rsqrt(mean(x^2) + eps), plus its index). Run
-three ways, each timed over replays of a CUDA graph:
+four ways, each timed over replays of a CUDA graph:
 
     pdl         one launch a stage, captured with programmatic dependent launch (the engine's
                 decode graph: griddepcontrol.wait before the reads, launch_dependents after)
+    bulk        as pdl, but thread 0 copies the vector into shared memory with one bulk copy
+                (cp.async.bulk, the copy engine) instead of every thread loading its part
     plain       one launch a stage, captured without it
     persistent  one launch in all; stage s waits until every block has counted itself in
                 for stage s - 1 (a counter each stage: fence, atomic add; thread 0 polls)
 
+`--weights K` (pdl and bulk) has every thread request K 16-byte words from device memory
+before the wait and use them after the stage, as a projection requests its first weights:
+it shows how much a stage's reads wait behind them.
+
 It prints microseconds a stage for each and writes bench_handoff.json. These are kernel-level
 figures for deciding where the decode step can save time, not the product's speed.
 
-    PYTHONPATH=. python3 tools/bench_handoff.py --blocks 64,132 --out OUT
+    PYTHONPATH=. python3 tools/bench_handoff.py --blocks 64,132 --weights 0,8 --out OUT
 """
 
 from __future__ import annotations
@@ -40,24 +46,66 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 }
 
 // One stage: the whole of x read (through L2: another SM wrote it), this block's slice of y.
-__device__ __forceinline__ void stage(const float* x, float* y, int n) {
+// xs: x already in shared memory (the bulk way), or null (every thread loads its part).
+__device__ __forceinline__ void stage(const float* x, const float* xs, float* y, int n) {
   __shared__ float red[32];
+  const float* src = xs != nullptr ? xs : x;
   float s = 0.f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = __ldcg(x + i);
+    const float v = xs != nullptr ? xs[i] : __ldcg(x + i);
     s = fmaf(v, v, s);
   }
   const float inv = rsqrtf(block_sum(s, red) / n + 1e-6f);
   const int per = (n + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per;
   for (int i = lo + threadIdx.x; i < min(n, lo + per); i += blockDim.x)
-    y[i] = __ldcg(x + i) * inv + 1e-3f * (i & 7);
+    y[i] = (xs != nullptr ? src[i] : __ldcg(x + i)) * inv + 1e-3f * (i & 7);
 }
 
-extern "C" __global__ void handoff_stage(const float* x, float* y, int n, int pdl) {
+constexpr int WMAX = 16;
+
+// w: this stage's words, WMAX at most a thread, requested before the wait and used after the
+// stage (their xor goes to sink only in the impossible case, so the loads stay).
+extern "C" __global__ void handoff_stage(const float* x, float* y, int n, int pdl, const uint4* w,
+                                         int wper, int bulk, unsigned* sink) {
+  extern __shared__ float xs[];
+  __shared__ __align__(8) unsigned long long bar;
+  uint4 wv[WMAX];
+  const uint4* wb = w + (long)blockIdx.x * wper * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < WMAX; ++j)
+    if (j < wper) wv[j] = __ldcs(wb + (long)j * blockDim.x);
 #if __CUDA_ARCH__ >= 900
+  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
+  if (bulk) {
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
   if (pdl) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+  if (bulk) {
+    if (threadIdx.x == 0) {
+      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(xs)), bytes = n * 4;
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
+                   : "memory");
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+          ::"r"(d), "l"(x), "r"(bytes), "r"(b) : "memory");
+    }
+    unsigned done = 0;
+    do {
+      asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                   "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(b) : "memory");
+    } while (!done);
+  }
 #endif
-  stage(x, y, n);
+  stage(x, bulk ? xs : nullptr, y, n);
+  unsigned acc = 0;
+#pragma unroll
+  for (int j = 0; j < WMAX; ++j)
+    if (j < wper) acc ^= wv[j].x ^ wv[j].y ^ wv[j].z ^ wv[j].w;
+  if (acc == 0x9e3779b9u && wper > 0) sink[0] = acc;
 }
 
 // All stages in one launch (every block resident: the caller keeps the grid at the SMs).
@@ -74,7 +122,7 @@ extern "C" __global__ void handoff_persistent(float* buf, unsigned* count, int n
       }
       __syncthreads();
     }
-    stage(buf + (s & 1) * n, buf + ((s + 1) & 1) * n, n);
+    stage(buf + (s & 1) * n, nullptr, buf + ((s + 1) & 1) * n, n);
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence();
@@ -83,6 +131,9 @@ extern "C" __global__ void handoff_persistent(float* buf, unsigned* count, int n
   }
 }
 """
+
+WAYS = ("pdl", "bulk", "plain", "persistent")
+WMAX = 16  # the kernel's most words a thread
 
 
 def reference(x: np.ndarray, stages: int) -> np.ndarray:
@@ -94,8 +145,9 @@ def reference(x: np.ndarray, stages: int) -> np.ndarray:
     return x
 
 
-def run(blocks: int, n: int, stages: int, replays: int, threads: int) -> dict:
-    """Microseconds a stage for each way at this grid, and each way's largest relative
+def run(blocks: int, n: int, stages: int, replays: int, threads: int, weights: int) -> dict:
+    """Microseconds a stage for each way at this grid with `weights` words a thread in flight
+    at each wait (pdl and bulk; the others only without), and each way's largest relative
     difference from `reference`."""
     import cupy
 
@@ -107,27 +159,35 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int) -> dict:
     want = reference(x0, stages)
     buf = cupy.empty(2 * n, cupy.float32)
     count = cupy.zeros(stages, cupy.uint32)
+    sink = cupy.zeros(1, cupy.uint32)
+    # A fresh slice of words for every stage: more than L2 holds over the chain, so the
+    # words come from device memory as a projection's weights do.
+    per_stage = blocks * threads * weights * 4
+    words = cupy.arange(max(1, stages * per_stage), dtype=cupy.uint32)
     stream = cupy.cuda.Stream(non_blocking=True)
     n32, s32 = np.int32(n), np.int32(stages)
 
-    def chain(pdl: bool):
+    def chain(pdl: bool, bulk: bool):
         for s in range(stages):
             x, y = buf[(s & 1) * n :][:n], buf[((s + 1) & 1) * n :][:n]
-            args = (x, y, n32, np.int32(1 if pdl else 0))
-            launch_pdl(one, (blocks,), (threads,), args, 0, pdl=pdl)
+            w = words[s * per_stage :] if weights else words
+            args = (x, y, n32, np.int32(pdl), w, np.int32(weights), np.int32(bulk), sink)
+            launch_pdl(one, (blocks,), (threads,), args, 4 * n if bulk else 0, pdl=pdl)
 
-    def persistent(_pdl: bool):
+    def persistent(_pdl: bool, _bulk: bool):
         count.fill(0)
         persist((blocks,), (threads,), (buf, count, n32, s32))
 
     out = {}
-    ways = {"pdl": chain, "plain": chain, "persistent": persistent}
-    for name, body in ways.items():
-        if name == "pdl" and not pdl_available():
+    bodies = {"pdl": chain, "bulk": chain, "plain": chain, "persistent": persistent}
+    for name in WAYS:
+        if name in ("pdl", "bulk") and not pdl_available():
+            continue
+        if weights and name not in ("pdl", "bulk"):
             continue
         with on_stream(stream):
             stream.begin_capture()
-            body(name == "pdl")
+            bodies[name](name in ("pdl", "bulk"), name == "bulk")
             graph = stream.end_capture()
             times = []
             for _ in range(replays):
@@ -144,18 +204,18 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int) -> dict:
     return out
 
 
-def table(results: dict, stages: int, n: int) -> str:
-    """The markdown table of `results` ({blocks: {way: {us_per_stage, rel_err}}})."""
-    ways = ("pdl", "plain", "persistent")
+def table(results: dict, stages: int, n: int, threads: int = 256) -> str:
+    """The markdown table of `results` ({(blocks, weights): {way: {us_per_stage, ...}}})."""
     lines = [
-        f"{stages} stages of {n} floats; microseconds a stage (median of the replays)",
+        f"{stages} stages of {n} floats, {threads} threads a block; microseconds a stage "
+        "(median of the replays); words: 16-byte loads a thread in flight at each wait",
         "",
-        "| blocks | " + " | ".join(ways) + " |",
-        "|---" * (len(ways) + 1) + "|",
+        "| blocks | words | " + " | ".join(WAYS) + " |",
+        "|---" * (len(WAYS) + 2) + "|",
     ]
-    for blocks, by_way in sorted(results.items()):
-        cells = [f"{by_way[w]['us_per_stage']:.2f}" if w in by_way else "-" for w in ways]
-        lines.append(f"| {blocks} | " + " | ".join(cells) + " |")
+    for (blocks, weights), by_way in sorted(results.items()):
+        cells = [f"{by_way[w]['us_per_stage']:.2f}" if w in by_way else "-" for w in WAYS]
+        lines.append(f"| {blocks} | {weights} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -166,24 +226,41 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=64)
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--threads", type=int, default=256)
+    ap.add_argument(
+        "--weights",
+        default="0",
+        help=f"16-byte words a thread requests before each wait (<= {WMAX})",
+    )
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     from engine.backends.cuda.launch import sm_count
 
     sms = sm_count()
+    if args.n % 4 or 4 * args.n > 48 * 1024:
+        raise SystemExit(f"--n {args.n}: the bulk way needs a multiple of 4 up to 12288 floats")
     results = {}
     for blocks in (int(b) for b in args.blocks.split(",")):
         if blocks > sms:  # the persistent kernel needs every block resident at once
             raise SystemExit(f"--blocks {blocks}: this GPU has {sms} SMs; ask for at most that")
-        results[blocks] = run(blocks, args.n, args.stages, args.replays, args.threads)
-        for way, r in results[blocks].items():
-            if r["rel_err"] > 1e-3:
-                raise SystemExit(f"{way} at {blocks} blocks: relative error {r['rel_err']:.2e}")
-    text = table(results, args.stages, args.n)
+        for weights in (int(w) for w in args.weights.split(",")):
+            if not 0 <= weights <= WMAX:
+                raise SystemExit(f"--weights {weights}: between 0 and {WMAX}")
+            got = run(blocks, args.n, args.stages, args.replays, args.threads, weights)
+            results[(blocks, weights)] = got
+            for way, r in got.items():
+                if r["rel_err"] > 1e-3:
+                    err = r["rel_err"]
+                    raise SystemExit(f"{way}, {blocks} blocks, {weights} words: error {err:.1e}")
+    text = table(results, args.stages, args.n, args.threads)
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_handoff.json").write_text(json.dumps(results, indent=2) + "\n")
+    rows = [
+        {"blocks": b, "weights": w, "way": way, **r}
+        for (b, w), by_way in sorted(results.items())
+        for way, r in by_way.items()
+    ]
+    (out / "bench_handoff.json").write_text(json.dumps(rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":

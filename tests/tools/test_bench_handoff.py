@@ -17,12 +17,20 @@ def test_each_stage_normalises_then_adds_the_index_pattern():
     assert abs(float(np.sqrt((many.astype(np.float64) ** 2).mean())) - 1.0) < 0.01
 
 
-def test_the_table_has_a_row_a_grid_and_a_dash_where_a_way_did_not_run():
+def test_the_table_has_a_row_a_grid_and_word_count_and_a_dash_where_a_way_did_not_run():
     results = {
-        132: {"pdl": {"us_per_stage": 3.21, "rel_err": 0.0}, "persistent": {"us_per_stage": 1.5}},
-        64: {"plain": {"us_per_stage": 4.0}},
+        (132, 0): {
+            "pdl": {"us_per_stage": 3.21, "rel_err": 0.0},
+            "persistent": {"us_per_stage": 1.5},
+        },
+        (132, 8): {"bulk": {"us_per_stage": 2.5}},
+        (64, 0): {"plain": {"us_per_stage": 4.0}},
     }
     text = table(results, 64, 2560)
     rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert rows == ["| 64 | - | 4.00 | - |", "| 132 | 3.21 | - | 1.50 |"]
+    assert rows == [
+        "| 64 | 0 | - | - | 4.00 | - |",
+        "| 132 | 0 | 3.21 | - | - | 1.50 |",
+        "| 132 | 8 | - | 2.50 | - | - |",
+    ]
     assert "64 stages of 2560 floats" in text

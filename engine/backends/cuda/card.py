@@ -13,7 +13,6 @@ Each gate says which compute capabilities run a feature and why:
     programmatic dependent launch 9.0 and newer       griddepcontrol (common.cuh), launch.py
     DeltaNet step over a cluster  9.0, 10.0, 10.3     gdn_step_split (gdn.cu), deltanet.py
     bulk L2 prefetch of weights   9.0, 10.0, 10.3     prefetch_ahead (common.cuh), launch.py
-    bulk staging of one row       9.0, 10.0, 10.3     gemv4 (bulk_copy, common.cuh), projections.py
 """
 
 from __future__ import annotations
@@ -95,14 +94,6 @@ def runs_bulk_prefetch(capability: int) -> bool:
     """cp.async.bulk.prefetch.L2 of the weights read next, issued by the DeltaNet step and
     attn_prep, on the data-centre parts only (measured with an H200's HBM and 60 MB L2).
     Elsewhere the launches pass null spans; below sm_90 the kernels compile it out."""
-    return capability in _DATA_CENTRE
-
-
-def runs_bulk_staging(capability: int) -> bool:
-    """gemv4 stages a one-row input with one cp.async.bulk copy after the wait instead of
-    per-thread loads that queue behind its weights (tools/bench_handoff.py), on the
-    data-centre parts it was measured on or shares their copy unit with. Elsewhere the
-    launches leave the flag clear; below sm_90 the kernel compiles it out."""
     return capability in _DATA_CENTRE
 
 

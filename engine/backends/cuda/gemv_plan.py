@@ -56,12 +56,11 @@ def gemv4_threads(cols: int, v: tuple) -> tuple[int, int]:
     return ks, 32 * ks * tpb
 
 
-def gemv4_smem(rows: int, cols: int, threads: int, kind: int, bulk: bool = False) -> int:
+def gemv4_smem(rows: int, cols: int, threads: int, kind: int) -> int:
     """Dynamic shared bytes of gemv4 (gemv4.cu's layout): xs, sx, red; a prologue
-    (kind != 0) keeps its norm weight (or gated norm's weight and scales) there too, and
-    with `bulk` staging (one row) the residual's delta or the DeltaNet output after it."""
+    (kind != 0) keeps its norm weight (or gated norm's weight and scales) there too."""
     xs_sx_red = rows * (cols // 8 + 1) * 16 + cols // 64 * 32 + threads * 16
-    return xs_sx_red + (cols * 4 * (2 if bulk else 1) if kind else 0)
+    return xs_sx_red + (cols * 4 if kind else 0)
 
 
 def gemv4_static_smem(kind: int) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda import blas
-from engine.backends.cuda.card import runs_bulk_staging, runs_mma
+from engine.backends.cuda.card import runs_mma
 from engine.backends.cuda.frame import Frame
 from engine.backends.cuda.gemv_plan import (  # the variants: tools and tests read them here
     GEMV4_VARIANTS,  # noqa: F401
@@ -36,7 +36,6 @@ from engine.backends.cuda.gemv_plan import (  # the variants: tools and tests re
     gemv4_kind,
     gemv4_module,
     gemv4_smem,
-    gemv4_static_smem,
     gemv4_symbol,
     gemv4_threads,
     gemv4_variants,
@@ -471,10 +470,7 @@ class Projections:
         kind = self._kind(pro)
         fn = self.gemv4_kernel(R, swiglu, v, kind)
         _, threads = gemv4_threads(cols, v)
-        bulk = R == 1 and runs_bulk_staging(compute_capability())
-        smem = gemv4_smem(R, cols, threads, kind, bulk)
-        if bulk and smem + gemv4_static_smem(kind) > smem_per_block():
-            bulk, smem = False, gemv4_smem(R, cols, threads, kind)
+        smem = gemv4_smem(R, cols, threads, kind)
         self.k.allow_smem(fn, (R, swiglu, v, int(kind)), smem)  # beside the static sums
         blocks = gemv4_blocks(n_out, swiglu, v[1])
         grid = (min(blocks, self._gemv4_resident(fn, threads, smem)),)
@@ -482,8 +478,7 @@ class Projections:
         b = _wargs(up) if swiglu else a
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
-        # flags: bit 0 (late weights, a measurement) clear; bit 1, the bulk staging
-        args += (*_pro_args(pro), i32(2 if bulk else 0))
+        args += (*_pro_args(pro), i32(0))  # late = 0: first weights requested before the wait
         self.k.launch(fn, grid, (threads,), args, smem)
 
     def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:

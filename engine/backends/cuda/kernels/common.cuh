@@ -151,38 +151,5 @@ __device__ __forceinline__ void prefetch_ahead(const unsigned char* p1, long lon
   prefetch_share(p3, n3, part, parts);
 }
 
-// One bulk copy of a block's input into its shared memory (compute capability 9.0: the copy
-// engine, with an mbarrier counting the bytes). Measured with tools/bench_handoff.py: after a
-// kernel boundary the per-thread loads of an input queue behind the weights each block has
-// in flight, where one bulk copy does not. The caller checks alignment (16 bytes, sizes a
-// multiple of 16) and syncs the block between bulk_init and anyone's bulk_wait.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define SNUG_BULK_COPY 1
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void bulk_init(unsigned long long* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// One thread: announce `bytes` (the sum of the copies that follow) and arrive.
-__device__ __forceinline__ void bulk_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
-// Every thread: until the copies of phase 0 have landed.
-__device__ __forceinline__ void bulk_wait(unsigned long long* bar) {
-  unsigned done = 0;
-  do {
-    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
-                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(smem_u32(bar)) : "memory");
-  } while (!done);
-}
-#endif
-
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }

@@ -29,21 +29,14 @@
 // Register cap from MAXT (the largest block launched): 64 for pipelined UG <= 2 and for ASYNC,
 // else 85. Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte
 // entries; sx, 8 floats per group; red, 4 floats per thread; ASYNC: 20 bytes per lane and
-// group; PRO != 0: the norm weight, up to `in` floats; with bulk staging and PRO != 0, `in`
-// floats more (the residual's delta d, or the DeltaNet output o).
-//
-// flags: bit 0, late (a measurement; the engine leaves it clear): the first weights are
-// requested after the activations are staged. Bit 1, bulk staging (one activation row, PRO
-// 0, 1 in bf16, or 5; sm_90): after the wait thread 0 copies the row (and d or o) into
-// shared memory with cp.async.bulk, where per-thread loads would queue behind the weights
-// already in flight (tools/bench_handoff.py); the prologue then reads shared memory.
+// group; PRO != 0: the norm weight, up to `in` floats.
 template <int M, bool SWIGLU, int TPB, int UG, bool PIPE, int MAXT, int PRO, bool ASYNC>
 __global__ void __launch_bounds__(MAXT, ((PIPE && UG <= 2) || ASYNC ? 1024 : 768) / MAXT)
 gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t* __restrict__ B0,
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int flags) {
+      const float* __restrict__ po, int phd, float peps, int late) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
@@ -94,7 +87,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   uint2* const wa = wbase + wid * UG * 32;
   uint2* const wb = wbase + (NT / 32 + wid) * UG * 32;
   unsigned* const wq = reinterpret_cast<unsigned*>(wbase + 2 * (NT / 32) * UG * 32) + wid * UG * 32;
-  const int late = flags & 1;
   // late (a measurement; the engine passes 0): the first weights are requested after the
   // activations are staged, not before the wait, so the staging does not queue behind them.
   auto first_weights = [&]() {
@@ -118,34 +110,10 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   }
   if (!late) first_weights();
   const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
-  // Bulk staging: X goes to xs itself (row 0, raw order; stage_x permutes each entry in
-  // place), d or o after the norm weight.
-#ifdef SNUG_BULK_COPY
-  constexpr bool BULK_KIND = M == 1 && (SP == 0 || SP == 4 || SP == 5);
-  __shared__ __align__(8) unsigned long long bulk_bar;
-  auto a16 = [](const void* q) { return (reinterpret_cast<unsigned long>(q) & 15) == 0; };
-  const bool bulk = BULK_KIND && (flags & 2) && a16(X) && (SP != 4 || pd == nullptr || a16(pd)) &&
-                    (SP != 5 || a16(po));
-  float* const raw = nws + in;
-  if (bulk) {
-    if (tid == 0) bulk_init(&bulk_bar);
-    __syncthreads();
-  }
-#endif
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
   pdl_start();  // from here on, activations of the previous kernel are readable
   stamps.at(1, tid);
-#ifdef SNUG_BULK_COPY
-  if (bulk && tid == 0) {
-    const unsigned xb = in * sizeof(act_t);
-    const unsigned db = SP == 4 && pd != nullptr ? xb : 0u, ob = SP == 5 ? in * 4u : 0u;
-    bulk_expect(&bulk_bar, xb + db + ob);
-    bulk_copy(xs, X, xb, &bulk_bar);
-    if (db) bulk_copy(raw, pd, db, &bulk_bar);
-    if (ob) bulk_copy(raw, po, ob, &bulk_bar);
-  }
-#endif
 
   if constexpr (PRO != 0) {
     if (ASYNC && !late)  // the newest group is the weights'
@@ -158,15 +126,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       __syncthreads();
     }
   }
-#ifdef SNUG_BULK_COPY
-  if (bulk) {
-    bulk_wait(&bulk_bar);
-    const Pro ps{pd != nullptr ? reinterpret_cast<const act_t*>(raw) : nullptr, pr.nw, ph, raw, phd, peps};
-    if constexpr (BULK_KIND)
-      stage_x<M, SP, true>(reinterpret_cast<const act_t*>(xs), ldx, ps, xs, xstride, sx, nw, in, pss, tid, NT);
-  } else
-#endif
-    stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
+  stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
   __syncthreads();
   // PRO 5: one scale per (group, row) after the norm weight, read by every tile's groups.
   float* const gs = nws + phd;

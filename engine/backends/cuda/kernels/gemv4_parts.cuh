@@ -181,14 +181,6 @@ __device__ __forceinline__ void row_sums(float q, bool ok, int m, float* pss) {
   }
 }
 
-// A read of the block's input: from device memory through the read-only path, or (SM) from
-// shared memory, where one bulk copy put it (gemv4.cu).
-template <bool SM, class T>
-__device__ __forceinline__ T ld_in(const T* p) {
-  if constexpr (SM) return *p;
-  else return __ldg(p);
-}
-
 // What the block stages as its activations (PRO):
 //   0  x itself;
 //   1  rms_norm(h) * nw with h = x + d (d may be null; block 0 stores h to H when H is set):
@@ -208,13 +200,12 @@ struct Pro {
 
 // Entry p (8 values) of row m of h = x + d (d may be null) into f, rounded as the residual
 // stream is stored; block 0 stores it to H when H is set. Returns the packed entry.
-template <bool SM = false>
 __device__ __forceinline__ uint4 residual_entry(const act_t* __restrict__ X, int ldx, const Pro& pr,
                                                 int in, int m, int p, float* f) {
   // Both loads before either is used: with d's load behind the branch on d, the warp waited
   // for x before it asked for d, two round trips to L2 in every staging.
-  uint4 hv = ld_in<SM>(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
-  const uint4 dv = pr.d != nullptr ? ld_in<SM>(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p)
+  uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+  const uint4 dv = pr.d != nullptr ? __ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p)
                                    : make_uint4(0u, 0u, 0u, 0u);
   unpack8(hv, f);
   if (pr.d != nullptr) {
@@ -262,12 +253,12 @@ __device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, c
 }
 
 // Phase 2: the staged entry (raw order) of row m, entry p.
-template <int PRO, bool SM = false>
+template <int PRO>
 __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx, const Pro& pr,
                                            const uint4* xs, int xstride, int in, const float* pss,
                                            int m, int p) {
   if constexpr (PRO == 0) {
-    return ld_in<SM>(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+    return __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
   } else if constexpr (PRO == 1) {
     float f[8];
     unpack8(xs[m * xstride + p], f);
@@ -295,11 +286,10 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
 // 8 slots a warp, summed by the caller in a fixed order: the same result every run). The
 // products come out scaled by rsqrt(mean(h^2) + eps) per row, which the caller applies: one
 // pass over the input, where prologue 1 needs the sums before it can stage anything.
-template <bool SM = false>
 __device__ __forceinline__ uint4 fold_value(const act_t* __restrict__ X, int ldx, const Pro& pr, int in,
                                             int m, int p, float& q) {
   float f[8];
-  residual_entry<SM>(X, ldx, pr, in, m, p, f);
+  residual_entry(X, ldx, pr, in, m, p, f);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     q = fmaf(f[j], f[j], q);
@@ -312,13 +302,12 @@ __device__ __forceinline__ uint4 fold_value(const act_t* __restrict__ X, int ldx
 // staged entry is o * nw * silu(z); q gets the entry's sum of squares of o. Each head's sum
 // comes from one segment of lanes (stage_x stores it, no atomics), and the caller turns the
 // sums into one scale per (group, row): a group of 64 columns lies inside one head.
-template <bool SM = false>
 __device__ __forceinline__ uint4 fold_gated_value(const act_t* __restrict__ X, int ldx, const Pro& pr,
                                                   int in, int m, int p, float& q) {
   float f[8], z[8];
   const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
-  const uint4 zv = ld_in<SM>(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);  // all three first
-  const float4 a = ld_in<SM>(op), b = ld_in<SM>(op + 1);
+  const uint4 zv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);  // all three first
+  const float4 a = __ldg(op), b = __ldg(op + 1);
   f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
   unpack8(zv, z);
   const int c0 = (8 * p) % pr.hd;
@@ -333,10 +322,8 @@ __device__ __forceinline__ uint4 fold_gated_value(const act_t* __restrict__ X, i
 // Stage the activations of M rows (threads tid of NT, whole warps): entry p of row m holds
 // x[8p..8p+7] (after the prologue PRO) as pairs (0,4) (1,5) (2,6) (3,7), the order the code
 // words' nibbles come out of qpair(); sx[group * 8 + m] is the group's sum of x (0 for rows
-// m >= M). The caller synchronises afterwards. SM: X (and the prologue's d or o) are in shared
-// memory, where one bulk copy put them; for one row X may be xs itself (each entry is read
-// by the thread that then overwrites it).
-template <int M, int PRO, bool SM = false>
+// m >= M). The caller synchronises afterwards.
+template <int M, int PRO>
 __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, const Pro& pr, uint4* xs,
                                         int xstride, float* sx, int nw, int in, float* pss, int tid,
                                         int NT) {
@@ -352,11 +339,11 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
     if (it < M * nw) {
       const int m = mi, p = it - m * nw;
       if constexpr (PRO == 4)
-        v = fold_value<SM>(X, ldx, pr, in, m, p, q);
+        v = fold_value(X, ldx, pr, in, m, p, q);
       else if constexpr (PRO == 5)
-        v = fold_gated_value<SM>(X, ldx, pr, in, m, p, q);
+        v = fold_gated_value(X, ldx, pr, in, m, p, q);
       else
-        v = pro_value<PRO, SM>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: its own entry
+        v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
       const act_t* e = reinterpret_cast<const act_t*>(&v);
 #pragma unroll
       for (int j = 0; j < 8; ++j) s += cv(e[j]);

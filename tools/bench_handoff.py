@@ -3,9 +3,9 @@ boundary under programmatic dependent launch, as the decode step has between its
 against a flag inside one persistent kernel, as a whole-step kernel would have.
 
 Each of `--stages` stages is what a projection's chain does without its weights: every block
-reads the whole vector the previous stage wrote (n floats, from L2), sums its squares, and
-writes its own slice of the next vector (x * rsqrt(mean(x^2) + eps), plus its index). Run
-four ways, each timed over replays of a CUDA graph:
+stages the whole vector the previous stage wrote (n floats, from L2) in shared memory, sums
+its squares, and writes its own slice of the next vector (x * rsqrt(mean(x^2) + eps), plus
+its index). Run four ways, each timed over replays of a CUDA graph:
 
     pdl         one launch a stage, captured with programmatic dependent launch (the engine's
                 decode graph: griddepcontrol.wait before the reads, launch_dependents after)
@@ -45,20 +45,19 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return t;
 }
 
-// One stage: the whole of x read (through L2: another SM wrote it), this block's slice of y.
-// xs: x already in shared memory (the bulk way), or null (every thread loads its part).
-__device__ __forceinline__ void stage(const float* x, const float* xs, float* y, int n) {
+// One stage: the whole of x staged in shared memory xs (read once, through L2: another SM
+// wrote it), as a projection stages its input; then this block's slice of y. `staged`: a
+// bulk copy has already put x there; else every thread loads its part.
+__device__ __forceinline__ void stage(const float* x, float* xs, bool staged, float* y, int n) {
   __shared__ float red[32];
-  const float* src = xs != nullptr ? xs : x;
+  if (!staged)
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = __ldcg(x + i);
   float s = 0.f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = xs != nullptr ? xs[i] : __ldcg(x + i);
-    s = fmaf(v, v, s);
-  }
-  const float inv = rsqrtf(block_sum(s, red) / n + 1e-6f);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(xs[i], xs[i], s);  // its own entries
+  const float inv = rsqrtf(block_sum(s, red) / n + 1e-6f);  // whose barriers publish xs
   const int per = (n + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per;
   for (int i = lo + threadIdx.x; i < min(n, lo + per); i += blockDim.x)
-    y[i] = (xs != nullptr ? src[i] : __ldcg(x + i)) * inv + 1e-3f * (i & 7);
+    y[i] = xs[i] * inv + 1e-3f * (i & 7);
 }
 
 constexpr int WMAX = 16;
@@ -100,7 +99,7 @@ extern "C" __global__ void handoff_stage(const float* x, float* y, int n, int pd
     } while (!done);
   }
 #endif
-  stage(x, bulk ? xs : nullptr, y, n);
+  stage(x, xs, bulk, y, n);
   unsigned acc = 0;
 #pragma unroll
   for (int j = 0; j < WMAX; ++j)
@@ -111,6 +110,7 @@ extern "C" __global__ void handoff_stage(const float* x, float* y, int n, int pd
 // All stages in one launch (every block resident: the caller keeps the grid at the SMs).
 // count[s] counts the blocks done with stage s; stage s + 1 starts when it reaches the grid.
 extern "C" __global__ void handoff_persistent(float* buf, unsigned* count, int n, int stages) {
+  extern __shared__ float xs[];
   for (int s = 0; s < stages; ++s) {
     if (s > 0) {
       if (threadIdx.x == 0) {
@@ -122,8 +122,8 @@ extern "C" __global__ void handoff_persistent(float* buf, unsigned* count, int n
       }
       __syncthreads();
     }
-    stage(buf + (s & 1) * n, nullptr, buf + ((s + 1) & 1) * n, n);
-    __syncthreads();
+    stage(buf + (s & 1) * n, xs, false, buf + ((s + 1) & 1) * n, n);
+    __syncthreads();  // xs is restaged next stage
     if (threadIdx.x == 0) {
       __threadfence();
       atomicAdd(count + s, 1u);
@@ -172,11 +172,11 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int, weights: i
             x, y = buf[(s & 1) * n :][:n], buf[((s + 1) & 1) * n :][:n]
             w = words[s * per_stage :] if weights else words
             args = (x, y, n32, np.int32(pdl), w, np.int32(weights), np.int32(bulk), sink)
-            launch_pdl(one, (blocks,), (threads,), args, 4 * n if bulk else 0, pdl=pdl)
+            launch_pdl(one, (blocks,), (threads,), args, 4 * n, pdl=pdl)
 
     def persistent(_pdl: bool, _bulk: bool):
         count.fill(0)
-        persist((blocks,), (threads,), (buf, count, n32, s32))
+        persist((blocks,), (threads,), (buf, count, n32, s32), shared_mem=4 * n)
 
     out = {}
     bodies = {"pdl": chain, "bulk": chain, "plain": chain, "persistent": persistent}
@@ -237,7 +237,7 @@ def main() -> None:
 
     sms = sm_count()
     if args.n % 4 or 4 * args.n > 48 * 1024:
-        raise SystemExit(f"--n {args.n}: the bulk way needs a multiple of 4 up to 12288 floats")
+        raise SystemExit(f"--n {args.n}: a multiple of 4 up to 12288 (shared memory)")
     results = {}
     for blocks in (int(b) for b in args.blocks.split(",")):
         if blocks > sms:  # the persistent kernel needs every block resident at once

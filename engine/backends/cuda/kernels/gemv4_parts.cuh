@@ -319,16 +319,6 @@ __device__ __forceinline__ uint4 fold_gated_value(const act_t* __restrict__ X, i
   return pack8(f);
 }
 
-// Element k of a, k < N (a select chain: the array stays in registers).
-template <int N>
-__device__ __forceinline__ uint4 pick(const uint4 (&a)[N], int k) {
-  uint4 r = a[0];
-#pragma unroll
-  for (int j = 1; j < N; ++j)
-    if (k == j) r = a[j];
-  return r;
-}
-
 // Stage the activations of M rows (threads tid of NT, whole warps): entry p of row m holds
 // x[8p..8p+7] (after the prologue PRO) as pairs (0,4) (1,5) (2,6) (3,7), the order the code
 // words' nibbles come out of qpair(); sx[group * 8 + m] is the group's sum of x (0 for rows
@@ -341,19 +331,7 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
   float qa[M];
 #pragma unroll
   for (int r = 0; r < M; ++r) qa[r] = 0.f;
-  // PRO 0: the entries of the first PRE passes are all requested before any is used (the
-  // 4B's and 9B's down projections stage 9,216 and 12,288 columns in 3 passes at 512
-  // threads): one round trip to L2 where each pass took one.
-  constexpr int PRE = PRO == 0 ? 4 : 1;
-  uint4 pre[PRE];
-  if constexpr (PRO == 0) {
-#pragma unroll
-    for (int k = 0; k < PRE; ++k) {
-      const int it = tid + k * NT, m = it / nw;
-      if (it < M * nw) pre[k] = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + it - m * nw);
-    }
-  }
-  for (int base = tid - lane, pass = 0; base < M * nw; base += NT, ++pass) {
+  for (int base = tid - lane; base < M * nw; base += NT) {
     const int it = base + lane;
     float s = 0.f, q = 0.f;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
@@ -364,8 +342,6 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
         v = fold_value(X, ldx, pr, in, m, p, q);
       else if constexpr (PRO == 5)
         v = fold_gated_value(X, ldx, pr, in, m, p, q);
-      else if (PRO == 0 && pass < PRE)
-        v = pick(pre, pass);
       else
         v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
       const act_t* e = reinterpret_cast<const act_t*>(&v);

@@ -3,9 +3,10 @@ boundary under programmatic dependent launch, as the decode step has between its
 against a flag inside one persistent kernel, as a whole-step kernel would have.
 
 Each of `--stages` stages is what a projection's chain does without its weights: every block
-stages the whole vector the previous stage wrote (n floats, from L2) in shared memory, sums
-its squares, and writes its own slice of the next vector (x * rsqrt(mean(x^2) + eps), plus
-its index). Run four ways, each timed over replays of a CUDA graph:
+stages the whole vector the previous stage wrote (n floats, from L2) in shared memory, with
+16-byte loads all requested before any is used (as gemv4 stages its input), sums its
+squares, and writes its own slice of the next vector (x * rsqrt(mean(x^2) + eps), plus its
+index). Run four ways, each timed over replays of a CUDA graph:
 
     pdl         one launch a stage, captured with programmatic dependent launch (the engine's
                 decode graph: griddepcontrol.wait before the reads, launch_dependents after)
@@ -19,8 +20,10 @@ its index). Run four ways, each timed over replays of a CUDA graph:
 before the wait and use them after the stage, as a projection requests its first weights:
 it shows how much a stage's reads wait behind them.
 
-It prints microseconds a stage for each and writes bench_handoff.json. These are kernel-level
-figures for deciding where the decode step can save time, not the product's speed.
+It prints microseconds a stage for each, and for the launched ways the staging span (thread
+0's clock from the wait to the vector in shared memory), and writes bench_handoff.json.
+These are kernel-level figures for deciding where the decode step can save time, not the
+product's speed.
 
     PYTHONPATH=. python3 tools/bench_handoff.py --blocks 64,132 --weights 0,8 --out OUT
 """
@@ -45,27 +48,50 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return t;
 }
 
-// One stage: the whole of x staged in shared memory xs (read once, through L2: another SM
-// wrote it), as a projection stages its input; then this block's slice of y. `staged`: a
-// bulk copy has already put x there; else every thread loads its part.
-__device__ __forceinline__ void stage(const float* x, float* xs, bool staged, float* y, int n) {
+// x into shared memory xs by every thread's 16-byte loads, up to VMAX a thread requested
+// before any is stored (one round trip to L2 up to 16 floats a thread), as a projection
+// stages its input.
+constexpr int VMAX = 4;
+__device__ __forceinline__ void load_x(const float* x, float* xs, int n) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  float4* s4 = reinterpret_cast<float4*>(xs);
+  const int n4 = n >> 2, bd = blockDim.x;
+  for (int i0 = threadIdx.x; i0 < n4; i0 += VMAX * bd) {
+    float4 v[VMAX];
+#pragma unroll
+    for (int k = 0; k < VMAX; ++k)
+      if (i0 + k * bd < n4) v[k] = __ldcg(x4 + i0 + k * bd);
+#pragma unroll
+    for (int k = 0; k < VMAX; ++k)
+      if (i0 + k * bd < n4) s4[i0 + k * bd] = v[k];
+  }
+}
+
+// The rest of a stage, x in xs (after a barrier): this block's slice of y.
+__device__ __forceinline__ void finish(const float* xs, float* y, int n) {
   __shared__ float red[32];
-  if (!staged)
-    for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = __ldcg(x + i);
   float s = 0.f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(xs[i], xs[i], s);  // its own entries
-  const float inv = rsqrtf(block_sum(s, red) / n + 1e-6f);  // whose barriers publish xs
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(xs[i], xs[i], s);
+  const float inv = rsqrtf(block_sum(s, red) / n + 1e-6f);
   const int per = (n + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per;
   for (int i = lo + threadIdx.x; i < min(n, lo + per); i += blockDim.x)
     y[i] = xs[i] * inv + 1e-3f * (i & 7);
 }
 
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 constexpr int WMAX = 16;
 
 // w: this stage's words, WMAX at most a thread, requested before the wait and used after the
-// stage (their xor goes to sink only in the impossible case, so the loads stay).
+// stage (their xor goes to sink only in the impossible case, so the loads stay). span[block]:
+// nanoseconds from the wait's return to x in shared memory, as thread 0 saw them.
 extern "C" __global__ void handoff_stage(const float* x, float* y, int n, int pdl, const uint4* w,
-                                         int wper, int bulk, unsigned* sink) {
+                                         int wper, int bulk, unsigned* sink,
+                                         unsigned long long* span) {
   extern __shared__ float xs[];
   __shared__ __align__(8) unsigned long long bar;
   uint4 wv[WMAX];
@@ -83,6 +109,9 @@ extern "C" __global__ void handoff_stage(const float* x, float* y, int n, int pd
     __syncthreads();
   }
   if (pdl) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const unsigned long long t0 = now_ns();
+#if __CUDA_ARCH__ >= 900
   if (bulk) {
     if (threadIdx.x == 0) {
       const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(xs)), bytes = n * 4;
@@ -99,7 +128,10 @@ extern "C" __global__ void handoff_stage(const float* x, float* y, int n, int pd
     } while (!done);
   }
 #endif
-  stage(x, xs, bulk, y, n);
+  if (!bulk) load_x(x, xs, n);
+  __syncthreads();
+  if (threadIdx.x == 0) span[blockIdx.x] = now_ns() - t0;
+  finish(xs, y, n);
   unsigned acc = 0;
 #pragma unroll
   for (int j = 0; j < WMAX; ++j)
@@ -122,7 +154,9 @@ extern "C" __global__ void handoff_persistent(float* buf, unsigned* count, int n
       }
       __syncthreads();
     }
-    stage(buf + (s & 1) * n, xs, false, buf + ((s + 1) & 1) * n, n);
+    load_x(buf + (s & 1) * n, xs, n);
+    __syncthreads();
+    finish(xs, buf + ((s + 1) & 1) * n, n);
     __syncthreads();  // xs is restaged next stage
     if (threadIdx.x == 0) {
       __threadfence();
@@ -147,8 +181,9 @@ def reference(x: np.ndarray, stages: int) -> np.ndarray:
 
 def run(blocks: int, n: int, stages: int, replays: int, threads: int, weights: int) -> dict:
     """Microseconds a stage for each way at this grid with `weights` words a thread in flight
-    at each wait (pdl and bulk; the others only without), and each way's largest relative
-    difference from `reference`."""
+    at each wait (pdl and bulk; the others only without), each way's largest relative
+    difference from `reference`, and for the launched ways the mean staging span (thread 0's
+    wait to the vector in shared memory, over the last replay's blocks and stages)."""
     import cupy
 
     from engine.backends.cuda.launch import launch_pdl, on_stream, pdl_available
@@ -160,6 +195,7 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int, weights: i
     buf = cupy.empty(2 * n, cupy.float32)
     count = cupy.zeros(stages, cupy.uint32)
     sink = cupy.zeros(1, cupy.uint32)
+    spans = cupy.zeros((stages, blocks), cupy.uint64)
     # A fresh slice of words for every stage: more than L2 holds over the chain, so the
     # words come from device memory as a projection's weights do.
     per_stage = blocks * threads * weights * 4
@@ -171,7 +207,8 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int, weights: i
         for s in range(stages):
             x, y = buf[(s & 1) * n :][:n], buf[((s + 1) & 1) * n :][:n]
             w = words[s * per_stage :] if weights else words
-            args = (x, y, n32, np.int32(pdl), w, np.int32(weights), np.int32(bulk), sink)
+            flags = (np.int32(pdl), w, np.int32(weights), np.int32(bulk))
+            args = (x, y, n32, *flags, sink, spans[s])
             launch_pdl(one, (blocks,), (threads,), args, 4 * n, pdl=pdl)
 
     def persistent(_pdl: bool, _bulk: bool):
@@ -201,20 +238,34 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int, weights: i
         got = cupy.asnumpy(buf[(stages & 1) * n :][:n])
         err = float(np.abs(got - want).max() / np.abs(want).max())
         out[name] = {"us_per_stage": float(np.median(times)) / stages, "rel_err": err}
+        if name != "persistent":
+            out[name]["staging_us"] = float(spans.astype(cupy.float64).mean()) / 1e3
     return out
+
+
+STAGING = ("pdl", "bulk")  # the ways whose staging span the table shows
 
 
 def table(results: dict, stages: int, n: int, threads: int = 256) -> str:
     """The markdown table of `results` ({(blocks, weights): {way: {us_per_stage, ...}}})."""
     lines = [
         f"{stages} stages of {n} floats, {threads} threads a block; microseconds a stage "
-        "(median of the replays); words: 16-byte loads a thread in flight at each wait",
+        "(median of the replays); words: 16-byte loads a thread in flight at each wait; "
+        "staging: mean microseconds from the wait to the vector in shared memory",
         "",
-        "| blocks | words | " + " | ".join(WAYS) + " |",
-        "|---" * (len(WAYS) + 2) + "|",
+        "| blocks | words | "
+        + " | ".join(WAYS)
+        + " | "
+        + " | ".join(f"staging, {w}" for w in STAGING)
+        + " |",
+        "|---" * (len(WAYS) + len(STAGING) + 2) + "|",
     ]
     for (blocks, weights), by_way in sorted(results.items()):
         cells = [f"{by_way[w]['us_per_stage']:.2f}" if w in by_way else "-" for w in WAYS]
+        cells += [
+            f"{by_way[w]['staging_us']:.2f}" if "staging_us" in by_way.get(w, {}) else "-"
+            for w in STAGING
+        ]
         lines.append(f"| {blocks} | {weights} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

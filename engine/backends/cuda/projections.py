@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda import blas
-from engine.backends.cuda.card import runs_bulk_prefetch, runs_mma
+from engine.backends.cuda.card import runs_mma
 from engine.backends.cuda.frame import Frame
 from engine.backends.cuda.gemv_plan import (  # the variants: tools and tests read them here
     GEMV4_VARIANTS,  # noqa: F401
@@ -478,9 +478,7 @@ class Projections:
         b = _wargs(up) if swiglu else a
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
-        # flags bit 2: the first tile's weights toward L2 before the wait, into registers after
-        # the staging (gemv4.cu)
-        args += (*_pro_args(pro), i32(4 if runs_bulk_prefetch(compute_capability()) else 0))
+        args += (*_pro_args(pro), i32(0))  # late = 0: first weights requested before the wait
         self.k.launch(fn, grid, (threads,), args, smem)
 
     def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:

@@ -36,7 +36,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int flags) {
+      const float* __restrict__ po, int phd, float peps, int late) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
@@ -87,12 +87,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   uint2* const wa = wbase + wid * UG * 32;
   uint2* const wb = wbase + (NT / 32 + wid) * UG * 32;
   unsigned* const wq = reinterpret_cast<unsigned*>(wbase + 2 * (NT / 32) * UG * 32) + wid * UG * 32;
-  // flags bit 0, late (a measurement): the first weights are requested after the activations
-  // are staged, not before the wait, so the staging does not queue behind them. Bit 2 (sm_90):
-  // late, with the first tile's slice brought toward L2 by bulk prefetches before the wait
-  // (lanes 0 to 5 of each warp: the codes of rows g and g+8, their scales, their biases), so
-  // the registers' requests after the staging find it there.
-  const int late = flags & 5;
+  // late (a measurement; the engine passes 0): the first weights are requested after the
+  // activations are staged, not before the wait, so the staging does not queue behind them.
   auto first_weights = [&]() {
     if constexpr (ASYNC) {
       fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);  // the whole slice in flight
@@ -112,26 +108,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       for (int i = tid; i < nn; i += NT) cp_async(nws + i, pnw + i, 4);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if ((flags & 4) && lane < 6 && ga < gb) {
-    const int tile = vb * TPB + tl;
-    const long b = min(SWIGLU ? tile : 2 * tile + (lane & 1), nb - 1), off = b * ng + ga;
-    const bool hi = lane & 1;
-    const unsigned char* p;
-    unsigned bytes;
-    if (lane < 2) {
-      p = reinterpret_cast<const unsigned char*>(hi && SWIGLU ? W1 : W0) + off * 256;
-      bytes = (gb - ga) * 256u;
-    } else {
-      const act_t* sb = lane < 4 ? (hi && SWIGLU ? S1 : S0) : (hi && SWIGLU ? B1 : B0);
-      p = reinterpret_cast<const unsigned char*>(sb + off * 8);
-      bytes = (gb - ga) * 16u;
-    }
-    for (unsigned o = 0; o < bytes; o += 8192u)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(min(8192u, bytes - o))
-                   : "memory");
-  }
-#endif
   if (!late) first_weights();
   const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)

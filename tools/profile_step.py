@@ -25,14 +25,20 @@ plus the step's span and how much of it no kernel was running:
 With `--stamps` the decode graph is captured with `gemv4.cu` compiled with -DSNUG_STAMPS
 (kernels/stamps.cuh): thread 0 of every block of every projection notes the GPU's global
 clock at entry, when the previous kernel's outputs became readable (`griddepcontrol.wait`
-returned), when its activations were staged, after its first tile's products and at exit.
+returned), when the prologue's barrier let its staging start, when its own first staged
+entry was loaded and folded, when its activations were staged, after its first tile's
+products and at exit.
 For each replay the projections are put in order and, per kind of projection (shape,
 SwiGLU, prologue), the mean over the step of:
 
     entry    first block's entry - the previous projection's last exit (< 0: started early)
     release  median wait return  - the previous projection's last exit (includes the kernels
              between them, such as the DeltaNet step before out_proj)
-    stage    median staging time (activations read, normalised, into shared memory)
+    ready    median start of the staging - median wait return (the prologue's norm weight
+             and a barrier; none for a plain input)
+    loaded   median load and fold of thread 0's first entry - median start of the staging
+    stage    median staging time (activations read, normalised, into shared memory), from
+             the wait's return: ready, loaded, and the rest of the entries and barrier
     first    median time of the first tile's products
     finish   last exit - median end of the first tile (the other tiles, reductions, stores)
     tail     last exit - median exit (blocks waiting on the slowest)
@@ -325,7 +331,8 @@ def timeline(csv_path: str, replays: int, sequence: str | None = None) -> None:
 
 # ----- per-block clock records (--stamps) ---------------------------------------------------
 RECORDS = 1 << 16  # SNUG_STAMP_RECORDS in stamps.cuh
-FIELDS = ("entry", "release", "stage", "first", "finish", "tail", "span")
+FIELDS = ("entry", "release", "ready", "loaded", "stage", "first", "finish", "tail", "span")
+WORDS = 10  # a record: weight pointer, shape, flags | SM | block, then 7 clock readings
 
 
 def _stamp_views(projections) -> list[tuple]:
@@ -338,7 +345,7 @@ def _stamp_views(projections) -> list[tuple]:
         n = mod.get_global("snug_nstamps")
         out.append(
             (
-                cupy.ndarray((RECORDS, 8), cupy.uint64, memptr=recs),
+                cupy.ndarray((RECORDS, WORDS), cupy.uint64, memptr=recs),
                 cupy.ndarray((1,), cupy.uint32, memptr=n),
             )
         )
@@ -358,7 +365,7 @@ def stamp_kernels(records: np.ndarray) -> list[dict]:
     ks = []
     for rows in by_w.values():
         a = np.array(rows, np.int64)
-        t = a[:, 3:8]
+        t = a[:, 3:WORDS]
         shape, flags = int(a[0, 1]), int(a[0, 2] >> 40)
         ks.append(
             {
@@ -368,6 +375,8 @@ def stamp_kernels(records: np.ndarray) -> list[dict]:
                 "W": np.median(t[:, 1]),
                 "X": np.median(t[:, 2]),
                 "C": np.median(t[:, 3]),
+                "R": np.median(t[:, 5]),
+                "L": np.median(t[:, 6]),
                 "Emed": np.median(t[:, 4]),
                 "E": t[:, 4].max(),
             }
@@ -383,6 +392,8 @@ def stamp_phases(ks: list[dict]) -> dict[str, dict[str, list]]:
         a = agg[k["label"]]
         a["entry"].append(k["S"] - prev["E"])
         a["release"].append(k["W"] - prev["E"])
+        a["ready"].append(k["R"] - k["W"])
+        a["loaded"].append(k["L"] - k["R"])
         a["stage"].append(k["X"] - k["W"])
         a["first"].append(k["C"] - k["X"])
         a["finish"].append(k["E"] - k["C"])

@@ -14,10 +14,11 @@ def test_launches_are_ordered_and_their_phases_measured_from_the_previous_exit()
     recs = np.array(
         [
             # second projection (2560x4096, prologue 2), two blocks, listed first
-            _record(200, 2560, 4096, 2, 0, [900, 1100, 1500, 2500, 3000]),
-            _record(200, 2560, 4096, 2, 1, [950, 1100, 1700, 2700, 3400]),
+            # clocks: entry, wait return, staged, first tile, exit, staging start, first entry
+            _record(200, 2560, 4096, 2, 0, [900, 1100, 1500, 2500, 3000, 1200, 1400]),
+            _record(200, 2560, 4096, 2, 1, [950, 1100, 1700, 2700, 3400, 1300, 1500]),
             # first projection (9216x2560 SwiGLU, prologue 1), one block
-            _record(100, 9216, 2560, 17, 0, [0, 100, 300, 600, 1000]),
+            _record(100, 9216, 2560, 17, 0, [0, 100, 300, 600, 1000, 150, 200]),
         ],
         np.uint64,
     )
@@ -28,6 +29,8 @@ def test_launches_are_ordered_and_their_phases_measured_from_the_previous_exit()
     a = agg["2560x4096 pro2"]
     assert a["entry"] == [-100]  # entered before the first one's last exit at 1000
     assert a["release"] == [100]
+    assert a["ready"] == [150]  # median 1250 - 1100
+    assert a["loaded"] == [200]  # median 1450 - 1250
     assert a["stage"] == [500]  # median 1600 - 1100
     assert a["first"] == [1000]
     assert a["finish"] == [3400 - 2600]

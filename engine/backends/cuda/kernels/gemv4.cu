@@ -126,6 +126,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       __syncthreads();
     }
   }
+  stamps.at(5, tid);
   stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
   __syncthreads();
   // PRO 5: one scale per (group, row) after the norm weight, read by every tile's groups.

@@ -3,6 +3,7 @@
 // prologues that compute a projection's input from the previous kernel's outputs.
 #pragma once
 #include "common.cuh"
+#include "stamps.cuh"
 
 #if ACT_KIND == 1
 #define MMA_TYPE "f16"
@@ -344,6 +345,7 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
         v = fold_gated_value(X, ldx, pr, in, m, p, q);
       else
         v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
+      if (it == 0) stamp_after(6, v.x);  // thread 0's first entry (a -DSNUG_STAMPS build)
       const act_t* e = reinterpret_cast<const act_t*>(&v);
 #pragma unroll
       for (int j = 0; j < 8; ++j) s += cv(e[j]);

@@ -1,11 +1,13 @@
 // Diagnostics for tools/profile_step.py --stamps, compiled in only with -DSNUG_STAMPS: thread
-// 0 of every block of a projection notes the global time (ns) at entry, when the previous kernel's
-// outputs became readable, when its activations were staged, after its first tile's products
-// and at exit, and appends them with the weight pointer and shape as one record of 8 words.
+// 0 of every block of a projection notes the global time (ns) at entry (0), when the previous
+// kernel's outputs became readable (1), when its activations were staged (2), after its first
+// tile's products (3), at exit (4), when the prologue's barrier let the staging start (5), and
+// when its own first staged entry was loaded and folded (6), and appends them with the weight
+// pointer and shape as one record of 10 words.
 #pragma once
 #ifdef SNUG_STAMPS
 #define SNUG_STAMP_RECORDS (1 << 16)
-__device__ unsigned long long snug_stamps[SNUG_STAMP_RECORDS * 8];
+__device__ unsigned long long snug_stamps[SNUG_STAMP_RECORDS * 10];
 __device__ unsigned snug_nstamps;
 
 __device__ __forceinline__ unsigned long long snug_now() {
@@ -14,7 +16,14 @@ __device__ __forceinline__ unsigned long long snug_now() {
   return t;
 }
 
-__shared__ unsigned long long snug_t[5];  // in shared memory: no registers held
+__shared__ unsigned long long snug_t[7];  // in shared memory: no registers held
+
+// Stamp i once `dep` (a value computed from loaded data) is there: the clock read waits for it.
+__device__ __forceinline__ void stamp_after(int i, unsigned dep) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(dep));
+  snug_t[i] = t;
+}
 
 struct Stamps {
   __device__ __forceinline__ void at(int i, int tid) {
@@ -27,15 +36,16 @@ struct Stamps {
     if (i >= SNUG_STAMP_RECORDS) return;
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    unsigned long long* r = snug_stamps + 8ull * i;
+    unsigned long long* r = snug_stamps + 10ull * i;
     r[0] = reinterpret_cast<unsigned long long>(w);
     r[1] = (static_cast<unsigned long long>(out) << 32) | static_cast<unsigned>(in);
     r[2] = (static_cast<unsigned long long>(flags) << 40) | (static_cast<unsigned long long>(smid) << 24) |
            blockIdx.x;
-    for (int k = 0; k < 5; ++k) r[3 + k] = snug_t[k];
+    for (int k = 0; k < 7; ++k) r[3 + k] = snug_t[k];
   }
 };
 #else
+__device__ __forceinline__ void stamp_after(int, unsigned) {}
 struct Stamps {
   __device__ __forceinline__ void at(int, int) {}
   __device__ __forceinline__ void write(const void*, int, int, unsigned, int) {}

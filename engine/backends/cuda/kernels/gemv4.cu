@@ -108,9 +108,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       for (int i = tid; i < nn; i += NT) cp_async(nws + i, pnw + i, 4);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
-  const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
-  if constexpr (PRO != 0) prefetch_inputs<M, SP>(X, ldx, pr, nw, in, tid, NT);
   if (!late) first_weights();
+  const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
   pdl_start();  // from here on, activations of the previous kernel are readable

@@ -221,22 +221,6 @@ __device__ __forceinline__ uint4 residual_entry(const act_t* __restrict__ X, int
   return hv;
 }
 
-// Before the wait: each 128-byte line the prologue will read (x, and d or o) requested toward
-// L2. A hint only (L2 is where the previous kernel's stores land, so nothing stale is kept):
-// it warms the line's address translation and brings back a residual evicted by the weights.
-template <int M, int PRO>
-__device__ __forceinline__ void prefetch_inputs(const act_t* __restrict__ X, int ldx, const Pro& pr, int nw,
-                                                int in, int tid, int NT) {
-  for (int it = tid; it < M * nw; it += NT) {
-    const int m = it / nw, p = it - m * nw;
-    if ((p & 7) == 0) prefetch_l2(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
-    if (PRO != 2 && PRO != 5 && pr.d != nullptr && (p & 7) == 0)
-      prefetch_l2(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p);
-    if ((PRO == 2 || PRO == 5) && (p & 3) == 0)
-      prefetch_l2(reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p);
-  }
-}
-
 // Phase 1 of PRO 1/2: per-row (1) or per-head (2) sums of squares into pss; for PRO 1 the
 // unnormalised h is parked in xs (raw order) for phase 2.
 template <int M, int PRO>

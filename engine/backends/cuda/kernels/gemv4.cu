@@ -99,43 +99,18 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   // The prologue's norm weight goes to shared memory before the wait (nothing writes it),
   // so the staging needs no read from device memory after the previous kernel: read there,
   // it cost a round trip to a memory busy with weights (0.4 to 1 us of each staging).
-  // Each warp stages only its own slice of the groups (WL), with no barrier of the block
-  // before its products: one round of loads a warp, where the whole row took a pass for
-  // every NT entries and then waited for the block's slowest warp. Warps of other tiles
-  // with the same slice write the same values to the same words. PRO 5 widens the range
-  // to whole heads (a head's norm needs all of it). Prologues 1 and 2 (fp16's two passes)
-  // and the batch-invariant sums stage with the whole block.
-#ifdef SNUG_BATCH_INVARIANT
-  constexpr bool WL = false;
-#else
-  constexpr bool WL = SP == 0 || SP == 4;
-#endif
-  // The warp's entries [lo, hi): computed where used, not held across the wait in registers.
-  auto range = [&](int& lo, int& hi) {
-    lo = WL ? ga * 8 : 0;
-    hi = WL ? gb * 8 : nw;
-    if (SP == 5 && WL && ga < gb) {
-      const int seg = phd >> 3;
-      lo = lo / seg * seg;
-      hi = (hi + seg - 1) / seg * seg;
-    }
-  };
   float* const nws = reinterpret_cast<float*>(wbase) + (ASYNC ? NT * UG * 5 : 0);
   if constexpr (PRO != 0) {
-    // WL: the warp copies the norm weight of its own range (PRO 5: the head's, whole).
-    int e0, e1;
-    range(e0, e1);
-    const int n0 = WL && SP == 4 ? 8 * e0 : 0, nn = PRO == 1 ? (WL ? 8 * e1 : in) : phd;
-    const int c0 = WL ? lane : tid, cs = WL ? 32 : NT;
+    const int nn = PRO == 1 ? in : phd;
     if ((reinterpret_cast<unsigned long>(pnw) & 15) == 0)
-      for (int i = n0 + 4 * c0; i < nn; i += 4 * cs) cp_async(nws + i, pnw + i, 16);
+      for (int i = 4 * tid; i < nn; i += 4 * NT) cp_async(nws + i, pnw + i, 16);
     else
-      for (int i = n0 + c0; i < nn; i += cs) cp_async(nws + i, pnw + i, 4);
+      for (int i = tid; i < nn; i += NT) cp_async(nws + i, pnw + i, 4);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
   if (!late) first_weights();
   const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
-  if constexpr (PRO != 0 && !WL)  // the atomics' sums (WL's prologues store theirs)
+  if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
   pdl_start();  // from here on, activations of the previous kernel are readable
   stamps.at(1, tid);
@@ -145,45 +120,26 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       asm volatile("cp.async.wait_group 1;" ::: "memory");
     else
       asm volatile("cp.async.wait_group 0;" ::: "memory");
-    if constexpr (WL) {
-      __syncwarp();
-    } else {
+    __syncthreads();
+    if constexpr (SP != 4 && SP != 5) {
+      pro_sums<M, PRO>(X, ldx, pr, xs, xstride, nw, in, pss, tid, NT);
       __syncthreads();
-      if constexpr (SP != 4 && SP != 5) {
-        pro_sums<M, PRO>(X, ldx, pr, xs, xstride, nw, in, pss, tid, NT);
-        __syncthreads();
-      }
     }
   }
   stamps.at(5, tid);
+  stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
+  __syncthreads();
   // PRO 5: one scale per (group, row) after the norm weight, read by every tile's groups.
   float* const gs = nws + phd;
-  if constexpr (WL) {
-    int e0, e1;
-    range(e0, e1);
-    stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, e0, e1 - e0, lane, 32, ks);
-    __syncwarp();
-    if constexpr (SP == 5) {
-      const int heads = in / phd;
-      for (int i = ga * 8 + lane; i < gb * 8; i += 32) {
-        const int gr = i >> 3, m = i & 7;
-        gs[i] = m < M ? rsqrtf(pss[m * heads + gr * 64 / phd] / phd + peps) : 0.f;
-      }
-      __syncwarp();
+  if constexpr (SP == 5) {
+    const int heads = in / phd;
+    for (int i = tid; i < ng * 8; i += NT) {
+      const int gr = i >> 3, m = i & 7;
+      gs[i] = m < M ? rsqrtf(pss[m * heads + gr * 64 / phd] / phd + peps) : 0.f;
     }
-  } else {
-    stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, 0, nw, tid, NT, tid >> 5);
     __syncthreads();
-    if constexpr (SP == 5) {
-      const int heads = in / phd;
-      for (int i = tid; i < ng * 8; i += NT) {
-        const int gr = i >> 3, m = i & 7;
-        gs[i] = m < M ? rsqrtf(pss[m * heads + gr * 64 / phd] / phd + peps) : 0.f;
-      }
-      __syncthreads();
-    }
   }
-  if constexpr (SP == 4 && !WL) {  // read after the next barrier (the one before the tile's sums)
+  if constexpr (SP == 4) {  // read after the next barrier (the one before the tile's sums)
     if (tid < M) {
       float ss = 0.f;
 #ifdef SNUG_BATCH_INVARIANT
@@ -246,16 +202,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
         if (SWIGLU) v1 += r[k * 128 + src + 2];
       }
       if constexpr (SP == 4) {
-        float inv;
-        if constexpr (WL) {  // the slices' sums (slot ks), complete after the barrier above
-          float ss = 0.f;
-          for (int k = 0; k < KS; ++k) ss += pss[k * 8 + m];
-          inv = rsqrtf(ss / in + peps);
-        } else {
-          inv = invs[m];
-        }
-        v0 *= inv;
-        v1 *= inv;
+        v0 *= invs[m];
+        v1 *= invs[m];
       }
       st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
     }

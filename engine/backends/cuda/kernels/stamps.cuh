@@ -22,7 +22,7 @@ __shared__ unsigned snug_dep;
 
 // Stamp i once `dep` (a value computed from loaded data) is there: the store of dep before
 // the clock read waits for it (an operand the read only names would not make it wait: a
-// plain input's first entry read 0.2 us that way, where its load takes 0.4 to 0.8).
+// plain input's first entry read 0.2 us that way, where its load takes 0.4 to 1.4).
 __device__ __forceinline__ void stamp_after(int i, unsigned dep) {
   unsigned long long t;
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(&snug_dep));

@@ -87,23 +87,14 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   uint2* const wa = wbase + wid * UG * 32;
   uint2* const wb = wbase + (NT / 32 + wid) * UG * 32;
   unsigned* const wq = reinterpret_cast<unsigned*>(wbase + 2 * (NT / 32) * UG * 32) + wid * UG * 32;
-  // The first weights: half requested before the wait (and before the previous kernel
-  // ends), the rest once the staging's first loads are issued, so that those queue behind
-  // half as many (ASYNC: all before the wait). `late` is unused.
+  // late (a measurement; the engine passes 0): the first weights are requested after the
+  // activations are staged, not before the wait, so the staging does not queue behind them.
   auto first_weights = [&]() {
     if constexpr (ASYNC) {
       fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);  // the whole slice in flight
     } else {
       fetch(A, rw, ga, gb);  // weights in flight while the activations are staged
     }
-  };
-  constexpr int HALF = (RG + 1) / 2;
-  auto first_half = [&]() {
-    if constexpr (ASYNC) first_weights();
-    else fetch_part(A, rw, ga, gb, 0, HALF);
-  };
-  auto second_half = [&]() {
-    if constexpr (!ASYNC) fetch_part(A, rw, ga, gb, HALF, RG);
   };
   // The prologue's norm weight goes to shared memory before the wait (nothing writes it),
   // so the staging needs no read from device memory after the previous kernel: read there,
@@ -117,7 +108,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       for (int i = tid; i < nn; i += NT) cp_async(nws + i, pnw + i, 4);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
-  first_half();
+  if (!late) first_weights();
   const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
@@ -125,7 +116,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   stamps.at(1, tid);
 
   if constexpr (PRO != 0) {
-    if (ASYNC && late != 1)  // the newest group is the weights'
+    if (ASYNC && !late)  // the newest group is the weights'
       asm volatile("cp.async.wait_group 1;" ::: "memory");
     else
       asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -136,9 +127,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     }
   }
   stamps.at(5, tid);
-  stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, 0, nw, tid, NT, tid >> 5, [&] {
-    second_half();
-  });
+  stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
   __syncthreads();
   // PRO 5: one scale per (group, row) after the norm weight, read by every tile's groups.
   float* const gs = nws + phd;
@@ -162,6 +151,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     }
   }
   stamps.at(2, tid);
+  if (late) first_weights();
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
   for (; vb < VB; vb += gridDim.x) {

@@ -64,20 +64,6 @@ __device__ __forceinline__ void fetch(Batch<UG>& t, const Rows& r, int g0, int g
   }
 }
 
-// Groups u0 <= u < u1 of the batch only (u0, u1 known at compile time once inlined).
-template <int UG>
-__device__ __forceinline__ void fetch_part(Batch<UG>& t, const Rows& r, int g0, int gb, int u0, int u1) {
-#pragma unroll
-  for (int u = 0; u < UG; ++u) {
-    const int gr = g0 + u;
-    if (u >= u0 && u < u1 && gr < gb) {
-      t.a[u] = __ldcs(r.lo + gr * CODE_STEP);
-      t.b[u] = __ldcs(r.hi + gr * CODE_STEP);
-      t.q[u] = __ldg(r.sb + gr * SB_STEP);
-    }
-  }
-}
-
 // ASYNC variants: the same pieces go to shared memory with cp.async (slot [u][lane] of the
 // warp's area, so each lane reads back only what it copied), which costs no registers: a warp
 // can have its whole slice in flight and more warps fit on an SM. Scales/biases are copied as
@@ -213,45 +199,19 @@ struct Pro {
   float eps;
 };
 
-// One entry's inputs as loaded: x (PRO 0, 1, 4) or z (PRO 2, 5) in a; d in b (PRO 1, 4;
-// zero where d is null); o's 8 floats in b and c (PRO 2, 5). Every load is issued before any
-// is used: with d's load behind the branch on d, the warp waited for x before it asked for
-// d, two round trips to L2 in every staging.
-struct Raw {
-  uint4 a, b, c;
-};
-
-template <int PRO>
-__device__ __forceinline__ Raw load_entry(const act_t* __restrict__ X, int ldx, const Pro& pr, int in, int m,
-                                          int p) {
-  Raw r;
-  r.a = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
-  if constexpr (PRO == 1 || PRO == 4) {
-    r.b = pr.d != nullptr ? __ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p)
-                          : make_uint4(0u, 0u, 0u, 0u);
-  } else if constexpr (PRO == 2 || PRO == 5) {
-    const uint4* op = reinterpret_cast<const uint4*>(pr.o + (long)m * in) + 2 * p;
-    r.b = __ldg(op);
-    r.c = __ldg(op + 1);
-  }
-  return r;
-}
-
-__device__ __forceinline__ void unpack_o(const Raw& r, float* f) {
-  f[0] = __uint_as_float(r.b.x); f[1] = __uint_as_float(r.b.y);
-  f[2] = __uint_as_float(r.b.z); f[3] = __uint_as_float(r.b.w);
-  f[4] = __uint_as_float(r.c.x); f[5] = __uint_as_float(r.c.y);
-  f[6] = __uint_as_float(r.c.z); f[7] = __uint_as_float(r.c.w);
-}
-
-// Entry p (8 values) of row m of h = x + d (loaded in r) into f, rounded as the residual
+// Entry p (8 values) of row m of h = x + d (d may be null) into f, rounded as the residual
 // stream is stored; block 0 stores it to H when H is set. Returns the packed entry.
-__device__ __forceinline__ uint4 residual_entry(const Raw& r, const Pro& pr, int in, int m, int p, float* f) {
-  uint4 hv = r.a;
+__device__ __forceinline__ uint4 residual_entry(const act_t* __restrict__ X, int ldx, const Pro& pr,
+                                                int in, int m, int p, float* f) {
+  // Both loads before either is used: with d's load behind the branch on d, the warp waited
+  // for x before it asked for d, two round trips to L2 in every staging.
+  uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+  const uint4 dv = pr.d != nullptr ? __ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p)
+                                   : make_uint4(0u, 0u, 0u, 0u);
   unpack8(hv, f);
   if (pr.d != nullptr) {
     float dd[8];
-    unpack8(r.b, dd);
+    unpack8(dv, dd);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] += dd[j];
     hv = pack8(f);
@@ -274,13 +234,11 @@ __device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, c
     float s = 0.f, f[8];
     if (ok) {
       if constexpr (PRO == 1) {
-        xs[m * xstride + p] = residual_entry(load_entry<1>(X, ldx, pr, in, m, p), pr, in, m, p, f);
+        xs[m * xstride + p] = residual_entry(X, ldx, pr, in, m, p, f);
       } else {
-        Raw r;
-        const uint4* op = reinterpret_cast<const uint4*>(pr.o + (long)m * in) + 2 * p;
-        r.b = __ldg(op);
-        r.c = __ldg(op + 1);
-        unpack_o(r, f);
+        const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+        const float4 a = __ldg(op), b = __ldg(op + 1);
+        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) s = fmaf(f[j], f[j], s);
@@ -295,20 +253,13 @@ __device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, c
   }
 }
 
-// What stage_x loads for an entry under prologue PRO (1 reads its phase-1 h from xs).
+// Phase 2: the staged entry (raw order) of row m, entry p.
 template <int PRO>
-__device__ __forceinline__ Raw stage_load(const act_t* __restrict__ X, int ldx, const Pro& pr, int in, int m,
-                                          int p) {
-  if constexpr (PRO == 1) return Raw{};
-  else return load_entry<PRO>(X, ldx, pr, in, m, p);
-}
-
-// Phase 2: the staged entry (raw order) of row m, entry p, from its loaded inputs r.
-template <int PRO>
-__device__ __forceinline__ uint4 pro_value(const Raw& r, const Pro& pr, const uint4* xs, int xstride, int in,
-                                           const float* pss, int m, int p) {
+__device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx, const Pro& pr,
+                                           const uint4* xs, int xstride, int in, const float* pss,
+                                           int m, int p) {
   if constexpr (PRO == 0) {
-    return r.a;
+    return __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
   } else if constexpr (PRO == 1) {
     float f[8];
     unpack8(xs[m * xstride + p], f);
@@ -318,8 +269,10 @@ __device__ __forceinline__ uint4 pro_value(const Raw& r, const Pro& pr, const ui
     return pack8(f);
   } else {
     float f[8], z[8];
-    unpack_o(r, f);
-    unpack8(r.a, z);
+    const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+    const float4 a = __ldg(op), b = __ldg(op + 1);
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    unpack8(__ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p), z);
     const int seg = pr.hd >> 3, c0 = (8 * p) % pr.hd;
     const float inv = rsqrtf(pss[m * (in / pr.hd) + p / seg] / pr.hd + pr.eps);
 #pragma unroll
@@ -334,9 +287,10 @@ __device__ __forceinline__ uint4 pro_value(const Raw& r, const Pro& pr, const ui
 // 8 slots a warp, summed by the caller in a fixed order: the same result every run). The
 // products come out scaled by rsqrt(mean(h^2) + eps) per row, which the caller applies: one
 // pass over the input, where prologue 1 needs the sums before it can stage anything.
-__device__ __forceinline__ uint4 fold_value(const Raw& r, const Pro& pr, int in, int m, int p, float& q) {
+__device__ __forceinline__ uint4 fold_value(const act_t* __restrict__ X, int ldx, const Pro& pr, int in,
+                                            int m, int p, float& q) {
   float f[8];
-  residual_entry(r, pr, in, m, p, f);
+  residual_entry(X, ldx, pr, in, m, p, f);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     q = fmaf(f[j], f[j], q);
@@ -349,10 +303,14 @@ __device__ __forceinline__ uint4 fold_value(const Raw& r, const Pro& pr, int in,
 // staged entry is o * nw * silu(z); q gets the entry's sum of squares of o. Each head's sum
 // comes from one segment of lanes (stage_x stores it, no atomics), and the caller turns the
 // sums into one scale per (group, row): a group of 64 columns lies inside one head.
-__device__ __forceinline__ uint4 fold_gated_value(const Raw& r, const Pro& pr, int p, float& q) {
+__device__ __forceinline__ uint4 fold_gated_value(const act_t* __restrict__ X, int ldx, const Pro& pr,
+                                                  int in, int m, int p, float& q) {
   float f[8], z[8];
-  unpack_o(r, f);
-  unpack8(r.a, z);
+  const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
+  const uint4 zv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);  // all three first
+  const float4 a = __ldg(op), b = __ldg(op + 1);
+  f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+  unpack8(zv, z);
   const int c0 = (8 * p) % pr.hd;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -362,38 +320,31 @@ __device__ __forceinline__ uint4 fold_gated_value(const Raw& r, const Pro& pr, i
   return pack8(f);
 }
 
-// Stage entries e0 .. e0+len-1 (whole groups: e0 and len multiples of 8) of M rows: entry p
-// of row m holds x[8p..8p+7] (after the prologue PRO) as pairs (0,4) (1,5) (2,6) (3,7), the
-// order the code words' nibbles come out of qpair(); sx[group * 8 + m] is the group's sum of
-// x (0 for rows m >= M). Whole warps take part: the block (first = tid, stride = NT, the
-// whole row) or one warp (first = lane, stride = 32, its own slice of the groups). PRO 4
-// leaves the rows' sums of squares in pss slot `slot` (8 rows a slot). `after_first()` runs
-// once a thread has issued its first pass's loads, before it waits for them. The caller
-// synchronises afterwards.
-template <int M, int PRO, typename Hook>
+// Stage the activations of M rows (threads tid of NT, whole warps): entry p of row m holds
+// x[8p..8p+7] (after the prologue PRO) as pairs (0,4) (1,5) (2,6) (3,7), the order the code
+// words' nibbles come out of qpair(); sx[group * 8 + m] is the group's sum of x (0 for rows
+// m >= M). The caller synchronises afterwards.
+template <int M, int PRO>
 __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, const Pro& pr, uint4* xs,
-                                        int xstride, float* sx, int nw, int in, float* pss, int e0,
-                                        int len, int first, int stride, int slot, Hook after_first) {
-  const int lane = first & 31;
+                                        int xstride, float* sx, int nw, int in, float* pss, int tid,
+                                        int NT) {
+  const int lane = tid & 31, ng = nw >> 3;
   float qa[M];
 #pragma unroll
   for (int r = 0; r < M; ++r) qa[r] = 0.f;
-  for (int base = first - lane; base < M * len; base += stride) {
+  for (int base = tid - lane; base < M * nw; base += NT) {
     const int it = base + lane;
     float s = 0.f, q = 0.f;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    const int mi = it < M * len ? it / len : 0;
-    Raw raw;
-    if (it < M * len) raw = stage_load<PRO>(X, ldx, pr, in, mi, e0 + it - mi * len);
-    if (base == first - lane) after_first();  // every thread, once its first loads are issued
-    if (it < M * len) {
-      const int m = mi, p = e0 + it - m * len;
+    const int mi = it < M * nw ? it / nw : 0;
+    if (it < M * nw) {
+      const int m = mi, p = it - m * nw;
       if constexpr (PRO == 4)
-        v = fold_value(raw, pr, in, m, p, q);
+        v = fold_value(X, ldx, pr, in, m, p, q);
       else if constexpr (PRO == 5)
-        v = fold_gated_value(raw, pr, p, q);
+        v = fold_gated_value(X, ldx, pr, in, m, p, q);
       else
-        v = pro_value<PRO>(raw, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
+        v = pro_value<PRO>(X, ldx, pr, xs, xstride, in, pss, m, p);  // PRO 1: reads its own entry
       if (it == 0) stamp_after(6, v.x);  // thread 0's first entry (a -DSNUG_STAMPS build)
       const act_t* e = reinterpret_cast<const act_t*>(&v);
 #pragma unroll
@@ -401,11 +352,11 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
       xs[m * xstride + p] = make_uint4(prmt(v.x, v.z, 0x5410), prmt(v.x, v.z, 0x7632),
                                        prmt(v.y, v.w, 0x5410), prmt(v.y, v.w, 0x7632));
     }
-    if constexpr (PRO == 5) {  // one segment of lanes per head (e0, len: whole heads): its sum
+    if constexpr (PRO == 5) {  // one segment of lanes per head: its sum, stored once
       const int seg = pr.hd >> 3;
       for (int off = seg >> 1; off > 0; off >>= 1) q += __shfl_xor_sync(0xffffffffu, q, off);
-      const int p = e0 + it - mi * len;
-      if (it < M * len && (p & (seg - 1)) == 0) pss[mi * (in / pr.hd) + p / seg] = q;
+      const int p = it - mi * nw;
+      if (it < M * nw && (p & (seg - 1)) == 0) pss[mi * (in / pr.hd) + p / seg] = q;
     }
 #ifdef SNUG_BATCH_INVARIANT
     // Batch-invariant mode (in % 256 == 0: a warp's pass is 32 entries of one row): each
@@ -413,11 +364,11 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
     // them, and the caller adds a row's slots in order (the same sums at any batch size).
     if constexpr (PRO == 4) {
       const float t = warp_sum(q);
-      if (lane == 0 && it < M * len) pss[mi * (nw >> 5) + ((it - mi * len) >> 5)] = t;
+      if (lane == 0 && it < M * nw) pss[mi * (nw >> 5) + ((it - mi * nw) >> 5)] = t;
     }
 #else
     if constexpr (PRO == 4) {  // this warp's sums per row, in a fixed order
-      const bool ok = it < M * len;
+      const bool ok = it < M * nw;
       const int mlo = __shfl_sync(0xffffffffu, mi, 0);
       const int mhi = static_cast<int>(__reduce_max_sync(0xffffffffu, ok ? mi : 0));
       for (int mm = mlo; mm <= mhi; ++mm) {
@@ -431,18 +382,18 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     s += __shfl_xor_sync(0xffffffffu, s, 2);
     s += __shfl_xor_sync(0xffffffffu, s, 4);
-    if (it < M * len && (lane & 7) == 0) {
-      const int m = it / len, p = e0 + it - m * len;
+    if (it < M * nw && (lane & 7) == 0) {
+      const int m = it / nw, p = it - m * nw;
       sx[(p >> 3) * 8 + m] = s;
     }
   }
 #ifndef SNUG_BATCH_INVARIANT
-  if constexpr (PRO == 4)  // slot (warp or slice, row): the caller sums the slots in order
+  if constexpr (PRO == 4)  // slot (warp, row): the caller sums the warps' slots in order
     if (lane == 0)
 #pragma unroll
-      for (int r = 0; r < M; ++r) pss[slot * 8 + r] = qa[r];
+      for (int r = 0; r < M; ++r) pss[(tid >> 5) * 8 + r] = qa[r];
 #endif
-  if (M < 8)  // sx has 8 slots a group, as xs has 8 entries: the same range
-    for (int i = e0 + first; i < e0 + len; i += stride)
+  if (M < 8)
+    for (int i = tid; i < ng * 8; i += NT)
       if ((i & 7) >= M) sx[i] = 0.f;
 }

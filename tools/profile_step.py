@@ -29,7 +29,8 @@ returned), when the prologue's barrier let its staging start, when its own first
 entry was loaded and folded, when its activations were staged, after its first tile's
 products and at exit.
 For each replay the projections are put in order and, per kind of projection (shape,
-SwiGLU, prologue), the mean over the step of:
+SwiGLU, prologue; the variant it ran as, warps a tile / tiles a block / groups a load, 'p'
+if pipelined, and threads a block), the mean over the step of:
 
     entry    first block's entry - the previous projection's last exit (< 0: started early)
     release  median wait return  - the previous projection's last exit (includes the kernels
@@ -357,6 +358,14 @@ def stamp_label(out: int, cols: int, flags: int) -> str:
     return f"{out}x{cols}" + (" swiglu" if flags & 16 else "") + (f" pro{pro}" if pro else "")
 
 
+def stamp_variant(flags: int) -> str:
+    """The gemv4 variant a record's flags name (gemv4.cu's stamps.write): warps a tile, tiles
+    a block, groups a load, 'p' if pipelined, and threads a block."""
+    tpb, ug, warps = (flags >> 6) & 63, (flags >> 12) & 15, (flags >> 16) & 255
+    ks = warps // tpb if tpb else 0
+    return f"{ks}/{tpb}/{ug}{'p' if flags & 32 else ''}, {32 * warps} thr"
+
+
 def stamp_kernels(records: np.ndarray) -> list[dict]:
     """One entry per projection launch of a replay, in the order they ran."""
     by_w = defaultdict(list)
@@ -370,6 +379,7 @@ def stamp_kernels(records: np.ndarray) -> list[dict]:
         ks.append(
             {
                 "label": stamp_label(shape >> 32, shape & 0xFFFFFFFF, flags),
+                "variant": stamp_variant(flags),
                 "blocks": len(a),
                 "S": t[:, 0].min(),
                 "W": np.median(t[:, 1]),
@@ -400,6 +410,7 @@ def stamp_phases(ks: list[dict]) -> dict[str, dict[str, list]]:
         a["tail"].append(k["E"] - k["Emed"])
         a["span"].append(k["E"] - prev["E"])
         a["blocks"].append(k["blocks"])
+        a["variant"].append(k["variant"])
     return agg
 
 
@@ -430,16 +441,20 @@ def stamps(args) -> None:
         f"{args.shape} {args.format}: {len(ks)} projections per step; first entry to last "
         f"exit {np.median(steps):.1f} us (median of {len(steps)} replays)"
     )
-    head = "| projection | launches/step | blocks | " + " | ".join(FIELDS) + " |"
-    print("\nmean us per launch\n\n" + head + "\n|" + "---|" * (len(FIELDS) + 3))
+    head = "| projection | variant | launches/step | blocks | " + " | ".join(FIELDS) + " |"
+    print("\nmean us per launch\n\n" + head + "\n|" + "---|" * (len(FIELDS) + 4))
     table = {}
     for name, fields in sorted(agg.items(), key=lambda kv: -sum(kv[1]["span"])):
         row = {f: float(np.mean(fields[f])) / 1e3 for f in FIELDS}
         row["launches_per_step"] = len(fields["span"]) / replays
         row["blocks"] = float(np.mean(fields["blocks"]))
+        row["variant"] = " or ".join(sorted(set(fields["variant"])))
         table[name] = row
         cells = " | ".join(f"{row[f]:.2f}" for f in FIELDS)
-        print(f"| {name} | {row['launches_per_step']:.0f} | {row['blocks']:.0f} | {cells} |")
+        print(
+            f"| {name} | {row['variant']} | {row['launches_per_step']:.0f} | {row['blocks']:.0f} "
+            f"| {cells} |"
+        )
     report = {"shape": args.shape, "format": args.format, "step_us": steps, "phases": table}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "stamps.json").write_text(json.dumps(report, indent=1))

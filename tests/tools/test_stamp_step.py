@@ -3,7 +3,7 @@ themselves come from a GPU: the device runs)."""
 
 import numpy as np
 
-from tools.profile_step import stamp_kernels, stamp_label, stamp_phases
+from tools.profile_step import stamp_kernels, stamp_label, stamp_phases, stamp_variant
 
 
 def _record(w, out, cols, flags, block, t):
@@ -38,3 +38,15 @@ def test_launches_are_ordered_and_their_phases_measured_from_the_previous_exit()
     assert a["span"] == [2400]
     assert a["blocks"] == [2]
     assert stamp_label(2560, 9216, 0) == "2560x9216"
+
+
+def test_the_variant_is_read_from_the_flags():
+    # a SwiGLU add + norm at 640 threads (20 warps), 2 tiles a block: 10 warps a tile
+    flags = 16 | 1 | (2 << 6) | (8 << 12) | (20 << 16)
+    assert stamp_label(9216, 2560, flags) == "9216x2560 swiglu pro1"
+    assert stamp_variant(flags) == "10/2/8, 640 thr"
+    assert stamp_variant(32 | (1 << 6) | (2 << 12) | (16 << 16)) == "16/1/2p, 512 thr"
+    recs = np.array(
+        [_record(7, 1024, 2048, 5 | (4 << 6) | (4 << 12) | (8 << 16), 0, [0] * 7)], np.uint64
+    )
+    assert stamp_kernels(recs)[0]["variant"] == "2/4/4, 256 thr"

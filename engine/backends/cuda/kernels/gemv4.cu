@@ -209,5 +209,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     }
     __syncthreads();  // red is rewritten by the next tile
   }
-  stamps.write(W0, out, in, (SWIGLU ? 16u : 0u) | PRO, tid);
+  // The record's flags: prologue (bits 0-3), SwiGLU (4), pipelined (5), tiles a block
+  // (6-11), groups a load (12-15), warps a block (16-23).
+  stamps.write(W0, out, in,
+               (SWIGLU ? 16u : 0u) | PRO | (PIPE ? 32u : 0u) | (TPB << 6) | (UG << 12) | ((NT / 32) << 16), tid);
 }

@@ -3,7 +3,8 @@
 // kernel's outputs became readable (1), when its activations were staged (2), after its first
 // tile's products (3), at exit (4), when the prologue's barrier let the staging start (5), and
 // when its own first staged entry was loaded and folded (6), and appends them with the weight
-// pointer and shape as one record of 10 words.
+// pointer, shape and the caller's flags (gemv4.cu: prologue and variant) as one record of 10
+// words.
 #pragma once
 #ifdef SNUG_STAMPS
 #define SNUG_STAMP_RECORDS (1 << 16)

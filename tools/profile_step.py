@@ -291,19 +291,19 @@ def timeline(csv_path: str, replays: int, sequence: str | None = None) -> None:
     """Fold an `nsys stats` cuda_gpu_trace CSV of `replays` graph replays into per-family
     in-graph times per step, each family's share of the step (`step_shares`), and the step's
     span against the time some kernel was running."""
-    spans, rows, named = [], defaultdict(list), []
+    rows, named = defaultdict(list), []
     with open(csv_path, newline="") as f:
         for rec in csv.DictReader(f):
             name = rec.get("Name", "")
             if "[CUDA mem" in name or not rec.get("Start (ns)"):
                 continue
             t0, dt = float(rec["Start (ns)"]), float(rec["Duration (ns)"])
-            spans.append((t0, t0 + dt))
             named.append((t0, t0 + dt, family(name)))
             rows[family(name)].append(dt / 1e3)
-    if not spans:
+    if not named:
         raise SystemExit(f"{csv_path}: no kernels in the trace")
-    spans.sort()
+    named.sort()
+    spans = [(a, b) for a, b, _ in named]
     busy, end = 0.0, spans[0][0]
     for a, b in spans:  # union of the kernels' intervals (overlapped launches overlap)
         if b > end:
@@ -322,7 +322,7 @@ def timeline(csv_path: str, replays: int, sequence: str | None = None) -> None:
             f"| {sum(v) / total:.1%} | {shares[name]:.1f} |"
         )
     if sequence:
-        write_sequence(sorted(named), replays, sequence)
+        write_sequence(named, replays, sequence)
     print(
         f"\nstep span {span / replays:.1f} us; some kernel running {busy / 1e3 / replays:.1f} us; "
         f"no kernel running {(span - busy / 1e3) / replays:.1f} us; kernel durations summed "
@@ -333,7 +333,7 @@ def timeline(csv_path: str, replays: int, sequence: str | None = None) -> None:
 # ----- per-block clock records (--stamps) ---------------------------------------------------
 RECORDS = 1 << 16  # SNUG_STAMP_RECORDS in stamps.cuh
 FIELDS = ("entry", "release", "ready", "loaded", "stage", "first", "finish", "tail", "span")
-WORDS = 10  # a record: weight pointer, shape, flags | SM | block, then 7 clock readings
+WORDS = 10  # SNUG_STAMP_WORDS: weight pointer, shape, flags | SM | block, then 7 clock readings
 
 
 def _stamp_views(projections) -> list[tuple]:

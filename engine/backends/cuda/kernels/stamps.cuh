@@ -8,7 +8,9 @@
 #pragma once
 #ifdef SNUG_STAMPS
 #define SNUG_STAMP_RECORDS (1 << 16)
-__device__ unsigned long long snug_stamps[SNUG_STAMP_RECORDS * 10];
+#define SNUG_STAMP_CLOCKS 7
+#define SNUG_STAMP_WORDS (3 + SNUG_STAMP_CLOCKS)  // weight, shape, flags | SM | block; clocks
+__device__ unsigned long long snug_stamps[SNUG_STAMP_RECORDS * SNUG_STAMP_WORDS];
 __device__ unsigned snug_nstamps;
 
 __device__ __forceinline__ unsigned long long snug_now() {
@@ -17,7 +19,7 @@ __device__ __forceinline__ unsigned long long snug_now() {
   return t;
 }
 
-__shared__ unsigned long long snug_t[7];  // in shared memory: no registers held
+__shared__ unsigned long long snug_t[SNUG_STAMP_CLOCKS];  // in shared memory: no registers held
 
 __shared__ unsigned snug_dep;
 
@@ -42,12 +44,12 @@ struct Stamps {
     if (i >= SNUG_STAMP_RECORDS) return;
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    unsigned long long* r = snug_stamps + 10ull * i;
+    unsigned long long* r = snug_stamps + (unsigned long long)SNUG_STAMP_WORDS * i;
     r[0] = reinterpret_cast<unsigned long long>(w);
     r[1] = (static_cast<unsigned long long>(out) << 32) | static_cast<unsigned>(in);
     r[2] = (static_cast<unsigned long long>(flags) << 40) | (static_cast<unsigned long long>(smid) << 24) |
            blockIdx.x;
-    for (int k = 0; k < 7; ++k) r[3 + k] = snug_t[k];
+    for (int k = 0; k < SNUG_STAMP_CLOCKS; ++k) r[3 + k] = snug_t[k];
   }
 };
 #else

@@ -27,10 +27,6 @@ class Tuning:
     # A draw of one row with top-k <= 32 over at least this many logits has DRAW_NB blocks
     # find the row's candidates first (sampling.py, the split draw).
     split_draw_min_vocab: int = 1 << 16
-    # A decode projection (gemv4) lets the next kernel launch once its first weights are
-    # requested, before its own wait, so consecutive projections have their weights in
-    # flight together (the dependent still waits for this one to complete).
-    gemv_early_launch: bool = True
 
     def __post_init__(self) -> None:
         if self.deltanet_step_blocks < 0:

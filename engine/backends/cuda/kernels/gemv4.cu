@@ -36,7 +36,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int flags) {
+      const float* __restrict__ po, int phd, float peps, int late) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
@@ -87,13 +87,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   uint2* const wa = wbase + wid * UG * 32;
   uint2* const wb = wbase + (NT / 32 + wid) * UG * 32;
   unsigned* const wq = reinterpret_cast<unsigned*>(wbase + 2 * (NT / 32) * UG * 32) + wid * UG * 32;
-  // flags bit 0, late (a measurement; the engine passes 0): the first weights are requested
-  // after the activations are staged, not before the wait, so the staging does not queue
-  // behind them. Bit 1, early: the next kernel may launch as soon as this block's first
-  // weights are requested (before the wait), so a run of projections has the weights of
-  // several in flight at once; the next kernel still waits for this one to complete before it
-  // reads what it writes (common.cuh: nothing before a wait reads an activation).
-  const bool late = flags & 1;
+  // late (a measurement; the engine passes 0): the first weights are requested after the
+  // activations are staged, not before the wait, so the staging does not queue behind them.
   auto first_weights = [&]() {
     if constexpr (ASYNC) {
       fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);  // the whole slice in flight
@@ -114,7 +109,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
   if (!late) first_weights();
-  if (flags & 2) pdl_launch();
   const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;

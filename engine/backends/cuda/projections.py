@@ -136,7 +136,6 @@ class Projections:
     ) -> None:
         self.k, self.frame, self.norms = kernels, frame, norms
         self.invariant, self.step = invariant, False
-        self.late_below = 0  # Tuning.gemv_late_below_bytes, set by the backend
         self.dtype = kernels.dtype
         self.tuner = ProjectionTuner(kernels.dtype)
         self._mma_ok: bool | None = None
@@ -479,9 +478,7 @@ class Projections:
         b = _wargs(up) if swiglu else a
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
-        # flags (gemv4.cu): 1, first weights requested after the staging (small weights).
-        late = w.nbytes + (up.nbytes if swiglu else 0) < self.late_below
-        args += (*_pro_args(pro), i32(1 if late else 0))
+        args += (*_pro_args(pro), i32(0))  # late = 0: first weights requested before the wait
         self.k.launch(fn, grid, (threads,), args, smem)
 
     def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:

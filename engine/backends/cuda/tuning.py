@@ -27,10 +27,6 @@ class Tuning:
     # A draw of one row with top-k <= 32 over at least this many logits has DRAW_NB blocks
     # find the row's candidates first (sampling.py, the split draw).
     split_draw_min_vocab: int = 1 << 16
-    # A decode projection (gemv4) whose weights (gate and up together) are smaller than this
-    # requests its first weights after its input is staged, not before its wait: the staging
-    # then does not queue behind them, and so few bytes stream in about a microsecond.
-    gemv_late_below_bytes: int = 8 << 20
 
     def __post_init__(self) -> None:
         if self.deltanet_step_blocks < 0:

@@ -205,8 +205,8 @@ __device__ __forceinline__ uint4 residual_entry(const act_t* __restrict__ X, int
                                                 int in, int m, int p, float* f) {
   // Both loads before either is used: with d's load behind the branch on d, the warp waited
   // for x before it asked for d, two round trips to L2 in every staging.
-  uint4 hv = __ldcg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
-  const uint4 dv = pr.d != nullptr ? __ldcg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p)
+  uint4 hv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+  const uint4 dv = pr.d != nullptr ? __ldg(reinterpret_cast<const uint4*>(pr.d + (long)m * in) + p)
                                    : make_uint4(0u, 0u, 0u, 0u);
   unpack8(hv, f);
   if (pr.d != nullptr) {
@@ -237,7 +237,7 @@ __device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, c
         xs[m * xstride + p] = residual_entry(X, ldx, pr, in, m, p, f);
       } else {
         const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
-        const float4 a = __ldcg(op), b = __ldcg(op + 1);
+        const float4 a = __ldg(op), b = __ldg(op + 1);
         f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
       }
 #pragma unroll
@@ -259,7 +259,7 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
                                            const uint4* xs, int xstride, int in, const float* pss,
                                            int m, int p) {
   if constexpr (PRO == 0) {
-    return __ldcg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
+    return __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
   } else if constexpr (PRO == 1) {
     float f[8];
     unpack8(xs[m * xstride + p], f);
@@ -270,9 +270,9 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
   } else {
     float f[8], z[8];
     const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
-    const float4 a = __ldcg(op), b = __ldcg(op + 1);
+    const float4 a = __ldg(op), b = __ldg(op + 1);
     f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
-    unpack8(__ldcg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p), z);
+    unpack8(__ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p), z);
     const int seg = pr.hd >> 3, c0 = (8 * p) % pr.hd;
     const float inv = rsqrtf(pss[m * (in / pr.hd) + p / seg] / pr.hd + pr.eps);
 #pragma unroll
@@ -307,8 +307,8 @@ __device__ __forceinline__ uint4 fold_gated_value(const act_t* __restrict__ X, i
                                                   int in, int m, int p, float& q) {
   float f[8], z[8];
   const float4* op = reinterpret_cast<const float4*>(pr.o + (long)m * in) + 2 * p;
-  const uint4 zv = __ldcg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);  // all three first
-  const float4 a = __ldcg(op), b = __ldcg(op + 1);
+  const uint4 zv = __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);  // all three first
+  const float4 a = __ldg(op), b = __ldg(op + 1);
   f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
   unpack8(zv, z);
   const int c0 = (8 * p) % pr.hd;

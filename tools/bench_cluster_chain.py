@@ -89,7 +89,7 @@ cluster_chain(const unsigned* __restrict__ W, const act_t* __restrict__ SB,
   uint4* xs = reinterpret_cast<uint4*>(xbuf + 2 * XMAX);       // in/8 entries
   float* sx = reinterpret_cast<float*>(xs + XMAX / 8);         // 8 a group
   float* red = sx + XMAX / 8;                                  // 4 a thread
-  __shared__ float rsum[32], inv_s;
+  __shared__ float rsum[32];
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, tig = lane & 3;
 
   if (blockIdx.x >= C) {  // a prefetching block
@@ -174,18 +174,9 @@ cluster_chain(const unsigned* __restrict__ W, const act_t* __restrict__ SB,
         sum += __shfl_xor_sync(0xffffffffu, sum, 4);
         if (p < nw && (lane & 7) == 0) sx[(p >> 3) * 8] = sum;
       }
-      if (d.norm) {
-        q = warp_sum(q);
-        if (lane == 0) rsum[wid] = q;
-        __syncthreads();
-        if (tid == 0) {
-          float t = 0.f;
-          for (int w = 0; w < NW; ++w) t += rsum[w];
-          inv_s = rsqrtf(t / d.in + 1e-6f);
-        }
-      }
+      // d.norm is the same for the whole block: block_sum's barriers are reached by all.
+      const float inv = d.norm ? rsqrtf(block_sum(q, rsum) / d.in + 1e-6f) : 1.f;
       __syncthreads();
-      const float inv = d.norm ? inv_s : 1.f;
       float* xout = xbuf + (par ^ 1) * XMAX;
       const uint4* xrow = xs + 2 * tig;
       for (int r = 0; r < rounds; ++r) {
@@ -232,8 +223,9 @@ cluster_chain(const unsigned* __restrict__ W, const act_t* __restrict__ SB,
 
 
 def stage_table():
-    """The stage descriptors (numpy structured array) and each matrix's (codes offset in
-    words, scales offset in entries, rows, columns), and a layer's words and entries."""
+    """Each stage's (rows, columns, SwiGLU, norm, (words, entries) of its first matrix, of
+    its last), each matrix's (codes offset in words, scales offset in entries, rows,
+    columns), and a layer's words and entries."""
     desc, mats = [], []
     words = sb = 0
     for out, cols, swiglu, norm in STAGES:
@@ -245,8 +237,7 @@ def stage_table():
             mats.append((words, sb, out, cols))
             words += nb * ng * 64
             sb += nb * ng * 8
-        rows = 8 if swiglu else 16
-        desc.append((out, cols, swiglu, norm, offs[0], offs[-1], rows))
+        desc.append((out, cols, swiglu, norm, offs[0], offs[-1]))
     return desc, mats, words, sb
 
 
@@ -334,14 +325,13 @@ def run(clusters: int, warps: int, ug: int, layers: int, modes: list[str], repla
         ]
     )
     rows = []
-    for out, cols, swiglu, norm, (w0, s0), (w1, s1), _ in desc:
+    for out, cols, swiglu, norm, (w0, s0), (w1, s1) in desc:
         ks = warps_a_tile(out, swiglu, clusters, warps)
         rows.append((out, cols, swiglu, norm, ks, 0, w0, w1, s0, s1))
     sd = cupy.asarray(np.array(rows, dtype=dt).view(np.uint8))
     rng = np.random.default_rng(0)
-    n_layers = max(layers, 1)
-    codes = cupy.asarray(rng.integers(0, 2**32, size=n_layers * layer_words, dtype=np.uint32))
-    sb_host = np.empty(n_layers * layer_sb2, np.float32)
+    codes = cupy.asarray(rng.integers(0, 2**32, size=layers * layer_words, dtype=np.uint32))
+    sb_host = np.empty(layers * layer_sb2, np.float32)
     sb_host[:] = rng.uniform(-0.02, 0.02, sb_host.size)
     sb_bits = (sb_host.view(np.uint32) >> 16).astype(np.uint16)  # bf16 by truncation
     sb = cupy.asarray(sb_bits)

@@ -16,6 +16,13 @@ index). Run four ways, each timed over replays of a CUDA graph:
     persistent  one launch in all; stage s waits until every block has counted itself in
                 for stage s - 1 (a counter each stage: fence, atomic add; thread 0 polls)
 
+`--copies N` (pdl only) cycles the stages through N instances of the stage kernel, each its
+own machine code, as the decode step runs a different kernel at each boundary: with enough
+copies none of a stage's code is in the SM's instruction caches when it starts. `--code K`
+adds K rounds of unrolled integer work after each stage's staging (about 40 bytes of code a
+round, executed once by every warp), standing for the code a projection runs after its
+staging. Hot against cold code at the same K is what instruction fetch costs a boundary.
+
 `--weights K` (every way but plain) has every thread request K 16-byte words from device
 memory before the wait (persistent: before its wait for the counter) and use them after the
 stage, as a projection requests its first weights: it shows how much a stage's reads wait
@@ -88,10 +95,33 @@ __device__ __forceinline__ unsigned long long now_ns() {
 
 constexpr int WMAX = 16;
 
+// K rounds of integer mixing in 8 independent chains, fully unrolled: about 40 bytes of
+// machine code a round that every warp executes once, standing for the code a projection
+// runs after its staging (the norm, the first tile's products).
+template <int K>
+__device__ __forceinline__ unsigned mix(unsigned h) {
+  unsigned a[8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) a[c] = h + c;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const unsigned v = a[k & 7];
+    a[k & 7] = (v ^ (v >> 7)) * 0x9E3779B1u + 2654435761u * k;
+  }
+  unsigned r = 0;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) r ^= a[c];
+  return r;
+}
+
+// C: which copy (each instance is its own machine code, so copies cycled stage by stage find
+// none of it in the SM's instruction caches when there are enough of them); K: mix's rounds
+// after the staging.
 // w: this stage's words, WMAX at most a thread, requested before the wait and used after the
 // stage (their xor goes to sink only in the impossible case, so the loads stay). span[block]:
 // nanoseconds from the wait's return to x in shared memory, as thread 0 saw them.
-extern "C" __global__ void handoff_stage(const float* x, float* y, int n, int pdl, const uint4* w,
+template <int C, int K>
+__global__ void handoff_stage(const float* x, float* y, int n, int pdl, const uint4* w,
                                          int wper, int bulk, unsigned* sink,
                                          unsigned long long* span) {
   extern __shared__ float xs[];
@@ -133,12 +163,13 @@ extern "C" __global__ void handoff_stage(const float* x, float* y, int n, int pd
   if (!bulk) load_x(x, xs, n);
   __syncthreads();
   if (threadIdx.x == 0) span[blockIdx.x] = now_ns() - t0;
+  const unsigned h = mix<K>(threadIdx.x + C);
   finish(xs, y, n);
-  unsigned acc = 0;
+  unsigned acc = K > 0 && h == 0x2545F491u ? 1u : 0u;
 #pragma unroll
   for (int j = 0; j < WMAX; ++j)
     if (j < wper) acc ^= wv[j].x ^ wv[j].y ^ wv[j].z ^ wv[j].w;
-  if (acc == 0x9e3779b9u && wper > 0) sink[0] = acc;
+  if (acc == 0x9e3779b9u && (wper > 0 || K > 0)) sink[0] = acc;
 }
 
 // All stages in one launch (every block resident: the caller keeps the grid at the SMs).
@@ -197,17 +228,29 @@ def reference(x: np.ndarray, stages: int) -> np.ndarray:
     return x
 
 
-def run(blocks: int, n: int, stages: int, replays: int, threads: int, weights: int) -> dict:
+def run(
+    blocks: int,
+    n: int,
+    stages: int,
+    replays: int,
+    threads: int,
+    weights: int,
+    copies: int = 1,
+    code: int = 0,
+) -> dict:
     """Microseconds a stage for each way at this grid with `weights` words a thread in flight
-    at each wait (plain only without), each way's largest relative difference from
+    at each wait (plain only without; pdl alone where `copies` > 1 or `code` > 0: the
+    module-level docstring), each way's largest relative difference from
     `reference`, and the mean staging span (thread 0's wait to the vector in shared memory,
     over the last replay's blocks and stages)."""
     import cupy
 
     from engine.backends.cuda.launch import launch_pdl, on_stream, pdl_available
 
-    mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",))
-    one, persist = mod.get_function("handoff_stage"), mod.get_function("handoff_persistent")
+    names = [f"handoff_stage<{c},{code}>" for c in range(copies)]
+    mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=names)
+    stage_fns = [mod.get_function(name) for name in names]
+    persist = mod.get_function("handoff_persistent")
     x0 = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     want = reference(x0, stages)
     buf = cupy.empty(2 * n, cupy.float32)
@@ -227,7 +270,8 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int, weights: i
             w = words[s * per_stage :] if weights else words
             flags = (np.int32(pdl), w, np.int32(weights), np.int32(bulk))
             args = (x, y, n32, *flags, sink, spans[s])
-            launch_pdl(one, (blocks,), (threads,), args, 4 * n, pdl=pdl)
+            fn = stage_fns[s % copies]
+            launch_pdl(fn, (blocks,), (threads,), args, 4 * n, pdl=pdl)
 
     def persistent(_pdl: bool, _bulk: bool):
         count.fill(0)
@@ -238,6 +282,8 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int, weights: i
     bodies = {"pdl": chain, "bulk": chain, "plain": chain, "persistent": persistent}
     for name in WAYS:
         if name in ("pdl", "bulk") and not pdl_available():
+            continue
+        if (copies > 1 or code) and name != "pdl":
             continue
         if weights and name == "plain":
             continue
@@ -264,27 +310,29 @@ def run(blocks: int, n: int, stages: int, replays: int, threads: int, weights: i
 STAGING = ("pdl", "bulk", "persistent")  # the ways whose staging span the table shows
 
 
-def table(results: dict, stages: int, n: int, threads: int = 256) -> str:
-    """The markdown table of `results` ({(blocks, weights): {way: {us_per_stage, ...}}})."""
+def table(results: dict, stages: int, n: int, threads: int = 256, code: int = 0) -> str:
+    """The markdown table of `results` ({(blocks, weights, copies): {way: {us_per_stage,
+    ...}}}); `code`: the rounds of work after each staging (--code)."""
     lines = [
-        f"{stages} stages of {n} floats, {threads} threads a block; microseconds a stage "
-        "(median of the replays); words: 16-byte loads a thread in flight at each wait; "
-        "staging: mean microseconds from the wait to the vector in shared memory",
+        f"{stages} stages of {n} floats, {threads} threads a block, {code} rounds of work "
+        "after each staging; microseconds a stage (median of the replays); words: 16-byte "
+        "loads a thread in flight at each wait; copies: stage kernels cycled (each its own "
+        "code); staging: mean microseconds from the wait to the vector in shared memory",
         "",
-        "| blocks | words | "
+        "| blocks | words | copies | "
         + " | ".join(WAYS)
         + " | "
         + " | ".join(f"staging, {w}" for w in STAGING)
         + " |",
-        "|---" * (len(WAYS) + len(STAGING) + 2) + "|",
+        "|---" * (len(WAYS) + len(STAGING) + 3) + "|",
     ]
-    for (blocks, weights), by_way in sorted(results.items()):
+    for (blocks, weights, copies), by_way in sorted(results.items()):
         cells = [f"{by_way[w]['us_per_stage']:.2f}" if w in by_way else "-" for w in WAYS]
         cells += [
             f"{by_way[w]['staging_us']:.2f}" if "staging_us" in by_way.get(w, {}) else "-"
             for w in STAGING
         ]
-        lines.append(f"| {blocks} | {weights} | " + " | ".join(cells) + " |")
+        lines.append(f"| {blocks} | {weights} | {copies} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -300,6 +348,8 @@ def main() -> None:
         default="0",
         help=f"16-byte words a thread requests before each wait (<= {WMAX})",
     )
+    ap.add_argument("--copies", default="1", help="stage kernels cycled (comma-separated)")
+    ap.add_argument("--code", type=int, default=0, help="rounds of work after each staging")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     from engine.backends.cuda.launch import sm_count
@@ -314,19 +364,24 @@ def main() -> None:
         for weights in (int(w) for w in args.weights.split(",")):
             if not 0 <= weights <= WMAX:
                 raise SystemExit(f"--weights {weights}: between 0 and {WMAX}")
-            got = run(blocks, args.n, args.stages, args.replays, args.threads, weights)
-            results[(blocks, weights)] = got
-            for way, r in got.items():
-                if r["rel_err"] > 1e-3:
-                    err = r["rel_err"]
-                    raise SystemExit(f"{way}, {blocks} blocks, {weights} words: error {err:.1e}")
-    text = table(results, args.stages, args.n, args.threads)
+            for copies in (int(c) for c in args.copies.split(",")):
+                shape = (args.n, args.stages, args.replays, args.threads, weights)
+                got = run(blocks, *shape, copies, args.code)
+                results[(blocks, weights, copies)] = got
+                for way, r in got.items():
+                    if r["rel_err"] > 1e-3:
+                        err = r["rel_err"]
+                        raise SystemExit(
+                            f"{way}, {blocks} blocks, {weights} words, {copies} copies: "
+                            f"error {err:.1e}"
+                        )
+    text = table(results, args.stages, args.n, args.threads, args.code)
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [
-        {"blocks": b, "weights": w, "way": way, **r}
-        for (b, w), by_way in sorted(results.items())
+        {"blocks": b, "weights": w, "copies": c, "code": args.code, "way": way, **r}
+        for (b, w, c), by_way in sorted(results.items())
         for way, r in by_way.items()
     ]
     (out / "bench_handoff.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -15,6 +15,9 @@ index). Run four ways, each timed over replays of a CUDA graph:
     plain       one launch a stage, captured without it
     persistent  one launch in all; stage s waits until every block has counted itself in
                 for stage s - 1 (a counter each stage: fence, atomic add; thread 0 polls)
+    pdl-smem    as pdl, with the words below (only where there are some) brought into shared
+                memory by one bulk copy a block before the wait, not into registers: whether
+                the staging's loads still wait behind words that take the copy engine's path
 
 `--copies N` (pdl only) cycles the stages through N instances of the stage kernel, each its
 own machine code, as the decode step runs a different kernel at each boundary: with enough
@@ -122,23 +125,39 @@ __device__ __forceinline__ unsigned mix(unsigned h) {
 // nanoseconds from the wait's return to x in shared memory, as thread 0 saw them.
 template <int C, int K>
 __global__ void handoff_stage(const float* x, float* y, int n, int pdl, const uint4* w,
-                                         int wper, int bulk, unsigned* sink,
-                                         unsigned long long* span) {
+                              int wper, int bulk, int wsm, unsigned* sink,
+                              unsigned long long* span) {
   extern __shared__ float xs[];
-  __shared__ __align__(8) unsigned long long bar;
+  __shared__ __align__(8) unsigned long long bar, wbar;
   uint4 wv[WMAX];
   const uint4* wb = w + (long)blockIdx.x * wper * blockDim.x + threadIdx.x;
+  // wsm: the block's words go to shared memory after xs by one bulk copy (the copy engine),
+  // not into registers through the load path the staging uses.
+  uint4* const ws = reinterpret_cast<uint4*>(xs + ((n + 3) & ~3));
+  if (!wsm) {
 #pragma unroll
-  for (int j = 0; j < WMAX; ++j)
-    if (j < wper) wv[j] = __ldcs(wb + (long)j * blockDim.x);
+    for (int j = 0; j < WMAX; ++j)
+      if (j < wper) wv[j] = __ldcs(wb + (long)j * blockDim.x);
+  }
 #if __CUDA_ARCH__ >= 900
   const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
-  if (bulk) {
+  const unsigned wbs = static_cast<unsigned>(__cvta_generic_to_shared(&wbar));
+  if (bulk || wsm) {
     if (threadIdx.x == 0) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(wbs) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+  }
+  if (wsm && threadIdx.x == 0) {
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(ws));
+    const unsigned bytes = wper * blockDim.x * 16;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(wbs), "r"(bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+        ::"r"(d), "l"(w + (long)blockIdx.x * wper * blockDim.x), "r"(bytes), "r"(wbs) : "memory");
   }
   if (pdl) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -166,6 +185,18 @@ __global__ void handoff_stage(const float* x, float* y, int n, int pdl, const ui
   const unsigned h = mix<K>(threadIdx.x + C);
   finish(xs, y, n);
   unsigned acc = K > 0 && h == 0x2545F491u ? 1u : 0u;
+#if __CUDA_ARCH__ >= 900
+  if (wsm) {
+    unsigned done = 0;
+    do {
+      asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                   "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(wbs) : "memory");
+    } while (!done);
+#pragma unroll
+    for (int j = 0; j < WMAX; ++j)
+      if (j < wper) wv[j] = ws[j * blockDim.x + threadIdx.x];
+  }
+#endif
 #pragma unroll
   for (int j = 0; j < WMAX; ++j)
     if (j < wper) acc ^= wv[j].x ^ wv[j].y ^ wv[j].z ^ wv[j].w;
@@ -215,7 +246,7 @@ extern "C" __global__ void handoff_persistent(float* buf, unsigned* count, int n
 }
 """
 
-WAYS = ("pdl", "bulk", "plain", "persistent")
+WAYS = ("pdl", "bulk", "plain", "persistent", "pdl-smem")
 WMAX = 16  # the kernel's most words a thread
 
 
@@ -245,7 +276,7 @@ def run(
     over the last replay's blocks and stages)."""
     import cupy
 
-    from engine.backends.cuda.launch import launch_pdl, on_stream, pdl_available
+    from engine.backends.cuda.launch import launch_pdl, on_stream, pdl_available, sm_count
 
     names = [f"handoff_stage<{c},{code}>" for c in range(copies)]
     mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=names)
@@ -264,14 +295,17 @@ def run(
     stream = cupy.cuda.Stream(non_blocking=True)
     n32, s32 = np.int32(n), np.int32(stages)
 
-    def chain(pdl: bool, bulk: bool):
+    def chain(pdl: bool, bulk: bool, wsm: bool = False):
+        smem = 4 * ((n + 3) & ~3) + (16 * weights * threads if wsm else 0)
         for s in range(stages):
             x, y = buf[(s & 1) * n :][:n], buf[((s + 1) & 1) * n :][:n]
             w = words[s * per_stage :] if weights else words
-            flags = (np.int32(pdl), w, np.int32(weights), np.int32(bulk))
+            flags = (np.int32(pdl), w, np.int32(weights), np.int32(bulk), np.int32(wsm))
             args = (x, y, n32, *flags, sink, spans[s])
             fn = stage_fns[s % copies]
-            launch_pdl(fn, (blocks,), (threads,), args, 4 * n, pdl=pdl)
+            if smem > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = smem
+            launch_pdl(fn, (blocks,), (threads,), args, smem, pdl=pdl)
 
     def persistent(_pdl: bool, _bulk: bool):
         count.fill(0)
@@ -279,11 +313,25 @@ def run(
         persist((blocks,), (threads,), args, shared_mem=4 * n)
 
     out = {}
-    bodies = {"pdl": chain, "bulk": chain, "plain": chain, "persistent": persistent}
+
+    def chain_smem(_pdl: bool, _bulk: bool):
+        chain(True, False, True)
+
+    bodies = {
+        "pdl": chain,
+        "bulk": chain,
+        "plain": chain,
+        "persistent": persistent,
+        "pdl-smem": chain_smem,
+    }
     for name in WAYS:
-        if name in ("pdl", "bulk") and not pdl_available():
+        if name in ("pdl", "bulk", "pdl-smem") and not pdl_available():
+            continue
+        if name == "pdl-smem" and not weights:
             continue
         if (copies > 1 or code) and name != "pdl":
+            continue
+        if name == "persistent" and blocks > sm_count():  # needs every block resident at once
             continue
         if weights and name == "plain":
             continue
@@ -307,7 +355,7 @@ def run(
     return out
 
 
-STAGING = ("pdl", "bulk", "persistent")  # the ways whose staging span the table shows
+STAGING = ("pdl", "bulk", "persistent", "pdl-smem")  # the ways whose staging span is shown
 
 
 def table(results: dict, stages: int, n: int, threads: int = 256, code: int = 0) -> str:
@@ -338,7 +386,9 @@ def table(results: dict, stages: int, n: int, threads: int = 256, code: int = 0)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blocks", default="64,132", help="grid sizes (at most the SM count)")
+    ap.add_argument(
+        "--blocks", default="64,132", help="grid sizes (persistent: at most the SM count)"
+    )
     ap.add_argument("--n", type=int, default=2560, help="floats in the vector")
     ap.add_argument("--stages", type=int, default=64)
     ap.add_argument("--replays", type=int, default=30)
@@ -352,15 +402,10 @@ def main() -> None:
     ap.add_argument("--code", type=int, default=0, help="rounds of work after each staging")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    from engine.backends.cuda.launch import sm_count
-
-    sms = sm_count()
     if args.n % 4 or 4 * args.n > 48 * 1024:
         raise SystemExit(f"--n {args.n}: a multiple of 4 up to 12288 (shared memory)")
     results = {}
     for blocks in (int(b) for b in args.blocks.split(",")):
-        if blocks > sms:  # the persistent kernel needs every block resident at once
-            raise SystemExit(f"--blocks {blocks}: this GPU has {sms} SMs; ask for at most that")
         for weights in (int(w) for w in args.weights.split(",")):
             if not 0 <= weights <= WMAX:
                 raise SystemExit(f"--weights {weights}: between 0 and {WMAX}")

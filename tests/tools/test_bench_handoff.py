@@ -29,9 +29,9 @@ def test_the_table_has_a_row_a_grid_and_word_count_and_a_dash_where_a_way_did_no
     text = table(results, 64, 2560)
     rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert rows == [
-        "| 64 | 0 | 1 | - | - | 4.00 | - | - | - | - |",
-        "| 132 | 0 | 1 | 3.21 | - | - | 1.50 | - | - | 0.61 |",
-        "| 132 | 8 | 1 | - | 2.50 | - | - | - | 0.84 | - |",
+        "| 64 | 0 | 1 | - | - | 4.00 | - | - | - | - | - | - |",
+        "| 132 | 0 | 1 | 3.21 | - | - | 1.50 | - | - | - | 0.61 | - |",
+        "| 132 | 8 | 1 | - | 2.50 | - | - | - | - | 0.84 | - | - |",
     ]
     assert "staging, persistent |" in text
     assert "64 stages of 2560 floats" in text

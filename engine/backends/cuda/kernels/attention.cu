@@ -15,32 +15,40 @@
 // fp32), and kv_dequant turns one KV head's into the activation type for cuBLAS in a prompt.
 #include "common.cuh"
 
-// Thread d of attn_prep's block (r, h): dim d of head h (a query head below Hq, else KV head
-// kvh = h - Hq) of row r, at position p, after its RMSNorm and RoPE. `buf` holds hd floats,
-// `red` 32.
-__device__ __forceinline__ float prep_head(const act_t* __restrict__ qg, const act_t* __restrict__ k,
-                                           const float* __restrict__ qn, const float* __restrict__ kn,
-                                           const int* __restrict__ pos, int Hq, int Hkv, int hd, int rot,
-                                           double theta, float eps, float* buf, float* red, int& kvh,
-                                           int& p) {
-  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+// Thread d's RoPE factors (cos, sin) of row r at position p (read from pos): computed before
+// the wait, since positions are written before the step (and by no kernel of the last two).
+// Threads past the rotary dims get (1, 0).
+__device__ __forceinline__ float2 rope_factors(const int* __restrict__ pos, int rot, double theta, int& p) {
+  const int d = threadIdx.x;
+  p = pos[blockIdx.x];
+  if (d >= rot) return make_float2(1.f, 0.f);
+  const int half = rot / 2, j = d < half ? d : d - half;
+  const double inv_freq = 1.0 / pow(theta, (double)(2 * j) / rot);
+  const double a = (double)p * inv_freq;
+  return make_float2((float)cos(a), (float)sin(a));
+}
+
+// Where attn_prep's block (r, h) reads its head: query head h below Hq, else KV head
+// kvh = h - Hq (a query head's KV head is kvh); computed before the wait.
+__device__ __forceinline__ const act_t* head_src(const act_t* __restrict__ qg, const act_t* __restrict__ k,
+                                                 int Hq, int Hkv, int hd, int& kvh) {
+  const int r = blockIdx.x, h = blockIdx.y;
   const bool isq = h < Hq;
   kvh = isq ? h / (Hq / Hkv) : h - Hq;
-  const act_t* src = isq ? qg + (long)r * Hq * 2 * hd + (long)h * 2 * hd : k + (long)r * Hkv * hd + kvh * hd;
-  float x = ld(src + d);
-  float inv = rsqrtf(block_sum(x * x, red) / hd + eps);
-  x = x * inv * (isq ? qn[d] : kn[d]);
+  return isq ? qg + (long)r * Hq * 2 * hd + (long)h * 2 * hd : k + (long)r * Hkv * hd + kvh * hd;
+}
+
+// Thread d of attn_prep's block: x, dim d of its head (read from head_src), after the RMSNorm
+// (nwd: the norm weight's dim d) and RoPE (cs: rope_factors). `buf` holds hd floats, `red` 32.
+__device__ __forceinline__ float prep_head(float x, float nwd, int hd, int rot, float2 cs, float eps, float* buf,
+                                           float* red) {
+  const int d = threadIdx.x;
+  const float inv = rsqrtf(block_sum(x * x, red) / hd + eps);
+  x = x * inv * nwd;
   buf[d] = x;
   __syncthreads();
-  p = pos[r];
   const int half = rot / 2;
-  if (d < rot) {
-    int j = d < half ? d : d - half;
-    double inv_freq = 1.0 / pow(theta, (double)(2 * j) / rot);
-    double a = (double)p * inv_freq;
-    float c = (float)cos(a), s = (float)sin(a);
-    x = d < half ? buf[d] * c - buf[d + half] * s : buf[d] * c + buf[d - half] * s;
-  }
+  if (d < rot) x = d < half ? buf[d] * cs.x - buf[d + half] * cs.y : buf[d] * cs.x + buf[d - half] * cs.y;
   return x;
 }
 
@@ -68,18 +76,26 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
   // toward L2 before the wait: the attention's kernels leave memory mostly idle (null: none).
   prefetch_ahead(ahead, ahead_bytes, ahead2, bytes2, ahead3, bytes3, blockIdx.x + gridDim.x * blockIdx.y,
                  gridDim.x * gridDim.y);
-  pdl_start();
+  // Everything that does not come from the previous kernels before the wait (the angles,
+  // addresses, the norm weight, the cache row): after it, one round trip for x and v.
   extern __shared__ float buf[];
   __shared__ float red[32];
   const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   int kvh, p;
-  const float x = prep_head(qg, k, qn, kn, pos, Hq, Hkv, hd, rot, theta, eps, buf, red, kvh, p);
+  const float2 cs = rope_factors(pos, rot, theta, p);
+  const act_t* src = head_src(qg, k, Hq, Hkv, hd, kvh);
+  const float nwd = (h < Hq ? qn : kn)[d];
+  const long off = h < Hq ? q_index(r, h, Hq, hd, row_tl, row_n, rowwise) + d
+                          : (((long)row_slot[r] * Hkv + kvh) * ctx + p) * hd + d;
+  const act_t* vsrc = v + (long)r * Hkv * hd + kvh * hd + d;
+  pdl_start();
+  const act_t vv = h < Hq ? act_t() : *vsrc;
+  const float x = prep_head(ld(src + d), nwd, hd, rot, cs, eps, buf, red);
   if (h < Hq) {
-    qout[q_index(r, h, Hq, hd, row_tl, row_n, rowwise) + d] = mk(x);
+    qout[off] = mk(x);
   } else {
-    long off = (((long)row_slot[r] * Hkv + kvh) * ctx + p) * hd + d;
     kc[off] = mk(x);
-    vc[off] = v[(long)r * Hkv * hd + kvh * hd + d];
+    vc[off] = vv;
   }
 }
 
@@ -108,19 +124,25 @@ extern "C" __global__ void attn_prep_q8(const act_t* __restrict__ qg, const act_
                                         const unsigned char* __restrict__ ahead3, long long bytes3) {
   prefetch_ahead(ahead, ahead_bytes, ahead2, bytes2, ahead3, bytes3, blockIdx.x + gridDim.x * blockIdx.y,
                  gridDim.x * gridDim.y);
-  pdl_start();
   extern __shared__ float buf[];
   __shared__ float red[32];
   const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
   int kvh, p;
-  const float x = prep_head(qg, k, qn, kn, pos, Hq, Hkv, hd, rot, theta, eps, buf, red, kvh, p);
+  const float2 cs = rope_factors(pos, rot, theta, p);  // as attn_prep: all it can before the wait
+  const act_t* src = head_src(qg, k, Hq, Hkv, hd, kvh);
+  const float nwd = (h < Hq ? qn : kn)[d];
+  const long row = h < Hq ? q_index(r, h, Hq, hd, row_tl, row_n, rowwise) + d
+                          : ((long)row_slot[r] * Hkv + kvh) * ctx + p;
+  const act_t* vsrc = v + (long)r * Hkv * hd + kvh * hd + d;
+  pdl_start();
+  const float vv = h < Hq ? 0.f : ld(vsrc);
+  const float x = prep_head(ld(src + d), nwd, hd, rot, cs, eps, buf, red);
   if (h < Hq) {
-    qout[q_index(r, h, Hq, hd, row_tl, row_n, rowwise) + d] = mk(x);
+    qout[row] = mk(x);
     return;
   }
-  const long row = ((long)row_slot[r] * Hkv + kvh) * ctx + p;
   store_q8(x, kc + row * hd + d, ks + row, red);
-  store_q8(ld(v + (long)r * Hkv * hd + kvh * hd + d), vc + row * hd + d, vs + row, red);
+  store_q8(vv, vc + row * hd + d, vs + row, red);
 }
 
 // Keys per split of a row at len keys: at least `least`, and at most nsmax splits.
@@ -307,24 +329,55 @@ attn_decode_q8(const act_t* __restrict__ q, const signed char* __restrict__ kc,
                                        scale, fresh);
 }
 
-// grid (R, Hq), hd threads: merge the splits, normalise, multiply by sigmoid(gate).
+// grid (R, Hq), hd threads: merge the splits, normalise, multiply by sigmoid(gate). Every
+// load is issued as early as it may be, so the kernel costs about one round trip after its
+// wait, not one a split: the row's position and thread d's gate before the wait (positions
+// are written before the step, the gate by the input projection three kernels back); after
+// it, lane i of every warp requests the (max, sum) of splits i, i + 32, ... while every
+// thread requests dimension d of up to 32 splits' partial outputs at once. Each warp folds
+// the pairs by shuffles (no barrier); the split weights go to the threads by shuffles too.
 extern "C" __global__ void attn_combine(const float* __restrict__ po, const float* __restrict__ pml,
                                         const act_t* __restrict__ qg, const int* __restrict__ pos,
                                         act_t* __restrict__ out, int Hq, int hd, int least, int nsmax) {
+  constexpr int CH = 32, MAXC = 4;  // splits a chunk; chunks (nsmax <= 128: scratch.ATTN_SPLITS)
+  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x, lane = d & 31;
+  const int p = pos[r];
+  const float gate = ld(qg + (long)r * Hq * 2 * hd + (long)h * 2 * hd + hd + d);
   pdl_start();
-  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  const int split = split_keys(pos[r] + 1, least, nsmax);
-  const int ns = (pos[r] + split) / split;  // ceil((pos + 1) / split)
+  const int split = split_keys(p + 1, least, nsmax);
+  const int ns = (p + split) / split;  // ceil((p + 1) / split)
   const long hrow = ((long)r * Hq + h) * nsmax;
-  float M = -INFINITY;
-  for (int s = 0; s < ns; ++s) M = fmaxf(M, pml[(hrow + s) * 2]);
-  float L = 0.f, acc = 0.f;
-  for (int s = 0; s < ns; ++s) {
-    float e = expf(pml[(hrow + s) * 2] - M);
-    L += pml[(hrow + s) * 2 + 1] * e;
-    acc += po[(hrow + s) * hd + d] * e;
+  float2 ml[MAXC];
+#pragma unroll
+  for (int c = 0; c < MAXC; ++c) {
+    const int sp = c * CH + lane;
+    ml[c] = sp < ns ? __ldg(reinterpret_cast<const float2*>(pml) + hrow + sp) : make_float2(-INFINITY, 0.f);
   }
-  float gate = ld(qg + (long)r * Hq * 2 * hd + (long)h * 2 * hd + hd + d);
+  float v[CH];
+#pragma unroll
+  for (int j = 0; j < CH; ++j) v[j] = j < ns ? __ldg(po + (hrow + j) * hd + d) : 0.f;
+  float M = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < MAXC; ++c) M = fmaxf(M, ml[c].x);
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  float e[MAXC], L = 0.f;
+#pragma unroll
+  for (int c = 0; c < MAXC; ++c) {
+    e[c] = c * CH + lane < ns ? expf(ml[c].x - M) : 0.f;
+    L = fmaf(ml[c].y, e[c], L);
+  }
+  L = warp_sum(L);
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < MAXC; ++c) {
+    if (c * CH >= ns) break;
+    if (c > 0) {
+#pragma unroll
+      for (int j = 0; j < CH; ++j) v[j] = c * CH + j < ns ? __ldg(po + (hrow + c * CH + j) * hd + d) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < CH; ++j) acc = fmaf(v[j], __shfl_sync(0xffffffffu, e[c], j), acc);
+  }
   st(out + (long)r * Hq * hd + (long)h * hd + d, acc / L * sigmoid_f(gate));
 }
 

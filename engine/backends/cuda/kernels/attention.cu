@@ -160,24 +160,57 @@ __device__ __forceinline__ void unpack_codes(unsigned w, float s, float* out) {
   for (int b = 0; b < 4; ++b) out[b] = static_cast<float>(static_cast<int>(w << (24 - 8 * b)) >> 24) * s;
 }
 
-// N consecutive codes of the 8-bit cache from p, dequantized with scale s: 8-byte loads where
-// N is a multiple of 8 (p 8-byte aligned), 4-byte ones where it is a multiple of 4, else one
-// by one.
-template <int N>
-__device__ __forceinline__ void load_codes(const signed char* __restrict__ p, float s, float* out) {
-  if constexpr (N % 8 == 0) {
+// A lane's N consecutive cache entries (activations, or Q8's int8 codes and the row's scale)
+// as loaded, not yet converted. A load whose result is converted as soon as it is issued
+// holds the warp until it arrives, so a warp that loads several rows that way waits one
+// round trip a row; loading every row raw first, then converting, waits one in all.
+template <int N, int Q8> struct RawRow {
+  static constexpr int BYTES = Q8 ? N : N * (int)sizeof(act_t);
+  unsigned w[(BYTES + 3) / 4];
+  float s;  // Q8: the row's scale
+};
+
+// The widest loads that cover BYTES (16, 8 or 4 bytes each; byte by byte only for fewer than
+// 4 codes, a head dim under 128 in the 8-bit cache).
+template <int N, int Q8>
+__device__ __forceinline__ void load_raw(const void* __restrict__ p, const float* __restrict__ scale,
+                                         RawRow<N, Q8>& r) {
+  constexpr int B = RawRow<N, Q8>::BYTES;
+  if constexpr (B % 16 == 0) {
 #pragma unroll
-    for (int i = 0; i < N / 8; ++i) {
-      const uint2 u = __ldg(reinterpret_cast<const uint2*>(p) + i);
-      unpack_codes(u.x, s, out + 8 * i);
-      unpack_codes(u.y, s, out + 8 * i + 4);
+    for (int i = 0; i < B / 16; ++i) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      r.w[4 * i] = u.x; r.w[4 * i + 1] = u.y; r.w[4 * i + 2] = u.z; r.w[4 * i + 3] = u.w;
     }
-  } else if constexpr (N % 4 == 0) {
+  } else if constexpr (B % 8 == 0) {
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i) unpack_codes(__ldg(reinterpret_cast<const unsigned*>(p) + i), s, out + 4 * i);
+    for (int i = 0; i < B / 8; ++i) {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(p) + i);
+      r.w[2 * i] = u.x; r.w[2 * i + 1] = u.y;
+    }
+  } else if constexpr (B % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < B / 4; ++i) r.w[i] = __ldg(reinterpret_cast<const unsigned*>(p) + i);
   } else {
+    const unsigned char* b = reinterpret_cast<const unsigned char*>(p);
+    r.w[0] = 0u;
 #pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = static_cast<float>(p[i]) * s;
+    for (int i = 0; i < B; ++i) r.w[0] |= static_cast<unsigned>(b[i]) << (8 * i);
+  }
+  if constexpr (Q8) r.s = __ldg(scale);
+}
+
+// The N values of a RawRow as fp32 (Q8: code * scale).
+template <int N, int Q8>
+__device__ __forceinline__ void raw_floats(const RawRow<N, Q8>& r, float* out) {
+  if constexpr (Q8) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      out[i] = static_cast<float>(static_cast<int>(r.w[i / 4] << (24 - 8 * (i % 4))) >> 24) * r.s;
+  } else {
+    const act_t* e = reinterpret_cast<const act_t*>(r.w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = cv(e[i]);
   }
 }
 
@@ -205,51 +238,66 @@ __device__ __forceinline__ void attn_decode_body(const act_t* __restrict__ q,
   __shared__ float sm_o[NW][GM][HD];
   __shared__ float sm_m[NW][GM], sm_l[NW][GM];
   const int s = blockIdx.x, kvh = blockIdx.y, r = blockIdx.z;
-  const int len = pos[r] + 1;  // positions and slots: written before the step
+  // Positions and slots: written before the step. The exit below tests the slot too, so
+  // both are requested at once (else the compiler reads the slot after it, a second round
+  // trip before any key is requested); a row has a slot, so the test changes nothing else.
+  const int len = pos[r] + 1, slot = row_slot[r];
   const int split = split_keys(len, least, nsmax), k0 = s * split;
-  if (k0 >= len) {
+  if (k0 >= len || slot < 0) {
     pdl_start();
     return;
   }
   const int k1 = min(len, k0 + split);
   const int gq = Hq / Hkv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const long head = (long)row_slot[r] * Hkv + kvh, base = head * ctx * HD;
+  const long head = (long)slot * Hkv + kvh, base = head * ctx * HD;
   const int jfirst = k0 + warp * KU;
   float kv[KU][DPL], vv[KU][DPL];
-  // Keys j0..j0+KU-1 of the split: which = 0 all of them, 1 all but the fresh ones, 2 only
-  // those (attn_prep wrote them: read after the wait).
+  RawRow<DPL, Q8> kr[KU], vr[KU];
+  // Keys j0..j0+KU-1 of the split, raw: which = 0 all of them, 1 all but the fresh ones, 2
+  // only those (attn_prep wrote them: read after the wait). to_floats() converts them all.
   auto load_keys = [&](int j0, int which) {
 #pragma unroll
     for (int u = 0; u < KU; ++u) {
       const long j = min(j0 + u, k1 - 1);  // past the end: a repeated key, masked below
       if (which == 0 || (which == 1 ? j < len - fresh : j >= len - fresh)) {
-        if constexpr (Q8) {
-          load_codes<DPL>(kc + base + j * HD + lane * DPL, ks[head * ctx + j], kv[u]);
-          load_codes<DPL>(vc + base + j * HD + lane * DPL, vs[head * ctx + j], vv[u]);
-        } else {
-          load_acts<DPL>(kc + base + j * HD + lane * DPL, kv[u]);
-          load_acts<DPL>(vc + base + j * HD + lane * DPL, vv[u]);
-        }
+        const long at = base + j * HD + lane * DPL;
+        load_raw<DPL, Q8>(kc + at, Q8 ? ks + head * ctx + j : nullptr, kr[u]);
+        load_raw<DPL, Q8>(vc + at, Q8 ? vs + head * ctx + j : nullptr, vr[u]);
       }
+    }
+  };
+  auto to_floats = [&]() {
+#pragma unroll
+    for (int u = 0; u < KU; ++u) {
+      raw_floats<DPL, Q8>(kr[u], kv[u]);
+      raw_floats<DPL, Q8>(vr[u], vv[u]);
     }
   };
   if (jfirst < k1) load_keys(jfirst, 1);
   pdl_start();
   if (jfirst < k1) load_keys(jfirst, 2);
   float qv[GM][DPL], o[GM][DPL], m[GM], l[GM];
+  RawRow<DPL, 0> qr[GM];
+#pragma unroll
+  for (int g = 0; g < GM; ++g)
+    if (g < gq) load_raw<DPL, 0>(q + ((long)r * Hq + kvh * gq + g) * HD + lane * DPL, nullptr, qr[g]);
 #pragma unroll
   for (int g = 0; g < GM; ++g) {
     m[g] = -INFINITY; l[g] = 0.f;
 #pragma unroll
     for (int i = 0; i < DPL; ++i) { o[g][i] = 0.f; qv[g][i] = 0.f; }
     if (g < gq) {
-      load_acts<DPL>(q + ((long)r * Hq + kvh * gq + g) * HD + lane * DPL, qv[g]);
+      raw_floats<DPL, 0>(qr[g], qv[g]);
 #pragma unroll
       for (int i = 0; i < DPL; ++i) qv[g][i] *= scale;
     }
   }
+  if (jfirst < k1) to_floats();
   for (int j0 = jfirst; j0 < k1; j0 += NW * KU) {
-    if (j0 != jfirst) load_keys(j0, 0);
+    if (j0 != jfirst) {
+      load_keys(j0, 0);
+      to_floats();
+    }
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       if (g < gq) {

@@ -71,8 +71,9 @@ __device__ __forceinline__ void shift_taps(act_t* cs, int c, int C, int K, const
 // A value head's gates from row entry i: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias).
 __device__ __forceinline__ void step_gates(const act_t* __restrict__ a, const act_t* __restrict__ b, long i,
                                            float a_log, float dtb, float& g, float& beta) {
-  beta = sigmoid_f(ld(b + i));
-  const float x = ld(a + i) + dtb;
+  const act_t bi = b[i], ai = a[i];  // both requested before either is used: one round trip
+  beta = sigmoid_f(cv(bi));
+  const float x = cv(ai) + dtb;
   const float sp1 = x > 20.f ? x : log1pf(expf(x));
   g = -expf(a_log) * sp1;
 }

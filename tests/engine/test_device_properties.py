@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.backends.cuda import launch
-from engine.backends.cuda.attention import Attention, decode_kernel
+from engine.backends.cuda.attention import COMBINE_SPLITS, Attention, decode_kernel
 from engine.backends.cuda.card import ARCH_CARDS, Card
 from engine.backends.cuda.deltanet import DeltaNet, chunk_rows_for, step_kernel
 from engine.backends.cuda.gemv_plan import (
@@ -28,6 +28,7 @@ from engine.backends.cuda.gemv_plan import (
 from engine.backends.cuda.projections import Pro, Projections
 from engine.backends.cuda.tuning import Tuning
 from engine.backends.cuda.weights import QWeight
+from engine.memory.scratch import decode_splits
 from engine.memory.shapes import shape_config
 from tests.engine.cuda_fakes import DeviceArray, Fn, RecordingKernels, use_card
 
@@ -156,6 +157,18 @@ def test_a_99k_card_runs_the_one_block_deltanet_step_and_4_warp_attention(monkey
         assert k.launches[-1][:3] == ("attn_decode<8,4,4,4>", (nsmax, 4, streams), (128,))
     # 8 warps where splits x KV heads x rows fit the SMs (a 32-key context, one stream)
     assert decode_kernel(4, 256, 1, 4, 1, launch.sm_count()) == ("attn_decode<8,4,4,8>", 8)
+
+
+def test_attn_combine_holds_every_split_the_longest_context_makes():
+    """attn_combine keeps up to COMBINE_SPLITS splits' (max, sum) pairs in registers (four
+    chunks of 32 lanes); the splits of any context stay within it, and more are refused."""
+    assert decode_splits(1 << 30)[1] <= COMBINE_SPLITS
+    k = RecordingKernels()
+    at = Attention(k, None, None, Tuning())
+    at.combine(None, None, None, None, DeviceArray((1, 8)), (8, 2, 256), 32, COMBINE_SPLITS)
+    assert k.launches[-1][:3] == ("attn_combine", (1, 8), (256,))
+    with pytest.raises(AssertionError):
+        at.combine(None, None, None, None, DeviceArray((1, 8)), (8, 2, 256), 32, 2 * COMBINE_SPLITS)
 
 
 @pytest.mark.parametrize("streams", [1, 2, 3, 4])

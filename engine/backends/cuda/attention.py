@@ -48,6 +48,7 @@ from engine.memory.workspace import FUSED_HEAD_DIMS
 i32, f32 = np.int32, np.float32
 SCORE_BUDGET = 512 << 20  # bytes of scores + probabilities per chunk without a workspace
 MAX_GROUP = 8  # query heads a KV head that attn_decode holds at most
+COMBINE_SPLITS = 128  # splits attn_combine merges at most (32 a chunk, 4 chunks)
 STATIC_SMEM = 48 * 1024  # static shared memory a kernel may declare
 
 
@@ -294,6 +295,8 @@ class Attention:
     def combine(self, po, pml, qg, pos, out, heads, least, nsmax):
         """The splits' partials into each head's output, times its gate."""
         Hq, _, hd = heads
+        # decode_splits caps the grid at scratch.ATTN_SPLITS; the kernel holds that many
+        assert nsmax <= COMBINE_SPLITS, (nsmax, COMBINE_SPLITS)
         self.k.run(
             "attention.cu",
             "attn_combine",

@@ -113,12 +113,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
   pdl_start();  // from here on, activations of the previous kernel are readable
-  // Pipelined variants: the first tile's second batch of weights goes out now, before the
-  // staging's loads, so that it arrives while the activations are staged (requested at the
-  // top of the loop, after the staging, the first products waited a round trip to device
-  // memory for it). Before the wait it would add to the weights the staging queues behind.
-  if constexpr (PIPE && !ASYNC)
-    if (!late) fetch(B, rw, ga + UG, gb);
   stamps.at(1, tid);
 
   if constexpr (PRO != 0) {
@@ -172,7 +166,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       }
     } else if constexpr (PIPE) {
       for (int g0 = ga; g0 < gb; g0 += 2 * UG) {
-        if (late || g0 != ga || vb != static_cast<int>(blockIdx.x)) fetch(B, rw, g0 + UG, gb);
+        fetch(B, rw, g0 + UG, gb);
         compute<M, RG, SP == 5>(A, g0, gb, xrow, sx, g, tig, acc, gs);
         fetch(A, rw, g0 + 2 * UG, gb);
         compute<M, UG, SP == 5>(B, g0 + UG, gb, xrow, sx, g, tig, acc, gs);

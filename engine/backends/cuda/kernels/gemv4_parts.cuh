@@ -117,19 +117,15 @@ __device__ __forceinline__ void compute_groups(const Batch<UG>& t, int g0, int g
   for (int u = 0; u < UG; ++u) {
     const int gr = g0 + u;
     if (WHOLE || gr < gb) {
-      // Two independent chains of two products (c: each code word's low nibbles, e: its high
-      // ones), summed after: one chain of four waited for each product before the next.
-      float c[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const unsigned wa = j ? t.a[u].y : t.a[u].x, wb = j ? t.b[u].y : t.b[u].x;
         uint4 xv = make_uint4(0u, 0u, 0u, 0u);
         if (g < M) xv = xrow[gr * 8 + j];
         mma16816(c, qpair(wa), qpair(wb), qpair(wa >> 4), qpair(wb >> 4), xv.x, xv.y);
-        mma16816(e, qpair(wa >> 8), qpair(wb >> 8), qpair(wa >> 12), qpair(wb >> 12), xv.z, xv.w);
+        mma16816(c, qpair(wa >> 8), qpair(wb >> 8), qpair(wa >> 12), qpair(wb >> 12), xv.z, xv.w);
       }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) c[i] += e[i];
       const float2 sxv = *reinterpret_cast<const float2*>(sx + gr * 8 + 2 * tig);
       const int q0 = g * 4;
       const float s0 = cv((act_t)__shfl_sync(0xffffffffu, t.q[u], q0));

@@ -106,41 +106,11 @@ __global__ void to_blocks(T* __restrict__ a, int n) {
   }
 }
 
-// Every load of a thread is requested before any store: a store waits for its load, so a
-// load-store loop waited one round trip an element a thread (16 for a 4,096-wide row on
-// 256 threads; across PCIe where the table is in mapped host memory). 16-byte loads where
-// the rows are 16-byte aligned, four a thread a round (one round for rows up to 16 KB).
 extern "C" __global__ void embed_dense(const act_t* __restrict__ table, const int* __restrict__ ids,
                                        act_t* __restrict__ out, int in) {
   pdl_start();
   const long row = ids[blockIdx.x];
-  const act_t* src = table + row * in;
-  act_t* dst = out + (long)blockIdx.x * in;
-  const int bd = blockDim.x;
-  constexpr int U = 4;
-  const bool vec = (in * sizeof(act_t)) % 16 == 0 &&
-                   ((reinterpret_cast<unsigned long>(src) | reinterpret_cast<unsigned long>(dst)) & 15) == 0;
-  if (vec) {
-    const int n16 = in * (int)sizeof(act_t) / 16;
-    for (int j0 = threadIdx.x; j0 < n16; j0 += U * bd) {
-      uint4 v[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (j0 + u * bd < n16) v[u] = __ldg(reinterpret_cast<const uint4*>(src) + j0 + u * bd);
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (j0 + u * bd < n16) reinterpret_cast<uint4*>(dst)[j0 + u * bd] = v[u];
-    }
-    return;
-  }
-  for (int j0 = threadIdx.x; j0 < in; j0 += U * bd) {
-    act_t v[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) v[u] = j0 + u * bd < in ? src[j0 + u * bd] : act_t();
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (j0 + u * bd < in) dst[j0 + u * bd] = v[u];
-  }
+  for (int j = threadIdx.x; j < in; j += blockDim.x) out[(long)blockIdx.x * in + j] = table[row * in + j];
 }
 
 extern "C" __global__ void from_bf16(const unsigned short* __restrict__ x, act_t* __restrict__ y, long n) {

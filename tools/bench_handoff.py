@@ -98,6 +98,28 @@ __device__ __forceinline__ unsigned long long now_ns() {
 
 constexpr int WMAX = 16;
 
+#if __CUDA_ARCH__ >= 900
+// One bulk copy (the copy engine) of `bytes` from global src into shared dst, completing on
+// the mbarrier at shared address bar (thread 0 issues it); mbar_wait: every thread waits for
+// the copy's phase 0.
+__device__ __forceinline__ void bulk_to_shared(void* dst, const void* src, unsigned bytes,
+                                               unsigned bar) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(d), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar) {
+  unsigned done = 0;
+  do {
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar) : "memory");
+  } while (!done);
+}
+#endif
+
 // K rounds of integer mixing in 8 independent chains, fully unrolled: about 40 bytes of
 // machine code a round that every warp executes once, standing for the code a projection
 // runs after its staging (the norm, the first tile's products).
@@ -150,33 +172,15 @@ __global__ void handoff_stage(const float* x, float* y, int n, int pdl, const ui
     }
     __syncthreads();
   }
-  if (wsm && threadIdx.x == 0) {
-    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(ws));
-    const unsigned bytes = wper * blockDim.x * 16;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(wbs), "r"(bytes)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(d), "l"(w + (long)blockIdx.x * wper * blockDim.x), "r"(bytes), "r"(wbs) : "memory");
-  }
+  if (wsm && threadIdx.x == 0)
+    bulk_to_shared(ws, w + (long)blockIdx.x * wper * blockDim.x, wper * blockDim.x * 16, wbs);
   if (pdl) asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 #endif
   const unsigned long long t0 = now_ns();
 #if __CUDA_ARCH__ >= 900
   if (bulk) {
-    if (threadIdx.x == 0) {
-      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(xs)), bytes = n * 4;
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes)
-                   : "memory");
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-          ::"r"(d), "l"(x), "r"(bytes), "r"(b) : "memory");
-    }
-    unsigned done = 0;
-    do {
-      asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
-                   "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(b) : "memory");
-    } while (!done);
+    if (threadIdx.x == 0) bulk_to_shared(xs, x, n * 4, b);
+    mbar_wait(b);
   }
 #endif
   if (!bulk) load_x(x, xs, n);
@@ -187,11 +191,7 @@ __global__ void handoff_stage(const float* x, float* y, int n, int pdl, const ui
   unsigned acc = K > 0 && h == 0x2545F491u ? 1u : 0u;
 #if __CUDA_ARCH__ >= 900
   if (wsm) {
-    unsigned done = 0;
-    do {
-      asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
-                   "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(wbs) : "memory");
-    } while (!done);
+    mbar_wait(wbs);
 #pragma unroll
     for (int j = 0; j < WMAX; ++j)
       if (j < wper) wv[j] = ws[j * blockDim.x + threadIdx.x];
@@ -297,15 +297,15 @@ def run(
 
     def chain(pdl: bool, bulk: bool, wsm: bool = False):
         smem = 4 * ((n + 3) & ~3) + (16 * weights * threads if wsm else 0)
+        if smem > 48 * 1024:
+            for fn in stage_fns:
+                fn.max_dynamic_shared_size_bytes = smem
         for s in range(stages):
             x, y = buf[(s & 1) * n :][:n], buf[((s + 1) & 1) * n :][:n]
             w = words[s * per_stage :] if weights else words
             flags = (np.int32(pdl), w, np.int32(weights), np.int32(bulk), np.int32(wsm))
             args = (x, y, n32, *flags, sink, spans[s])
-            fn = stage_fns[s % copies]
-            if smem > 48 * 1024:
-                fn.max_dynamic_shared_size_bytes = smem
-            launch_pdl(fn, (blocks,), (threads,), args, smem, pdl=pdl)
+            launch_pdl(stage_fns[s % copies], (blocks,), (threads,), args, smem, pdl=pdl)
 
     def persistent(_pdl: bool, _bulk: bool):
         count.fill(0)

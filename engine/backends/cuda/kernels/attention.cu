@@ -203,10 +203,14 @@ __device__ __forceinline__ void load_raw(const void* __restrict__ p, const float
 // The N values of a RawRow as fp32 (Q8: code * scale).
 template <int N, int Q8>
 __device__ __forceinline__ void raw_floats(const RawRow<N, Q8>& r, float* out) {
-  if constexpr (Q8) {
+  if constexpr (Q8 && N % 4 == 0) {
 #pragma unroll
-    for (int i = 0; i < N; ++i)
-      out[i] = static_cast<float>(static_cast<int>(r.w[i / 4] << (24 - 8 * (i % 4))) >> 24) * r.s;
+    for (int i = 0; i < N / 4; ++i) unpack_codes(r.w[i], r.s, out + 4 * i);
+  } else if constexpr (Q8) {
+    float four[4];
+    unpack_codes(r.w[0], r.s, four);  // fewer than 4 codes: all in the first word
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = four[i];
   } else {
     const act_t* e = reinterpret_cast<const act_t*>(r.w);
 #pragma unroll

@@ -62,6 +62,34 @@ __device__ __forceinline__ long q_index(int r, int h, int Hq, int hd, const int*
   return row0 * Hq * hd + ((long)h * row_n[r] + row_tl[r]) * hd;
 }
 
+// What attn_prep's thread d reads and where it writes, none of it from the previous kernels,
+// so all of it is computed before the wait (after it, x and v are read in one round trip):
+// the RoPE factors, its head's x and (KV heads) v, the norm weight's dim d, the query's index
+// in qout (query heads) or the KV cache row (KV heads).
+struct PrepAt {
+  float2 cs;
+  const act_t *x, *v;
+  float nwd;
+  long qi, row;
+};
+__device__ __forceinline__ PrepAt prep_at(const act_t* __restrict__ qg, const act_t* __restrict__ k,
+                                          const act_t* __restrict__ v, const float* __restrict__ qn,
+                                          const float* __restrict__ kn, const int* __restrict__ pos,
+                                          const int* __restrict__ row_slot, const int* __restrict__ row_tl,
+                                          const int* __restrict__ row_n, int Hq, int Hkv, int hd, int rot,
+                                          int ctx, double theta, int rowwise) {
+  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  int kvh, p;
+  PrepAt at;
+  at.cs = rope_factors(pos, rot, theta, p);
+  at.x = head_src(qg, k, Hq, Hkv, hd, kvh) + d;
+  at.v = v + (long)r * Hkv * hd + kvh * hd + d;
+  at.nwd = (h < Hq ? qn : kn)[d];
+  at.qi = h < Hq ? q_index(r, h, Hq, hd, row_tl, row_n, rowwise) + d : 0;
+  at.row = h < Hq ? 0 : ((long)row_slot[r] * Hkv + kvh) * ctx + p;
+  return at;
+}
+
 extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* __restrict__ k,
                                      const act_t* __restrict__ v, const float* __restrict__ qn,
                                      const float* __restrict__ kn, const int* __restrict__ pos,
@@ -76,21 +104,15 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
   // toward L2 before the wait: the attention's kernels leave memory mostly idle (null: none).
   prefetch_ahead(ahead, ahead_bytes, ahead2, bytes2, ahead3, bytes3, blockIdx.x + gridDim.x * blockIdx.y,
                  gridDim.x * gridDim.y);
-  // Everything that does not come from the previous kernels before the wait (the angles,
-  // addresses, the norm weight, the cache row): after it, one round trip for x and v.
   extern __shared__ float buf[];
   __shared__ float red[32];
-  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  int kvh, p;
-  const float2 cs = rope_factors(pos, rot, theta, p);
-  const act_t* src = head_src(qg, k, Hq, Hkv, hd, kvh);
-  const float nwd = (h < Hq ? qn : kn)[d];
-  const long off = h < Hq ? q_index(r, h, Hq, hd, row_tl, row_n, rowwise) + d
-                          : (((long)row_slot[r] * Hkv + kvh) * ctx + p) * hd + d;
-  const act_t* vsrc = v + (long)r * Hkv * hd + kvh * hd + d;
+  const int h = blockIdx.y;
+  const PrepAt at = prep_at(qg, k, v, qn, kn, pos, row_slot, row_tl, row_n, Hq, Hkv, hd, rot, ctx, theta,
+                            rowwise);
+  const long off = h < Hq ? at.qi : at.row * hd + threadIdx.x;
   pdl_start();
-  const act_t vv = h < Hq ? act_t() : *vsrc;
-  const float x = prep_head(ld(src + d), nwd, hd, rot, cs, eps, buf, red);
+  const act_t vv = h < Hq ? act_t() : *at.v;
+  const float x = prep_head(ld(at.x), at.nwd, hd, rot, at.cs, eps, buf, red);
   if (h < Hq) {
     qout[off] = mk(x);
   } else {
@@ -126,23 +148,18 @@ extern "C" __global__ void attn_prep_q8(const act_t* __restrict__ qg, const act_
                  gridDim.x * gridDim.y);
   extern __shared__ float buf[];
   __shared__ float red[32];
-  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-  int kvh, p;
-  const float2 cs = rope_factors(pos, rot, theta, p);  // as attn_prep: all it can before the wait
-  const act_t* src = head_src(qg, k, Hq, Hkv, hd, kvh);
-  const float nwd = (h < Hq ? qn : kn)[d];
-  const long row = h < Hq ? q_index(r, h, Hq, hd, row_tl, row_n, rowwise) + d
-                          : ((long)row_slot[r] * Hkv + kvh) * ctx + p;
-  const act_t* vsrc = v + (long)r * Hkv * hd + kvh * hd + d;
+  const int h = blockIdx.y, d = threadIdx.x;
+  const PrepAt at = prep_at(qg, k, v, qn, kn, pos, row_slot, row_tl, row_n, Hq, Hkv, hd, rot, ctx, theta,
+                            rowwise);
   pdl_start();
-  const float vv = h < Hq ? 0.f : ld(vsrc);
-  const float x = prep_head(ld(src + d), nwd, hd, rot, cs, eps, buf, red);
+  const float vv = h < Hq ? 0.f : ld(at.v);
+  const float x = prep_head(ld(at.x), at.nwd, hd, rot, at.cs, eps, buf, red);
   if (h < Hq) {
-    qout[row] = mk(x);
+    qout[at.qi] = mk(x);
     return;
   }
-  store_q8(x, kc + row * hd + d, ks + row, red);
-  store_q8(vv, vc + row * hd + d, vs + row, red);
+  store_q8(x, kc + at.row * hd + d, ks + at.row, red);
+  store_q8(vv, vc + at.row * hd + d, vs + at.row, red);
 }
 
 // Keys per split of a row at len keys: at least `least`, and at most nsmax splits.

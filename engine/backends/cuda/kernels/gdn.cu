@@ -416,7 +416,10 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
   if (lane < NC) o[r * VD + h * dv + j0 + lane] = out;
   store_state<NC>(sp, S, lane);
   // Every block of the cluster has read the q and k taps (before its wait): block 0 shifts them.
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  // Those reads have returned (their values went into this step's conv), so the barrier
+  // needs no memory ordering: a releasing arrive would first wait for every store above
+  // (the state's) to reach memory, a round trip on each block's way out.
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
   if (p == 0 && tid < 2 * DK) shift_taps(cs, c, C, K, tap, newest);
 }
 
@@ -475,8 +478,9 @@ gdn_step_split_keep(const act_t* __restrict__ mixed, const float* __restrict__ c
   }
   store_state<NC>(sp, S, lane);
   if (conv && tid >= 2 * DK) store_taps(cs, c, C, K, tap);
-  // Every block of the cluster has read the q and k taps (before its wait): block 0 writes them.
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  // Every block of the cluster has read the q and k taps (before its wait): block 0 writes them
+  // (no memory ordering needed, as in gdn_step_split).
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
   if (p == 0 && tid < 2 * DK) store_taps(cs, c, C, K, tap);
 }
 #endif

@@ -154,7 +154,8 @@ class Sampling:
     # ----- kernels ------------------------------------------------------------------------
     def argmax(self, logits, vocab_rows, out, work=None):
         """out[s] = argmax of logits[s, :vocab_rows]. With `work` (two zeroed uint64 per row,
-        left zeroed) each row is split over up to 128 blocks; without it, one block per row."""
+        left zeroed) each row is split over up to 128 blocks of 2,048 logits (eight loads a
+        thread, requested together: one round trip); without it, one block per row."""
         args = (logits, i32(logits.shape[1]), i32(vocab_rows), out)
         if work is None or work.size < 2 * logits.shape[0]:
             self.k.run("sample.cu", "argmax_rows", (logits.shape[0],), (1024,), args)

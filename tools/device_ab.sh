@@ -1,22 +1,59 @@
 #!/usr/bin/env bash
 # Same-machine A/B of decode speed: the tree as it is (A) against overlays of changed files
-# (B, C, ...), benchmarked in turn, twice, on one lent GPU (run-to-run spread is up to 5%).
-# Make an overlay here from a branch first (the files it changed since it left HEAD; rebase
-# it on HEAD first so they carry HEAD's own changes too):
+# (B, C, ...), run in turn on one lent GPU, twice (the second round in reverse order, so a
+# drift of the machine shows as a difference between rounds, not between trees).
+# Make an overlay here first, from a branch (the files it changed since it left HEAD; rebase
+# it on HEAD first so they carry HEAD's own changes too) or from commits applied to HEAD
+# (each cherry-picked in turn, as a reverted experiment is kept in the history):
 #   tools/device_ab.sh --overlay wip/some-branch ab/some-branch
-# then, on the GPU machine (repo root; logs to $OUT):
+#   tools/device_ab.sh --commits ab/some-change 14f7001 [ddb0af8 ...]
+# then, on the GPU machine (repo root; logs to $OUT; carry the overlays' folder):
 #   tools/device_ab.sh ab/some-branch [ab/other ...]
+# What each tree runs (AB_BENCH):
+#   small-card (the default): tools/bench_small_card.py, through Engine.load and
+#     Engine.generate, with SMALL_FLAGS (default: the 0.8B and the 4B, whole card and 4 GiB,
+#     a 512-token prompt); the product's speed;
+#   decode: tools/bench_decode.py with BENCH_FLAGS (graph replays: kernel-level figures).
 # AB_TESTS='pytest -k expression' runs that part of tests/device in every overlay first (a
-# line each: passed / failed); BENCH_FLAGS replaces the benchmark's flags.
+# line each: passed / failed). The kernel cache is packed into $OUT/kernel-cache.tgz at the
+# end (under 16 MiB), to carry as .kernel-cache.tgz into the next call. WARM_TIMEOUT and
+# BENCH_TIMEOUT (seconds) bound the kernels' compile and each benchmark.
 set -o pipefail
-if [ "$1" = --overlay ]; then
-  branch=$2 dir=$3
+overlay_from() {  # overlay_from REV DIR: the files REV changed against HEAD
+  local rev=$1 dir=$2
   rm -rf "$dir" && mkdir -p "$dir"
-  git diff --name-only --diff-filter=AM HEAD..."$branch" | while read -r f; do
-    mkdir -p "$dir/$(dirname "$f")" && git show "$branch:$f" > "$dir/$f"
+  git diff --name-only --diff-filter=AM HEAD..."$rev" | while read -r f; do
+    mkdir -p "$dir/$(dirname "$f")" && git show "$rev:$f" > "$dir/$f"
   done
-  git diff --name-only --diff-filter=D HEAD..."$branch" > "$dir/.deleted"
-  echo "overlay of $branch in $dir: $(find "$dir" -type f ! -name .deleted | wc -l) files"
+  git diff --name-only --diff-filter=D HEAD..."$rev" > "$dir/.deleted"
+}
+if [ "$1" = --overlay ]; then
+  overlay_from "$2" "$3"
+  echo "overlay of $2 in $3: $(find "$3" -type f ! -name .deleted | wc -l) files"
+  exit 0
+fi
+if [ "$1" = --commits ]; then
+  dir=$2
+  shift 2
+  [ $# -gt 0 ] || { echo "--commits DIR needs at least one commit" >&2; exit 2; }
+  work=$(mktemp -d)
+  git worktree add -q --detach "$work/tree" HEAD || exit 1
+  ok=1
+  # -n: the changes go to the worktree's index and files without a commit (no identity needed)
+  git -C "$work/tree" cherry-pick -n "$@" > /dev/null 2>&1 || ok=0
+  if [ $ok = 1 ]; then
+    rm -rf "$dir" && mkdir -p "$dir"
+    git -C "$work/tree" diff --cached --name-only --diff-filter=AM HEAD | while read -r f; do
+      mkdir -p "$dir/$(dirname "$f")" && cp "$work/tree/$f" "$dir/$f"
+    done
+    git -C "$work/tree" diff --cached --name-only --diff-filter=D HEAD > "$dir/.deleted"
+  fi
+  git worktree remove --force "$work/tree" && rm -rf "$work"
+  if [ $ok = 0 ]; then
+    echo "commits $* do not apply to HEAD (resolve them on a branch and use --overlay)" >&2
+    exit 1
+  fi
+  echo "overlay of HEAD + $* in $dir: $(find "$dir" -type f ! -name .deleted | wc -l) files"
   exit 0
 fi
 OUT=${OUT:-./device_out}
@@ -39,7 +76,7 @@ for dir in "$@"; do
   letter=$(echo "$letter" | tr 'A-Y' 'B-Z')
 done
 for i in "${!trees[@]}"; do  # the decode step's projection kernels, every tree at once
-  (cd "${trees[$i]}" && PYTHONPATH=. timeout 300 python3 tools/kernels.py warm --rows 1 \
+  (cd "${trees[$i]}" && PYTHONPATH=. timeout "${WARM_TIMEOUT:-300}" python3 tools/kernels.py warm --rows 1 \
     --dtypes bfloat16 --jobs 8 > "$OUT/warm_${names[$i]}.log" 2>&1) &
 done
 wait
@@ -51,9 +88,21 @@ if [ -n "${AB_TESTS:-}" ]; then
     echo "tests ${names[$i]}: $(tail -1 "$OUT/tests_${names[$i]}.log")"
   done
 fi
+bench=${AB_BENCH:-small-card}
+small=${SMALL_FLAGS:---sizes 0.8B,4B --limits none,4 --prompts 512 --first-prompt 512}
+order=("${!trees[@]}")
 for round in 1 2; do
-  for i in "${!trees[@]}"; do
+  for i in "${order[@]}"; do
     tag=${names[$i]}$round
+    if [ "$bench" = small-card ]; then
+      # shellcheck disable=SC2086
+      (cd "${trees[$i]}" && PYTHONPATH=. timeout "${BENCH_TIMEOUT:-300}" python3 \
+        tools/bench_small_card.py $small --commit "$tag" --out "$OUT/$tag" > "$OUT/$tag.log" 2>&1)
+      echo "$tag:"
+      grep -h '^| 4B\|^| 0.8B\|^| 9B\|^| 2B' "$OUT/$tag/small_card.md" 2>/dev/null |
+        cut -d'|' -f2,3,8 | sed 's/^/   /'
+      continue
+    fi
     # shellcheck disable=SC2086
     (cd "${trees[$i]}" && PYTHONPATH=. timeout "${BENCH_TIMEOUT:-200}" python3 \
       tools/bench_decode.py $flags --commit "$tag" --out "$OUT/$tag" > "$OUT/$tag.log" 2>&1)
@@ -67,4 +116,11 @@ for r in json.load(open(sys.argv[1]))["results"]:
     print("   ", ", ".join(f"{name(k)}: {tuple(v[1:4])}" for k, v in c.items()))
 PY
   done
+  reversed=()
+  for ((j = ${#order[@]} - 1; j >= 0; j--)); do reversed+=("${order[$j]}"); done
+  order=("${reversed[@]}")
 done
+tar -czf "$OUT/kernel-cache.tgz" -C "$CUPY_CACHE_DIR" . 2> /dev/null
+if [ "$(stat -c %s "$OUT/kernel-cache.tgz" 2> /dev/null || echo 0)" -gt $((16 << 20)) ]; then
+  rm -f "$OUT/kernel-cache.tgz"
+fi

@@ -4,7 +4,7 @@
 # drift of the machine shows as a difference between rounds, not between trees).
 # Make an overlay here first, from a branch (the files it changed since it left HEAD; rebase
 # it on HEAD first so they carry HEAD's own changes too) or from commits applied to HEAD
-# (each cherry-picked in turn, as a reverted experiment is kept in the history):
+# (applied in turn, as a reverted experiment is kept in the history):
 #   tools/device_ab.sh --overlay wip/some-branch ab/some-branch
 #   tools/device_ab.sh --commits ab/some-change 14f7001 [ddb0af8 ...]
 # then, on the GPU machine (repo root; logs to $OUT; carry the overlays' folder):
@@ -38,15 +38,15 @@ if [ "$1" = --commits ]; then
   [ $# -gt 0 ] || { echo "--commits DIR needs at least one commit" >&2; exit 2; }
   work=$(mktemp -d)
   git worktree add -q --detach "$work/tree" HEAD || exit 1
-  ok=1
-  # -n: the changes go to the worktree's index and files without a commit (no identity needed)
-  git -C "$work/tree" cherry-pick -n "$@" > /dev/null 2>&1 || ok=0
-  if [ $ok = 1 ]; then
-    rm -rf "$dir" && mkdir -p "$dir"
-    git -C "$work/tree" diff --cached --name-only --diff-filter=AM HEAD | while read -r f; do
-      mkdir -p "$dir/$(dirname "$f")" && cp "$work/tree/$f" "$dir/$f"
-    done
-    git -C "$work/tree" diff --cached --name-only --diff-filter=D HEAD > "$dir/.deleted"
+  # Applied and committed in a throwaway worktree (an identity of its own, so none need be
+  # configured); the commit is then an ordinary revision for overlay_from.
+  if git -C "$work/tree" cherry-pick -n "$@" > /dev/null 2>&1 &&
+    git -C "$work/tree" -c user.name=device_ab -c user.email=device_ab@localhost \
+      commit -q --allow-empty -m "overlay" > /dev/null 2>&1; then
+    overlay_from "$(git -C "$work/tree" rev-parse HEAD)" "$dir"
+    ok=1
+  else
+    ok=0
   fi
   git worktree remove --force "$work/tree" && rm -rf "$work"
   if [ $ok = 0 ]; then

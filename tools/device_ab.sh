@@ -58,10 +58,8 @@ if [ "$1" = --commits ]; then
 fi
 OUT=${OUT:-./device_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/snug-cupy-cache}
-if [ -f .kernel-cache.tgz ]; then
-  mkdir -p "$CUPY_CACHE_DIR" && tar -xzf .kernel-cache.tgz -C "$CUPY_CACHE_DIR"
-fi
+export PYTHONUNBUFFERED=1
+. tools/kernel_cache.sh  # a carried .kernel-cache.tgz unpacked into CuPy's cache
 flags=${BENCH_FLAGS:---runs 4B:mlx4 --prefill 512 --hf= --decode-tokens 128}  # split on spaces
 trees=("$PWD")
 names=(A)
@@ -120,7 +118,4 @@ PY
   for ((j = ${#order[@]} - 1; j >= 0; j--)); do reversed+=("${order[$j]}"); done
   order=("${reversed[@]}")
 done
-tar -czf "$OUT/kernel-cache.tgz" -C "$CUPY_CACHE_DIR" . 2> /dev/null
-if [ "$(stat -c %s "$OUT/kernel-cache.tgz" 2> /dev/null || echo 0)" -gt $((16 << 20)) ]; then
-  rm -f "$OUT/kernel-cache.tgz"
-fi
+pack_kernel_cache

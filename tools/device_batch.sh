@@ -23,10 +23,8 @@ if compgen -G "../.whl/*.whl" > /dev/null; then
 else
   export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/snug-cupy-cache}
-if [ -f .kernel-cache.tgz ]; then
-  mkdir -p "$CUPY_CACHE_DIR" && tar -xzf .kernel-cache.tgz -C "$CUPY_CACHE_DIR"
-fi
+export PYTHONUNBUFFERED=1
+. tools/kernel_cache.sh  # a carried .kernel-cache.tgz unpacked into CuPy's cache
 pack() { tar -czf "$OUT/logs.tgz" -C "$OUT" logs; }
 trap pack EXIT
 i=0

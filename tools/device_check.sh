@@ -23,21 +23,9 @@ mode=${1:-all}
 shift || true
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # carried wheels may be on it
 export PYTHONUNBUFFERED=1
-export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/snug-cupy-cache}
-# Compiled kernels can travel between lent machines (each starts bare): a carried
-# .kernel-cache.tgz in the repo root is unpacked first, and the cache is packed into
-# $OUT/kernel-cache.tgz at the end (when it is under the 16 MiB a returned file may have).
-if [ -f .kernel-cache.tgz ]; then
-  mkdir -p "$CUPY_CACHE_DIR" && tar -xzf .kernel-cache.tgz -C "$CUPY_CACHE_DIR"
-fi
-pack_cache() {
-  [ -d "$CUPY_CACHE_DIR" ] || return 0
-  tar -czf "$OUT/kernel-cache.tgz" -C "$CUPY_CACHE_DIR" . 2>/dev/null
-  if [ "$(stat -c %s "$OUT/kernel-cache.tgz")" -gt $((16 << 20)) ]; then
-    rm -f "$OUT/kernel-cache.tgz"
-  fi
-}
-trap pack_cache EXIT
+# The kernel cache: a carried .kernel-cache.tgz unpacked now, $OUT/kernel-cache.tgz at exit.
+. tools/kernel_cache.sh
+trap pack_kernel_cache EXIT
 # The projection kernels compiled in parallel first (tests and benchmarks compile one by one).
 warm=(--rows "${WARM_ROWS:-1,2,3,8}")
 [ "$mode" = profile ] || [ "$mode" = timeline ] && warm=(--rows 1 --dtypes bfloat16)

@@ -105,7 +105,7 @@ def _4b(p: Projections) -> dict:
     }
 
 
-_GEMV4 = re.compile(r"gemv4c?<(\d+),(\w+),(\d+),\d+,\w+,\d+,(\d+),\w+(?:,\d+)?>")
+_GEMV4 = re.compile(r"gemv4<(\d+),(\w+),(\d+),\d+,\w+,\d+,(\d+),\w+>")
 
 
 def _rows_and_order(launch_: tuple) -> tuple[int, tuple]:

@@ -27,7 +27,6 @@ def _h200(monkeypatch):
     """The device properties as an H200 reports them; no CUDA call is made."""
     monkeypatch.setattr(projections, "smem_per_block", lambda: 227 * 1024)
     monkeypatch.setattr(projections, "compute_capability", lambda: 90)
-    monkeypatch.setattr(projections, "sm_count", lambda: 132)
 
 
 def _proj(dtype: str, mma_ok: bool = True) -> Projections:
@@ -82,9 +81,7 @@ def test_a_smaller_shared_memory_narrows_what_is_blocked(monkeypatch):
 def test_each_order_gets_only_the_kernel_that_reads_it():
     p = _proj("bfloat16")
     blocked = p.gemv_candidates(_X(), _weight())
-    assert blocked == [("mma", *v) for v in GEMV4_VARIANTS]  # 256 rows: the cluster ones too
-    wide = p.gemv_candidates(_X(), _weight(out=9216))
-    assert wide == [("mma", *v) for v in GEMV4_VARIANTS if v[5] == 1]
+    assert blocked == [("mma", *v) for v in GEMV4_VARIANTS]
     rows = p.gemv_candidates(_X(), _weight(blocked=False))
     assert rows and all(c[0] == "old" for c in rows)
     assert not p.pro_ok(_X(), _weight(blocked=False), Prologue.ADD_NORM)
@@ -95,7 +92,7 @@ def test_prologue_kinds_are_the_kernels_template_arguments():
     """The values gemv4.cu's PRO takes; a choice key holds the plain integer."""
     assert [int(k) for k in Prologue] == [0, 1, 2, 5]
     sym = Projections.gemv4_symbol(1, False, GEMV4_VARIANTS[0], Prologue.GATED_NORM_FOLDED)
-    assert sym == "gemv4<1,false,2,2,true,256,5,0>"
+    assert sym == "gemv4<1,false,2,2,true,256,5,false>"
     pro = projections.Pro(Prologue.ADD_NORM, None, 1e-6)
     key = Projections.gemv_key(np.zeros((1, 2560)), _weight(), pro=pro)
     assert key == (4, 1, 256, 2560, False, 1, True) and type(key[5]) is int

@@ -18,25 +18,18 @@ GEMV_MAX_ROWS = 8
 GEMV_VARIANTS = ((1, 4), (2, 4), (4, 2), (4, 4))
 GEMV_SWIGLU_VARIANTS = ((2, 4), (2, 2), (2, 8))
 # Tensor-core kernel (gemv4.cu): (warps per 16-row tile or 0 = enough for at most `groups`
-# groups each, tiles per block, groups per load step, next step prefetched, ring stages: 0 =
-# weights loaded into registers, else streamed by bulk copies through that many stages of
-# shared memory a warp, blocks a cluster sharing each tile's groups: 1 = none). Ring and
-# cluster variants run from compute capability 9.0 (`ring_ok`, `card.runs_cluster_split`).
+# groups each, tiles per block, groups per load step, next step prefetched)
 GEMV4_VARIANTS = (
-    (4, 2, 2, True, 0, 1),
-    (8, 1, 4, True, 0, 1),
-    (16, 1, 2, True, 0, 1),
-    (2, 4, 4, True, 0, 1),
-    (32, 1, 2, True, 0, 1),
-    (0, 1, 8, False, 0, 1),
-    (0, 2, 8, False, 0, 1),
-    (0, 4, 8, False, 0, 1),
-    (0, 2, 4, False, 0, 1),
-    (4, 1, 2, True, 0, 4),
-    (8, 1, 2, True, 0, 2),
-    (4, 1, 4, False, 0, 4),
+    (4, 2, 2, True),
+    (8, 1, 4, True),
+    (16, 1, 2, True),
+    (2, 4, 4, True),
+    (32, 1, 2, True),
+    (0, 1, 8, False),
+    (0, 2, 8, False),
+    (0, 4, 8, False),
+    (0, 2, 4, False),
 )
-RING_GROUP_BYTES = 2 * 256 + 4 * 16  # gemv4_parts.cuh: codes of two 8-row blocks, 4 x 8 halves
 GEMV4_MAXT = 768  # largest block of the auto-sized variants
 # A prologue is recomputed by every block, once: the grid is capped at what the GPU holds
 # at once (blocks loop over tiles), so even the LM head's 248,320 rows take one norm per
@@ -63,52 +56,28 @@ def gemv4_threads(cols: int, v: tuple) -> tuple[int, int]:
     return ks, 32 * ks * tpb
 
 
-def gemv4_smem(rows: int, cols: int, threads: int, kind: int, v: tuple | None = None) -> int:
+def gemv4_smem(rows: int, cols: int, threads: int, kind: int) -> int:
     """Dynamic shared bytes of gemv4 (gemv4.cu's layout): xs, sx, red; a prologue
-    (kind != 0) keeps its norm weight (or gated norm's weight and scales) there too; a ring
-    variant `v`, each warp's stages and their mbarriers."""
+    (kind != 0) keeps its norm weight (or gated norm's weight and scales) there too."""
     xs_sx_red = rows * (cols // 8 + 1) * 16 + cols // 64 * 32 + threads * 16
-    ring = 0
-    if v is not None and v[4]:
-        ring = threads // 32 * v[4] * (RING_GROUP_BYTES * v[2] + 8)
-    return xs_sx_red + (cols * 4 if kind else 0) + ring
+    return xs_sx_red + (cols * 4 if kind else 0)
 
 
-def ring_ok(capability: int) -> bool:
-    """Whether gemv4's ring variants (cp.async.bulk, mbarriers: compute capability 9.0 on)
-    are among the candidates."""
-    return capability >= 90
-
-
-def gemv4_static_smem(kind: int, v: tuple | None = None, rows: int = 1) -> int:
+def gemv4_static_smem(kind: int) -> int:
     """Static shared bytes gemv4.cu declares (pss: 256 floats with a prologue, else 1; invs:
-    8; xch, a cluster variant's inbox: two rounds of 16 sums a tile and row from each block,
-    else 1): they count against the same per-block limit as the dynamic bytes."""
-    cl = v[5] if v is not None else 1
-    xch = 2 * cl * v[1] * 16 * rows if cl > 1 else 1
-    return 4 * ((PRO_SUMS if kind else 1) + 8 + xch)
+    8): they count against the same per-block limit as the dynamic bytes."""
+    return 4 * ((PRO_SUMS if kind else 1) + 8)
 
 
-def gemv4_variants(
-    rows: int,
-    cols: int,
-    kind: int,
-    smem_per_block: int,
-    ring: bool = False,
-    cluster: bool = False,
-) -> list[tuple]:
+def gemv4_variants(rows: int, cols: int, kind: int, smem_per_block: int) -> list[tuple]:
     """The GEMV4_VARIANTS whose shared memory one block may take on this card, each
     budgeted for its own block size and its own prologue (none: no norm weight): on a
-    99 KiB card a wide down projection keeps the variants of fewer threads. Ring variants
-    only with `ring` (`ring_ok`), cluster variants only with `cluster`."""
+    99 KiB card a wide down projection keeps the variants of fewer threads."""
+    static = gemv4_static_smem(kind)
     return [
         v
         for v in GEMV4_VARIANTS
-        if (ring or not v[4])
-        and (cluster or v[5] == 1)
-        and gemv4_smem(rows, cols, gemv4_threads(cols, v)[1], kind, v)
-        + gemv4_static_smem(kind, v, rows)
-        <= smem_per_block
+        if gemv4_smem(rows, cols, gemv4_threads(cols, v)[1], kind) + static <= smem_per_block
     ]
 
 
@@ -121,13 +90,11 @@ def gemv4_kind(kind: int, dtype: str, head_dim: int) -> int:
 
 
 def gemv4_symbol(R: int, swiglu: bool, v: tuple, kind: int) -> str:
-    """The gemv4 template instance of variant `v`."""
-    ks, tpb, ug, pipe, ring, cl = v
+    """The gemv4 template instance of variant `v` (the kernel's ASYNC staging is unused)."""
+    ks, tpb, ug, pipe = v
     maxt = 32 * ks * tpb if ks else GEMV4_MAXT
     sw, pp = ("true" if b else "false" for b in (swiglu, pipe))
-    if cl > 1:
-        return f"gemv4c<{R},{sw},{tpb},{ug},{pp},{maxt},{int(kind)},{ring},{cl}>"
-    return f"gemv4<{R},{sw},{tpb},{ug},{pp},{maxt},{int(kind)},{ring}>"
+    return f"gemv4<{R},{sw},{tpb},{ug},{pp},{maxt},{int(kind)},false>"
 
 
 def gemv4_module(R: int, swiglu: bool, kind: int) -> list[str]:

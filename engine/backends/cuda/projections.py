@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda import blas
-from engine.backends.cuda.card import runs_cluster_split, runs_mma
+from engine.backends.cuda.card import runs_mma
 from engine.backends.cuda.frame import Frame
 from engine.backends.cuda.gemv_plan import (  # the variants: tools and tests read them here
     GEMV4_VARIANTS,  # noqa: F401
@@ -44,7 +44,6 @@ from engine.backends.cuda.gemv_plan import (  # the variants: tools and tests re
     order_candidates,
     prologue_fits,
     reduction_order,
-    ring_ok,
     simt_symbol,
     simt_variants,
 )
@@ -140,7 +139,6 @@ class Projections:
         self.dtype = kernels.dtype
         self.tuner = ProjectionTuner(kernels.dtype)
         self._mma_ok: bool | None = None
-        self._ring_ok: tuple | None = None  # (ring variants, cluster variants)
         self._resident: dict[tuple, int] = {}  # (kernel, threads, smem) -> blocks at once
         self._gemv4_modules: dict[tuple, Any] = {}  # (rows, swiglu, prologue) -> module
         self._gemv4_kernels: dict[str, Any] = {}  # symbol -> kernel
@@ -314,17 +312,8 @@ class Projections:
             return False
         return self._mma() and bool(self._gemv4_variants(x.shape[0], w.shape[1], kind))
 
-    def _gemv4_variants(self, rows: int, cols: int, kind: int, n_out: int = 0) -> list[tuple]:
-        """gemv4's variants for this product; the cluster variants where the register
-        variants' tiles (16 rows each) would not fill the SMs twice (the card runs clusters)."""
-        if self._ring_ok is None:
-            cc = compute_capability()
-            self._ring_ok = (ring_ok(cc), runs_cluster_split(cc))
-        few = 0 < n_out < 2 * 16 * sm_count()
-        ring, cluster = self._ring_ok
-        return gemv4_variants(
-            rows, cols, kind, smem_per_block(), ring, cluster and few and not self.invariant
-        )
+    def _gemv4_variants(self, rows: int, cols: int, kind: int) -> list[tuple]:
+        return gemv4_variants(rows, cols, kind, smem_per_block())
 
     def _kind(self, pro: Pro | None) -> int:
         """The PRO template argument of a prologue (`gemv4_kind`)."""
@@ -422,8 +411,7 @@ class Projections:
         `order`, those that sum each row in that order (`reduction_order`)."""
         kind = self._kind(pro)
         if self._gemv4_ok(x, w, kind):
-            variants = self._gemv4_variants(x.shape[0], w.shape[1], kind, w.shape[0])
-            cands = [("mma", *v) for v in variants]
+            cands = [("mma", *v) for v in self._gemv4_variants(x.shape[0], w.shape[1], kind)]
         else:
             assert pro is None, "only gemv4 has prologues"
             cands = [("old", *v) for v in simt_variants(up is not None)]
@@ -482,11 +470,10 @@ class Projections:
         kind = self._kind(pro)
         fn = self.gemv4_kernel(R, swiglu, v, kind)
         _, threads = gemv4_threads(cols, v)
-        smem = gemv4_smem(R, cols, threads, kind, v)
+        smem = gemv4_smem(R, cols, threads, kind)
         self.k.allow_smem(fn, (R, swiglu, v, int(kind)), smem)  # beside the static sums
         blocks = gemv4_blocks(n_out, swiglu, v[1])
-        cl = v[5]  # a cluster of cl blocks takes each round of tiles
-        grid = (cl * min(blocks, max(1, self._gemv4_resident(fn, threads, smem) // cl)),)
+        grid = (min(blocks, self._gemv4_resident(fn, threads, smem)),)
         a = _wargs(w)
         b = _wargs(up) if swiglu else a
         ldx = x.strides[0] // x.itemsize

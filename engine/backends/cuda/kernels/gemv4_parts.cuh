@@ -64,92 +64,45 @@ __device__ __forceinline__ void fetch(Batch<UG>& t, const Rows& r, int g0, int g
   }
 }
 
-// The prologue's norm weight goes to shared memory by cp.async (gemv4.cu).
+// ASYNC variants: the same pieces go to shared memory with cp.async (slot [u][lane] of the
+// warp's area, so each lane reads back only what it copied), which costs no registers: a warp
+// can have its whole slice in flight and more warps fit on an SM. Scales/biases are copied as
+// the aligned 4-byte pair that holds the lane's 16-bit value (rows g & ~1 and g | 1).
 __device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   if (bytes == 16)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  else if (bytes == 8)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
 }
 
-// RING variants (compute capability 9.0 on): each warp streams its slice's weights through a
-// ring of stages in shared memory, UG groups a stage, filled by bulk copies (the copy engine)
-// that its lane 0 issues, each stage completed by an mbarrier of its own. In the 8-row block
-// layout a block's codes for consecutive groups are one contiguous run (256 bytes a group), and
-// so are its scales and biases (16 bytes a group): a stage is six copies, codes of rows g and
-// g+8, then scales and biases of each. No register holds a weight until its stage has landed,
-// so a warp keeps RING stages in flight across its tiles, where the register variants have one
-// batch (or two) and wait a round trip after each.
-constexpr int RING_GROUP_BYTES = 2 * 256 + 4 * 16;
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void ring_init(unsigned long long* bars, int n) {
-  for (int i = 0; i < n; ++i)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bars + i)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-__device__ __forceinline__ void ring_copy(void* dst, const void* src, unsigned bytes, unsigned bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-
-// Lane 0: groups [g0, g0 + n) of the tile's two 8-row blocks (lo: rows g, hi: rows g+8) into
-// one stage, completing on bar.
-__device__ __forceinline__ void ring_fill(unsigned char* st, int UG, const unsigned* wlo, const unsigned* whi,
-                                          const act_t* slo, const act_t* blo, const act_t* shi,
-                                          const act_t* bhi, long lo0, long hi0, int n,
-                                          unsigned long long* bar) {
-  const unsigned b = smem_addr(bar), code = 256u * n, sb = 16u * n;
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(2 * code + 4 * sb)
-               : "memory");
-  ring_copy(st, wlo + lo0 * 64, code, b);
-  ring_copy(st + 256 * UG, whi + hi0 * 64, code, b);
-  ring_copy(st + 512 * UG, slo + lo0 * 8, sb, b);
-  ring_copy(st + 512 * UG + 16 * UG, blo + lo0 * 8, sb, b);
-  ring_copy(st + 512 * UG + 32 * UG, shi + hi0 * 8, sb, b);
-  ring_copy(st + 512 * UG + 48 * UG, bhi + hi0 * 8, sb, b);
-}
-
-__device__ __forceinline__ void ring_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done = 0;
-  do {
-    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-  } while (!done);
-}
-
-// v into the float at p's offset in the shared memory of block `rank` of this cluster.
-__device__ __forceinline__ void st_cluster(float* p, int rank, float v) {
-  unsigned r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
-}
-
-// The lanes' reads of a stage come before the copy engine's next writes into it.
-__device__ __forceinline__ void ring_release() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-#endif
-
-// A landed stage into registers: lane l's codes are the l-th 8 bytes of each group's 256 (as
-// fetch() reads them from device memory), tig picks scale or bias of row g or g+8.
-// Groups u0.. of a stage of UG groups, N of them (those before gb).
-template <int N>
-__device__ __forceinline__ void ring_take(Batch<N>& t, const unsigned char* st, int UG, int u0, int g0, int gb,
-                                          int lane) {
-  const uint2* lo = reinterpret_cast<const uint2*>(st) + u0 * 32;
-  const uint2* hi = reinterpret_cast<const uint2*>(st + 256 * UG) + u0 * 32;
-  const unsigned short* sb = reinterpret_cast<const unsigned short*>(st + 512 * UG) + (lane & 3) * 8 * UG + u0 * 8;
+template <int UG>
+__device__ __forceinline__ void fetch_async(uint2* wa, uint2* wb, unsigned* wq, const Rows& r, int ga,
+                                            int gb, int lane) {
 #pragma unroll
-  for (int u = 0; u < N; ++u) {
+  for (int u = 0; u < UG; ++u) {
+    const int gr = ga + u;
+    if (gr < gb) {
+      cp_async(wa + u * 32 + lane, r.lo + gr * CODE_STEP, 8);
+      cp_async(wb + u * 32 + lane, r.hi + gr * CODE_STEP, 8);
+      const unsigned* pair = reinterpret_cast<const unsigned*>(r.sb - ((lane >> 2) & 1));
+      cp_async(wq + u * 32 + lane, pair + gr * (SB_STEP / 2), 4);
+    }
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int UG>
+__device__ __forceinline__ void unstage(Batch<UG>& t, const uint2* wa, const uint2* wb, const unsigned* wq,
+                                        int u0, int g0, int gb, int lane) {
+#pragma unroll
+  for (int u = 0; u < UG; ++u) {
     if (g0 + u < gb) {
-      t.a[u] = lo[u * 32 + lane];
-      t.b[u] = hi[u * 32 + lane];
-      t.q[u] = sb[u * 8 + (lane >> 2)];
+      t.a[u] = wa[(u0 + u) * 32 + lane];
+      t.b[u] = wb[(u0 + u) * 32 + lane];
+      t.q[u] = wq[(u0 + u) * 32 + lane] >> (((lane >> 2) & 1) * 16);
     }
   }
 }

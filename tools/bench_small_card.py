@@ -16,11 +16,14 @@ requests), the plan's predicted speed,
 the plan's peak (saved prompt states counted at what the cache holds on the card:
 `Decision.planned_peak`) against the pool's peak, and the whole GPU's peak used memory from
 NVML (sampled every 10 ms). A cell the plan refuses prints the plan's verdict. Then the
-targets' verdicts. Writes small_card.json and small_card.md to --out after every cell.
+targets' verdicts. Writes small_card.json and small_card.md to --out after every cell; a CUDA
+cell's JSON also holds the projection variant the tuning chose for each shape, which
+--choices prints a line a cell.
 
     python3 tools/bench_small_card.py --out OUT                 # the whole matrix
     python3 tools/bench_small_card.py --sizes 4B --time-budget 540 --out OUT
     python3 tools/bench_small_card.py --merge A/small_card.json B/small_card.json --out OUT
+    python3 tools/bench_small_card.py --choices OUT/small_card.json
     python3 tools/bench_small_card.py --backend numpy --sizes tiny --limits none \\
         --prompts 16,32 --new-tokens 4 --out OUT                # a CPU smoke run
 """
@@ -43,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from tools.roofline import copy_bandwidth, decode_bytes, roofline_pct
-from tools.small_card_report import GIB, merge, report_text, write_report
+from tools.small_card_report import GIB, choices_text, merge, report_text, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = "0.8B,4B,9B"
@@ -234,6 +237,8 @@ def serve_cell(
         out["nvml_peak_bytes"] = nvml.peak
         if engine.backend_name == "cuda":  # after the requests: no cost to the first one
             _roofline(engine, out, new)
+            tuner = engine.backend.projections.tuner  # the variant each projection runs
+            out["projection_choices"] = {str(k): list(v) for k, v in tuner.choice.items()}
         engine.unload()
     return out
 
@@ -390,6 +395,7 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--time-budget", type=float, default=0.0, help="seconds for the matrix")
     ap.add_argument("--merge", nargs="+", help="one table from earlier runs' small_card.json")
+    ap.add_argument("--choices", help="a small_card.json: the projection variants each cell ran")
     ap.add_argument("--cell", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--size", help=argparse.SUPPRESS)
     ap.add_argument("--limit", help=argparse.SUPPRESS)
@@ -405,6 +411,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.cell:
         cell_main(args)
+        return
+    if args.choices:
+        print(choices_text(json.loads(Path(args.choices).read_text())["cells"]))
         return
     if args.merge:
         cells, meta = merge(args.merge)

@@ -12,7 +12,7 @@
 # What each tree runs (AB_BENCH):
 #   small-card (the default): tools/bench_small_card.py, through Engine.load and
 #     Engine.generate, with SMALL_FLAGS (default: the 0.8B and the 4B, whole card and 4 GiB,
-#     a 512-token prompt); the product's speed;
+#     a 512-token prompt); the product's speed, and the projection variants each cell ran;
 #   decode: tools/bench_decode.py with BENCH_FLAGS (graph replays: kernel-level figures).
 # AB_TESTS='pytest -k expression' runs that part of tests/device in every overlay first (a
 # line each: passed / failed). The kernel cache is packed into $OUT/kernel-cache.tgz at the
@@ -99,6 +99,9 @@ for round in 1 2; do
       echo "$tag:"
       grep -h '^| 4B\|^| 0.8B\|^| 9B\|^| 2B' "$OUT/$tag/small_card.md" 2>/dev/null |
         cut -d'|' -f2,3,8 | sed 's/^/   /'
+      # the variants the tuning chose, shapes counted per variant (the tool's --choices)
+      (cd "${trees[$i]}" && python3 tools/bench_small_card.py --choices "$OUT/$tag/small_card.json" \
+        2>/dev/null | sed 's/^/     /')
       continue
     fi
     # shellcheck disable=SC2086

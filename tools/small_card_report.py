@@ -179,6 +179,26 @@ def report_text(cells: list[dict], meta: dict) -> str:
     return table(cells, meta) + "\n\n" + "\n".join(f"- {v}" for v in verdicts(cells)) + "\n"
 
 
+def choices_text(cells: list[dict]) -> str:
+    """One line a cell: how many of its projection shapes run each variant (a cell's
+    `projection_choices`: the tuner's key, then ('mma', warps a tile, tiles a block, groups
+    a load, pipelined, ...) or another kernel's choice), the most common first."""
+    lines = []
+    for c in cells:
+        got = c.get("projection_choices")
+        if not got:
+            continue
+        counts: dict[str, int] = {}
+        for v in got.values():
+            name = ",".join(str(x) for x in v)
+            counts[name] = counts.get(name, 0) + 1
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        limit = "none" if c.get("limit_gib") is None else f"{c['limit_gib']} GiB"
+        text = "  ".join(f"({name}) x{n}" for name, n in ranked)
+        lines.append(f"{c['size']} {limit}: {text}")
+    return "\n".join(lines)
+
+
 def write_report(cells: list[dict], meta: dict, out: Path) -> None:
     """Rewritten after every cell, so a run cut short still leaves its numbers."""
     out.mkdir(parents=True, exist_ok=True)

@@ -230,3 +230,25 @@ def test_a_16k_prompt_is_any_within_five_percent_of_16384():
     assert any("16,384 tokens within 2x" in v and "met (16,000 tokens" in v for v in lines)
     assert any("8,192 tokens within 1.5x" in v and "missed (8,000 tokens" in v for v in lines)
     assert any("8,192 or more" in v and "met (8,000: 100.1%, 16,000: 100.6%)" in v for v in lines)
+
+
+def test_choices_name_each_cells_variants_most_common_first(tmp_path, capsys):
+    """`--choices` reads a run's small_card.json: a line a cell with the variants its
+    projections ran and how many shapes ran each; cells without choices (numpy, errors)
+    give no line."""
+    four = {
+        "(4, 1, 2560, 9216, False, 0, True)": ["mma", 0, 2, 4, False],
+        "(4, 1, 9216, 2560, True, 1, True)": ["mma", 4, 2, 2, True],
+        "(4, 1, 2560, 4096, False, 2, True)": ["mma", 0, 2, 4, False],
+    }
+    cells = [
+        {"size": "4B", "limit_gib": None, "projection_choices": four},
+        {"size": "4B", "limit_gib": 4.0, "error": "not run"},
+        {"size": "0.8B", "limit_gib": 4.0, "projection_choices": {"k": ["tc", 8]}},
+    ]
+    (tmp_path / "small_card.json").write_text(json.dumps({"meta": META, "cells": cells}))
+    main(["--choices", str(tmp_path / "small_card.json")])
+    assert capsys.readouterr().out.splitlines() == [
+        "4B none: (mma,0,2,4,False) x2  (mma,4,2,2,True) x1",
+        "0.8B 4.0 GiB: (tc,8) x1",
+    ]

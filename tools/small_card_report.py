@@ -4,6 +4,7 @@ targets' verdicts, and runs merged. Pure data in, text out: it never opens the G
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 GIB = 1 << 30
@@ -188,10 +189,7 @@ def choices_text(cells: list[dict]) -> str:
         got = c.get("projection_choices")
         if not got:
             continue
-        counts: dict[str, int] = {}
-        for v in got.values():
-            name = ",".join(str(x) for x in v)
-            counts[name] = counts.get(name, 0) + 1
+        counts = Counter(",".join(str(x) for x in v) for v in got.values())
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         limit = "none" if c.get("limit_gib") is None else f"{c['limit_gib']} GiB"
         text = "  ".join(f"({name}) x{n}" for name, n in ranked)

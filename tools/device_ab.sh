@@ -100,7 +100,7 @@ for round in 1 2; do
       grep -h '^| 4B\|^| 0.8B\|^| 9B\|^| 2B' "$OUT/$tag/small_card.md" 2>/dev/null |
         cut -d'|' -f2,3,8 | sed 's/^/   /'
       # the variants the tuning chose, shapes counted per variant (the tool's --choices)
-      (cd "${trees[$i]}" && python3 tools/bench_small_card.py --choices "$OUT/$tag/small_card.json" \
+      (cd "${trees[$i]}" && PYTHONPATH=. python3 tools/bench_small_card.py --choices "$OUT/$tag/small_card.json" \
         2>/dev/null | sed 's/^/     /')
       continue
     fi

@@ -142,7 +142,7 @@ def test_the_catalog_follows_the_card():
     assert ("gdn_chunk.cu", "gdn_chunk<32>") in names(86, "float32")
     assert ("gdn_chunk.cu", "gdn_chunk<16>") in names(75)
     attn = {n for f, n in names(86) if f == "attention.cu"}
-    assert attn == {f"attn_decode{p}<8,4,4,{w}>" for p in ("", "_prep") for w in (4, 8)}
+    assert attn == {"attn_decode<8,4,4,4>", "attn_decode<8,4,4,8>"}
     assert all(
         ("gemv4.cu", f"gemv4<{r},false,2,2,true,256,0,false>") in names(86) for r in range(1, 9)
     )

@@ -98,7 +98,6 @@ def decode_kernel(
     sm_count: int,
     invariant: bool = False,
     q8: bool = False,
-    prep: bool = False,
 ) -> tuple[str, int]:
     """(attn_decode instance, warps a block) of a step's grid (nsmax, Hkv, R). 8 warps take a 32-key
     split in one round of loads, all before the wait, where the grid is small enough (one
@@ -108,21 +107,12 @@ def decode_kernel(
     order, so a row's sums depend on them: batch-invariant (`invariant`), every grid takes 8
     where their partials fit (as a one-row step's small grid does), whatever its splits and
     rows. `q8`: the instance that reads the 8-bit cache (attn_decode_q8), with the same
-    geometry. `prep`: attn_decode_prep, the same with attn_prep's work for a step (where
-    `step_prep_fits`)."""
+    geometry."""
     gm, ku = decode_held(group)
     small = invariant or nsmax * Hkv * R <= sm_count
     nw = 8 if small and gm * hd * 4 * 8 <= 32768 else 4
-    name = "attn_decode_q8" if q8 else "attn_decode_prep" if prep else "attn_decode"
+    name = "attn_decode_q8" if q8 else "attn_decode"
     return f"{name}<{hd // 32},{gm},{ku},{nw}>", nw
-
-
-def step_prep_fits(group: int, hd: int) -> bool:
-    """Whether attn_decode_prep's static shared memory (attn_decode's, the RoPE factors and
-    the two norm weights) fits at every warp count decode_kernel may pick."""
-    gm, _ = decode_held(group)
-    warps = (4, 8) if gm * hd * 4 * 8 <= 32768 else (4,)
-    return all(decode_smem(gm, hd, nw) + 16 * hd <= STATIC_SMEM for nw in warps)
 
 
 class Attention:
@@ -179,23 +169,16 @@ class Attention:
         rowwise = batch.per_row(fr.step_rows)
         prep = (qg, k, v, q_norm, k_norm, meta, q, kc, vc, heads, c.rotary_dim, st.context)
         ahead = ahead if batch.is_step and self.k.prefetch else ()
-        fresh = max(seg.rows for seg in batch.segments)  # keys a row adds
-        # A step's one new key a row: attn_decode_prep does attn_prep's work itself.
-        in_decode = rowwise and fresh == 1 and scales is None and step_prep_fits(Hq // heads[1], hd)
-        if not in_decode:
-            self.prep(*prep, c.rope_theta, c.rms_norm_eps, rowwise, ahead, scales)
+        self.prep(*prep, c.rope_theta, c.rms_norm_eps, rowwise, ahead, scales)
         out = fr.take((R, Hq * hd))
         if rowwise:
             split, nsmax = decode_splits(st.context, self.step_splits)
             po = fr.take((R, Hq, nsmax, hd), cupy.float32)
             pml = fr.take((R, Hq, nsmax, 2), cupy.float32)
             ctx = st.context
+            fresh = max(seg.rows for seg in batch.segments)  # keys prep just wrote, a row
             args = (q, kc, vc, meta[0], meta[1], po, pml, heads, ctx, split, nsmax)
-            if in_decode:
-                inputs = (qg, k, v, q_norm, k_norm, c.rotary_dim, c.rope_theta, c.rms_norm_eps)
-                self.decode_prep(*args, inputs, ahead)
-            else:
-                self.decode(*args, scales, fresh)
+            self.decode(*args, scales, fresh)
             self.combine(po, pml, qg, meta[0], out, heads, split, nsmax)
             return out
         row0, fused = 0, bool(self.fused_prefill()[0])
@@ -307,24 +290,6 @@ class Attention:
                 f32(hd**-0.5),
                 i32(fresh),
             ),
-        )
-
-    def decode_prep(
-        self, q, kc, vc, pos, row_slot, po, pml, heads, ctx, least, nsmax, inputs, ahead
-    ):
-        """`decode` for a step with attn_prep's work in it (attn_decode_prep): `inputs` =
-        (qg, k, v, q_norm, k_norm, rotary dims, RoPE theta, norm eps); `q` is not used."""
-        Hq, Hkv, hd = heads
-        R = q.shape[0]
-        qg, k, v, qn, kn, rot, theta, eps = inputs
-        sym, nw = decode_kernel(
-            Hq // Hkv, hd, nsmax, Hkv, R, sm_count(), self.batch_invariant, prep=True
-        )
-        args = (qg, k, v, qn, kn, kc, vc, pos, row_slot, po, pml, i32(Hq), i32(Hkv),
-                i32(ctx), i32(least), i32(nsmax), f32(hd**-0.5), i32(rot), np.float64(theta),
-                f32(eps))  # fmt: skip
-        self.k.run(
-            "attention.cu", sym, (nsmax, Hkv, R), (32 * nw,), args + ahead_spans(ahead, self.tuning)
         )
 
     def combine(self, po, pml, qg, pos, out, heads, least, nsmax):

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.backends.cuda.attention import decode_kernel, prefill_kernel, step_prep_fits
+from engine.backends.cuda.attention import decode_kernel, prefill_kernel
 from engine.backends.cuda.card import Card, runs_mma
 from engine.backends.cuda.deltanet import (
     SCAN,
@@ -286,8 +286,6 @@ def modules(
                     args = (group, hd, splits, Hkv, R, card.sm_count, invariant)
                     sym, _ = decode_kernel(*args, q8=kv_cache == "int8")  # EngineSettings.kv_cache
                     walk.add("attention.cu", sym)
-                    if kv_cache != "int8" and step_prep_fits(group, hd):
-                        walk.add("attention.cu", decode_kernel(*args, prep=True)[0])
         fused, _ = prefill_kernel(hd, dtype, card.capability, card.smem_per_block)
         if fused:
             walk.add("attn_prefill.cu", fused)

@@ -191,9 +191,8 @@ def choices_text(cells: list[dict]) -> str:
             continue
         counts = Counter(",".join(str(x) for x in v) for v in got.values())
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        limit = "none" if c.get("limit_gib") is None else f"{c['limit_gib']} GiB"
         text = "  ".join(f"({name}) x{n}" for name, n in ranked)
-        lines.append(f"{c['size']} {limit}: {text}")
+        lines.append(f"{c['size']} {limit_label(c.get('limit_gib'))}: {text}")
     return "\n".join(lines)
 
 

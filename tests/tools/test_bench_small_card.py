@@ -250,5 +250,5 @@ def test_choices_name_each_cells_variants_most_common_first(tmp_path, capsys):
     main(["--choices", str(tmp_path / "small_card.json")])
     assert capsys.readouterr().out.splitlines() == [
         "4B none: (mma,0,2,4,False) x2  (mma,4,2,2,True) x1",
-        "0.8B 4.0 GiB: (tc,8) x1",
+        "0.8B 4 GiB: (tc,8) x1",
     ]

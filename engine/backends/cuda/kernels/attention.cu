@@ -100,18 +100,6 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
                                      const unsigned char* __restrict__ ahead, long long ahead_bytes,
                                      const unsigned char* __restrict__ ahead2, long long bytes2,
                                      const unsigned char* __restrict__ ahead3, long long bytes3) {
-  // A step (spans ahead given): each KV head's block first brings the row's older keys and
-  // values toward L2, which attn_decode requests next (positions and slots: written before
-  // the step).
-  if (ahead != nullptr && blockIdx.y >= Hq) {
-    const int r = blockIdx.x, kvh = blockIdx.y - Hq, slot = row_slot[r];
-    const long long n = ((long long)pos[r] * hd * sizeof(act_t)) & ~15LL;
-    if (slot >= 0) {
-      const long long at = ((long long)slot * Hkv + kvh) * ctx * hd;
-      prefetch_share(reinterpret_cast<const unsigned char*>(kc + at), n, 0, 1);
-      prefetch_share(reinterpret_cast<const unsigned char*>(vc + at), n, 0, 1);
-    }
-  }
   // The weights read after the attention (o_proj's, the heads of the MLP's gate and up codes)
   // toward L2 before the wait: the attention's kernels leave memory mostly idle (null: none).
   prefetch_ahead(ahead, ahead_bytes, ahead2, bytes2, ahead3, bytes3, blockIdx.x + gridDim.x * blockIdx.y,

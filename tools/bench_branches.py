@@ -1,7 +1,7 @@
 """Whether a decode step's MLP runs faster as two independent halves on two streams of one
 graph than as one gate/up and one down (CUDA backend, GPU only; kernel-level figures).
 
-Each layer's MLP (MLX 4-bit, `gemv4` with SwiGLU, then down) is captured four ways, over
+Each layer's MLP (MLX 4-bit, `gemv4` with SwiGLU, then down) is captured five ways, over
 as many layers as the model has, each layer with its own weights so that they stream from
 device memory:
 

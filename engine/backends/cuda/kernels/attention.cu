@@ -110,11 +110,7 @@ extern "C" __global__ void attn_prep(const act_t* __restrict__ qg, const act_t* 
   const PrepAt at = prep_at(qg, k, v, qn, kn, pos, row_slot, row_tl, row_n, Hq, Hkv, hd, rot, ctx, theta,
                             rowwise);
   const long off = h < Hq ? at.qi : at.row * hd + threadIdx.x;
-  // attn_decode may launch now, before this kernel's wait: what it reads before its own wait
-  // (positions, slots, the cache's older rows) no kernel of this step writes, and its wait
-  // is for this kernel's end. Its keys then arrive while the input group still runs.
-  pdl_launch();
-  pdl_wait();
+  pdl_start();
   const act_t vv = h < Hq ? act_t() : *at.v;
   const float x = prep_head(ld(at.x), at.nwd, hd, rot, at.cs, eps, buf, red);
   if (h < Hq) {

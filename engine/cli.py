@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.cli_cache import add_cache_parser
-from engine.cli_plan import add_kv_cache_flag, add_plan_parser, with_kv_cache
+from engine.cli_plan import add_kv_cache_flag, add_plan_parser, gib_arg, with_kv_cache
 from engine.config import DRAFT_CHOICES, EngineSettings
 from engine.errors import RequestRefused, SnugError
 from engine.server.cli import add_serve_parser, run_serve
@@ -57,13 +57,6 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _gib(text: str) -> float:
-    value = _finite_float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
-    return value
-
-
 def _utf8_text(text: str) -> str:
     """Command-line text that was valid UTF-8 (Python maps invalid bytes in argv to lone
     surrogates, which the tokenizer cannot encode)."""
@@ -82,13 +75,13 @@ def _utf8_text(text: str) -> str:
 def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reserve-gib",
-        type=_gib,
+        type=gib_arg,
         default=None,
         help="memory left for other programs (default 0.5, env SNUG_MEMORY_RESERVE_GIB)",
     )
     p.add_argument(
         "--limit-gib",
-        type=_gib,
+        type=gib_arg,
         default=None,
         help="cap on what Snug may hold on the GPU (env SNUG_MEMORY_LIMIT_GIB)",
     )

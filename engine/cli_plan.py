@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.config import GIB, KV_CACHES, EngineSettings, ModelConfig
+from engine.config import GIB, KV_CACHES, MAX_GIB, EngineSettings, ModelConfig
 from engine.device import no_gpu_reason, probe_gpu
 from engine.errors import SnugError
 from engine.memory import Card, Decision, TensorSpec, checkpoint_specs, decide
@@ -25,6 +26,21 @@ from engine.memory.shapes import FORMATS, SHAPES, shape_config, shape_tensor_spe
 from engine.memory.speed import DEFAULT_SMALL_CARD, REFERENCE_CARDS, CardSpeed
 
 __all__ = ["add_kv_cache_flag", "add_plan_parser", "card_table", "run_plan", "with_kv_cache"]
+
+
+def gib_arg(text: str) -> float:
+    """A GiB flag's value (--reserve-gib, --limit-gib): a finite number from 0 to MAX_GIB."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text[:40]!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
+    if value > MAX_GIB:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_GIB:,.0f} GiB, got {value:g}")
+    return value
 
 
 def add_kv_cache_flag(p: argparse.ArgumentParser) -> None:
@@ -65,11 +81,13 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
         "--max-rows", type=int, default=None, help="rows per forward (default: the plan's choice)"
     )
     p.add_argument("--prompt-cache", type=int, default=None, help="saved states (default: streams)")
-    p.add_argument("--limit-gib", type=float, default=None, help="cap on engine memory (0: none)")
+    p.add_argument("--limit-gib", type=gib_arg, default=None, help="cap on engine memory (0: none)")
     p.add_argument(
-        "--reserve-gib", type=float, default=None, help="GiB left free for other programs"
+        "--reserve-gib", type=gib_arg, default=None, help="GiB left free for other programs"
     )
-    p.add_argument("--card-gib", type=float, default=None, help="plan for an empty card this size")
+    p.add_argument(
+        "--card-gib", type=gib_arg, default=None, help="plan for an empty card this size"
+    )
     p.add_argument(
         "--card-speed",
         choices=tuple(REFERENCE_CARDS),

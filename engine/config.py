@@ -29,6 +29,9 @@ from engine.json_limits import read_json_file
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 LINEAR, FULL = "linear_attention", "full_attention"
 GIB = 1 << 30
+# The most GiB a memory or cache setting takes (1 PiB, as the app's settings dialog allows):
+# more than any card, host or disk holds, and far below a size whose bytes overflow a float.
+MAX_GIB = float(1 << 20)
 
 
 @dataclass(frozen=True)
@@ -466,7 +469,16 @@ class EngineSettings:
         return MAX_DRAFT_TOKENS if self.draft_tokens == "auto" else int(self.draft_tokens)
 
     def with_gib(self, reserve: float | None = None, limit: float | None = None) -> EngineSettings:
-        """Override reserve and/or limit in GiB (a limit of 0 means none)."""
+        """Override reserve and/or limit in GiB (a limit of 0 means none); each from 0 to
+        MAX_GIB."""
+        for name, value, where in (
+            ("reserve", reserve, f"--reserve-gib, {ENV_RESERVE}"),
+            ("limit", limit, f"--limit-gib, {ENV_LIMIT}"),
+        ):
+            if value is not None and not 0 <= value <= MAX_GIB:  # NaN fails both
+                raise ConfigError(
+                    f"memory {name} {value!r} GiB: must be from 0 to {MAX_GIB:,.0f} ({where})"
+                )
         out = self
         if reserve is not None:
             out = replace(out, reserve_bytes=int(round(reserve * GIB)))
@@ -519,8 +531,8 @@ def _gib(text: str, name: str) -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(f"{name}={text!r} is not a number of GiB") from None
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name}={text!r} must be a finite, non-negative number of GiB")
+    if not math.isfinite(value) or not 0 <= value <= MAX_GIB:
+        raise ConfigError(f"{name}={text!r} must be a number of GiB from 0 to {MAX_GIB:,.0f}")
     return value
 
 

@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import sys
 
-from engine.cli_plan import add_kv_cache_flag, with_kv_cache
+from engine.cli_plan import add_kv_cache_flag, gib_arg, with_kv_cache
 from engine.config import ENV_BATCH_INVARIANT, EngineSettings, env_switch
 
 __all__ = ["add_serve_parser", "run_serve"]
@@ -63,8 +63,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="default: auto (env SNUG_BACKEND)",
     )
-    p.add_argument("--reserve-gib", type=float, default=None, help="memory left for others")
-    p.add_argument("--limit-gib", type=float, default=None, help="cap on what Snug holds")
+    p.add_argument("--reserve-gib", type=gib_arg, default=None, help="memory left for others")
+    p.add_argument("--limit-gib", type=gib_arg, default=None, help="cap on what Snug holds")
     add_kv_cache_flag(p)
     p.add_argument(
         "--batch-invariant",

@@ -75,6 +75,17 @@ def test_bad_env_value_names_the_variable():
         EngineSettings.from_env({"SNUG_BACKEND": "opencl"})
 
 
+def test_gib_settings_past_a_pib_are_refused_by_name():
+    """A size whose bytes no float holds (2e299 GiB) is refused, not an OverflowError."""
+    for name in ("SNUG_MEMORY_RESERVE_GIB", "SNUG_MEMORY_LIMIT_GIB", "SNUG_PROMPT_CACHE_DISK_GIB"):
+        with pytest.raises(ConfigError, match=f"{name}='2e299' must be a number of GiB from 0"):
+            EngineSettings.from_env({name: "2e299"})
+    assert EngineSettings.from_env({"SNUG_MEMORY_LIMIT_GIB": "1048576"}).limit_bytes == 1 << 50
+    for bad in (2e299, float("nan"), -1.0):
+        with pytest.raises(ConfigError, match="memory reserve .* must be from 0 to 1,048,576"):
+            EngineSettings().with_gib(reserve=bad)
+
+
 def test_overlap_launches_setting():
     assert EngineSettings.from_env({}).overlap_launches is True
     assert EngineSettings.from_env({"SNUG_OVERLAP_LAUNCHES": "0"}).overlap_launches is False

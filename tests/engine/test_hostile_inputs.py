@@ -345,6 +345,7 @@ def test_nan_logits_refuse_the_request_by_name(nan_checkpoint, greedy):
         (["--max-rows", "-1"], "argument --max-rows: must be >= 1, got -1"),
         (["--seed", "-1"], "argument --seed: must be >= 0"),
         (["--limit-gib", "nan"], "argument --limit-gib: must be a finite number"),
+        (["--reserve-gib", "2e299"], "argument --reserve-gib: must be at most 1,048,576 GiB"),
         (["--temperature", "inf"], "argument --temperature: must be a finite number"),
     ],
 )

@@ -67,3 +67,20 @@ def test_small_card_plan_keeps_large_chunks_and_predicts_speed(capsys):
     assert data["prediction"]["ttft_s"] > 0 and data["prediction"]["decode_tok_s"] > 0
     assert main(argv) == 0
     assert "to the first token" in capsys.readouterr().out
+
+
+def test_gib_flags_out_of_range_are_refused_by_name(capsys):
+    """Sizes no float holds in bytes (or NaN) stop at the flag, named, not as an
+    OverflowError or ValueError from the plan."""
+    import pytest
+
+    for flag, value, says in (
+        ("--card-gib", "1e300", "must be at most 1,048,576 GiB"),
+        ("--card-gib", "nan", "must be a finite number"),
+        ("--limit-gib", "2e299", "must be at most 1,048,576 GiB"),
+        ("--reserve-gib", "-1", "must be >= 0"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(["plan", "--shape", "4B", flag, value])
+        assert exit_.value.code == 2
+        assert f"argument {flag}: {says}" in capsys.readouterr().err

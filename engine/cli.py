@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -13,7 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.cli_cache import add_cache_parser
-from engine.cli_plan import add_kv_cache_flag, add_plan_parser, gib_arg, with_kv_cache
+from engine.cli_plan import (
+    add_kv_cache_flag,
+    add_plan_parser,
+    finite_float,
+    gib_arg,
+    with_kv_cache,
+)
 from engine.config import DRAFT_CHOICES, EngineSettings
 from engine.errors import RequestRefused, SnugError
 from engine.server.cli import add_serve_parser, run_serve
@@ -45,16 +50,6 @@ def _int_at_least(low: int) -> Callable[[str], int]:
         return value
 
     return parse
-
-
-def _finite_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text[:40]!r}")
-    return value
 
 
 def _utf8_text(text: str) -> str:
@@ -105,11 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-new-tokens", type=_int_at_least(1), default=256, help="at least 1 (default 256)"
     )
     g.add_argument("--greedy", action="store_true")
-    g.add_argument("--temperature", type=_finite_float, default=0.7)
+    g.add_argument("--temperature", type=finite_float, default=0.7)
     g.add_argument("--top-k", type=_int_at_least(0), default=20, help="0 = off (default 20)")
-    g.add_argument("--top-p", type=_finite_float, default=0.8)
-    g.add_argument("--min-p", type=_finite_float, default=0.0)
-    g.add_argument("--presence-penalty", type=_finite_float, default=0.0)
+    g.add_argument("--top-p", type=finite_float, default=0.8)
+    g.add_argument("--min-p", type=finite_float, default=0.0)
+    g.add_argument("--presence-penalty", type=finite_float, default=0.0)
     g.add_argument("--seed", type=_int_at_least(0), default=None)
     g.add_argument(
         "--backend",

@@ -28,14 +28,20 @@ from engine.memory.speed import DEFAULT_SMALL_CARD, REFERENCE_CARDS, CardSpeed
 __all__ = ["add_kv_cache_flag", "add_plan_parser", "card_table", "run_plan", "with_kv_cache"]
 
 
-def gib_arg(text: str) -> float:
-    """A GiB flag's value (--reserve-gib, --limit-gib): a finite number from 0 to MAX_GIB."""
+def finite_float(text: str) -> float:
+    """A flag's number: any finite float."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text[:40]!r}")
+    return value
+
+
+def gib_arg(text: str) -> float:
+    """A GiB flag's value (--reserve-gib, --limit-gib, --card-gib): from 0 to MAX_GIB."""
+    value = finite_float(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value:g}")
     if value > MAX_GIB:

@@ -495,20 +495,26 @@ DEVICE_PROPS = {
 }
 
 
+# The largest value each SNUG_DEVICE_PROPS part takes: past any card's SMs, L2 MiB or KiB of
+# shared memory a block, so that the counts and bytes stay within the kernels' 32-bit arguments.
+MAX_PROP = 1024
+
+
 def parse_device_props(text: str) -> dict[str, int]:
     """SNUG_DEVICE_PROPS ("sms=20,l2_mb=2,smem_kb=99", any of the three, comma-separated:
     SMs, L2 MiB, shared KiB one block may opt in to) as the card properties it sets, in
     counts and bytes ({"sm_count": 20, "l2_bytes": 2097152, "smem_per_block": 101376});
-    {} for "". ConfigError naming the part that is not one of those with a positive integer."""
+    {} for "". ConfigError naming the part that is not one of those with a whole number from 1
+    to MAX_PROP."""
     out: dict[str, int] = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         name, _, value = (x.strip() for x in part.partition("="))
-        if name not in DEVICE_PROPS or not value.isdigit() or int(value) < 1:
+        if name not in DEVICE_PROPS or not value.isdigit() or not 1 <= int(value) <= MAX_PROP:
             raise ConfigError(
                 f"{ENV_DEVICE_PROPS}: {part!r} is not one of {', '.join(DEVICE_PROPS)} set to a "
-                'positive whole number (e.g. "sms=20,l2_mb=2,smem_kb=99")'
+                f'whole number from 1 to {MAX_PROP:,} (e.g. "sms=20,l2_mb=2,smem_kb=99")'
             )
         key, unit = DEVICE_PROPS[name]
         out[key] = int(value) * unit

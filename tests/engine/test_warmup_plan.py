@@ -282,7 +282,8 @@ def test_device_props_parse_into_card_properties():
     env = EngineSettings.from_env({"SNUG_DEVICE_PROPS": "sms=20,l2_mb=2,smem_kb=99"})
     assert parse_device_props(env.device_props) == small
     assert EngineSettings.from_env({}).device_props == ""
-    for bad in ("sms=0", "sms=twenty", "l2=2", "sms", "smem_kb=-1"):
+    assert parse_device_props("sms=1024")["sm_count"] == 1024
+    for bad in ("sms=0", "sms=twenty", "l2=2", "sms", "smem_kb=-1", "sms=99999999999999999999"):
         with pytest.raises(ConfigError, match="SNUG_DEVICE_PROPS"):
             EngineSettings(device_props=bad)
 

@@ -29,15 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.memory.shapes import shape_config
 from tools.bench_gemv import make_weight, to_act
 
-# size -> (hidden, intermediate, layers)
-SIZES = {
-    "0.8B": (1024, 3584, 24),
-    "2B": (2048, 6144, 24),
-    "4B": (2560, 9216, 32),
-    "9B": (4096, 12288, 32),
-}
 MODES = ("serial", "halves", "branches", "capped", "tail")
 
 
@@ -113,8 +107,8 @@ def measure(ops: Any, mode: str, x: Any, layers: list[Layer], reps: int) -> floa
         ops._gemv4_resident = lambda fn, t, s: max(1, resident(fn, t, s) // 2)
     try:
         with on_stream(main):
-            for lay in layers[:1]:  # tunes each shape alone, outside the capture
-                run_layer(ops, "halves" if mode != "serial" else "serial", x, lay, side, main)
+            # each shape tuned alone, outside the capture
+            run_layer(ops, "serial" if mode == "serial" else "halves", x, layers[0], side, main)
             main.synchronize()
             ops.k.graphing = True
             main.begin_capture()
@@ -134,7 +128,8 @@ def measure(ops: Any, mode: str, x: Any, layers: list[Layer], reps: int) -> floa
 def bench_size(ops: Any, size: str, reps: int) -> dict:
     import cupy
 
-    hidden, inter, n = SIZES[size]
+    cfg = shape_config(size, "mlx4")
+    hidden, inter, n = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     layers = [Layer(ops, hidden, inter, 100 * i) for i in range(n)]
     x = to_act(ops, cupy.random.RandomState(7).standard_normal((1, hidden)).astype(cupy.float32))
     row: dict[str, Any] = {"size": size, "hidden": hidden, "intermediate": inter, "layers": n}

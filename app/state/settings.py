@@ -21,6 +21,7 @@ from engine.config import (
     DRAFT_CHOICES,
     GIB,
     KV_CACHES,
+    MAX_GIB,
     EngineSettings,
     default_prompt_cache_dir,
 )
@@ -51,7 +52,7 @@ BACKEND_ALIASES = {"cpu": "numpy"}  # the name settings files written before use
 
 FIELDS: tuple[Field, ...] = (
     Field("memory/reserve_gib", float, 0.5, "Memory reserve (GiB)", True, 0, 1024),
-    Field("memory/limit_gib", float, 0.0, "Memory limit (GiB, 0 = none)", True, 0, 1 << 20),
+    Field("memory/limit_gib", float, 0.0, "Memory limit (GiB, 0 = none)", True, 0, MAX_GIB),
     Field("engine/context", int, 8192, "Context length (tokens)", True, 1, 1 << 24),
     Field("engine/max_rows", int, 0, "Max rows per forward (0 = auto)", True, 0, 1 << 16),
     Field("engine/streams", int, 1, "Streams", True, 1, 1024),
@@ -78,8 +79,8 @@ FIELDS: tuple[Field, ...] = (
     Field("server/port", int, 8000, "Server port", True, 1024, 65535),
     # Saved conversation states below the card's (engine.prompt_cache): in host memory, and
     # on disk in the app's data folder (prompt-cache/), so a chat resumes after a restart.
-    Field("cache/host_gib", float, 2.0, "Prompt cache in memory (GiB, 0 = off)", True, 0, 1 << 20),
-    Field("cache/disk_gib", float, 8.0, "Prompt cache on disk (GiB, 0 = off)", True, 0, 1 << 20),
+    Field("cache/host_gib", float, 2.0, "Prompt cache in memory (GiB, 0 = off)", True, 0, MAX_GIB),
+    Field("cache/disk_gib", float, 8.0, "Prompt cache on disk (GiB, 0 = off)", True, 0, MAX_GIB),
 )
 BY_KEY = {f.key: f for f in FIELDS}
 TRUE_WORDS = ("1", "true", "yes", "on")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from engine.cli_plan import card_table, main, model_specs
 from engine.config import GIB, EngineSettings
 from engine.device import no_gpu_reason, probe_gpu
@@ -72,8 +74,6 @@ def test_small_card_plan_keeps_large_chunks_and_predicts_speed(capsys):
 def test_gib_flags_out_of_range_are_refused_by_name(capsys):
     """Sizes no float holds in bytes (or NaN) stop at the flag, named, not as an
     OverflowError or ValueError from the plan."""
-    import pytest
-
     for flag, value, says in (
         ("--card-gib", "1e300", "must be at most 1,048,576 GiB"),
         ("--card-gib", "nan", "must be a finite number"),

@@ -29,6 +29,7 @@ store's own buffer goes to the host tier.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -54,6 +55,10 @@ from engine.snapshot_store import (
 log = logging.getLogger(__name__)
 
 TIERS = ("device", "host", "disk")
+# A request saves its stream's state at most twice before its reply ends (its prompt's turn
+# start, its first token: `Engine.prefill`, `Engine.generate`), each save evicting the oldest
+# device snapshot where the tier is full: buffers for that many moves are pinned ahead.
+MOVES_AHEAD = 2
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,10 @@ class PromptCache:
         if best is not None and touch:
             self._entries.move_to_end(best.ids)
         return best
+
+    def oldest(self, n: int) -> list[CacheEntry]:
+        """The `n` entries evicted first, oldest first."""
+        return list(itertools.islice(self._entries.values(), n))
 
     def touch(self, ids: tuple[int, ...]) -> None:
         self._entries.move_to_end(ids)
@@ -271,14 +280,25 @@ class TieredPromptCache:
         self._ready_spare()  # for the next reply's moves (this one's may have used it)
 
     def _ready_spare(self) -> None:
-        """Have the backend ready (pin), off a reply's path, the host buffer that a move
-        down inside a reply copies into, and that a restore from disk reads into."""
+        """Have the backend ready (pin), off a reply's path, the host buffers that the moves
+        down inside the next reply copy into (one for each device snapshot it would move
+        first), and the one a restore from disk reads into."""
         moves = self.device.budget_bytes > 0 and self.host.budget_bytes > 0
         if moves or self.disk is not None:
+            victims = [e.snapshot for e in self.device.oldest(MOVES_AHEAD) if self._copied(e)]
             try:
-                self.backend.ready_host_copy(restores=self.disk is not None)
+                self.backend.ready_host_copy(restores=self.disk is not None, moves=victims)
             except DeviceOutOfMemory:
                 pass  # no memory to pin ahead: a move pins its own, a restore reads pageable
+
+    def _copied(self, entry: CacheEntry) -> bool:
+        """Whether a device snapshot leaving the tier is copied to host memory: for the host
+        tier where it fits, or for the disk, which does not have it yet."""
+        if entry.ids in self.host:
+            return False
+        return self.host.budget_bytes >= entry.nbytes or not (
+            self.disk is None or self.disk.has(entry.ids)
+        )
 
     def _take(self, slot: int, key: tuple[int, ...]) -> Any:
         """A device-tier snapshot of the slot, stored there; None where it has no room."""
@@ -310,9 +330,9 @@ class TieredPromptCache:
         and to disk if it is not there yet. Inside a reply the copy is only queued (no wait
         on the step in flight) and its disk copy waits for `persist_deferred`."""
         key = entry.ids
-        written = self.disk is None or self.disk.has(key)
-        if key in self.host or (self.host.budget_bytes < entry.nbytes and written):
+        if not self._copied(entry):
             return
+        written = self.disk is None or self.disk.has(key)
         queued = self._in_reply
         try:
             host = self.backend.snapshot_to_host(entry.snapshot, wait=not queued)

@@ -15,6 +15,7 @@ code.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -209,9 +210,12 @@ class Backend(ABC):
     def settle_host_copies(self) -> None:  # noqa: B027 - host copies are done at once
         """Wait for the copies `snapshot_to_host(wait=False)` queued."""
 
-    def ready_host_copy(self, restores: bool = False) -> None:  # noqa: B027 - nothing to pin
+    def ready_host_copy(  # noqa: B027 - nothing to pin
+        self, restores: bool = False, moves: Sequence[Any] = ()
+    ) -> None:
         """Prepare, off a reply's path, what a device snapshot's move to host memory inside
-        a reply needs (the CUDA backend pins a buffer for one whole-context state); with
+        a reply needs: `moves` are the snapshots the prompt cache would move next (the CUDA
+        backend pins a buffer of each one's size, and one for a whole-context state); with
         `restores` (there is a disk tier), also what `host_buffer` hands a restore."""
 
     def host_buffer(self, nbytes: int) -> np.ndarray | None:

@@ -163,3 +163,40 @@ def test_a_move_inside_a_reply_takes_the_spare_and_waits_only_when_read(state, m
     state._spare = np.zeros(4 * state.snapshot_bytes(state.context), np.uint8)
     state.snapshot_to_host(state.save_slot(0, n), wait=False)
     assert len(pinned) == 3 and state._spare is not None  # under half the spare: its own
+
+
+def test_moves_inside_a_reply_take_the_buffers_readied_for_them(state, monkeypatch):
+    """`keep_ready` pins, at a request's end, a buffer of each device snapshot's host size
+    (those the prompt cache would move next); a move inside the next reply copies into its
+    own with no allocation; buffers of sizes no longer wanted go before new ones are pinned."""
+    pinned: list[int] = []
+
+    def pin(n: int) -> np.ndarray:
+        pinned.append(n)
+        return np.zeros(n, np.uint8)
+
+    monkeypatch.setattr(StreamState, "_pinned", staticmethod(pin))
+    state.stream = SimpleNamespace(synchronize=lambda: None)
+    short, longer = state.save_slot(0, 5), state.save_slot(0, 20)
+    sizes = [state.host_nbytes(short), state.host_nbytes(longer)]
+    assert sizes[0] < sizes[1] and state._spare is None  # no spare held: only these
+    state.keep_ready([longer, short])
+    assert pinned == sizes[::-1]
+    state.keep_ready([short, longer])  # the same sizes: held already
+    assert len(pinned) == 2
+    ready = list(state._ready)
+    host = state.snapshot_to_host(short, wait=False)
+    assert len(pinned) == 2 and host.arrays["kv_k.0"].base is not None
+    assert np.shares_memory(host.arrays["recurrent.0"], ready[0])
+    kv_k, _, _, rec = _slot(state, 0, 5)
+    assert np.array_equal(host.arrays["kv_k.0"], kv_k[0])
+    assert np.array_equal(host.arrays["recurrent.0"], rec[0])
+    state.snapshot_to_host(short, wait=False)  # its buffer was taken: one of its own
+    assert len(pinned) == 3
+    state.keep_ready([longer])  # the one held fits: kept, nothing pinned
+    assert len(pinned) == 3 and [b.nbytes for b in state._ready] == [sizes[1]]
+    state.keep_ready([short])
+    assert pinned[-1] == sizes[0] and [b.nbytes for b in state._ready] == [sizes[0]]
+    state.snapshots_on_host = True
+    state.keep_ready([state.save_slot(0, 7)])  # a pinned snapshot moves without a copy
+    assert state._ready == []

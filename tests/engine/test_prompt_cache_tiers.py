@@ -260,8 +260,14 @@ def test_a_move_down_inside_a_reply_waits_for_nothing_until_the_reply_ends(
         backend, "snapshot_to_host", lambda s, wait=True: calls.append(("copy", wait)) or to_host(s)
     )
     monkeypatch.setattr(backend, "settle_host_copies", lambda: calls.append(("settle", None)))
+    moves: list[list] = []
+
+    def ready(restores: bool, moves_next=()) -> None:
+        calls.append(("ready", restores))
+        moves.append(list(moves_next))
+
     monkeypatch.setattr(
-        backend, "ready_host_copy", lambda restores: calls.append(("ready", restores))
+        backend, "ready_host_copy", lambda restores, moves=(): ready(restores, moves)
     )
     cache = engine.prompt_cache
     cache.flush()
@@ -276,6 +282,10 @@ def test_a_move_down_inside_a_reply_waits_for_nothing_until_the_reply_ends(
     assert len(rest) == GREEDY.max_new_tokens - 2
     settle = calls.index(("settle", None))
     assert calls.index(("copy", False)) < settle and calls[-1] == ("ready", True)
+    # Readied for the next reply: a buffer for the device snapshot its first save would
+    # move down (the only one the tier holds), none for one the host tier has already.
+    (entry,) = cache.device.oldest(2)
+    assert entry.ids not in cache.host and moves[-1] == [entry.snapshot]
     cache.flush()
     assert len(cache.disk.store) > written  # the moved state's disk copy, after the wait
     engine.unload()

@@ -22,7 +22,7 @@ The backend composes one object per concern and implements the `Backend` contrac
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -246,9 +246,10 @@ class CudaBackend(Backend):
     def settle_host_copies(self) -> None:
         self.state.settle()
 
-    def ready_host_copy(self, restores: bool = False) -> None:
+    def ready_host_copy(self, restores: bool = False, moves: Sequence[Any] = ()) -> None:
         if restores or not self.state.snapshots_on_host:
             self.state.keep_spare()
+        self.state.keep_ready(moves)
 
     def host_buffer(self, nbytes: int) -> np.ndarray | None:
         return self.state.give_spare(nbytes)

@@ -271,8 +271,8 @@ def cell_main(args) -> None:
     path = model_dir(args.workdir, args.size, args.format)
     first, new = args.first_prompt, args.new_tokens
     try:
-        res = serve_cell(path, settings, context, first, prompts, new, args.deadline, True,
-                         args.started, max_rows=args.max_rows)  # fmt: skip
+        res = serve_cell(path, settings, context, first, prompts, new, args.deadline,
+                         not args.keep_saved, args.started, max_rows=args.max_rows)  # fmt: skip
     except Exception as exc:  # the table says what failed; the log has the traceback
         traceback.print_exc()
         res = {"error": f"failed: {type(exc).__name__}: {exc}"[:300].replace("|", "/")}
@@ -317,6 +317,8 @@ def spawn_cell(args, size: str, limit: float | None, left: float | None) -> dict
         cmd += ["--workdir", args.workdir, "--backend", args.backend]
         if args.kv_cache:
             cmd += ["--kv-cache", args.kv_cache]
+        if args.keep_saved:
+            cmd += ["--keep-saved"]
         if left is not None:
             cmd += ["--deadline", str(time.time() + left)]
         paths = [str(REPO), os.environ.get("PYTHONPATH", "")]
@@ -372,6 +374,7 @@ def _meta(args) -> dict:
         "reserve_gib": args.reserve_gib,
         "prompts": parse_ints(args.prompts),
         "kv_cache": args.kv_cache or "default",
+        "keep_saved": args.keep_saved,
     }
 
 
@@ -390,6 +393,12 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--format", default="mlx4", choices=["mlx4", "mlx8", "bf16"])
     ap.add_argument("--backend", default="cuda", choices=["cuda", "numpy", "auto"])
     ap.add_argument("--kv-cache", default=None, choices=list(KV_CACHES))
+    ap.add_argument(
+        "--keep-saved",
+        action="store_true",
+        help="each request keeps the states saved by those before it, as a chat's later turns "
+        "do (default: each starts with the prompt cache empty)",
+    )
     ap.add_argument("--workdir", default="/tmp/snug-bench", help="the random checkpoints")
     ap.add_argument("--out", default=".")
     ap.add_argument("--commit", default="unknown")

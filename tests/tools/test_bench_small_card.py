@@ -252,3 +252,33 @@ def test_choices_name_each_cells_variants_most_common_first(tmp_path, capsys):
         "4B none: (mma,0,2,4,False) x2  (mma,4,2,2,True) x1",
         "0.8B 4 GiB: (tc,8) x1",
     ]
+
+
+def test_keep_saved_reaches_the_cell_and_its_requests_keep_the_cache(tmp_path, monkeypatch):
+    """`--keep-saved`: the cell's process is told, and its requests after the first start
+    with the states saved before them (a chat's later turns), not an empty prompt cache."""
+    import tools.bench_small_card as bench
+
+    seen: list[list[str]] = []
+    real_run = bench.subprocess.run
+    monkeypatch.setattr(
+        bench.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or real_run(cmd, **kw)
+    )
+    flags = "--backend numpy --sizes tiny --limits none --prompts 8,8 --new-tokens 3 --keep-saved"
+    out = tmp_path / "out"
+    main([*flags.split(), "--workdir", str(tmp_path / "w"), "--out", str(out)])
+    (cell_cmd,) = [cmd for cmd in seen if "--cell" in cmd]
+    assert "--keep-saved" in cell_cmd
+    assert json.loads((out / "small_card.json").read_text())["meta"]["keep_saved"] is True
+    cleared: list[bool] = []
+    monkeypatch.setattr(
+        bench,
+        "_request",
+        lambda *a: cleared.append(a[-1]) or {"prompt": a[1], "prefill_tok_s": 1e6},
+    )
+    args = parse_args(["--cell", *flags.split()[:-1], "--size", "tiny", "--limit", "none"])
+    for keep in (True, False):
+        args.keep_saved, args.workdir = keep, str(tmp_path / "w")
+        args.cell_out = str(tmp_path / f"cell-{keep}.json")
+        bench.cell_main(args)
+    assert cleared == [False, False, False, False, True, True]  # the first request: never

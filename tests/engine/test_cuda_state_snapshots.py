@@ -193,8 +193,12 @@ def test_moves_inside_a_reply_take_the_buffers_readied_for_them(state, monkeypat
     assert np.array_equal(host.arrays["recurrent.0"], rec[0])
     state.snapshot_to_host(short, wait=False)  # its buffer was taken: one of its own
     assert len(pinned) == 3
+    state.snapshot_to_host(longer)  # a move at a request's end takes its buffer too
+    assert len(pinned) == 3 and state._ready == []
+    state.keep_ready([longer])
+    assert len(pinned) == 4
     state.keep_ready([longer])  # the one held fits: kept, nothing pinned
-    assert len(pinned) == 3 and [b.nbytes for b in state._ready] == [sizes[1]]
+    assert len(pinned) == 4 and [b.nbytes for b in state._ready] == [sizes[1]]
     state.keep_ready([short])
     assert pinned[-1] == sizes[0] and [b.nbytes for b in state._ready] == [sizes[0]]
     state.snapshots_on_host = True

@@ -256,8 +256,8 @@ class StreamState:
 
     def snapshot_to_host(self, snapshot: dict, wait: bool = True) -> HostSnapshot:
         """A snapshot as host arrays: views of a pinned snapshot's buffer (no copy), or one
-        copy of a block's arrays into pinned memory (with `wait=False`: a buffer readied for
-        it, or the spare where it is big enough; else a new buffer). The views keep the
+        copy of a block's arrays into pinned memory (a buffer readied for it, or with
+        `wait=False` the spare where it is big enough; else a new buffer). The views keep the
         buffer alive after `free_snapshot`. With `wait=False` the copy is only queued on the
         stream: work queued after it (a restore, a reuse of the block's memory) is ordered
         after it, and whatever reads the arrays on the host calls `settle` first."""
@@ -266,7 +266,7 @@ class StreamState:
             return self._host_views(n, {part: snapshot[part] for part in self.parts})
         sources = [snapshot[part] for part in self.parts]
         total = sum(a.nbytes for a in sources)
-        flat = None if wait else self._take_ready(total)
+        flat = self._take_ready(total)  # a move the prompt cache readied a buffer for
         if flat is None and not wait:
             flat = self._take_spare(total)
         if flat is None:

@@ -277,7 +277,11 @@ class TieredPromptCache:
                 if key in tier:
                     self._write(key, tier.get(key).snapshot)
                     break
-        self._ready_spare()  # for the next reply's moves (this one's may have used it)
+
+    def ready_next(self) -> None:
+        """Pin the host buffers the next reply's moves down copy into (this one's may have
+        used them). Only while no reply decodes: the driver holds every launch while it pins."""
+        self._ready_spare()
 
     def _ready_spare(self) -> None:
         """Have the backend ready (pin), off a reply's path, the host buffers that the moves

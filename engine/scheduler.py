@@ -488,6 +488,8 @@ class Scheduler:
             last = request.sampler.last
         self._deliver(request, TokenEvent(token, text, True, reason, stats, last))
         request.done.set()
+        if not self._running and not self._waiting:  # none decodes while the buffers pin
+            self.engine.prompt_cache.ready_next()
 
     def _fail(self, request: Request, exc: BaseException) -> None:
         self._release(request, save=False)

@@ -480,6 +480,7 @@ class Engine:
             if completed:
                 self._save(stream)
             self.prompt_cache.persist_deferred()
+            self.prompt_cache.ready_next()
             self._close_stream(stream)
 
     def _sampler(self, params: GenerationParams, prompt_ids: Sequence[int]) -> Sampler:

@@ -205,3 +205,25 @@ def test_scheduled_engine_serves_the_app_path(tiny_checkpoint):
     scheduled.unload()
     with pytest.raises(RequestRefused, match="stopped"):
         scheduled.scheduler.submit(ids, GREEDY)
+
+
+def test_host_buffers_for_the_next_moves_are_pinned_only_once_none_decodes(engine4, monkeypatch):
+    """Pinning host memory holds every launch, so the buffers for the next reply's moves
+    (`TieredPromptCache.ready_next`) are pinned when the last running request has had its
+    final event, not while another stream decodes or waits."""
+    readied: list[tuple[int, int]] = []
+    scheduler = Scheduler(engine4)
+    cache = engine4.prompt_cache
+    monkeypatch.setattr(
+        cache,
+        "ready_next",
+        lambda: readied.append((len(scheduler._running), sum(r.done.is_set() for r in reqs))),
+    )
+    short = GenerationParams(max_new_tokens=3, greedy=True)
+    reqs = [scheduler.submit(prompt(6, seed=1), short)]
+    reqs.append(
+        scheduler.submit(prompt(6, seed=2), GenerationParams(max_new_tokens=9, greedy=True))
+    )
+    run_until_done(scheduler, reqs)
+    assert readied == [(0, 2)]  # once: after the longer one's final event, none running
+    assert all(tokens(drain(r)) for r in reqs)

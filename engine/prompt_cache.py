@@ -29,11 +29,10 @@ store's own buffer goes to the host tier.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +56,8 @@ log = logging.getLogger(__name__)
 TIERS = ("device", "host", "disk")
 # A request saves its stream's state at most twice before its reply ends (its prompt's turn
 # start, its first token: `Engine.prefill`, `Engine.generate`), each save evicting the oldest
-# device snapshot where the tier is full: buffers for that many moves are pinned ahead.
+# device snapshots where the tier is full: buffers for what that many saves, each the size of
+# the last one, would move are pinned ahead.
 MOVES_AHEAD = 2
 
 
@@ -107,9 +107,26 @@ class PromptCache:
             self._entries.move_to_end(best.ids)
         return best
 
-    def oldest(self, n: int) -> list[CacheEntry]:
-        """The `n` entries evicted first, oldest first."""
-        return list(itertools.islice(self._entries.values(), n))
+    def victims(self, nbytes: int, saves: int) -> list[CacheEntry]:
+        """The entries that `saves` snapshots of `nbytes` each would evict, stored one after
+        another, oldest first (none is evicted now)."""
+        held, out = self.held_bytes, []
+        queue: deque[tuple[CacheEntry | None, int]] = deque(
+            (e, e.nbytes) for e in self._entries.values()
+        )
+        for _ in range(saves if nbytes <= self.budget_bytes else 0):
+            while held + nbytes > self.budget_bytes:
+                entry, n = queue.popleft()  # None: one of these saves, evicted by the next
+                if entry is not None:
+                    out.append(entry)
+                held -= n
+            queue.append((None, nbytes))
+            held += nbytes
+        return out
+
+    def newest(self) -> CacheEntry | None:
+        """The entry used or saved last."""
+        return self._entries[next(reversed(self._entries))] if self._entries else None
 
     def touch(self, ids: tuple[int, ...]) -> None:
         self._entries.move_to_end(ids)
@@ -289,7 +306,10 @@ class TieredPromptCache:
         first), and the one a restore from disk reads into."""
         moves = self.device.budget_bytes > 0 and self.host.budget_bytes > 0
         if moves or self.disk is not None:
-            victims = [e.snapshot for e in self.device.oldest(MOVES_AHEAD) if self._copied(e)]
+            newest = self.device.newest()  # the next reply's states: about its size each
+            need = newest.nbytes if newest is not None else 0
+            victims = self.device.victims(need, MOVES_AHEAD) if need else []
+            victims = [e.snapshot for e in victims if self._copied(e)]
             try:
                 self.backend.ready_host_copy(restores=self.disk is not None, moves=victims)
             except DeviceOutOfMemory:

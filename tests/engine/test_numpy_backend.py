@@ -46,3 +46,26 @@ def test_prompt_cache_evicts_oldest_and_frees_it():
     assert not cache.make_room(101) and cache.lookup([1, 2, 3]) is None  # no proper prefix
     cache.clear()
     assert freed == ["a", "b"] and len(cache) == 0
+
+
+def test_prompt_cache_names_what_the_next_saves_would_evict_without_evicting():
+    """`victims(nbytes, saves)`: what `saves` stores of `nbytes` each would evict, in the
+    order make_room would (the buffers for those moves are readied from it)."""
+    from engine.prompt_cache import PromptCache
+
+    freed: list[str] = []
+    cache = PromptCache(100, on_evict=freed.append)
+    assert cache.newest() is None and cache.victims(30, 2) == []
+    for key, name, n in (([1], "a", 40), ([2], "b", 20), ([3], "c", 30)):
+        cache.store(key, name, n)
+    cache.touch((1,))  # order now b, c, a
+    assert cache.newest().snapshot == "a"
+    assert [e.snapshot for e in cache.victims(10, 1)] == []  # 90 + 10 fits
+    assert [e.snapshot for e in cache.victims(30, 1)] == ["b"]
+    assert [e.snapshot for e in cache.victims(30, 2)] == ["b", "c"]
+    assert [e.snapshot for e in cache.victims(60, 2)] == ["b", "c", "a"]
+    assert cache.victims(101, 2) == [] and freed == [] and len(cache) == 3  # none evicted
+    cache.make_room(30)
+    cache.store([4], "d", 30)
+    cache.make_room(30)
+    assert freed == ["b", "c"]  # as named

@@ -284,7 +284,7 @@ def test_a_move_down_inside_a_reply_waits_for_nothing_until_the_reply_ends(
     assert calls.index(("copy", False)) < settle and calls[-1] == ("ready", True)
     # Readied for the next reply: a buffer for the device snapshot its first save would
     # move down (the only one the tier holds), none for one the host tier has already.
-    (entry,) = cache.device.oldest(2)
+    (entry,) = cache.device.victims(cache.device.newest().nbytes, 2)
     assert entry.ids not in cache.host and moves[-1] == [entry.snapshot]
     cache.flush()
     assert len(cache.disk.store) > written  # the moved state's disk copy, after the wait

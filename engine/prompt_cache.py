@@ -213,7 +213,7 @@ class TieredPromptCache:
         self.stats = CacheStats()
         self._deferred: list[tuple[int, ...]] = []  # saved, their disk copy not yet queued
         self._in_reply = False  # a save inside a request: moves down without waiting
-        self._ready_spare()
+        self.ready_next()
 
     @property
     def held_bytes(self) -> int:
@@ -296,14 +296,10 @@ class TieredPromptCache:
                     break
 
     def ready_next(self) -> None:
-        """Pin the host buffers the next reply's moves down copy into (this one's may have
-        used them). Only while no reply decodes: the driver holds every launch while it pins."""
-        self._ready_spare()
-
-    def _ready_spare(self) -> None:
-        """Have the backend ready (pin), off a reply's path, the host buffers that the moves
-        down inside the next reply copy into (one for each device snapshot it would move
-        first), and the one a restore from disk reads into."""
+        """Have the backend ready (pin) the host buffers that the moves down inside the next
+        reply copy into (one for each device snapshot it would move), and the one a restore
+        from disk reads into; this reply's may have used them. Only while no reply decodes:
+        the driver holds every launch while it pins."""
         moves = self.device.budget_bytes > 0 and self.host.budget_bytes > 0
         if moves or self.disk is not None:
             newest = self.device.newest()  # the next reply's states: about its size each

@@ -488,14 +488,20 @@ class Scheduler:
             last = request.sampler.last
         self._deliver(request, TokenEvent(token, text, True, reason, stats, last))
         request.done.set()
-        if not self._running and not self._waiting:  # none decodes while the buffers pin
-            self.engine.prompt_cache.ready_next()
+        self._ready_when_idle()
 
     def _fail(self, request: Request, exc: BaseException) -> None:
         self._release(request, save=False)
         request.finish_reason = "error"
         self._deliver(request, exc)
         request.done.set()
+        self._ready_when_idle()
+
+    def _ready_when_idle(self) -> None:
+        """The host buffers for the next reply's moves, pinned once no stream decodes or
+        waits (pinning holds every launch), after the last request's final event."""
+        if not self._running and not self._waiting:
+            self.engine.prompt_cache.ready_next()
 
     def _release(self, request: Request, save: bool) -> None:
         stream, request.stream = request.stream, None

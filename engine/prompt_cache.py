@@ -57,8 +57,9 @@ TIERS = ("device", "host", "disk")
 # A request saves its stream's state at most twice before its reply ends (its prompt's turn
 # start, its first token: `Engine.prefill`, `Engine.generate`), each save evicting the oldest
 # device snapshots where the tier is full: buffers for what that many saves, each the size of
-# the last one, would move are pinned ahead.
+# the last one and NEXT_TURN_TOKENS more, would move are pinned ahead.
 MOVES_AHEAD = 2
+NEXT_TURN_TOKENS = 256  # the next turn's states, over the last: a user's message and headers
 
 
 @dataclass(frozen=True)
@@ -302,8 +303,10 @@ class TieredPromptCache:
         the driver holds every launch while it pins."""
         moves = self.device.budget_bytes > 0 and self.host.budget_bytes > 0
         if moves or self.disk is not None:
-            newest = self.device.newest()  # the next reply's states: about its size each
-            need = newest.nbytes if newest is not None else 0
+            newest, need = self.device.newest(), 0
+            if newest is not None:  # the next turn's states: its ids and a message more
+                more = self.backend.snapshot_bytes(len(newest.ids) + NEXT_TURN_TOKENS)
+                need = more or newest.nbytes
             victims = self.device.victims(need, MOVES_AHEAD) if need else []
             victims = [e.snapshot for e in victims if self._copied(e)]
             try:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import engine.prompt_cache as prompt_cache
 import engine.session as session
 from engine.config import EngineSettings
 from engine.scheduler import NO_TOKEN, Scheduler
@@ -286,6 +287,13 @@ def test_a_move_down_inside_a_reply_waits_for_nothing_until_the_reply_ends(
     # move down (the only one the tier holds), none for one the host tier has already.
     (entry,) = cache.device.victims(cache.device.newest().nbytes, 2)
     assert entry.ids not in cache.host and moves[-1] == [entry.snapshot]
+    # Where the backend knows a save's size, the next turn's (its ids and a message more)
+    # counts: one too large for the tier moves nothing down, so nothing is readied.
+    sizes: list[int] = []
+    budget = cache.device.budget_bytes
+    monkeypatch.setattr(backend, "snapshot_bytes", lambda n: sizes.append(n) or budget + 1)
+    cache.ready_next()
+    assert moves[-1] == [] and sizes == [len(entry.ids) + prompt_cache.NEXT_TURN_TOKENS]
     cache.flush()
     assert len(cache.disk.store) > written  # the moved state's disk copy, after the wait
     engine.unload()

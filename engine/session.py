@@ -477,11 +477,13 @@ class Engine:
                     stream.ids.append(token)
                 pending = ahead
         finally:
-            if completed:
-                self._save(stream)
-            self.prompt_cache.persist_deferred()
-            self.prompt_cache.ready_next()
-            self._close_stream(stream)
+            try:
+                if completed:
+                    self._save(stream)
+                self.prompt_cache.persist_deferred()
+                self.prompt_cache.ready_next()
+            finally:  # the slot goes back whatever a save raised (as the scheduler's do)
+                self._close_stream(stream)
 
     def _sampler(self, params: GenerationParams, prompt_ids: Sequence[int]) -> Sampler:
         """A request's sampler; held to `params.grammar` where it has one."""

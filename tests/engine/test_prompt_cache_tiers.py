@@ -299,6 +299,25 @@ def test_a_move_down_inside_a_reply_waits_for_nothing_until_the_reply_ends(
     engine.unload()
 
 
+def test_a_reply_whose_end_of_request_work_fails_still_gives_its_slot_back(model, monkeypatch):
+    """The save, the deferred disk copies and the buffers for the next reply run after the
+    last token; one that raises reaches the caller, and the slot is free all the same."""
+    engine = load(model)
+    cache = engine.prompt_cache
+    free = list(engine._free_slots)
+
+    def broken() -> None:
+        raise RuntimeError("pinning went wrong")
+
+    monkeypatch.setattr(cache, "ready_next", broken)
+    with pytest.raises(RuntimeError, match="pinning went wrong"):
+        list(engine.generate(prompt(12, seed=3), GREEDY))
+    assert engine._free_slots == free
+    monkeypatch.undo()
+    assert len(tokens(engine, prompt(12, seed=4))) == GREEDY.max_new_tokens
+    engine.unload()
+
+
 def test_a_write_skipped_while_the_writer_was_busy_happens_when_the_host_tier_evicts(
     model, monkeypatch, tmp_path
 ):

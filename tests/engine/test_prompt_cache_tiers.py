@@ -299,6 +299,43 @@ def test_a_move_down_inside_a_reply_waits_for_nothing_until_the_reply_ends(
     engine.unload()
 
 
+def test_in_a_chat_every_state_moved_inside_a_reply_had_its_buffer_readied(model, monkeypatch):
+    """Five turns of a chat through its template, the "device" tier filling up on the way:
+    every snapshot moved down inside a reply (the turn start's and the first token's saves)
+    is one the request before named to `ready_host_copy`, so on CUDA its copy takes a
+    readied buffer. The backend gives each save's size ahead, as the CUDA one does."""
+    probe = Engine.load(model, NUMPY, context=2048, max_rows=64)
+    be = probe.backend
+    fixed = be.snapshot_nbytes(be.save_slot(0, 0))
+    per_token = be.snapshot_nbytes(be.save_slot(0, 1)) - fixed
+    probe.unload()
+    monkeypatch.setattr(session, "HOST_PROMPT_CACHE_BYTES", 3 * (fixed + 400 * per_token))
+    engine = Engine.load(model, NUMPY, context=2048, max_rows=64)
+    backend, cache = engine.backend, engine.prompt_cache
+    monkeypatch.setattr(backend, "snapshot_bytes", lambda n: fixed + n * per_token)
+    readied: list[list] = [[]]
+    monkeypatch.setattr(
+        backend, "ready_host_copy", lambda restores=False, moves=(): readied.append(list(moves))
+    )
+    to_host = backend.snapshot_to_host
+    in_reply: list[bool] = []
+
+    def move(snapshot, wait=True):
+        if not wait:  # queued inside a reply
+            in_reply.append(any(snapshot is s for s in readied[-1]))
+        return to_host(snapshot)
+
+    monkeypatch.setattr(backend, "snapshot_to_host", move)
+    messages: list[dict[str, str]] = []
+    for turn in range(5):
+        messages.append({"role": "user", "content": f"question {turn}, and a longer one " * 4})
+        events = list(engine.generate(engine.chat_ids(messages), GREEDY))
+        messages.append({"role": "assistant", "content": "".join(e.text for e in events)})
+    assert len(in_reply) >= 2 and all(in_reply)  # moves happened, each readied
+    assert cache.stats.moved_down >= len(in_reply) and cache.stats.hits["device"] >= 3
+    engine.unload()
+
+
 def test_a_reply_whose_end_of_request_work_fails_still_gives_its_slot_back(model, monkeypatch):
     """The save, the deferred disk copies and the buffers for the next reply run after the
     last token; one that raises reaches the caller, and the slot is free all the same."""

@@ -284,3 +284,39 @@ def test_saved_states_in_host_memory_resume_as_on_the_card(model_dir, monkeypatc
         replies[where] = tokens(engine, follow)
         engine.unload()
     assert replies["host"] == replies["card"]
+
+
+def test_a_reply_after_the_card_tier_fills_pins_no_host_memory(model_dir, monkeypatch):
+    """Once the card's tier of saved states is full, each reply's first save moves an older
+    state to host memory; its buffer was pinned at the request before's end (pinning holds
+    every launch, and inside a reply it stalled the decode), so nothing is pinned between a
+    reply's first and last token, and the tokens are those of a fresh engine."""
+    from engine.backends.cuda.state import StreamState
+
+    fresh = Engine.load(model_dir, cuda(), context=1024, max_rows=256)
+    engine = Engine.load(model_dir, cuda(), context=1024, max_rows=256)
+    cache, state = engine.prompt_cache, engine.backend.state
+    cache.device.budget_bytes = 2 * state.snapshot_bytes(140)  # two states of these replies
+    probe = state.save_slot(0, 124)  # a reply's state: too small for the spare to take
+    assert state.host_nbytes(probe) < state.snapshot_bytes(1024) // 2
+    state.free_snapshot(probe)
+    pinned, calls, phase = StreamState._pinned, [], ["outside"]
+
+    def pin(total):
+        calls.append(phase[0])
+        return pinned(total)
+
+    monkeypatch.setattr(StreamState, "_pinned", staticmethod(pin))
+    for seed in range(5):
+        ids, got = prompt(100, seed=10 + seed), []
+        phase[0] = "request"
+        for event in engine.generate(ids, GREEDY):  # its end's work runs at the last next()
+            got.append(event.token_id)
+            phase[0] = "request" if event.finished else "reply"
+        phase[0] = "outside"
+        assert got == tokens(fresh, ids), seed
+        fresh.prompt_cache.clear()
+    assert cache.stats.moved_down >= 3 and calls.count("request") >= 3  # pinned at the ends
+    assert "reply" not in calls  # and never between a reply's first and last token
+    engine.unload()
+    fresh.unload()

@@ -265,7 +265,7 @@ class StreamState:
         if "pinned" in snapshot:
             return self._host_views(n, {part: snapshot[part] for part in self.parts})
         sources = [snapshot[part] for part in self.parts]
-        total = sum(a.nbytes for a in sources)
+        total = self.host_nbytes(snapshot)
         flat = self._take_ready(total)  # a move the prompt cache readied a buffer for
         if flat is None and not wait:
             flat = self._take_spare(total)

@@ -6,7 +6,8 @@ request is the first request of a new process and its memory starts clean. In it
 with the limit standing in for the card (reserve --reserve-gib; the context: --context, else
 with no limit the longest prompt plus the reply plus 64 tokens, with a limit the longest the
 plan admits),
-then `Engine.generate` as the app calls it, greedy, --new-tokens tokens a reply (end of
+then `Engine.generate` as the app calls it, greedy (`--sampled`: the app's sampling defaults),
+--new-tokens tokens a reply (end of
 sequence ignored, so every reply has its length): a first request, then for each prompt
 length the context admits a warm request of fresh random ids (no prompt-cache hit). Each warm
 request starts with the prompt cache emptied and the pool's peak reset, so its row's peak is
@@ -55,6 +56,9 @@ PROMPTS = "512,8192,16384,32768"
 MARGIN = 64  # tokens of context past the longest prompt and its reply, without a limit
 PROMPT_IDS = 400  # random prompts draw ids below this: text in every tokenizer here
 MIN_CELL_S = 30.0  # a cell is not started with less of the time budget left
+# The app's sampling defaults (app/state/settings.py; the engine side cannot import it: Qt),
+# drawn on the device with the presence penalty's bitmap: `--sampled`.
+APP_SAMPLING = dict(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5)
 GRACE_S = 20.0  # a cell's process may run this far past the budget before it is stopped
 
 
@@ -125,8 +129,11 @@ def _predictor(engine, decision) -> Callable[[int], tuple[float | None, float | 
     return at
 
 
-def _request(engine, n: int, new: int, rng, nvml: NvmlPeak, predicted, clear: bool) -> dict:
-    """One `Engine.generate` of n fresh random ids; its row."""
+def _request(
+    engine, n: int, new: int, rng, nvml: NvmlPeak, predicted, clear: bool, sampled: bool
+) -> dict:
+    """One `Engine.generate` of n fresh random ids, greedy or (`sampled`) with the app's
+    sampling defaults; its row."""
     from engine.session import GenerationParams
 
     pool, decision = engine.backend.pool, engine.decision
@@ -136,7 +143,10 @@ def _request(engine, n: int, new: int, rng, nvml: NvmlPeak, predicted, clear: bo
         pool.reset_peak()
     nvml.window()
     ids = rng.integers(0, min(PROMPT_IDS, engine.vocab_rows), size=n).tolist()
-    params = GenerationParams(max_new_tokens=new, greedy=True)
+    if sampled:
+        params = GenerationParams(max_new_tokens=new, seed=n, **APP_SAMPLING)
+    else:
+        params = GenerationParams(max_new_tokens=new, greedy=True)
     stats = list(engine.generate(ids, params))[-1].stats
     ttft_pred, decode_pred = predicted(n)
     row = {
@@ -184,6 +194,7 @@ def serve_cell(
     started: float | None = None,
     log: Callable[[str], None] = print,
     max_rows: int | None = None,
+    sampled: bool = False,
 ) -> dict:
     """Load `path` through `Engine.load` and serve a first request of `first` tokens, then
     one of each length in `prompts` that the context admits (in order), in this process.
@@ -218,7 +229,7 @@ def serve_cell(
     rng = np.random.default_rng(0)
     predicted = _predictor(engine, d)
     try:
-        out["first"] = _request(engine, first, new, rng, nvml, predicted, False)
+        out["first"] = _request(engine, first, new, rng, nvml, predicted, False, sampled)
         if started is not None:
             out["start_to_first_token_s"] = time.time() - started
         log(json.dumps({"first": out["first"]}, default=str))
@@ -230,7 +241,7 @@ def serve_cell(
             if deadline is not None and time.time() + need > deadline:
                 out["rows"].append({"prompt": n, "skipped": "time budget"})
                 continue
-            out["rows"].append(_request(engine, n, new, rng, nvml, predicted, clear))
+            out["rows"].append(_request(engine, n, new, rng, nvml, predicted, clear, sampled))
             log(json.dumps(out["rows"][-1], default=str))
     finally:
         nvml.stop()
@@ -272,7 +283,8 @@ def cell_main(args) -> None:
     first, new = args.first_prompt, args.new_tokens
     try:
         res = serve_cell(path, settings, context, first, prompts, new, args.deadline,
-                         not args.keep_saved, args.started, max_rows=args.max_rows)  # fmt: skip
+                         not args.keep_saved, args.started, max_rows=args.max_rows,
+                         sampled=args.sampled)  # fmt: skip
     except Exception as exc:  # the table says what failed; the log has the traceback
         traceback.print_exc()
         res = {"error": f"failed: {type(exc).__name__}: {exc}"[:300].replace("|", "/")}
@@ -319,6 +331,8 @@ def spawn_cell(args, size: str, limit: float | None, left: float | None) -> dict
             cmd += ["--kv-cache", args.kv_cache]
         if args.keep_saved:
             cmd += ["--keep-saved"]
+        if args.sampled:
+            cmd += ["--sampled"]
         if left is not None:
             cmd += ["--deadline", str(time.time() + left)]
         paths = [str(REPO), os.environ.get("PYTHONPATH", "")]
@@ -375,6 +389,7 @@ def _meta(args) -> dict:
         "prompts": parse_ints(args.prompts),
         "kv_cache": args.kv_cache or "default",
         "keep_saved": args.keep_saved,
+        "sampled": args.sampled,
     }
 
 
@@ -398,6 +413,11 @@ def parse_args(argv: list[str] | None = None):
         action="store_true",
         help="each request keeps the states saved by those before it, as a chat's later turns "
         "do (default: each starts with the prompt cache empty)",
+    )
+    ap.add_argument(
+        "--sampled",
+        action="store_true",
+        help="replies drawn with the app's sampling defaults (default: greedy)",
     )
     ap.add_argument("--workdir", default="/tmp/snug-bench", help="the random checkpoints")
     ap.add_argument("--out", default=".")

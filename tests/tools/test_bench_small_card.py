@@ -5,6 +5,7 @@ runs, and a smoke run of one cell in its own process on the numpy backend."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 from tools.bench_small_card import main, parse_args, run_matrix
@@ -274,7 +275,7 @@ def test_keep_saved_reaches_the_cell_and_its_requests_keep_the_cache(tmp_path, m
     monkeypatch.setattr(
         bench,
         "_request",
-        lambda *a: cleared.append(a[-1]) or {"prompt": a[1], "prefill_tok_s": 1e6},
+        lambda *a: cleared.append(a[-2]) or {"prompt": a[1], "prefill_tok_s": 1e6},
     )
     args = parse_args(["--cell", *flags.split()[:-1], "--size", "tiny", "--limit", "none"])
     for keep in (True, False):
@@ -282,3 +283,41 @@ def test_keep_saved_reaches_the_cell_and_its_requests_keep_the_cache(tmp_path, m
         args.cell_out = str(tmp_path / f"cell-{keep}.json")
         bench.cell_main(args)
     assert cleared == [False, False, False, False, True, True]  # the first request: never
+
+
+def test_sampled_cells_draw_with_the_apps_defaults(tmp_path, monkeypatch):
+    """`--sampled`: the cell's process is told, and every request it serves (the first one
+    too) draws with the app's sampling defaults, seeded; without it every one is greedy."""
+    import tools.bench_small_card as bench
+    from engine.session import Engine
+
+    seen: list[list[str]] = []
+    real_run = bench.subprocess.run
+    monkeypatch.setattr(
+        bench.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or real_run(cmd, **kw)
+    )
+    flags = "--backend numpy --sizes tiny --limits none --prompts 8 --new-tokens 3 --sampled"
+    out = tmp_path / "out"
+    main([*flags.split(), "--workdir", str(tmp_path / "w"), "--out", str(out)])
+    (cell_cmd,) = [cmd for cmd in seen if "--cell" in cmd]
+    assert "--sampled" in cell_cmd
+    assert json.loads((out / "small_card.json").read_text())["meta"]["sampled"] is True
+    params = []
+    real_generate = Engine.generate
+    monkeypatch.setattr(
+        Engine,
+        "generate",
+        lambda self, ids, p, *a, **kw: params.append(p) or real_generate(self, ids, p, *a, **kw),
+    )
+    args = parse_args(["--cell", *flags.split()[:-1], "--size", "tiny", "--limit", "none"])
+    for sampled in (True, False):
+        args.sampled, args.workdir = sampled, str(tmp_path / "w")
+        args.cell_out = str(tmp_path / f"cell-{sampled}.json")
+        bench.cell_main(args)
+        assert "error" not in json.loads(Path(args.cell_out).read_text())
+    drawn, greedy = params[:2], params[2:]
+    assert len(drawn) == len(greedy) == 2
+    for p in drawn:
+        assert not p.is_greedy and p.seed is not None
+        assert (p.temperature, p.top_k, p.top_p, p.presence_penalty) == (0.7, 20, 0.8, 1.5)
+    assert all(p.is_greedy for p in greedy)

@@ -9,9 +9,12 @@ in `meta` and are written before launch. The graph ends with greedy selection in
 row of `meta` and advances every position by one, so `replay_next` decodes the next token
 with no host round trip.
 
-`launch()` runs a step without waiting for it: the picked tokens (greedy, or drawn on the
-device) are copied to pinned host memory as the GPU gets to them, and the next step can be
-launched, fed by those picks on the device, before the host reads them (`Pending.tokens`).
+`launch()` runs a step without waiting for it, and the next step can be launched, fed by
+its picks on the device, before the host reads them (`Pending.tokens`). The graph's last
+kernel writes the picks (greedy, or drawn after it by `publish`) into a ring of pinned host
+memory mapped into the device, one row a step (row: the position of the step's first row,
+modulo PICK_RING), where the host reads them once the step's event has passed: no copy
+between two steps' graphs (a copy and its event there cost about 10 us a step on the H200).
 
 `tune()` re-chooses the projections' kernel variants by the captured step's own time (the
 per-shape tuner times each one alone, where the overlap with its neighbours is missing).
@@ -46,7 +49,9 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend, Batch
+from engine.backends.cuda.host_table import carve
 from engine.backends.cuda.launch import on_stream
+from engine.backends.cuda.sampling import PICK_RING
 from engine.errors import GraphCaptureFailed, RequestRefused
 from engine.memory.pool import is_out_of_memory
 from engine.memory.scratch import decode_splits
@@ -115,7 +120,8 @@ class DecodeGraphs:
         self.model = model
         self.graphs: dict[int, _Captured] = {}
         self.warmed: set[int] = set()  # batch sizes whose kernels are compiled and tuned
-        self._pinned: list[np.ndarray] = []  # host rings for `launch`, one slot per step
+        self._rings: dict[int, tuple[np.ndarray, Any]] = {}  # batch size -> mapped picks
+        self._first: dict[int, int] = {}  # batch size -> its last step's row 0 position
         self.keys: dict[int, list[tuple]] = {}  # batch size -> projection choice keys used
         self.lengths: dict[int, int] = {}  # batch size -> longest row (keys) of its last step
         self._launched = 0
@@ -193,12 +199,13 @@ class DecodeGraphs:
     def _capture(self, B: int, splits: int | None) -> _Captured:
         be = self.be
         batch = Batch.step([(s, 0) for s in range(B)])
+        self._ring(B)  # made before the capture starts: the graph writes into it
 
         def run(ids: np.ndarray) -> tuple[Any, Any]:
             logits = self.model.forward(batch, ids)
             tokens = be.frame.meta[0, :B]
             be.sample_greedy(logits, out=tokens)
-            be.sampling.advance(be.frame.meta[1], B)
+            be.sampling.advance(be.frame.meta[1], B, tokens, self._rings[B][1])
             return logits, tokens
 
         graph, (logits, tokens) = self._record(batch, run, splits)
@@ -221,7 +228,9 @@ class DecodeGraphs:
         be = self.be
         be.stream.use()
         be.write_batch(batch, np.asarray(ids, np.int32))
-        cap = self._pick(B, int(np.max(batch.positions())) + 1)
+        positions = batch.positions()
+        self._first[B] = int(positions[0])
+        cap = self._pick(B, int(np.max(positions)) + 1)
         cap.graph.launch(be.stream)
         return cap.logits, cap.tokens
 
@@ -240,17 +249,21 @@ class DecodeGraphs:
             logits, picks = self.replay_next(B)
         else:
             logits, picks = self.replay(batch, ids)
+        host, ring = self._rings[B]
         if any(r is not None for r in rows):  # the draws replace their rows' greedy picks,
             be.sample_rows(logits, picks, rows, in_place=True)  # which the next step reads
-        if not self._pinned or len(self._pinned[0]) < B:  # four slots: two steps in flight
-            mem = cupy.cuda.alloc_pinned_memory(4 * 4 * B)
-            self._pinned = list(np.frombuffer(mem, np.int32, 4 * B).reshape(4, B))
-        host = self._pinned[self._launched % 4][:B]
+            be.sampling.publish(be.frame.meta[1], B, picks, ring)
         self._launched += 1
-        picks.get(stream=be.stream, out=host, blocking=False)
         event = cupy.cuda.Event()
         event.record(be.stream)
-        return Pending(event, host)
+        return Pending(event, host[self._first[B] % PICK_RING])
+
+    def _ring(self, B: int) -> None:
+        """The mapped ring a B-row step's graph writes its picks into (kept as long as the
+        graphs: they point into it)."""
+        if B not in self._rings:
+            (host,), (device,) = carve([((PICK_RING, B), np.int32)], "a decode step's picks")
+            self._rings[B] = host, device
 
     def step_seconds(self, batch_size: int, replays: int = 20, rounds: int = 2) -> float:
         """Seconds per step of `batch_size` rows: the best of `rounds` runs of `replays`
@@ -514,6 +527,7 @@ class DecodeGraphs:
         The caller keeps positions within the admitted context (no check on this path).
         """
         B = batch_size
+        self._first[B] += 1
         cap = self._pick(B, self.lengths.get(B, 1 << 40) + 1)
         cap.graph.launch(self.be.stream)
         return cap.logits, cap.tokens

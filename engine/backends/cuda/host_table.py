@@ -29,7 +29,7 @@ from engine.memory.arena import padded
 ROWS_PER_READ = 4096
 
 
-def mapped(nbytes: int) -> tuple[np.ndarray, Any]:
+def mapped(nbytes: int, what: str = "the embedding table") -> tuple[np.ndarray, Any]:
     """`nbytes` of pinned host memory mapped into the device's address space: a uint8 host
     view and a CuPy uint8 array over the same bytes, for kernels. The memory lives as long
     as either of them (or a view of one). DeviceOutOfMemory where the host has none to pin
@@ -42,25 +42,27 @@ def mapped(nbytes: int) -> tuple[np.ndarray, Any]:
         mem = pinned_memory.PinnedMemory(size, runtime.hostAllocMapped | runtime.hostAllocPortable)
     except runtime.CUDARuntimeError as exc:
         raise DeviceOutOfMemory(
-            f"{size:,} bytes of pinned host memory for the embedding table could not be "
+            f"{size:,} bytes of pinned host memory for {what} could not be "
             f"allocated ({exc}); free host memory or choose a plan that keeps the table on "
             "the card"
         ) from exc
     pointer = pinned_memory.PinnedMemoryPointer(mem, 0)
     device_ptr = runtime.pointerGetAttributes(pointer.ptr).devicePointer
     if not device_ptr:
-        raise DeviceOutOfMemory("the GPU cannot map pinned host memory for the embedding table")
+        raise DeviceOutOfMemory(f"the GPU cannot map pinned host memory for {what}")
     host = np.frombuffer(pointer, np.uint8, size)
     owned = cupy.cuda.UnownedMemory(device_ptr, size, mem, cupy.cuda.Device().id)
     device = cupy.ndarray((size,), cupy.uint8, cupy.cuda.MemoryPointer(owned, 0))
     return host[:nbytes], device[:nbytes]
 
 
-def carve(shapes: list[tuple[tuple[int, ...], Any]]) -> tuple[list[np.ndarray], list[Any]]:
+def carve(
+    shapes: list[tuple[tuple[int, ...], Any]], what: str = "the embedding table"
+) -> tuple[list[np.ndarray], list[Any]]:
     """One mapped block holding arrays of `shapes` [(shape, dtype)], each 256-aligned:
     their host views and their device arrays, in order."""
     sizes = [padded(int(np.prod(shape)) * np.dtype(dt).itemsize) for shape, dt in shapes]
-    host, device = mapped(sum(sizes))
+    host, device = mapped(sum(sizes), what)
     hosts, devices, offset = [], [], 0
     for (shape, dt), size in zip(shapes, sizes, strict=True):
         n = int(np.prod(shape)) * np.dtype(dt).itemsize

@@ -26,6 +26,10 @@ from engine.backends.cuda.frame import Frame
 from engine.backends.cuda.launch import Kernels, cdiv, or_null
 from engine.backends.cuda.tuning import Tuning
 
+# Rows of a decode graph's pick ring (sample.cu's PICK_RING): up to two steps are in flight
+# while the host reads a third's picks.
+PICK_RING = 4
+
 i32, f32 = np.int32, np.float32
 # The split draw's grid and each block's candidate slots (DRAW_NB, DRAW_CAP in sample.cu).
 DRAW_NB, DRAW_CAP = 128, 64
@@ -163,9 +167,21 @@ class Sampling:
         nb = max(1, min(128, cdiv(vocab_rows, 2048)))
         self.k.run("sample.cu", "argmax_split", (nb, logits.shape[0]), (256,), (*args, work))
 
-    def advance(self, pos, n):
-        """Every position of a decode step one further (a graph's next step)."""
-        self.k.run("sample.cu", "advance_positions", (cdiv(n, 256),), (256,), (pos, i32(n)))
+    def advance(self, pos, n, picks=None, ring=None):
+        """Every position of a decode step one further (a graph's next step); with `ring`
+        (a mapped [PICK_RING, n] int32 array), `picks` also to its row pos[0] % PICK_RING."""
+        if ring is None:
+            args = (pos, i32(n), or_null(None), or_null(None))
+            self.k.run("sample.cu", "advance_positions", (cdiv(n, 256),), (256,), args)
+            return
+        threads = min(1024, cdiv(n, 32) * 32)
+        self.k.run("sample.cu", "advance_positions", (1,), (threads,), (pos, i32(n), picks, ring))
+
+    def publish(self, pos, n, picks, ring):
+        """`picks` to the ring's row of the step whose positions `pos` advanced last (after
+        draws replaced its greedy picks)."""
+        threads = min(1024, cdiv(n, 32) * 32)
+        self.k.run("sample.cu", "publish_picks", (1,), (threads,), (pos, i32(n), picks, ring))
 
     def mark_seen(self, seen, ids, clear: bool) -> None:
         """Clear `seen` (one row's bitmap of ids) if asked, then set the bits of `ids`."""

@@ -99,11 +99,34 @@ argmax_split(const act_t* __restrict__ logits, int ldl, int vocab_rows, int* __r
   }
 }
 
-// Every position advances by one (decode chaining inside a graph).
-extern "C" __global__ void advance_positions(int* __restrict__ pos, int n) {
+// Every position advances by one (decode chaining inside a graph). With `ring` (pinned host
+// memory mapped into the device, PICK_RING rows of n; one block), the step's picks also go
+// to row pos[0] % PICK_RING of it, where the host reads them once the step's event has
+// passed: no copy between two steps' graphs.
+constexpr int PICK_RING = 4;
+extern "C" __global__ void advance_positions(int* __restrict__ pos, int n, const int* __restrict__ picks,
+                                             int* __restrict__ ring) {
   pdl_start();
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) pos[i] += 1;
+  if (ring == nullptr) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) pos[i] += 1;
+    return;
+  }
+  const int row = pos[0] % PICK_RING;
+  __syncthreads();  // every thread has read pos[0] before thread 0 advances it
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    ring[row * n + i] = picks[i];
+    pos[i] += 1;
+  }
+}
+
+// After draws replaced a launched step's greedy picks: the picks again to the ring's row of
+// that step (its positions already advanced), as advance_positions wrote them. One block.
+extern "C" __global__ void publish_picks(const int* __restrict__ pos, int n, const int* __restrict__ picks,
+                                         int* __restrict__ ring) {
+  pdl_start();
+  const int row = (pos[0] - 1) % PICK_RING;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ring[row * n + i] = picks[i];
 }
 
 __device__ __forceinline__ unsigned long long mix64(unsigned long long x) {

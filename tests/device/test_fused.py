@@ -210,30 +210,6 @@ def test_split_deltanet_step_matches_one_block(tiny_dirs):
         assert np.array_equal(a, b)
 
 
-def test_signalled_deltanet_step_matches_the_waiting_one(tiny_dirs, monkeypatch):
-    """The DeltaNet step that waits for the input group's flags (signals.py) gives the
-    logits of the one that waits for the group's end bit for bit, eager and in the decode
-    graph with overlapped launches, and leaves every flag and the ticket cleared."""
-    from engine.backends.cuda.backend import CudaBackend
-    from engine.backends.cuda.signals import StepSignals
-    from engine.config import EngineSettings
-
-    armed = []
-    arm = StepSignals.arm
-    monkeypatch.setattr(StepSignals, "arm", lambda *a: armed.append(arm(*a)) or armed[-1])
-    results = []
-    for tuning in (Tuning(deltanet_signals=False), Tuning()):
-        be = CudaBackend(EngineSettings(), dtype="bfloat16", tuning=tuning)
-        results.append(_captured_run(be, tiny_dirs["mlx4"]))
-    sig = be.projections.signals
-    if not sig.enabled:
-        pytest.skip("the flags are read by the cluster step kernel (compute capability 9.0)")
-    assert any(a is not None for a in armed)  # the one-row input groups ran on gemv4
-    for a, b in zip(*results, strict=True):
-        assert np.array_equal(a, b)
-    assert not be.to_host(sig.flags).any() and int(be.to_host(sig.ticket)[0]) == 0
-
-
 def test_step_conv_state_update_matches_window(tiny_dirs):
     """A step updates the conv state inside gdn_prep; a window uses gdn_conv_state. Both
     leave the same state behind (fp32; the window computes its inputs with a different

@@ -134,7 +134,7 @@ class CudaBackend(Backend):
         """Bytes Snug holds on the card: the pool's blocks plus the small step buffers."""
         small = 0
         if self.frame.meta is not None:
-            small = self.frame.nbytes + self.sampling.nbytes + self.projections.signals.nbytes
+            small = self.frame.nbytes + self.sampling.nbytes
         return self.pool.held_bytes + small
 
     def _teardown_graphs(self) -> None:
@@ -203,7 +203,6 @@ class CudaBackend(Backend):
         try:  # small buffers from CuPy's own pool, outside the plan's blocks
             self.frame.alloc_meta(rows)
             self.sampling.alloc(rows, slots, config.vocab_size)
-            self.deltanet.alloc_signals(config)
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise

@@ -27,7 +27,6 @@ from engine.backends.cuda.launch import (
     ahead_spans,
     cdiv,
     compute_capability,
-    or_null,
     smem_per_block,
 )
 from engine.backends.cuda.projections import Pro, Projections, Prologue
@@ -198,17 +197,6 @@ class DeltaNet:
         self._tc_rows: int | None = None  # gdn_chunk_tc rows per chunk (0: gdn_chunk runs)
         self.verify_rows: Any = None  # DeviceVerifyRows where the backend drafts
 
-    def alloc_signals(self, config: Any) -> None:
-        """The input groups' flags where the step kernel reads them (signals.py): the
-        cluster step kernel, `Tuning.deltanet_signals`."""
-        c = config
-        dims = (c.linear_num_key_heads, c.linear_num_value_heads)
-        dims += (c.linear_key_head_dim, c.linear_value_head_dim)
-        on = bool(c.linear_layers) and self.tuning.deltanet_signals
-        on = on and c.linear_conv_kernel_dim <= STEP_MAX_TAPS
-        on = on and self.split_shape(*dims) is not None
-        self.projections.signals.alloc(on)
-
     # ----- the ops ------------------------------------------------------------------------
     def gated_delta(
         self, layer: int, mixed: Any, z: Any, b: Any, a: Any, weights: dict, batch: Batch
@@ -268,15 +256,11 @@ class DeltaNet:
         segs = fr.segs(S)
         conv, recurrent = self.state.conv[layer], self.state.recurrent[layer]
         dims = (Hk, Hv, dk, dv, K)
-        signals = self.projections.signals if self.projections is not None else None
-        signal = signals.take() if signals is not None else None  # the group's flags, if set
         if step and K <= STEP_MAX_TAPS and self.step_shape(Hk, Hv, dk, dv):
             o = fr.take((R, Hv * dv), f)
             w = (weights["conv1d"], conv, a, b, weights["A_log"], weights["dt_bias"])
-            self.step(mixed, *w, recurrent, segs, S, o, dims, ahead=ahead, signal=signal)
+            self.step(mixed, *w, recurrent, segs, S, o, dims, ahead=ahead)
             return o
-        if signal is not None:  # armed with no step kernel after it: cleared for the next
-            signals.flags[: signal[1]].fill(0)
         keep = self.verify_rows if any(seg.keep for seg in batch.segments) else None
         P = self.tuning.deltanet_step_blocks
         kernel = keep_step_kernel(*dims, P, compute_capability()) if keep is not None else None
@@ -382,36 +366,23 @@ class DeltaNet:
         o,
         dims,
         ahead=(),
-        signal=None,
     ):
         """A decode step's conv, gates and delta rule in one launch (`gdn_step`, or
         `gdn_step_split` where `split_shape` allows); the caller has checked `step_shape`
         and a conv of at most 4 taps. `ahead`: the weights read next (out_proj, gate, up),
-        which the launch brings toward L2 (launch.ahead_spans). `signal`: (rows a flag,
-        flags) the input group set (`StepSignals`; one row, the split kernel)."""
+        which the launch brings toward L2 (launch.ahead_spans)."""
         Hk, Hv, dk, dv, K = dims
         P = self.tuning.deltanet_step_blocks
         sym, per_head, threads = step_kernel(Hk, Hv, dk, dv, K, P, compute_capability())
-        args = (mixed, conv_w, cstate, a, b, A_log, dt_bias, state, *segs[:2], o)
-        args += (i32(Hk), i32(Hv), i32(dv), i32(K))
-        args += ahead_spans(ahead if self.k.prefetch else (), self.tuning)
-        if per_head > 1:  # gdn_step_split: the flags, or none
-            args += self._signal_args(signal, mixed, a, b, n_segs)
-        else:
-            assert signal is None, "only the cluster step kernel reads the input group's flags"
-        self.k.run("gdn.cu", sym, (Hk * per_head, n_segs), (threads,), args)
-
-    def _signal_args(self, signal, mixed, a, b, n_segs) -> tuple:
-        """gdn_step_split's (flags, rows a flag, b's and a's rows in the group's output,
-        ticket, flags): b and a are views of the same one-row output as `mixed`."""
-        if signal is None:
-            return (or_null(None), i32(1), i32(0), i32(0), or_null(None), i32(0))
-        sig = self.projections.signals
-        assert n_segs == 1 and mixed.shape[0] == 1, "flags are set for one-row groups only"
-        size = mixed.itemsize
-        boff, aoff = ((t.data.ptr - mixed.data.ptr) // size for t in (b, a))
-        rows, n = signal
-        return (sig.flags, i32(rows), i32(boff), i32(aoff), sig.ticket, i32(n))
+        self.k.run(
+            "gdn.cu",
+            sym,
+            (Hk * per_head, n_segs),
+            (threads,),
+            (mixed, conv_w, cstate, a, b, A_log, dt_bias, state, *segs[:2], o)
+            + (i32(Hk), i32(Hv), i32(dv), i32(K))
+            + ahead_spans(ahead if self.k.prefetch else (), self.tuning),
+        )
 
     def conv_state(self, mixed, cstate, segs, n_segs, C, K):
         """A window's conv state: each segment's last K-1 rows of `mixed`."""

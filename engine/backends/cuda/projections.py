@@ -60,7 +60,6 @@ from engine.backends.cuda.launch import (
 from engine.backends.cuda.modules import module
 from engine.backends.cuda.norms import Norms
 from engine.backends.cuda.projection_tuning import ProjectionTuner
-from engine.backends.cuda.signals import StepSignals
 from engine.backends.cuda.w4_mma import W4Route, w4_mma
 from engine.backends.cuda.weights import DWeight, QWeight
 
@@ -144,7 +143,6 @@ class Projections:
         self._gemv4_modules: dict[tuple, Any] = {}  # (rows, swiglu, prologue) -> module
         self._gemv4_kernels: dict[str, Any] = {}  # symbol -> kernel
         self.w4 = W4Route(kernels)  # 4-bit prompt products: w4_mma or dequantize + cuBLAS
-        self.signals = StepSignals()  # a DeltaNet input group's flags (none until enabled)
 
     # ----- the ops ------------------------------------------------------------------------
     def linear(self, x: Any, w: Any) -> Any:
@@ -224,7 +222,7 @@ class Projections:
         h = x if delta is None else self.frame.take(x.shape)
         out = self.frame.take((x.shape[0], product.shape[0]))
         pro = Pro(Prologue.ADD_NORM, weight, eps, delta=delta, h=None if delta is None else h)
-        self.gemv(x, product, out, pro=pro, signal=product.signal_rows > 0)
+        self.gemv(x, product, out, pro=pro)
         return self.parts(out, weights), h
 
     def _norm_parts(
@@ -330,11 +328,9 @@ class Projections:
         up: Any = None,
         pro: Pro | None = None,
         order: tuple | None = None,
-        signal: bool = False,
     ) -> None:
         """out[m] = x[m] @ w.T for m < rows <= 8; with `up`, out = silu(x@w.T) * (x@up.T);
         with `pro` (gemv4 only, see `pro_ok`), x is first transformed as `Pro` says.
-        `signal`: a DeltaNet input group whose step kernel follows (`StepSignals`).
 
         The kernel and its variant are picked per shape by timing each candidate once
         (outside graph capture); the choice is kept for the process. Batch-invariant
@@ -350,7 +346,7 @@ class Projections:
             choice = self.choose(key, x, w, out, up, pro)
         if self.k.graphing:
             self.tuner.step_keys.append(key)
-        self.gemv_run(choice, x, w, out, up, pro, signal)
+        self.gemv_run(choice, x, w, out, up, pro)
 
     @staticmethod
     def gemv_key(x: Any, w: Any, up: Any = None, pro: Pro | None = None) -> tuple:
@@ -457,12 +453,9 @@ class Projections:
             return False
         return tc_applies(x.shape[0], w.shape[1], self.dtype, compute_capability())
 
-    def gemv_run(
-        self, choice: tuple, x, w, out, up=None, pro: Pro | None = None, signal: bool = False
-    ) -> None:
-        flags = self.signals.arm(w.signal_rows, choice) if signal and x.shape[0] == 1 else None
+    def gemv_run(self, choice: tuple, x, w, out, up=None, pro: Pro | None = None) -> None:
         if choice[0] == "mma":
-            self._gemv4_launch(x, w, out, up, pro, choice[1:], flags)
+            self._gemv4_launch(x, w, out, up, pro, choice[1:])
         elif choice[0] == "tc":
             assert pro is None, "gemv_tc has no prologue"
             tc_launch(self.k, x, w, out, up, choice[1])
@@ -470,7 +463,7 @@ class Projections:
             assert pro is None, "the SIMT kernel has no prologue"
             self._gemv_launch(x, w, out, up, *choice[1:])
 
-    def _gemv4_launch(self, x, w, out, up, pro: Pro | None, v: tuple, flags=None) -> None:
+    def _gemv4_launch(self, x, w, out, up, pro: Pro | None, v: tuple) -> None:
         R, cols = x.shape
         n_out = w.shape[0]
         swiglu = up is not None
@@ -486,7 +479,6 @@ class Projections:
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
         args += (*_pro_args(pro), i32(0))  # late = 0: first weights requested before the wait
-        args += flags if flags is not None else (or_null(None), i32(0))
         self.k.launch(fn, grid, (threads,), args, smem)
 
     def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:

@@ -27,9 +27,6 @@ class Tuning:
     # A draw of one row with top-k <= 32 over at least this many logits has DRAW_NB blocks
     # find the row's candidates first (sampling.py, the split draw).
     split_draw_min_vocab: int = 1 << 16
-    # A decode step's DeltaNet launch waits for the flags of the rows it reads, set by the
-    # input group as it stores them, not for the group's end (signals.py).
-    deltanet_signals: bool = True
 
     def __post_init__(self) -> None:
         if self.deltanet_step_blocks < 0:

@@ -38,9 +38,6 @@ class QWeight:
     # reads whole lines. The arrays keep the [rows, ...] shape; memory runs to a multiple of
     # 8 rows. An 8-aligned run of rows covers the same bytes in either order.
     blocked: bool = False
-    # A DeltaNet input group: its rows before in_proj_z (stored last), which the layer's
-    # step kernel reads as soon as the launch flags them (deltanet.StepSignals).
-    signal_rows: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -50,8 +47,7 @@ class QWeight:
 # Projections that read the same input, stored back to back so a decode step multiplies
 # them in one launch (engine.backends.base.Backend.linear_many).
 FUSED_GROUPS = (
-    # in_proj_z last: the DeltaNet step reads the other parts, out_proj's prologue z.
-    ("linear_attn.", ("in_proj_qkv", "in_proj_b", "in_proj_a", "in_proj_z")),
+    ("linear_attn.", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")),
     ("self_attn.", ("q_proj", "k_proj", "v_proj")),
 )
 
@@ -222,8 +218,6 @@ def _upload_group(
         projections.to_blocks(dp, ds, db)
     dp, ds, db = dp[:rows], ds[:rows], db[:rows]
     whole = QWeight(dp, ds, db, q.bits, q.group_size, (rows, cols), blocked=blocked)
-    if names[-1].endswith(".in_proj_z") and len(names) > 1:
-        whole.signal_rows = rows - infos[-1].shape[0]
     if len(names) == 1:
         weights[names[0]] = whole
         return

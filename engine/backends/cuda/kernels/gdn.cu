@@ -373,8 +373,7 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
                const int* __restrict__ seg_row0, float* __restrict__ o, int Hk, int Hv, int dv, int K,
                const unsigned char* __restrict__ ahead, long long ahead_bytes,
                const unsigned char* __restrict__ ahead2, long long bytes2,
-               const unsigned char* __restrict__ ahead3, long long bytes3, const unsigned* __restrict__ flags,
-               int rpv, int boff, int aoff, unsigned* __restrict__ ticket, int nflag) {
+               const unsigned char* __restrict__ ahead3, long long bytes3) {
   constexpr int DK = STEP_DK, MAXC = 256;
   __shared__ float sq[DK], sk[DK], sv[MAXC], sgb[2], red[32];
   const int p = blockIdx.x % P, kh = blockIdx.x / P, s = blockIdx.y;
@@ -398,40 +397,19 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
   }
   prefetch_ahead(ahead, ahead_bytes, ahead2, bytes2, ahead3, bytes3, blockIdx.x + blockIdx.y * gridDim.x,
                  gridDim.x * gridDim.y);
-  // flags (one row, deltanet.py): the input group's blocks flag their rows as they store
-  // them, rpv rows a flag (b and a at rows boff and aoff of its output); each thread waits
-  // for the rows it reads, not for the whole grid. The grid's end is waited for last.
-  const bool signalled = flags != nullptr;
-  if (!signalled) {
-    pdl_start();
-  } else {
-    if (conv) {
-      wait_flag(flags + c / rpv);  // channel c is row c of the group's output
-    } else if (gate) {
-      wait_flag(flags + (boff + hg) / rpv);
-      wait_flag(flags + (aoff + hg) / rpv);
-    }
-    pdl_launch();
-  }
+  pdl_start();
 
   float val = 0.f;
   act_t newest = mk(0.f);
   if (conv) {
-    newest = signalled ? ld_fresh(mixed + r * C + c) : mixed[r * C + c];
+    newest = mixed[r * C + c];
     const float acc = conv_acc(wk, tap, wnew, newest, K);
     if (tid >= 2 * DK) shift_taps(cs, c, C, K, tap, newest);  // this block's own v channels
     val = silu_f(acc);
   } else if (gate) {
-    step_gates(a, b, r * Hv + hg, a_log, dtb, sgb[0], sgb[1], signalled);
+    step_gates(a, b, r * Hv + hg, a_log, dtb, sgb[0], sgb[1]);
   }
   stage_qkv(val, tid, lane, warp, cb, red, sq, sk, sv);
-  // Every thread of this block is past its flags (the barrier in stage_qkv): the last block
-  // to take a ticket clears the flags for the next layer's input group, which sets them only
-  // after this grid has ended.
-  if (signalled && tid == 0 && atomicAdd(ticket, 1u) == gridDim.x * gridDim.y - 1) {
-    for (int i = 0; i < nflag; ++i) const_cast<unsigned*>(flags)[i] = 0u;
-    *ticket = 0u;
-  }
 
   const float decay = expf(sgb[0]), bt = sgb[1];
   const float out = delta_columns<NC>(S, sq, sk, sv + warp * NC, decay, bt, lane);
@@ -443,8 +421,6 @@ gdn_step_split(const act_t* __restrict__ mixed, const float* __restrict__ conv_w
   // (the state's) to reach memory, a round trip on each block's way out.
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
   if (p == 0 && tid < 2 * DK) shift_taps(cs, c, C, K, tap, newest);
-  // Signalled, this grid ends only after the input group's (whose z the next kernel reads).
-  if (signalled) pdl_wait();
 }
 
 // gdn_step_keep over gdn_step_split's cluster of P blocks a key head: the verify's rows in

@@ -9,17 +9,6 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
   return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
-// Signals from the DeltaNet input group (gemv4's flags, deltanet.py): wait until flag f is
-// set, acquiring the rows its virtual block stored.
-__device__ __forceinline__ void wait_flag(const unsigned* f) {
-  unsigned v;
-  do {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
-  } while (v == 0u);
-}
-// A row the flags released, read from L2 (this block has read nothing of it before).
-__device__ __forceinline__ act_t ld_fresh(const act_t* p) { return *reinterpret_cast<const volatile act_t*>(p); }
-
 // The key head size the recurrent kernels take (dk = 128) and the most conv taps a step takes.
 constexpr int STEP_DK = 128, STEP_MAXK = 4;
 
@@ -81,9 +70,8 @@ __device__ __forceinline__ void shift_taps(act_t* cs, int c, int C, int K, const
 
 // A value head's gates from row entry i: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias).
 __device__ __forceinline__ void step_gates(const act_t* __restrict__ a, const act_t* __restrict__ b, long i,
-                                           float a_log, float dtb, float& g, float& beta, bool fresh = false) {
-  // both requested before either is used: one round trip (fresh: through L2, after flags)
-  const act_t bi = fresh ? ld_fresh(b + i) : b[i], ai = fresh ? ld_fresh(a + i) : a[i];
+                                           float a_log, float dtb, float& g, float& beta) {
+  const act_t bi = b[i], ai = a[i];  // both requested before either is used: one round trip
   beta = sigmoid_f(cv(bi));
   const float x = cv(ai) + dtb;
   const float sp1 = x > 20.f ? x : log1pf(expf(x));
@@ -130,4 +118,3 @@ __device__ __forceinline__ float delta_columns(float4 (&S)[NC], const float* sq,
   }
   return out;
 }
-

@@ -36,8 +36,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int late, unsigned* __restrict__ flags,
-      int nflag) {
+      const float* __restrict__ po, int phd, float peps, int late) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
@@ -209,13 +208,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
     }
     __syncthreads();  // red is rewritten by the next tile
-    // Signals (a DeltaNet input group, deltanet.py): virtual block vb's rows are stored. The
-    // barrier above ordered every thread's stores before thread 0's fence, which releases
-    // them to a step kernel that acquires the flag instead of waiting for this grid's end.
-    if (flags != nullptr && vb < nflag && tid == 0) {
-      __threadfence();
-      asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(flags + vb), "r"(1u) : "memory");
-    }
   }
   // The record's flags: prologue (bits 0-3), SwiGLU (4), pipelined (5), tiles a block
   // (6-11), groups a load (12-15), warps a block (16-23).

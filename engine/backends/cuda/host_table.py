@@ -41,10 +41,10 @@ def mapped(nbytes: int, what: str = "the embedding table") -> tuple[np.ndarray, 
     try:
         mem = pinned_memory.PinnedMemory(size, runtime.hostAllocMapped | runtime.hostAllocPortable)
     except runtime.CUDARuntimeError as exc:
+        table = " or choose a plan that keeps the table on the card" if "table" in what else ""
         raise DeviceOutOfMemory(
             f"{size:,} bytes of pinned host memory for {what} could not be "
-            f"allocated ({exc}); free host memory or choose a plan that keeps the table on "
-            "the card"
+            f"allocated ({exc}); free host memory{table}"
         ) from exc
     pointer = pinned_memory.PinnedMemoryPointer(mem, 0)
     device_ptr = runtime.pointerGetAttributes(pointer.ptr).devicePointer

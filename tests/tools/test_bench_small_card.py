@@ -255,9 +255,8 @@ def test_choices_name_each_cells_variants_most_common_first(tmp_path, capsys):
     ]
 
 
-def test_keep_saved_reaches_the_cell_and_its_requests_keep_the_cache(tmp_path, monkeypatch):
-    """`--keep-saved`: the cell's process is told, and its requests after the first start
-    with the states saved before them (a chat's later turns), not an empty prompt cache."""
+def _cell_of(tmp_path, monkeypatch, flags: str) -> tuple[list[str], dict]:
+    """Run the matrix with `flags`: the one cell's command line, and the JSON's meta."""
     import tools.bench_small_card as bench
 
     seen: list[list[str]] = []
@@ -265,12 +264,20 @@ def test_keep_saved_reaches_the_cell_and_its_requests_keep_the_cache(tmp_path, m
     monkeypatch.setattr(
         bench.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or real_run(cmd, **kw)
     )
-    flags = "--backend numpy --sizes tiny --limits none --prompts 8,8 --new-tokens 3 --keep-saved"
     out = tmp_path / "out"
     main([*flags.split(), "--workdir", str(tmp_path / "w"), "--out", str(out)])
     (cell_cmd,) = [cmd for cmd in seen if "--cell" in cmd]
-    assert "--keep-saved" in cell_cmd
-    assert json.loads((out / "small_card.json").read_text())["meta"]["keep_saved"] is True
+    return cell_cmd, json.loads((out / "small_card.json").read_text())["meta"]
+
+
+def test_keep_saved_reaches_the_cell_and_its_requests_keep_the_cache(tmp_path, monkeypatch):
+    """`--keep-saved`: the cell's process is told, and its requests after the first start
+    with the states saved before them (a chat's later turns), not an empty prompt cache."""
+    import tools.bench_small_card as bench
+
+    flags = "--backend numpy --sizes tiny --limits none --prompts 8,8 --new-tokens 3 --keep-saved"
+    cell_cmd, meta = _cell_of(tmp_path, monkeypatch, flags)
+    assert "--keep-saved" in cell_cmd and meta["keep_saved"] is True
     cleared: list[bool] = []
     monkeypatch.setattr(
         bench,
@@ -291,17 +298,9 @@ def test_sampled_cells_draw_with_the_apps_defaults(tmp_path, monkeypatch):
     import tools.bench_small_card as bench
     from engine.session import Engine
 
-    seen: list[list[str]] = []
-    real_run = bench.subprocess.run
-    monkeypatch.setattr(
-        bench.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or real_run(cmd, **kw)
-    )
     flags = "--backend numpy --sizes tiny --limits none --prompts 8 --new-tokens 3 --sampled"
-    out = tmp_path / "out"
-    main([*flags.split(), "--workdir", str(tmp_path / "w"), "--out", str(out)])
-    (cell_cmd,) = [cmd for cmd in seen if "--cell" in cmd]
-    assert "--sampled" in cell_cmd
-    assert json.loads((out / "small_card.json").read_text())["meta"]["sampled"] is True
+    cell_cmd, meta = _cell_of(tmp_path, monkeypatch, flags)
+    assert "--sampled" in cell_cmd and meta["sampled"] is True
     params = []
     real_generate = Engine.generate
     monkeypatch.setattr(

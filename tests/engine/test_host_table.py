@@ -39,7 +39,7 @@ def host_memory(monkeypatch):
     """Mapped memory as a host buffer the "device" array shares; reads in small runs, so
     the table is filled across several runs and a partial last one."""
 
-    def mapped(nbytes, what="the embedding table"):
+    def mapped(nbytes, use=None):
         buf = np.zeros(nbytes, np.uint8)
         return buf, buf
 

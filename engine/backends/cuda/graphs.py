@@ -262,7 +262,8 @@ class DecodeGraphs:
         """The mapped ring a B-row step's graph writes its picks into (kept as long as the
         graphs: they point into it)."""
         if B not in self._rings:
-            (host,), (device,) = carve([((PICK_RING, B), np.int32)], "a decode step's picks")
+            use = ("a decode step's picks", "free host memory")
+            (host,), (device,) = carve([((PICK_RING, B), np.int32)], use)
             self._rings[B] = host, device
 
     def step_seconds(self, batch_size: int, replays: int = 20, rounds: int = 2) -> float:

@@ -29,11 +29,18 @@ from engine.memory.arena import padded
 ROWS_PER_READ = 4096
 
 
-def mapped(nbytes: int, what: str = "the embedding table") -> tuple[np.ndarray, Any]:
+TABLE = (
+    "the embedding table",
+    "free host memory or choose a plan that keeps the table on the card",
+)
+
+
+def mapped(nbytes: int, use: tuple[str, str] = TABLE) -> tuple[np.ndarray, Any]:
     """`nbytes` of pinned host memory mapped into the device's address space: a uint8 host
     view and a CuPy uint8 array over the same bytes, for kernels. The memory lives as long
     as either of them (or a view of one). DeviceOutOfMemory where the host has none to pin
-    or the device cannot map it."""
+    or the device cannot map it, naming `use`: (what it is for, what to do without it)."""
+    what, remedy = use
     import cupy
     from cupy.cuda import pinned_memory, runtime
 
@@ -41,10 +48,9 @@ def mapped(nbytes: int, what: str = "the embedding table") -> tuple[np.ndarray, 
     try:
         mem = pinned_memory.PinnedMemory(size, runtime.hostAllocMapped | runtime.hostAllocPortable)
     except runtime.CUDARuntimeError as exc:
-        table = " or choose a plan that keeps the table on the card" if "table" in what else ""
         raise DeviceOutOfMemory(
             f"{size:,} bytes of pinned host memory for {what} could not be "
-            f"allocated ({exc}); free host memory{table}"
+            f"allocated ({exc}); {remedy}"
         ) from exc
     pointer = pinned_memory.PinnedMemoryPointer(mem, 0)
     device_ptr = runtime.pointerGetAttributes(pointer.ptr).devicePointer
@@ -57,12 +63,12 @@ def mapped(nbytes: int, what: str = "the embedding table") -> tuple[np.ndarray, 
 
 
 def carve(
-    shapes: list[tuple[tuple[int, ...], Any]], what: str = "the embedding table"
+    shapes: list[tuple[tuple[int, ...], Any]], use: tuple[str, str] = TABLE
 ) -> tuple[list[np.ndarray], list[Any]]:
     """One mapped block holding arrays of `shapes` [(shape, dtype)], each 256-aligned:
     their host views and their device arrays, in order."""
     sizes = [padded(int(np.prod(shape)) * np.dtype(dt).itemsize) for shape, dt in shapes]
-    host, device = mapped(sum(sizes), what)
+    host, device = mapped(sum(sizes), use)
     hosts, devices, offset = [], [], 0
     for (shape, dt), size in zip(shapes, sizes, strict=True):
         n = int(np.prod(shape)) * np.dtype(dt).itemsize

@@ -167,21 +167,19 @@ class Sampling:
         nb = max(1, min(128, cdiv(vocab_rows, 2048)))
         self.k.run("sample.cu", "argmax_split", (nb, logits.shape[0]), (256,), (*args, work))
 
-    def advance(self, pos, n, picks=None, ring=None):
-        """Every position of a decode step one further (a graph's next step); with `ring`
-        (a mapped [PICK_RING, n] int32 array), `picks` also to its row pos[0] % PICK_RING."""
-        if ring is None:
-            args = (pos, i32(n), or_null(None), or_null(None))
-            self.k.run("sample.cu", "advance_positions", (cdiv(n, 256),), (256,), args)
-            return
-        threads = min(1024, cdiv(n, 32) * 32)
-        self.k.run("sample.cu", "advance_positions", (1,), (threads,), (pos, i32(n), picks, ring))
+    def advance(self, pos, n, picks, ring):
+        """Every position of a decode step one further (a graph's next step), and `picks`
+        to row pos[0] % PICK_RING of `ring` (a mapped [PICK_RING, n] int32 array)."""
+        self._ring_kernel("advance_positions", pos, n, picks, ring)
 
     def publish(self, pos, n, picks, ring):
         """`picks` to the ring's row of the step whose positions `pos` advanced last (after
         draws replaced its greedy picks)."""
-        threads = min(1024, cdiv(n, 32) * 32)
-        self.k.run("sample.cu", "publish_picks", (1,), (threads,), (pos, i32(n), picks, ring))
+        self._ring_kernel("publish_picks", pos, n, picks, ring)
+
+    def _ring_kernel(self, symbol, pos, n, picks, ring):
+        threads = min(1024, cdiv(n, 32) * 32)  # one block
+        self.k.run("sample.cu", symbol, (1,), (threads,), (pos, i32(n), picks, ring))
 
     def mark_seen(self, seen, ids, clear: bool) -> None:
         """Clear `seen` (one row's bitmap of ids) if asked, then set the bits of `ids`."""

@@ -99,19 +99,14 @@ argmax_split(const act_t* __restrict__ logits, int ldl, int vocab_rows, int* __r
   }
 }
 
-// Every position advances by one (decode chaining inside a graph). With `ring` (pinned host
-// memory mapped into the device, PICK_RING rows of n; one block), the step's picks also go
-// to row pos[0] % PICK_RING of it, where the host reads them once the step's event has
-// passed: no copy between two steps' graphs.
+// Every position advances by one (decode chaining inside a graph), and the step's picks go
+// to row pos[0] % PICK_RING of `ring` (pinned host memory mapped into the device, PICK_RING
+// rows of n), where the host reads them once the step's event has passed: no copy between
+// two steps' graphs. One block.
 constexpr int PICK_RING = 4;
 extern "C" __global__ void advance_positions(int* __restrict__ pos, int n, const int* __restrict__ picks,
                                              int* __restrict__ ring) {
   pdl_start();
-  if (ring == nullptr) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) pos[i] += 1;
-    return;
-  }
   const int row = pos[0] % PICK_RING;
   __syncthreads();  // every thread has read pos[0] before thread 0 advances it
   for (int i = threadIdx.x; i < n; i += blockDim.x) {

@@ -60,7 +60,6 @@ from engine.backends.cuda.launch import (
 from engine.backends.cuda.modules import module
 from engine.backends.cuda.norms import Norms
 from engine.backends.cuda.projection_tuning import ProjectionTuner
-from engine.backends.cuda.tuning import Tuning
 from engine.backends.cuda.w4_mma import W4Route, w4_mma
 from engine.backends.cuda.weights import DWeight, QWeight
 
@@ -137,7 +136,6 @@ class Projections:
     ) -> None:
         self.k, self.frame, self.norms = kernels, frame, norms
         self.invariant, self.step = invariant, False
-        self.retile = Tuning.gemv_retile  # the backend sets its Tuning's
         self.dtype = kernels.dtype
         self.tuner = ProjectionTuner(kernels.dtype)
         self._mma_ok: bool | None = None
@@ -480,11 +478,7 @@ class Projections:
         b = _wargs(up) if swiglu else a
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
-        # late = 0: first weights requested before the wait. retile: a last round of fewer
-        # tiles than blocks spreads them over more blocks (gemv4.cu); in the batch-invariant
-        # mode a row's sum order must not depend on where its tile falls, so never.
-        retile = self.retile and not self.invariant
-        args += (*_pro_args(pro), i32(0), i32(retile))
+        args += (*_pro_args(pro), i32(0))  # late = 0: first weights requested before the wait
         self.k.launch(fn, grid, (threads,), args, smem)
 
     def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:

@@ -27,9 +27,6 @@ class Tuning:
     # A draw of one row with top-k <= 32 over at least this many logits has DRAW_NB blocks
     # find the row's candidates first (sampling.py, the split draw).
     split_draw_min_vocab: int = 1 << 16
-    # A decode projection whose last round of tiles would leave blocks idle spreads that
-    # round's tiles over more blocks, more warps a tile (gemv4.cu's retile).
-    gemv_retile: bool = True
 
     def __post_init__(self) -> None:
         if self.deltanet_step_blocks < 0:

@@ -36,8 +36,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int late, int retile) {
-  const int NT = blockDim.x;
+      const float* __restrict__ po, int phd, float peps, int late) {
+  const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
   constexpr int ROWS = SWIGLU ? 8 : 16;
@@ -52,30 +52,18 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   float* red = sx + ng * 8;
 
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const int wid = tid >> 5;
+  const int wid = tid >> 5, tl = wid / KS, ks = wid % KS;
   // Blocks loop over virtual blocks vb (TPB tiles each): the grid is at most what fits on
   // the GPU at once, so the activations are staged once per block and the next tile's
   // first weights are in flight while the current tile is reduced and stored.
-  const int tiles = (out + ROWS - 1) / ROWS, VB = (tiles + TPB - 1) / TPB;
-  // retile: where the last round has tiles for fewer than half the blocks' TPB each, that
-  // round gives each block TP2 = TPB/2, TPB/4, ... tiles (KS * TPB / TP2 warps a tile), so
-  // its tiles are spread over more SMs and it ends sooner; whole rounds are unchanged.
-  const int full = VB / gridDim.x * gridDim.x;  // virtual blocks of the whole rounds
-  const int left = tiles - full * TPB;          // the last round's tiles
-  int TP2 = TPB;
-  if (retile && full < VB)
-    while (TP2 > 1 && (TP2 / 2) * static_cast<int>(gridDim.x) >= left) TP2 /= 2;
-  const int VE = TP2 == TPB ? VB : full + (left + TP2 - 1) / TP2;  // the loop's end
-  // A virtual block's first tile, its tiles and its warps a tile.
-  auto tile0_of = [&](int vb) { return vb < full || TP2 == TPB ? vb * TPB : full * TPB + (vb - full) * TP2; };
-  auto tpb_of = [&](int vb) { return vb < full ? TPB : TP2; };
+  const int VB = ((out + ROWS - 1) / ROWS + TPB - 1) / TPB;
   // Weights in 8-row blocks (weights.py, to_blocks): block b, group gr holds rows 8b..8b+7
   // of the group (32 bytes each) at word (b * ng + gr) * 64, and their scales (biases) at
   // (b * ng + gr) * 8. A tile's rows g and g+8 are blocks 2t and 2t+1 (SWIGLU: block t of
   // the gate and of the up weights); blocks past the last one are read again, not stored.
   const int nb = (out + 7) >> 3;
-  auto rows_of = [&](int vb, int tl) {
-    const int tile = tile0_of(vb) + tl;
+  auto rows_of = [&](int vb) {
+    const int tile = vb * TPB + tl;
     const int blo = min(SWIGLU ? tile : 2 * tile, nb - 1);
     const int bhi = min(SWIGLU ? tile : 2 * tile + 1, nb - 1);
     const uint2* wlo = reinterpret_cast<const uint2*>(W0) + (long)blo * ng * 32 + g * 4 + tig;
@@ -87,20 +75,13 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     return Rows{wlo, whi, sb + g};
   };
   int vb = blockIdx.x;
-  // This warp's tile and slice of the groups in virtual block vb.
-  int ga, gb, tl;
-  auto slice_of = [&](int vb) {
-    const int ksn = NT / (32 * tpb_of(vb)), ks = wid % ksn, slice = (ng + ksn - 1) / ksn;
-    tl = wid / ksn;
-    ga = min(ng, ks * slice);
-    gb = min(ng, ga + slice);
-  };
-  slice_of(vb);
+  const int slice = (ng + KS - 1) / KS;
+  const int ga = min(ng, ks * slice), gb = min(ng, ga + slice);
 
   constexpr int RG = ASYNC ? 1 : UG;  // groups held in registers
   Batch<RG> A;
   Batch<PIPE ? UG : 1> B;
-  Rows rw = rows_of(vb, tl);
+  Rows rw = rows_of(vb);
   // ASYNC staging after red: codes of rows g (wa) and g+8 (wb), scale/bias pairs (wq).
   uint2* const wbase = reinterpret_cast<uint2*>(red + NT * 4);
   uint2* const wa = wbase + wid * UG * 32;
@@ -173,7 +154,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   if (late) first_weights();
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
-  for (; vb < VE; vb += gridDim.x) {
+  for (; vb < VB; vb += gridDim.x) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (ASYNC) {
       asm volatile("cp.async.wait_all;" ::: "memory");
@@ -200,25 +181,23 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     if (vb == static_cast<int>(blockIdx.x)) stamps.at(3, tid);
     // Next tile's first weights (nothing is fetched past the last tile).
     const int nvb = vb + gridDim.x;
-    if (nvb < VE) {
-      slice_of(nvb);
-      rw = rows_of(nvb, tl);
+    if (nvb < VB) {
+      rw = rows_of(nvb);
       if constexpr (ASYNC) fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);
       else fetch(A, rw, ga, gb);
     }
     // c layout: acc[i] is row g + 8*(i>>1) of the tile, activation row 2*tig + (i&1).
     *reinterpret_cast<float4*>(red + (wid * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
-    const int ctpb = tpb_of(vb), cks = NT / (32 * ctpb), ct0 = tile0_of(vb);
-    for (int idx = tid; idx < ctpb * ROWS * M; idx += NT) {
+    for (int idx = tid; idx < TPB * ROWS * M; idx += NT) {
       const int t = idx / (ROWS * M), rem = idx - t * ROWS * M;
       const int lr = rem / M, m = rem - lr * M;
-      const int row = (ct0 + t) * ROWS + lr;
+      const int row = (vb * TPB + t) * ROWS + lr;
       if (row >= out) continue;
       const int src = ((lr & 7) * 4 + (m >> 1)) * 4 + (m & 1);
-      const float* r = red + t * cks * 128;
+      const float* r = red + t * KS * 128;
       float v0 = 0.f, v1 = 0.f;
-      for (int k = 0; k < cks; ++k) {
+      for (int k = 0; k < KS; ++k) {
         v0 += r[k * 128 + src + (lr >> 3) * 2];
         if (SWIGLU) v1 += r[k * 128 + src + 2];
       }

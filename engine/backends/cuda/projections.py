@@ -136,7 +136,6 @@ class Projections:
     ) -> None:
         self.k, self.frame, self.norms = kernels, frame, norms
         self.invariant, self.step = invariant, False
-        self.half_tiles = True
         self.dtype = kernels.dtype
         self.tuner = ProjectionTuner(kernels.dtype)
         self._mma_ok: bool | None = None
@@ -473,16 +472,13 @@ class Projections:
         _, threads = gemv4_threads(cols, v)
         smem = gemv4_smem(R, cols, threads, kind)
         self.k.allow_smem(fn, (R, swiglu, v, int(kind)), smem)  # beside the static sums
-        # half: plain weights with fewer 16-row tiles than two a multiprocessor run tiles of 8
-        # rows (gemv4.cu), twice as many.
-        half = self.half_tiles and not swiglu and cdiv(n_out, 16) < 2 * sm_count()
-        blocks = gemv4_blocks(n_out, swiglu or half, v[1])  # SwiGLU's tiles: 8 rows too
+        blocks = gemv4_blocks(n_out, swiglu, v[1])
         grid = (min(blocks, self._gemv4_resident(fn, threads, smem)),)
         a = _wargs(w)
         b = _wargs(up) if swiglu else a
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
-        args += (*_pro_args(pro), i32(0), i32(half))  # late = 0: first weights before the wait
+        args += (*_pro_args(pro), i32(0))  # late = 0: first weights requested before the wait
         self.k.launch(fn, grid, (threads,), args, smem)
 
     def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:

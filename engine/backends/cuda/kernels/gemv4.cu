@@ -36,14 +36,11 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int late, int half) {
+      const float* __restrict__ po, int phd, float peps, int late) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
   constexpr int ROWS = SWIGLU ? 8 : 16;
-  // half (plain weights only): tiles of RT = 8 rows (the mma's other 8 repeat them, unstored),
-  // so a projection of few rows spreads over twice the tiles.
-  const int RT = SWIGLU || half ? 8 : 16;
   // bf16: prologue 1 stages h * nw in one pass and the norm's scale multiplies the products
   // (prologue 4). fp16 keeps two passes: h * nw could leave its range.
   constexpr int SP = PRO == 1 && ACT_KIND != 1 ? 4 : PRO;
@@ -59,7 +56,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   // Blocks loop over virtual blocks vb (TPB tiles each): the grid is at most what fits on
   // the GPU at once, so the activations are staged once per block and the next tile's
   // first weights are in flight while the current tile is reduced and stored.
-  const int VB = ((out + RT - 1) / RT + TPB - 1) / TPB;
+  const int VB = ((out + ROWS - 1) / ROWS + TPB - 1) / TPB;
   // Weights in 8-row blocks (weights.py, to_blocks): block b, group gr holds rows 8b..8b+7
   // of the group (32 bytes each) at word (b * ng + gr) * 64, and their scales (biases) at
   // (b * ng + gr) * 8. A tile's rows g and g+8 are blocks 2t and 2t+1 (SWIGLU: block t of
@@ -67,8 +64,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   const int nb = (out + 7) >> 3;
   auto rows_of = [&](int vb) {
     const int tile = vb * TPB + tl;
-    const int blo = min(SWIGLU || half ? tile : 2 * tile, nb - 1);
-    const int bhi = min(SWIGLU || half ? tile : 2 * tile + 1, nb - 1);
+    const int blo = min(SWIGLU ? tile : 2 * tile, nb - 1);
+    const int bhi = min(SWIGLU ? tile : 2 * tile + 1, nb - 1);
     const uint2* wlo = reinterpret_cast<const uint2*>(W0) + (long)blo * ng * 32 + g * 4 + tig;
     const uint2* whi = reinterpret_cast<const uint2*>(SWIGLU ? W1 : W0) + (long)bhi * ng * 32 + g * 4 + tig;
     const act_t* sb = tig == 0 ? S0 + (long)blo * ng * 8
@@ -195,8 +192,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     for (int idx = tid; idx < TPB * ROWS * M; idx += NT) {
       const int t = idx / (ROWS * M), rem = idx - t * ROWS * M;
       const int lr = rem / M, m = rem - lr * M;
-      const int row = (vb * TPB + t) * RT + lr;
-      if (row >= out || lr >= RT) continue;
+      const int row = (vb * TPB + t) * ROWS + lr;
+      if (row >= out) continue;
       const int src = ((lr & 7) * 4 + (m >> 1)) * 4 + (m & 1);
       const float* r = red + t * KS * 128;
       float v0 = 0.f, v1 = 0.f;

@@ -121,7 +121,7 @@ class DecodeGraphs:
         self.graphs: dict[int, _Captured] = {}
         self.warmed: set[int] = set()  # batch sizes whose kernels are compiled and tuned
         self._rings: dict[int, tuple[np.ndarray, Any]] = {}  # batch size -> mapped picks
-        self._first: dict[int, int] = {}  # batch size -> its last step's row 0 position
+        self._row0: dict[int, int] = {}  # batch size -> its last step's row 0 position
         self.keys: dict[int, list[tuple]] = {}  # batch size -> projection choice keys used
         self.lengths: dict[int, int] = {}  # batch size -> longest row (keys) of its last step
         self._launched = 0
@@ -229,7 +229,7 @@ class DecodeGraphs:
         be.stream.use()
         be.write_batch(batch, np.asarray(ids, np.int32))
         positions = batch.positions()
-        self._first[B] = int(positions[0])
+        self._row0[B] = int(positions[0])
         cap = self._pick(B, int(np.max(positions)) + 1)
         cap.graph.launch(be.stream)
         return cap.logits, cap.tokens
@@ -256,7 +256,7 @@ class DecodeGraphs:
         self._launched += 1
         event = cupy.cuda.Event()
         event.record(be.stream)
-        return Pending(event, host[self._first[B] % PICK_RING])
+        return Pending(event, host[self._row0[B] % PICK_RING])
 
     def _ring(self, B: int) -> None:
         """The mapped ring a B-row step's graph writes its picks into (kept as long as the
@@ -528,7 +528,7 @@ class DecodeGraphs:
         The caller keeps positions within the admitted context (no check on this path).
         """
         B = batch_size
-        self._first[B] += 1
+        self._row0[B] += 1
         cap = self._pick(B, self.lengths.get(B, 1 << 40) + 1)
         cap.graph.launch(self.be.stream)
         return cap.logits, cap.tokens

@@ -1,5 +1,5 @@
-"""A drafting verify's graphs, worked out without a GPU (a model whose forward records its
-calls, captures that record what they captured): the first verify of a (slot, rows) runs
+"""A drafting round's graphs (the verify, the MTP head), worked out without a GPU (forwards that
+record their calls, captures that record what they captured): the first of a (slot, rows) runs
 eagerly and captures its graph, later ones replay it. On the GPU the same path runs in
 tests/device/test_mtp.py."""
 
@@ -51,3 +51,30 @@ def test_the_first_verify_runs_eagerly_then_replays_its_graph():
     assert second == ("graph logits", "graph hidden") and model.hidden == "graph hidden"
     assert log[1:] == [("ids", [4, 5, 6]), "replay"] and len(rows_kept) == 1
     assert captured == [(0, 3)]  # one capture for the (slot, rows)
+
+
+def test_the_heads_first_forward_runs_eagerly_then_replays_with_its_hidden_states():
+    log: list = []
+    be = SimpleNamespace(graphs=None, stream=SimpleNamespace(use=lambda: None), draft_tokens=3)
+    be.write_batch = lambda batch, ids: log.append(("ids", list(ids)))
+    be.filled = lambda ids, fill: ids
+    graphs = DecodeGraphs(be, SimpleNamespace(hidden=None))
+    head = SimpleNamespace(hidden=None)
+
+    def forward(batch, ids, hidden, logits_rows):
+        log.append(("eager", list(ids)))
+        return "eager logits"
+
+    head.forward = forward
+    inputs = np.zeros((2, 4), np.float32)
+    graphs._capture_head = lambda head, key, like: _Captured(
+        _Graph(log), "graph logits", None, hidden="graph hidden", inputs=inputs
+    )
+    batch = Batch.window(0, 20, 2)
+    hidden = np.ones((2, 4), np.float32)
+    assert graphs.head(head, batch, np.array([7, 8]), hidden, [1], None) == "eager logits"
+    assert list(graphs.heads) == [(0, 2, True)]
+    again = graphs.head(head, Batch.window(0, 22, 2), np.array([9, 10]), hidden * 2, [1], None)
+    assert again == "graph logits" and head.hidden == "graph hidden"
+    assert np.array_equal(inputs, hidden * 2)  # the replay reads the new hidden states
+    assert log == [("eager", [7, 8]), ("ids", [9, 10]), "replay"]

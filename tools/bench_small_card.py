@@ -56,9 +56,10 @@ PROMPTS = "512,8192,16384,32768"
 MARGIN = 64  # tokens of context past the longest prompt and its reply, without a limit
 PROMPT_IDS = 400  # random prompts draw ids below this: text in every tokenizer here
 MIN_CELL_S = 30.0  # a cell is not started with less of the time budget left
-# The app's sampling defaults (app/state/settings.py; the engine side cannot import it: Qt),
-# drawn on the device with the presence penalty's bitmap: `--sampled`.
-APP_SAMPLING = dict(temperature=0.7, top_k=20, top_p=0.8, presence_penalty=1.5)
+# `--sampled`: the app's sampling defaults (app/state/settings.py, which imports Qt): its
+# temperature, top-k and top-p are SamplingParams' own; its presence penalty (drawn on the
+# device with the penalty's bitmap) is this.
+APP_PRESENCE_PENALTY = 1.5
 GRACE_S = 20.0  # a cell's process may run this far past the budget before it is stopped
 
 
@@ -144,7 +145,7 @@ def _request(
     nvml.window()
     ids = rng.integers(0, min(PROMPT_IDS, engine.vocab_rows), size=n).tolist()
     if sampled:
-        params = GenerationParams(max_new_tokens=new, seed=n, **APP_SAMPLING)
+        params = GenerationParams(max_new_tokens=new, seed=n, presence_penalty=APP_PRESENCE_PENALTY)
     else:
         params = GenerationParams(max_new_tokens=new, greedy=True)
     stats = list(engine.generate(ids, params))[-1].stats

@@ -124,7 +124,6 @@ class DecodeGraphs:
         self._row0: dict[int, int] = {}  # batch size -> its last step's row 0 position
         self.keys: dict[int, list[tuple]] = {}  # batch size -> projection choice keys used
         self.lengths: dict[int, int] = {}  # batch size -> longest row (keys) of its last step
-        self._launched = 0
         self.lost: set[int] = set()  # batch sizes torn down since their capture
         self.captures = 0  # graphs captured, and graph launches (tests count both)
         self.replays = 0
@@ -253,7 +252,6 @@ class DecodeGraphs:
         if any(r is not None for r in rows):  # the draws replace their rows' greedy picks,
             be.sample_rows(logits, picks, rows, in_place=True)  # which the next step reads
             be.sampling.publish(be.frame.meta[1], B, picks, ring)
-        self._launched += 1
         event = cupy.cuda.Event()
         event.record(be.stream)
         return Pending(event, host[self._row0[B] % PICK_RING])

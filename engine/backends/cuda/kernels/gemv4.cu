@@ -112,7 +112,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
-  pdl_wait();  // from here on, activations of the previous kernel are readable
+  pdl_start();  // from here on, activations of the previous kernel are readable
   stamps.at(1, tid);
 
   if constexpr (PRO != 0) {
@@ -178,12 +178,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       }
     }
 
-    if (vb == static_cast<int>(blockIdx.x)) {
-      // The next kernel may launch once this block has its first tile's products: its
-      // blocks' first weights then stream while this kernel finishes.
-      pdl_launch();
-      stamps.at(3, tid);
-    }
+    if (vb == static_cast<int>(blockIdx.x)) stamps.at(3, tid);
     // Next tile's first weights (nothing is fetched past the last tile).
     const int nvb = vb + gridDim.x;
     if (nvb < VB) {

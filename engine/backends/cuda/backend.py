@@ -102,7 +102,6 @@ class CudaBackend(Backend):
         self.state.kv_int8 = self.settings.kv_cache == "int8"  # the 8-bit KV cache
         self.norms = Norms(k, self.frame)
         self.projections = Projections(k, self.frame, self.norms)
-        self.projections.launch_after_staging = t.gemv_launch_after_staging_bytes
         self.attn = Attention(k, self.frame, self.state, t)
         # Batch-invariant decode: each row summed as it is at one row (projections.py's gemv,
         # attention.decode_kernel), whatever streams share the step.

@@ -136,7 +136,6 @@ class Projections:
     ) -> None:
         self.k, self.frame, self.norms = kernels, frame, norms
         self.invariant, self.step = invariant, False
-        self.launch_after_staging = 1 << 62  # Tuning.gemv_launch_after_staging_bytes (backend)
         self.dtype = kernels.dtype
         self.tuner = ProjectionTuner(kernels.dtype)
         self._mma_ok: bool | None = None
@@ -479,10 +478,7 @@ class Projections:
         b = _wargs(up) if swiglu else a
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
-        # flags (gemv4.cu): 2, the next kernel launches after this one's staging, not after
-        # its wait (weights of Tuning.gemv_launch_after_staging_bytes or more).
-        big = w.nbytes + (up.nbytes if swiglu else 0) >= self.launch_after_staging
-        args += (*_pro_args(pro), i32(2 if big else 0))
+        args += (*_pro_args(pro), i32(0))  # late = 0: first weights requested before the wait
         self.k.launch(fn, grid, (threads,), args, smem)
 
     def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:

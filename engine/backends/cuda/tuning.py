@@ -27,11 +27,6 @@ class Tuning:
     # A draw of one row with top-k <= 32 over at least this many logits has DRAW_NB blocks
     # find the row's candidates first (sampling.py, the split draw).
     split_draw_min_vocab: int = 1 << 16
-    # A decode projection (gemv4) whose weights (gate and up together) take at least this
-    # many bytes lets the next kernel launch after its input is staged, not right after its
-    # wait: the next kernel's first weights then do not queue before the staging's loads,
-    # and the projection streams long enough after it to hide that launch.
-    gemv_launch_after_staging_bytes: int = 8 << 20
 
     def __post_init__(self) -> None:
         if self.deltanet_step_blocks < 0:
@@ -42,11 +37,6 @@ class Tuning:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"Tuning.{name} = {value}: must be between 0 and 1")
-        if self.gemv_launch_after_staging_bytes < 0:
-            raise ConfigError(
-                "Tuning.gemv_launch_after_staging_bytes = "
-                f"{self.gemv_launch_after_staging_bytes}: must be 0 or more"
-            )
         if self.split_draw_min_vocab < 1:
             raise ConfigError(
                 f"Tuning.split_draw_min_vocab = {self.split_draw_min_vocab}: must be positive"

@@ -36,7 +36,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int flags) {
+      const float* __restrict__ po, int phd, float peps, int late) {
   const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
@@ -87,8 +87,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   uint2* const wa = wbase + wid * UG * 32;
   uint2* const wb = wbase + (NT / 32 + wid) * UG * 32;
   unsigned* const wq = reinterpret_cast<unsigned*>(wbase + 2 * (NT / 32) * UG * 32) + wid * UG * 32;
-  // flags & 1 (a measurement; the engine leaves it clear): the first weights are requested
-  // after the activations are staged, not before the wait.
+  // late (a measurement; the engine passes 0): the first weights are requested after the
+  // activations are staged, not before the wait, so the staging does not queue behind them.
   auto first_weights = [&]() {
     if constexpr (ASYNC) {
       fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);  // the whole slice in flight
@@ -108,16 +108,15 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       for (int i = tid; i < nn; i += NT) cp_async(nws + i, pnw + i, 4);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
-  if (!(flags & 1)) first_weights();
+  if (!late) first_weights();
   const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
   if constexpr (PRO != 0)
     for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
-  pdl_wait();  // from here on, activations of the previous kernel are readable
-  if (!(flags & 2)) pdl_launch();
+  pdl_start();  // from here on, activations of the previous kernel are readable
   stamps.at(1, tid);
 
   if constexpr (PRO != 0) {
-    if (ASYNC && !(flags & 1))  // the newest group is the weights'
+    if (ASYNC && !late)  // the newest group is the weights'
       asm volatile("cp.async.wait_group 1;" ::: "memory");
     else
       asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -151,12 +150,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       invs[tid] = rsqrtf(ss / in + peps);
     }
   }
-  // flags & 2: the next kernel launches only now, so that its blocks' first weights do not
-  // queue before this block's staging (large projections, which stream long enough after
-  // it for the next kernel's launch to be hidden).
-  if (flags & 2) pdl_launch();
   stamps.at(2, tid);
-  if (flags & 1) first_weights();
+  if (late) first_weights();
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
   for (; vb < VB; vb += gridDim.x) {

@@ -74,7 +74,7 @@ for dir in "$@"; do
   letter=$(echo "$letter" | tr 'A-Y' 'B-Z')
 done
 for i in "${!trees[@]}"; do  # the decode step's projection kernels, every tree at once
-  (cd "${trees[$i]}" && PYTHONPATH=. timeout "${WARM_TIMEOUT:-300}" python3 tools/kernels.py warm --rows 1 \
+  (cd "${trees[$i]}" && PYTHONPATH=. timeout "${WARM_TIMEOUT:-300}" python3 tools/compile_kernels.py warm --rows 1 \
     --dtypes bfloat16 --jobs 8 > "$OUT/warm_${names[$i]}.log" 2>&1) &
 done
 wait

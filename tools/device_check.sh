@@ -14,7 +14,7 @@
 #   tools/device_check.sh serve --synth 4B:mlx4 --limit-gib 4 --streams 6   # tools/bench_serve.py
 #   tools/device_check.sh llamacpp --shape 4B        # tools/llamacpp.py bench (carry .llama-src.tgz)
 # Logs, JSON and the markdown tables go to $OUT (or ./device_out). The projection kernels are
-# compiled first, in parallel (tools/kernels.py warm); the full test run then takes about 3.5
+# compiled first, in parallel (tools/compile_kernels.py warm); the full test run then takes about 3.5
 # minutes on an H200; `tests 'attention or delta'` runs a part.
 set -o pipefail
 OUT=${OUT:-./device_out}
@@ -36,7 +36,7 @@ warm=(--rows "${WARM_ROWS:-1,2,3,8}")
 [ "$mode" = resume ] && warm=(--rows 1 --dtypes "${RESUME_DTYPE:-bfloat16}")
 [ "$mode" = serve ] && warm=(--rows 1,2,3,4,5,6,7,8 --dtypes bfloat16)
 [ "$mode" = llamacpp ] && warm=(--rows 1 --dtypes bfloat16)
-timeout 300 python3 tools/kernels.py warm "${warm[@]}" > "$OUT/warm_kernels.log" 2>&1 ||
+timeout 300 python3 tools/compile_kernels.py warm "${warm[@]}" > "$OUT/warm_kernels.log" 2>&1 ||
   echo "warm_kernels failed (see $OUT/warm_kernels.log); the runs compile as they go"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 status=0

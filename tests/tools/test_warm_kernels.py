@@ -1,9 +1,9 @@
-"""tools/kernels.py warm: which gemv4 modules it compiles, and in what order (no GPU)."""
+"""tools/compile_kernels.py warm: which gemv4 modules it compiles, and in what order (no GPU)."""
 
 from __future__ import annotations
 
 from engine.backends.cuda.projections import GEMV4_VARIANTS, Projections
-from tools.kernels import module_keys
+from tools.compile_kernels import module_keys
 
 
 def test_modules_are_the_ones_a_decode_step_and_the_tests_build():

@@ -1,7 +1,7 @@
 """The kernels without running them: compile them ahead, or read their machine code.
 
-    PYTHONPATH=. python3 tools/kernels.py warm [--jobs 16] [--rows 1,2,3,8] [--define X]
-    PYTHONPATH=. python tools/kernels.py sass gemv4.cu 'gemv4<1,true,2,8,false,768,1,false>'
+    PYTHONPATH=. python3 tools/compile_kernels.py warm [--jobs 16] [--rows 1,2,3,8] [--define X]
+    PYTHONPATH=. python tools/compile_kernels.py sass gemv4.cu 'gemv4<1,true,2,8,false,768,1,false>'
 
 `warm` (GPU only) compiles the decode projection kernels into CuPy's disk cache in parallel
 processes. Each `gemv4` module (one per activation type, activation rows, SwiGLU and
@@ -127,7 +127,7 @@ def _tidy(line: str) -> str:
 
 
 def warm(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="kernels.py warm")
+    ap = argparse.ArgumentParser(prog="compile_kernels.py warm")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--rows", default="1,2,3,8", help="activation rows (comma-separated)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
@@ -143,7 +143,7 @@ def warm(argv: list[str] | None = None) -> None:
 
 
 def sass(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="kernels.py sass")
+    ap = argparse.ArgumentParser(prog="compile_kernels.py sass")
     ap.add_argument("file", help="a file of engine/backends/cuda/kernels, e.g. attention.cu")
     ap.add_argument("names", nargs="+", help="kernels (template instances spelled out)")
     ap.add_argument("--act", default="bfloat16", choices=sorted(ACT_KINDS))
@@ -165,7 +165,7 @@ def main() -> None:
 
     commands = {"warm": warm, "sass": sass}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
-        raise SystemExit(f"usage: kernels.py {{{'|'.join(commands)}}} ...\n\n{__doc__}")
+        raise SystemExit(f"usage: compile_kernels.py {{{'|'.join(commands)}}} ...\n\n{__doc__}")
     commands[sys.argv[1]](sys.argv[2:])
 
 

@@ -1,0 +1,34 @@
+"""A script run as `python3 tools/x.py` has tools/ first on its import path, so a tool named
+like a package that a library imports or probes for is found in that package's place:
+transformers 5.25 imports `kernels` (the Hugging Face kernel hub) wherever a module of that
+name is importable, and a tool once called kernels.py broke every tool that loads
+transformers. No tool may take such a name."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from pathlib import Path
+
+import transformers.utils.import_utils as import_utils
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+
+def _probed() -> set[str]:
+    """Top-level names transformers asks the import system for (`_is_package_available`)."""
+    src = Path(import_utils.__file__).read_text()
+    names = re.findall(r'_is_package_available\(\s*"([A-Za-z0-9_.]+)"', src)
+    return {n.split(".")[0] for n in names}
+
+
+def test_the_probe_list_is_read():
+    # the pattern still matches what transformers writes: these two it has always probed
+    assert {"torch", "accelerate"} <= _probed()
+
+
+def test_no_tool_is_named_like_a_package_a_library_imports():
+    taken = _probed() | set(importlib.metadata.packages_distributions())
+    stems = {p.stem for p in TOOLS.glob("*.py")}
+    assert stems, TOOLS
+    assert not stems & taken, f"rename these tools: {sorted(stems & taken)}"

@@ -14,8 +14,8 @@
 #   tools/device_check.sh serve --synth 4B:mlx4 --limit-gib 4 --streams 6   # tools/bench_serve.py
 #   tools/device_check.sh llamacpp --shape 4B        # tools/llamacpp.py bench (carry .llama-src.tgz)
 # Logs, JSON and the markdown tables go to $OUT (or ./device_out). The projection kernels are
-# compiled first, in parallel (tools/compile_kernels.py warm); the full test run then takes about 3.5
-# minutes on an H200; `tests 'attention or delta'` runs a part.
+# compiled first, in parallel (tools/compile_kernels.py warm); the full test run then takes
+# about 3.5 minutes on an H200; `tests 'attention or delta'` runs a part.
 set -o pipefail
 OUT=${OUT:-./device_out}
 mkdir -p "$OUT"

@@ -2,7 +2,8 @@
 like a package that a library imports or probes for is found in that package's place:
 transformers 5.25 imports `kernels` (the Hugging Face kernel hub) wherever a module of that
 name is importable, and a tool once called kernels.py broke every tool that loads
-transformers. No tool may take such a name."""
+transformers. No file in a folder whose scripts run that way (tools/, and packaging/, which
+runs PyInstaller in-process) may take such a name."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import transformers.utils.import_utils as import_utils
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT_DIRS = (REPO / "tools", REPO / "packaging")
 
 
 def _probed() -> set[str]:
@@ -29,6 +31,7 @@ def test_the_probe_list_is_read():
 
 def test_no_tool_is_named_like_a_package_a_library_imports():
     taken = _probed() | set(importlib.metadata.packages_distributions())
-    stems = {p.stem for p in TOOLS.glob("*.py")}
-    assert stems, TOOLS
-    assert not stems & taken, f"rename these tools: {sorted(stems & taken)}"
+    for folder in SCRIPT_DIRS:
+        stems = {p.stem for p in folder.glob("*.py")}
+        assert stems, folder
+        assert not stems & taken, f"rename these in {folder.name}/: {sorted(stems & taken)}"

@@ -167,9 +167,10 @@ def prologue_fits(
 ) -> bool:
     """Whether gemv4 runs this product with prologue `kind` (the shapes' part of `pro_ok`;
     the input's alignment is the other). `invariant` (batch-invariant mode): the add + norm
-    only where gemv4 sums each row's squares in a fixed order (bf16's one pass, compiled
-    with SNUG_BATCH_INVARIANT: one slot per 256 columns a row); fp16's two passes add the
-    warps' sums with atomics, so that norm runs as its own kernel there."""
+    only where gemv4 sums each row's squares in the same order at any batch size (bf16's
+    one pass, compiled with SNUG_BATCH_INVARIANT: one slot per 256 columns a row); fp16's
+    two passes add one sum a warp, and which entries a warp takes follows the batch size,
+    so that norm runs as its own kernel there."""
     if rows > GEMV_MAX_ROWS or dtype == "float32" or not blocked or not mma:
         return False
     if invariant and kind == Prologue.ADD_NORM:

@@ -110,8 +110,6 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   }
   if (!late) first_weights();
   const Pro pr{pd, PRO != 0 ? nws : pnw, ph, po, phd, peps};
-  if constexpr (PRO != 0)
-    for (int i = tid; i < 256; i += NT) pss[i] = 0.f;
   pdl_start();  // from here on, activations of the previous kernel are readable
   stamps.at(1, tid);
 
@@ -125,9 +123,17 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       pro_sums<M, PRO>(X, ldx, pr, xs, xstride, nw, in, pss, tid, NT);
       __syncthreads();
     }
+    if constexpr (SP == 1) {  // each row's scale, the warps' sums added in warp order
+      if (tid < M) {
+        float ss = 0.f;
+        for (int w = 0; w < NT / 32; ++w) ss += pss[w * 8 + tid];
+        invs[tid] = rsqrtf(ss / in + peps);
+      }
+      __syncthreads();
+    }
   }
   stamps.at(5, tid);
-  stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, pss, tid, NT);
+  stage_x<M, SP>(X, ldx, pr, xs, xstride, sx, nw, in, SP == 1 ? invs : pss, tid, NT);
   __syncthreads();
   // PRO 5: one scale per (group, row) after the norm weight, read by every tile's groups.
   float* const gs = nws + phd;

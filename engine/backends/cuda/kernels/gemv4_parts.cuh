@@ -171,15 +171,28 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
   for (int j = 0; j < 8; ++j) f[j] = cv(e[j]);
 }
 
-// Add each lane's q into pss[m] of its row m (whole warps; rows may change within a warp).
-__device__ __forceinline__ void row_sums(float q, bool ok, int m, float* pss) {
-  const int m0 = __shfl_sync(0xffffffffu, m, 0);
-  if (__all_sync(0xffffffffu, !ok || m == m0)) {
-    q = warp_sum(q);
-    if ((threadIdx.x & 31) == 0) atomicAdd(pss + m0, q);
-  } else if (ok) {
-    atomicAdd(pss + m, q);
+// Add this warp's sums of q per row into qa (whole warps; the lanes' rows m may change
+// within a warp, m is 0 where !ok): a fixed order, the same bits every run, which adding
+// the warps' sums into shared memory by atomics is not.
+template <int M>
+__device__ __forceinline__ void warp_row_sums(float q, bool ok, int m, float* qa) {
+  const int mlo = __shfl_sync(0xffffffffu, m, 0);
+  const int mhi = static_cast<int>(__reduce_max_sync(0xffffffffu, ok ? m : 0));
+  for (int mm = mlo; mm <= mhi; ++mm) {
+    const float t = warp_sum(ok && m == mm ? q : 0.f);
+#pragma unroll
+    for (int r = 0; r < M; ++r)
+      if (r == mm) qa[r] += t;
   }
+}
+
+// Slot (warp, row) of pss gets the warp's sum qa[row], 8 slots a warp (the caller sums a
+// row's slots in warp order).
+template <int M>
+__device__ __forceinline__ void store_warp_rows(const float* qa, float* pss, int tid) {
+  if ((tid & 31) == 0)
+#pragma unroll
+    for (int r = 0; r < M; ++r) pss[(tid >> 5) * 8 + r] = qa[r];
 }
 
 // What the block stages as its activations (PRO):
@@ -221,12 +234,16 @@ __device__ __forceinline__ uint4 residual_entry(const act_t* __restrict__ X, int
   return hv;
 }
 
-// Phase 1 of PRO 1/2: per-row (1) or per-head (2) sums of squares into pss; for PRO 1 the
-// unnormalised h is parked in xs (raw order) for phase 2.
+// Phase 1 of PRO 1/2: sums of squares into pss, per (warp, row) slot for PRO 1
+// (store_warp_rows) and per (row, head) for PRO 2; for PRO 1 the unnormalised h is parked in
+// xs (raw order) for phase 2.
 template <int M, int PRO>
 __device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, const Pro& pr, uint4* xs,
                                          int xstride, int nw, int in, float* pss, int tid, int NT) {
   const int lane = tid & 31;
+  float qa[M];
+#pragma unroll
+  for (int r = 0; r < M; ++r) qa[r] = 0.f;
   for (int base = tid - lane; base < M * nw; base += NT) {
     const int it = base + lane;
     const bool ok = it < M * nw;
@@ -244,26 +261,30 @@ __device__ __forceinline__ void pro_sums(const act_t* __restrict__ X, int ldx, c
       for (int j = 0; j < 8; ++j) s = fmaf(f[j], f[j], s);
     }
     if constexpr (PRO == 1) {
-      row_sums(s, ok, m, pss);
+      warp_row_sums<M>(s, ok, m, qa);
     } else {
-      const int seg = pr.hd >> 3;  // entries per head: a power of two <= 32 (the wrapper checks)
+      // Entries per head: a power of two <= 32 (the wrapper checks), so each head's entries
+      // lie in one warp's pass and one segment of lanes sums them: one store, no atomics.
+      const int seg = pr.hd >> 3;
       for (int off = seg >> 1; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (ok && (p & (seg - 1)) == 0) atomicAdd(pss + m * (in / pr.hd) + p / seg, s);
+      if (ok && (p & (seg - 1)) == 0) pss[m * (in / pr.hd) + p / seg] = s;
     }
   }
+  if constexpr (PRO == 1) store_warp_rows<M>(qa, pss, tid);
 }
 
-// Phase 2: the staged entry (raw order) of row m, entry p.
+// Phase 2: the staged entry (raw order) of row m, entry p. PRO 1: sums[m] is row m's norm
+// scale (gemv4 adds up the warps' slots); PRO 2: sums holds each (row, head)'s squares.
 template <int PRO>
 __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx, const Pro& pr,
-                                           const uint4* xs, int xstride, int in, const float* pss,
+                                           const uint4* xs, int xstride, int in, const float* sums,
                                            int m, int p) {
   if constexpr (PRO == 0) {
     return __ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p);
   } else if constexpr (PRO == 1) {
     float f[8];
     unpack8(xs[m * xstride + p], f);
-    const float inv = rsqrtf(pss[m] / in + pr.eps);
+    const float inv = sums[m];
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] = f[j] * inv * pr.nw[8 * p + j];
     return pack8(f);
@@ -274,7 +295,7 @@ __device__ __forceinline__ uint4 pro_value(const act_t* __restrict__ X, int ldx,
     f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
     unpack8(__ldg(reinterpret_cast<const uint4*>(X + (long)m * ldx) + p), z);
     const int seg = pr.hd >> 3, c0 = (8 * p) % pr.hd;
-    const float inv = rsqrtf(pss[m * (in / pr.hd) + p / seg] / pr.hd + pr.eps);
+    const float inv = rsqrtf(sums[m * (in / pr.hd) + p / seg] / pr.hd + pr.eps);
 #pragma unroll
     for (int j = 0; j < 8; ++j) f[j] = f[j] * inv * pr.nw[c0 + j] * silu_f(z[j]);
     return pack8(f);
@@ -367,17 +388,7 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
       if (lane == 0 && it < M * nw) pss[mi * (nw >> 5) + ((it - mi * nw) >> 5)] = t;
     }
 #else
-    if constexpr (PRO == 4) {  // this warp's sums per row, in a fixed order
-      const bool ok = it < M * nw;
-      const int mlo = __shfl_sync(0xffffffffu, mi, 0);
-      const int mhi = static_cast<int>(__reduce_max_sync(0xffffffffu, ok ? mi : 0));
-      for (int mm = mlo; mm <= mhi; ++mm) {
-        const float t = warp_sum(ok && mi == mm ? q : 0.f);
-#pragma unroll
-        for (int r = 0; r < M; ++r)
-          if (r == mm) qa[r] += t;
-      }
-    }
+    if constexpr (PRO == 4) warp_row_sums<M>(q, it < M * nw, mi, qa);  // this warp's, per row
 #endif
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     s += __shfl_xor_sync(0xffffffffu, s, 2);
@@ -388,10 +399,7 @@ __device__ __forceinline__ void stage_x(const act_t* __restrict__ X, int ldx, co
     }
   }
 #ifndef SNUG_BATCH_INVARIANT
-  if constexpr (PRO == 4)  // slot (warp, row): the caller sums the warps' slots in order
-    if (lane == 0)
-#pragma unroll
-      for (int r = 0; r < M; ++r) pss[(tid >> 5) * 8 + r] = qa[r];
+  if constexpr (PRO == 4) store_warp_rows<M>(qa, pss, tid);
 #endif
   if (M < 8)
     for (int i = tid; i < ng * 8; i += NT)

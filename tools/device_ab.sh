@@ -14,8 +14,8 @@
 #     Engine.generate, with SMALL_FLAGS (default: the 0.8B and the 4B, whole card and 4 GiB,
 #     a 512-token prompt); the product's speed, and the projection variants each cell ran;
 #   decode: tools/bench_decode.py with BENCH_FLAGS (graph replays: kernel-level figures).
-# AB_TESTS='pytest -k expression' runs that part of tests/device in every overlay first (a
-# line each: passed / failed). The kernel cache is packed into $OUT/kernel-cache.tgz at the
+# AB_TESTS='pytest -k expression' runs that part of tests/device in every tree first, A too
+# (a line each: passed / failed; a new test, overlaid, shows the tree before failing it). The kernel cache is packed into $OUT/kernel-cache.tgz at the
 # end (under 16 MiB), to carry as .kernel-cache.tgz into the next call. WARM_TIMEOUT and
 # BENCH_TIMEOUT (seconds) bound the kernels' compile and each benchmark.
 set -o pipefail
@@ -80,7 +80,6 @@ done
 wait
 if [ -n "${AB_TESTS:-}" ]; then
   for i in "${!trees[@]}"; do
-    [ "$i" = 0 ] && continue
     (cd "${trees[$i]}" && PYTHONPATH=. timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s \
       -p no:cacheprovider tests/device -k "$AB_TESTS" > "$OUT/tests_${names[$i]}.log" 2>&1)
     echo "tests ${names[$i]}: $(tail -1 "$OUT/tests_${names[$i]}.log")"

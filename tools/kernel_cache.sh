@@ -10,7 +10,11 @@ fi
 pack_kernel_cache() {
   [ -d "$CUPY_CACHE_DIR" ] || return 0
   tar -czf "$OUT/kernel-cache.tgz" -C "$CUPY_CACHE_DIR" . 2> /dev/null
-  if [ "$(stat -c %s "$OUT/kernel-cache.tgz")" -gt $((16 << 20)) ]; then
+  local size
+  size=$(stat -c %s "$OUT/kernel-cache.tgz")
+  if [ "$size" -gt $((16 << 20)) ]; then
     rm -f "$OUT/kernel-cache.tgz"
+    echo "kernel cache not returned: $((size >> 20)) MiB packed, over 16 MiB" \
+      "(carry the last one that was; its kernels compile again)"
   fi
 }

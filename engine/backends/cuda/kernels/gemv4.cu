@@ -124,11 +124,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       __syncthreads();
     }
     if constexpr (SP == 1) {  // each row's scale, the warps' sums added in warp order
-      if (tid < M) {
-        float ss = 0.f;
-        for (int w = 0; w < NT / 32; ++w) ss += pss[w * 8 + tid];
-        invs[tid] = rsqrtf(ss / in + peps);
-      }
+      if (tid < M) invs[tid] = rsqrtf(warp_rows_sum(pss, tid, NT) / in + peps);
       __syncthreads();
     }
   }
@@ -151,7 +147,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
 #ifdef SNUG_BATCH_INVARIANT
       for (int j = 0; j < nw >> 5; ++j) ss += pss[tid * (nw >> 5) + j];  // the row's slots
 #else
-      for (int w = 0; w < NT / 32; ++w) ss += pss[w * 8 + tid];
+      ss = warp_rows_sum(pss, tid, NT);
 #endif
       invs[tid] = rsqrtf(ss / in + peps);
     }

@@ -195,6 +195,13 @@ __device__ __forceinline__ void store_warp_rows(const float* qa, float* pss, int
     for (int r = 0; r < M; ++r) pss[(tid >> 5) * 8 + r] = qa[r];
 }
 
+// Row m's sum of the slots store_warp_rows left in pss, added in warp order.
+__device__ __forceinline__ float warp_rows_sum(const float* pss, int m, int NT) {
+  float ss = 0.f;
+  for (int w = 0; w < NT / 32; ++w) ss += pss[w * 8 + m];
+  return ss;
+}
+
 // What the block stages as its activations (PRO):
 //   0  x itself;
 //   1  rms_norm(h) * nw with h = x + d (d may be null; block 0 stores h to H when H is set):

@@ -59,8 +59,6 @@ def _projections(monkeypatch, invariant: bool) -> tuple[Projections, RecordingKe
         p, "gemv4_kernel", lambda R, sw, v, kind=0: Fn(p.gemv4_symbol(R, sw, v, kind))
     )
     monkeypatch.setattr(p, "_gemv4_resident", lambda fn, threads, smem: launch.sm_count())
-    n = launch.sm_count()
-    monkeypatch.setattr(p, "sk_buffers", lambda: (DeviceArray((n * 128,), 4), DeviceArray((n,), 4)))
 
     def no_cublas(*args):
         raise AssertionError("a decode row went to cuBLAS")
@@ -112,13 +110,12 @@ _GEMV4 = re.compile(r"gemv4<(\d+),(\w+),(\d+),\d+,\w+,\d+,(\d+),\w+>")
 
 def _rows_and_order(launch_: tuple) -> tuple[int, tuple]:
     """(rows, sum order of each of them) of one recorded gemv4 launch: the warps a tile
-    (threads / 32 / tiles a block), the prologue, SwiGLU, the columns summed and whether
-    stream-K cuts the tiles (tiles a block 0)."""
+    (threads / 32 / tiles a block), the prologue, SwiGLU and the columns summed."""
     sym, _, block, _, args = launch_
     m = _GEMV4.fullmatch(sym)
     assert m, f"not a decode projection: {sym}"
     rows, swiglu, tpb, kind = int(m[1]), m[2], int(m[3]), int(m[4])
-    return rows, (block[0] // 32 // max(1, tpb), kind, swiglu, int(args[11]), tpb == 0)
+    return rows, (block[0] // 32 // tpb, kind, swiglu, int(args[11]))
 
 
 def _step(p: Projections, k: RecordingKernels, R: int, w: dict) -> dict[str, tuple]:
@@ -219,15 +216,13 @@ def test_a_launch_takes_fewer_rows_where_its_order_does_not_fit(monkeypatch):
     assert invariant_rows(8, down.shape[1], order, 0, 0, H200.smem_per_block) == 8
     k.launches.clear()
     p.gemv(DeviceArray((8, down.shape[1])), down, DeviceArray((8, down.shape[0])))
-    assert [_rows_and_order(launch_) for launch_ in k.launches] == [(4, (32, 0, "false", 9216, False))] * 2
+    assert [_rows_and_order(launch_) for launch_ in k.launches] == [(4, (32, 0, "false", 9216))] * 2
 
 
 def test_reduction_orders():
-    """gemv4's order is its warps a tile, and stream-K's cuts; the SIMT kernel's is the same
-    in every variant."""
+    """gemv4's order is its warps a tile; the SIMT kernel's is the same in every variant."""
     for v in GEMV4_VARIANTS:
-        kernel = "mma-sk" if v[1] == 0 else "mma"
-        assert reduction_order(("mma", *v), 2560) == (kernel, gemv4_threads(2560, v)[0])
+        assert reduction_order(("mma", *v), 2560) == ("mma", gemv4_threads(2560, v)[0])
     simt = {reduction_order(("old", *v), 2560) for v in GEMV_VARIANTS + GEMV_SWIGLU_VARIANTS}
     assert simt == {("old",)}
     # the auto-sized variants' warps follow the columns; the fixed ones do not

@@ -134,7 +134,7 @@ class CudaBackend(Backend):
         """Bytes Snug holds on the card: the pool's blocks plus the small step buffers."""
         small = 0
         if self.frame.meta is not None:
-            small = self.frame.nbytes + self.sampling.nbytes + self.projections.sk_nbytes
+            small = self.frame.nbytes + self.sampling.nbytes
         return self.pool.held_bytes + small
 
     def _teardown_graphs(self) -> None:
@@ -203,14 +203,13 @@ class CudaBackend(Backend):
         try:  # small buffers from CuPy's own pool, outside the plan's blocks
             self.frame.alloc_meta(rows)
             self.sampling.alloc(rows, slots, config.vocab_size)
-            self.projections.sk_buffers()
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
             raise DeviceOutOfMemory(
                 f"no memory for the decode step's buffers ({rows} rows, {slots} streams: the "
-                f"batch layout, the sampling and stream-K buffers) ({exc}); lower the number of "
-                "streams or raise the memory reserve (SNUG_MEMORY_RESERVE_GIB)"
+                f"batch layout and the sampling buffers) ({exc}); lower the number of streams "
+                "or raise the memory reserve (SNUG_MEMORY_RESERVE_GIB)"
             ) from exc
         isz, mr = self.act_itemsize, self.max_rows
         kv, score_rows = self.settings.kv_cache, self.score_rows

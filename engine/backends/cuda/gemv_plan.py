@@ -18,11 +18,7 @@ GEMV_MAX_ROWS = 8
 GEMV_VARIANTS = ((1, 4), (2, 4), (4, 2), (4, 4))
 GEMV_SWIGLU_VARIANTS = ((2, 4), (2, 2), (2, 8))
 # Tensor-core kernel (gemv4.cu): (warps per 16-row tile or 0 = enough for at most `groups`
-# groups each, tiles per block or 0 = stream-K, groups per load step, next step prefetched).
-# Stream-K runs one block an SM, each taking an equal share of all tiles' groups: where the
-# tiles do not divide among the SMs (160 of the 4B's down on 132 SMs, 80 blocks of out_proj)
-# every SM still streams the same bytes, and a tile cut between blocks is summed by the
-# block that holds its last group (gemv4_parts.cuh, sk_share).
+# groups each, tiles per block, groups per load step, next step prefetched)
 GEMV4_VARIANTS = (
     (4, 2, 2, True),
     (8, 1, 4, True),
@@ -33,11 +29,7 @@ GEMV4_VARIANTS = (
     (0, 2, 8, False),
     (0, 4, 8, False),
     (0, 2, 4, False),
-    (16, 0, 2, True),
-    (8, 0, 4, True),
-    (0, 0, 8, False),
 )
-SK_SLOT = 128  # floats of a stream-K block's part of a tile (16 rows or 8 SwiGLU pairs, 8 rows)
 GEMV4_MAXT = 768  # largest block of the auto-sized variants
 # A prologue is recomputed by every block, once: the grid is capped at what the GPU holds
 # at once (blocks loop over tiles), so even the LM head's 248,320 rows take one norm per
@@ -58,7 +50,7 @@ class Prologue(IntEnum):
 
 def gemv4_threads(cols: int, v: tuple) -> tuple[int, int]:
     """(warps per tile, threads per block) of variant v for rows of `cols` columns."""
-    ks, tpb, ug = v[0], max(1, v[1]), v[2]
+    ks, tpb, ug = v[0], v[1], v[2]
     if ks == 0:
         ks = max(1, min(cdiv(cols // 64, ug), GEMV4_MAXT // (32 * tpb)))
     return ks, 32 * ks * tpb
@@ -100,7 +92,7 @@ def gemv4_kind(kind: int, dtype: str, head_dim: int) -> int:
 def gemv4_symbol(R: int, swiglu: bool, v: tuple, kind: int) -> str:
     """The gemv4 template instance of variant `v` (the kernel's ASYNC staging is unused)."""
     ks, tpb, ug, pipe = v
-    maxt = 32 * ks * max(1, tpb) if ks else GEMV4_MAXT
+    maxt = 32 * ks * tpb if ks else GEMV4_MAXT
     sw, pp = ("true" if b else "false" for b in (swiglu, pipe))
     return f"gemv4<{R},{sw},{tpb},{ug},{pp},{maxt},{int(kind)},false>"
 
@@ -110,15 +102,10 @@ def gemv4_module(R: int, swiglu: bool, kind: int) -> list[str]:
     return [gemv4_symbol(R, swiglu, v, kind) for v in GEMV4_VARIANTS]
 
 
-def gemv4_blocks(n_out: int, swiglu: bool, tpb: int, cols: int = 0, sms: int = 0) -> int:
+def gemv4_blocks(n_out: int, swiglu: bool, tpb: int) -> int:
     """Blocks that cover `n_out` rows in tiles of 16 (SwiGLU: 8 gate and 8 up rows), `tpb`
-    tiles a block; the grid is this or what the GPU holds at once, the smaller. Stream-K
-    (tpb 0): one block for each of the `sms` SMs, fewer where the tiles of `cols` columns
-    have fewer groups in all (every block's share holds at least one)."""
-    tiles = cdiv(n_out, 8 if swiglu else 16)
-    if tpb == 0:
-        return max(1, min(sms, tiles * (cols // 64)))
-    return cdiv(tiles, tpb)
+    tiles a block; the grid is this or what the GPU holds at once, the smaller."""
+    return cdiv(cdiv(n_out, 8 if swiglu else 16), tpb)
 
 
 def simt_symbol(bits: int, R: int, rpw: int, swiglu: bool, u: int) -> str:
@@ -217,9 +204,8 @@ def reduction_order(choice: tuple, cols: int) -> tuple:
     it change nothing of a row's sums (each tensor-core output element is its own row of the
     weights times its own activation row). The SIMT kernel sums a row the same way in every
     variant: each lane its 16-byte chunks in ascending order, then one warp sum."""
-    if choice[0] == "mma":  # stream-K also cuts tiles between blocks, at the same places
-        sk = "-sk" if choice[2] == 0 else ""  # whatever the rows
-        return ("mma" + sk, gemv4_threads(cols, tuple(choice[1:]))[0])
+    if choice[0] == "mma":
+        return ("mma", gemv4_threads(cols, tuple(choice[1:]))[0])
     if choice[0] == "tc":  # gemv_tc: its warps' column slices, added in warp order
         return tuple(choice)
     return (choice[0],)
@@ -243,7 +229,7 @@ def invariant_rows(
         r = min(r, PRO_SUMS // max(1, cols // 256))
     elif kind:
         r = min(r, PRO_SUMS // max(1, heads))
-    if order[0] in ("mma", "mma-sk"):
+    if order[0] == "mma":
         while r > 1:
             cands = [("mma", *v) for v in gemv4_variants(r, cols, kind, smem_per_block)]
             if order_candidates(cands, cols, order):

@@ -28,7 +28,6 @@ from engine.backends.cuda.gemv_plan import (  # the variants: tools and tests re
     GEMV_MAX_ROWS,
     GEMV_SWIGLU_VARIANTS,  # noqa: F401
     GEMV_VARIANTS,  # noqa: F401
-    SK_SLOT,
     TO_BLOCKS,
     Prologue,
     blocked_layout,
@@ -143,7 +142,6 @@ class Projections:
         self._resident: dict[tuple, int] = {}  # (kernel, threads, smem) -> blocks at once
         self._gemv4_modules: dict[tuple, Any] = {}  # (rows, swiglu, prologue) -> module
         self._gemv4_kernels: dict[str, Any] = {}  # symbol -> kernel
-        self._sk: tuple | None = None  # stream-K's slots and flags (`sk_buffers`)
         self.w4 = W4Route(kernels)  # 4-bit prompt products: w4_mma or dequantize + cuBLAS
 
     # ----- the ops ------------------------------------------------------------------------
@@ -474,31 +472,14 @@ class Projections:
         _, threads = gemv4_threads(cols, v)
         smem = gemv4_smem(R, cols, threads, kind)
         self.k.allow_smem(fn, (R, swiglu, v, int(kind)), smem)  # beside the static sums
-        blocks = gemv4_blocks(n_out, swiglu, v[1], cols, sm_count())
+        blocks = gemv4_blocks(n_out, swiglu, v[1])
         grid = (min(blocks, self._gemv4_resident(fn, threads, smem)),)
         a = _wargs(w)
         b = _wargs(up) if swiglu else a
         ldx = x.strides[0] // x.itemsize
         args = (*a, *b, x, i32(ldx), out, i32(out.shape[1]), i32(n_out), i32(cols))
         args += (*_pro_args(pro), i32(0))  # late = 0: first weights requested before the wait
-        args += self.sk_buffers() if v[1] == 0 else (or_null(None), or_null(None))
         self.k.launch(fn, grid, (threads,), args, smem)
-
-    def sk_buffers(self) -> tuple:
-        """Stream-K's slot of 128 floats and flag for each block (one an SM). Every launch
-        leaves the flags cleared, so the graphs and all projections share one pair: a launch
-        writes them only after the launch before it has ended (its wait). 66 KiB on the
-        H200, like the sampler's small buffers outside the memory plan's categories."""
-        if self._sk is None:
-            import cupy
-
-            n = sm_count()
-            self._sk = (cupy.zeros(n * SK_SLOT, cupy.float32), cupy.zeros(n, cupy.uint32))
-        return self._sk
-
-    @property
-    def sk_nbytes(self) -> int:
-        return 0 if self._sk is None else sum(a.nbytes for a in self._sk)
 
     def _gemv4_resident(self, fn: Any, threads: int, smem: int) -> int:
         """Blocks of `fn` the whole GPU holds at once: the grid is capped there and blocks

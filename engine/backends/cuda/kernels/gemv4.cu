@@ -22,12 +22,10 @@
 #include "stamps.cuh"
 
 // KS = blockDim.x / (32 * TPB) warps share a tile (each takes a contiguous slice of the groups),
-// TPB tiles per block, UG groups loaded per step. TPB 0: stream-K, one tile at a time (the
-// launch is one block an SM, block i taking the i-th equal share of all tiles' groups, so
-// every SM streams the same bytes: sk_share in gemv4_parts.cuh). PIPE: the next UG groups are
-// fetched while the current ones are computed; otherwise the wrapper makes the slices at most
-// UG groups long (or close), so each warp issues all its loads at once, before the activations
-// are staged (and, under programmatic dependent launch, before the previous kernel has ended).
+// TPB tiles per block, UG groups loaded per step. PIPE: the next UG groups are fetched while the
+// current ones are computed; otherwise the wrapper makes the slices at most UG groups long (or
+// close), so each warp issues all its loads at once, before the activations are staged (and,
+// under programmatic dependent launch, before the previous kernel has finished).
 // Register cap from MAXT (the largest block launched): 64 for pipelined UG <= 2 and for ASYNC,
 // else 85. Dynamic shared memory (sized by the wrapper): xs, M rows of in/8 + 1 16-byte
 // entries; sx, 8 floats per group; red, 4 floats per thread; ASYNC: 20 bytes per lane and
@@ -38,11 +36,8 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       const unsigned* __restrict__ W1, const act_t* __restrict__ S1, const act_t* __restrict__ B1,
       const act_t* __restrict__ X, int ldx, act_t* __restrict__ Y, int ldy, int out, int in,
       const act_t* __restrict__ pd, const float* __restrict__ pnw, act_t* __restrict__ ph,
-      const float* __restrict__ po, int phd, float peps, int late, float* __restrict__ skp,
-      unsigned* __restrict__ skf) {
-  constexpr bool SK = TPB == 0;
-  constexpr int TT = SK ? 1 : TPB;  // tiles a block takes at a time
-  const int NT = blockDim.x, KS = NT / (32 * TT);
+      const float* __restrict__ po, int phd, float peps, int late) {
+  const int NT = blockDim.x, KS = NT / (32 * TPB);
   Stamps stamps;
   stamps.at(0, threadIdx.x);
   constexpr int ROWS = SWIGLU ? 8 : 16;
@@ -61,14 +56,14 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   // Blocks loop over virtual blocks vb (TPB tiles each): the grid is at most what fits on
   // the GPU at once, so the activations are staged once per block and the next tile's
   // first weights are in flight while the current tile is reduced and stored.
-  const int NTILE = (out + ROWS - 1) / ROWS, VB = (NTILE + TT - 1) / TT;
+  const int VB = ((out + ROWS - 1) / ROWS + TPB - 1) / TPB;
   // Weights in 8-row blocks (weights.py, to_blocks): block b, group gr holds rows 8b..8b+7
   // of the group (32 bytes each) at word (b * ng + gr) * 64, and their scales (biases) at
   // (b * ng + gr) * 8. A tile's rows g and g+8 are blocks 2t and 2t+1 (SWIGLU: block t of
   // the gate and of the up weights); blocks past the last one are read again, not stored.
   const int nb = (out + 7) >> 3;
   auto rows_of = [&](int vb) {
-    const int tile = vb * TT + tl;
+    const int tile = vb * TPB + tl;
     const int blo = min(SWIGLU ? tile : 2 * tile, nb - 1);
     const int bhi = min(SWIGLU ? tile : 2 * tile + 1, nb - 1);
     const uint2* wlo = reinterpret_cast<const uint2*>(W0) + (long)blo * ng * 32 + g * 4 + tig;
@@ -79,33 +74,14 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
                                : (SWIGLU ? B1 : B0) + (long)bhi * ng * 8;
     return Rows{wlo, whi, sb + g};
   };
-  // The tiles this block takes, in order (next_vb), and each one's groups [a, b) (all of
-  // them but in stream-K, where a share starts and ends inside tiles), of which this warp
-  // sums the slice [ga, gb).
-  const SkShare sh = SK ? sk_share(NTILE, ng) : SkShare{0, 0, 0, 0, -1};
-  int vb = SK ? sh.last : static_cast<int>(blockIdx.x);
-  auto next_vb = [&](int v) {
-    return SK ? (v > sh.first ? v - 1 : -1) : v + static_cast<int>(gridDim.x);
-  };
-  auto has = [&](int v) { return v >= 0 && v < VB; };
-  auto groups_of = [&](int v, int& a, int& b) {
-    a = SK ? static_cast<int>(max(0L, sh.s0 - static_cast<long>(v) * ng)) : 0;
-    b = SK ? static_cast<int>(min(static_cast<long>(ng), sh.s1 - static_cast<long>(v) * ng)) : ng;
-  };
-  auto slice_of = [&](int v, int& ga_, int& gb_) {
-    int a = 0, b = 0;
-    if (has(v)) groups_of(v, a, b);
-    const int sl = (b - a + KS - 1) / KS;
-    ga_ = min(b, a + ks * sl);
-    gb_ = min(b, ga_ + sl);
-  };
-  int ga, gb;
-  slice_of(vb, ga, gb);
+  int vb = blockIdx.x;
+  const int slice = (ng + KS - 1) / KS;
+  const int ga = min(ng, ks * slice), gb = min(ng, ga + slice);
 
   constexpr int RG = ASYNC ? 1 : UG;  // groups held in registers
   Batch<RG> A;
   Batch<PIPE ? UG : 1> B;
-  Rows rw = rows_of(has(vb) ? vb : 0);  // no loads where the slice is empty
+  Rows rw = rows_of(vb);
   // ASYNC staging after red: codes of rows g (wa) and g+8 (wb), scale/bias pairs (wq).
   uint2* const wbase = reinterpret_cast<uint2*>(red + NT * 4);
   uint2* const wa = wbase + wid * UG * 32;
@@ -180,7 +156,7 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
   if (late) first_weights();
 
   const uint4* xrow = xs + (g < M ? g : 0) * xstride + 2 * tig;
-  for (; has(vb); vb = next_vb(vb)) {
+  for (; vb < VB; vb += gridDim.x) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (ASYNC) {
       asm volatile("cp.async.wait_all;" ::: "memory");
@@ -204,13 +180,10 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
       }
     }
 
-    if (vb == (SK ? sh.last : static_cast<int>(blockIdx.x))) stamps.at(3, tid);
-    int sa = 0, sb = ng;  // this tile's groups in this block
-    if constexpr (SK) groups_of(vb, sa, sb);
+    if (vb == static_cast<int>(blockIdx.x)) stamps.at(3, tid);
     // Next tile's first weights (nothing is fetched past the last tile).
-    const int nvb = next_vb(vb);
-    if (has(nvb)) {
-      slice_of(nvb, ga, gb);
+    const int nvb = vb + gridDim.x;
+    if (nvb < VB) {
       rw = rows_of(nvb);
       if constexpr (ASYNC) fetch_async<UG>(wa, wb, wq, rw, ga, gb, lane);
       else fetch(A, rw, ga, gb);
@@ -218,16 +191,11 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
     // c layout: acc[i] is row g + 8*(i>>1) of the tile, activation row 2*tig + (i&1).
     *reinterpret_cast<float4*>(red + (wid * 32 + lane) * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();
-    // Stream-K: a share that ends inside this tile leaves its sums to the block whose share
-    // holds the tile's last group; that block takes the earlier parts first (sk_gather).
-    const bool part = SK && sb < ng;
-    const int j0 = SK && !part && sa > 0 ? sk_gather(sh, vb, ng, skf, tid)
-                                         : static_cast<int>(blockIdx.x);
-    for (int idx = tid; idx < TT * ROWS * M; idx += NT) {
+    for (int idx = tid; idx < TPB * ROWS * M; idx += NT) {
       const int t = idx / (ROWS * M), rem = idx - t * ROWS * M;
       const int lr = rem / M, m = rem - lr * M;
-      const int row = (vb * TT + t) * ROWS + lr;
-      if (row >= out && !part) continue;
+      const int row = (vb * TPB + t) * ROWS + lr;
+      if (row >= out) continue;
       const int src = ((lr & 7) * 4 + (m >> 1)) * 4 + (m & 1);
       const float* r = red + t * KS * 128;
       float v0 = 0.f, v1 = 0.f;
@@ -235,31 +203,12 @@ gemv4(const unsigned* __restrict__ W0, const act_t* __restrict__ S0, const act_t
         v0 += r[k * 128 + src + (lr >> 3) * 2];
         if (SWIGLU) v1 += r[k * 128 + src + 2];
       }
-      if constexpr (SK) {
-        float* const slot = skp + idx * (SWIGLU ? 2 : 1);  // 128 floats a block
-        if (part) {
-          slot[blockIdx.x * 128] = v0;
-          if (SWIGLU) slot[blockIdx.x * 128 + 1] = v1;
-          continue;
-        }
-        // The earlier parts in share order, then this block's: the tile's groups in order.
-        float e0 = 0.f, e1 = 0.f;
-        for (int j = j0; j < static_cast<int>(blockIdx.x); ++j) {
-          e0 += __ldcg(slot + j * 128);
-          if (SWIGLU) e1 += __ldcg(slot + j * 128 + 1);
-        }
-        if (j0 < static_cast<int>(blockIdx.x)) {
-          v0 = e0 + v0;
-          v1 = e1 + v1;
-        }
-      }
       if constexpr (SP == 4) {
         v0 *= invs[m];
         v1 *= invs[m];
       }
       st(Y + (long)m * ldy + row, SWIGLU ? silu_f(v0) * v1 : v0);
     }
-    if (part) sk_publish(skf, tid);
     __syncthreads();  // red is rewritten by the next tile
   }
   // The record's flags: prologue (bits 0-3), SwiGLU (4), pipelined (5), tiles a block

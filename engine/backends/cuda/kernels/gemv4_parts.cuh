@@ -156,57 +156,6 @@ __device__ __forceinline__ void compute(const Batch<UG>& t, int g0, int gb, cons
   else compute_groups<M, UG, SC, false>(t, g0, gb, xrow, sx, g, tig, acc, gs);
 }
 
-// Stream-K (gemv4's TPB 0): the tiles' groups in one sequence (tile * ng + group), cut into
-// gridDim.x equal shares, block i taking [s0, s1): every SM streams the same bytes, where
-// whole tiles leave some SMs one more than others (the 4B's down: 160 tiles on 132 SMs, 28 of
-// them two). A block walks its share from its last tile back to its first, so the part it
-// leaves to another block (its share's end, inside a tile) is summed first and the part that
-// waits for other blocks (its share's start) last. The launch keeps every share non-empty
-// (gridDim.x <= tiles * ng) and the grid resident (one block an SM).
-struct SkShare {
-  long total, s0, s1;
-  int first, last;  // the share's first and last tile; last -1: an empty share
-};
-
-__device__ __forceinline__ SkShare sk_share(int ntile, int ng) {
-  const long total = static_cast<long>(ntile) * ng;
-  const long s0 = total * blockIdx.x / gridDim.x, s1 = total * (blockIdx.x + 1) / gridDim.x;
-  return SkShare{total, s0, s1, static_cast<int>(s0 / ng), s1 > s0 ? static_cast<int>((s1 - 1) / ng) : -1};
-}
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// A block whose share starts inside `tile` (after its first group) and holds its last: the
-// blocks before it whose shares end inside the tile have left their sums in their slots
-// (sk_publish). Thread 0 waits for each one's flag and clears it for the next launch; every
-// thread gets the first of those blocks (the earlier parts are added in block order).
-__device__ __forceinline__ int sk_gather(const SkShare& sh, int tile, int ng, unsigned* skf, int tid) {
-  const long start = static_cast<long>(tile) * ng;
-  int j = static_cast<int>(blockIdx.x) - 1;
-  while (j > 0 && sh.total * j / gridDim.x > start) --j;  // block j's share starts in the tile
-  if (tid == 0)
-    for (int k = j; k < static_cast<int>(blockIdx.x); ++k) {
-      while (ld_acquire(skf + k) == 0u) {
-      }
-      skf[k] = 0u;
-    }
-  __syncthreads();
-  return j;
-}
-
-// This block's part of a tile is in its slot: the flag, after every thread's stores.
-__device__ __forceinline__ void sk_publish(unsigned* skf, int tid) {
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    atomicExch(skf + blockIdx.x, 1u);
-  }
-}
-
 // Pack 8 floats into 8 activations (one 16-byte entry).
 __device__ __forceinline__ uint4 pack8(const float* f) {
   uint4 r;

@@ -18,6 +18,11 @@ index). Run four ways, each timed over replays of a CUDA graph:
     pdl-smem    as pdl, with the words below (only where there are some) brought into shared
                 memory by one bulk copy a block before the wait, not into registers: whether
                 the staging's loads still wait behind words that take the copy engine's path
+    ahead A     as persistent, with each stage's words (only where there are some) brought
+                into a ring of shared memory by one bulk copy a block, requested A stages
+                before the stage that uses them (`--ahead`, comma-separated): whether a
+                whole-step kernel that streams the weights of the stages ahead hands off at
+                the bare counter's cost while those bytes are in flight
 
 `--copies N` (pdl only) cycles the stages through N instances of the stage kernel, each its
 own machine code, as the decode step runs a different kernel at each boundary: with enough
@@ -38,6 +43,8 @@ These are kernel-level figures for deciding where the decode step can save time,
 product's speed.
 
     PYTHONPATH=. python3 tools/bench_handoff.py --blocks 64,132 --weights 0,8 --out OUT
+    PYTHONPATH=. python3 tools/bench_handoff.py --blocks 132 --n 1024 --weights 0,4,8 \
+        --ahead 0,1,2,4 --out OUT
 """
 
 from __future__ import annotations
@@ -101,7 +108,7 @@ constexpr int WMAX = 16;
 #if __CUDA_ARCH__ >= 900
 // One bulk copy (the copy engine) of `bytes` from global src into shared dst, completing on
 // the mbarrier at shared address bar (thread 0 issues it); mbar_wait: every thread waits for
-// the copy's phase 0.
+// the barrier's phase of that parity to complete.
 __device__ __forceinline__ void bulk_to_shared(void* dst, const void* src, unsigned bytes,
                                                unsigned bar) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -111,11 +118,11 @@ __device__ __forceinline__ void bulk_to_shared(void* dst, const void* src, unsig
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
       ::"r"(d), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
-__device__ __forceinline__ void mbar_wait(unsigned bar) {
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity = 0) {
   unsigned done = 0;
   do {
-    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
-                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar) : "memory");
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   } while (!done);
 }
 #endif
@@ -244,6 +251,69 @@ extern "C" __global__ void handoff_persistent(float* buf, unsigned* count, int n
   }
   if (acc == 0x9e3779b9u && wper > 0) sink[0] = acc;
 }
+
+// As handoff_persistent, but each stage's words come into a ring of ahead + 1 slots of
+// shared memory by one bulk copy a block (the copy engine), thread 0 issuing stage
+// s + ahead's copy at stage s before its wait for the counter: the words a stage uses were
+// requested `ahead` stages earlier, as a whole-step kernel would stream the weights of the
+// stages ahead while the chain of hand-offs runs. ahead 0: requested at the stage itself.
+// Slot s % (ahead + 1) last held stage s - 1's words, read before that stage's last barrier.
+constexpr int AMAX = 7;
+extern "C" __global__ void handoff_ahead(float* buf, unsigned* count, int n, int stages,
+                                         const uint4* w, int wper, int ahead, unsigned* sink,
+                                         unsigned long long* span) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ float xs[];
+  __shared__ __align__(8) unsigned long long bars[AMAX + 1];
+  const int slots = ahead + 1;
+  const unsigned per = wper * blockDim.x;  // 16-byte words a block's slot holds
+  uint4* const ring = reinterpret_cast<uint4*>(xs + ((n + 3) & ~3));
+  const unsigned bar0 = static_cast<unsigned>(__cvta_generic_to_shared(bars));
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < slots; ++i)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * i) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < min(ahead, stages); ++s)
+      bulk_to_shared(ring + (s % slots) * per, w + ((long)s * gridDim.x + blockIdx.x) * per,
+                     per * 16, bar0 + 8 * (s % slots));
+  }
+  __syncthreads();
+  unsigned acc = 0;
+  for (int s = 0; s < stages; ++s) {
+    const int slot = s % slots;
+    if (threadIdx.x == 0) {
+      const int a = s + ahead;
+      if (a < stages)
+        bulk_to_shared(ring + (a % slots) * per, w + ((long)a * gridDim.x + blockIdx.x) * per,
+                       per * 16, bar0 + 8 * (a % slots));
+      if (s > 0) {
+        unsigned seen = 0;
+        do {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                       : "=r"(seen) : "l"(count + s - 1) : "memory");
+        } while (seen < gridDim.x);
+      }
+    }
+    __syncthreads();
+    const unsigned long long t0 = now_ns();
+    load_x(buf + (s & 1) * n, xs, n);
+    __syncthreads();
+    if (threadIdx.x == 0) span[(long)s * gridDim.x + blockIdx.x] = now_ns() - t0;
+    finish(xs, buf + ((s + 1) & 1) * n, n);
+    mbar_wait(bar0 + 8 * slot, (s / slots) & 1);
+    for (int j = 0; j < wper; ++j) {
+      const uint4 v = ring[slot * per + j * blockDim.x + threadIdx.x];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncthreads();  // xs is restaged and this slot refilled next stage
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(count + s, 1u);
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+#endif
+}
 """
 
 WAYS = ("pdl", "bulk", "plain", "persistent", "pdl-smem")
@@ -268,6 +338,7 @@ def run(
     weights: int,
     copies: int = 1,
     code: int = 0,
+    ahead: tuple = (),
 ) -> dict:
     """Microseconds a stage for each way at this grid with `weights` words a thread in flight
     at each wait (plain only without; pdl alone where `copies` > 1 or `code` > 0: the
@@ -276,12 +347,19 @@ def run(
     over the last replay's blocks and stages)."""
     import cupy
 
-    from engine.backends.cuda.launch import launch_pdl, on_stream, pdl_available, sm_count
+    from engine.backends.cuda.launch import (
+        launch_pdl,
+        on_stream,
+        pdl_available,
+        sm_count,
+        smem_per_block,
+    )
 
     names = [f"handoff_stage<{c},{code}>" for c in range(copies)]
     mod = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=names)
     stage_fns = [mod.get_function(name) for name in names]
     persist = mod.get_function("handoff_persistent")
+    persist_ahead = mod.get_function("handoff_ahead")
     x0 = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     want = reference(x0, stages)
     buf = cupy.empty(2 * n, cupy.float32)
@@ -312,6 +390,13 @@ def run(
         args = (buf, count, n32, s32, words, np.int32(weights), sink, spans)
         persist((blocks,), (threads,), args, shared_mem=4 * n)
 
+    def streamed(a: int):
+        smem = 4 * ((n + 3) & ~3) + (a + 1) * 16 * weights * threads
+        persist_ahead.max_dynamic_shared_size_bytes = smem
+        count.fill(0)
+        args = (buf, count, n32, s32, words, np.int32(weights), np.int32(a), sink, spans)
+        persist_ahead((blocks,), (threads,), args, shared_mem=smem)
+
     out = {}
 
     def chain_smem(_pdl: bool, _bulk: bool):
@@ -324,7 +409,11 @@ def run(
         "persistent": persistent,
         "pdl-smem": chain_smem,
     }
-    for name in WAYS:
+    room = smem_per_block() - 4 * ((n + 3) & ~3)
+    for a in ahead:
+        if weights and blocks <= sm_count() and (a + 1) * 16 * weights * threads <= room:
+            bodies[f"ahead {a}"] = lambda _p, _b, a=a: streamed(a)
+    for name in bodies:
         if name in ("pdl", "bulk", "pdl-smem") and not pdl_available():
             continue
         if name == "pdl-smem" and not weights:
@@ -361,6 +450,8 @@ STAGING = ("pdl", "bulk", "persistent", "pdl-smem")  # the ways whose staging sp
 def table(results: dict, stages: int, n: int, threads: int = 256, code: int = 0) -> str:
     """The markdown table of `results` ({(blocks, weights, copies): {way: {us_per_stage,
     ...}}}); `code`: the rounds of work after each staging (--code)."""
+    streamed = sorted({w for r in results.values() for w in r if w.startswith("ahead")})
+    ways, staging = (*WAYS, *streamed), (*STAGING, *streamed)
     lines = [
         f"{stages} stages of {n} floats, {threads} threads a block, {code} rounds of work "
         "after each staging; microseconds a stage (median of the replays); words: 16-byte "
@@ -368,17 +459,17 @@ def table(results: dict, stages: int, n: int, threads: int = 256, code: int = 0)
         "code); staging: mean microseconds from the wait to the vector in shared memory",
         "",
         "| blocks | words | copies | "
-        + " | ".join(WAYS)
+        + " | ".join(ways)
         + " | "
-        + " | ".join(f"staging, {w}" for w in STAGING)
+        + " | ".join(f"staging, {w}" for w in staging)
         + " |",
-        "|---" * (len(WAYS) + len(STAGING) + 3) + "|",
+        "|---" * (len(ways) + len(staging) + 3) + "|",
     ]
     for (blocks, weights, copies), by_way in sorted(results.items()):
-        cells = [f"{by_way[w]['us_per_stage']:.2f}" if w in by_way else "-" for w in WAYS]
+        cells = [f"{by_way[w]['us_per_stage']:.2f}" if w in by_way else "-" for w in ways]
         cells += [
             f"{by_way[w]['staging_us']:.2f}" if "staging_us" in by_way.get(w, {}) else "-"
-            for w in STAGING
+            for w in staging
         ]
         lines.append(f"| {blocks} | {weights} | {copies} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -400,10 +491,19 @@ def main() -> None:
     )
     ap.add_argument("--copies", default="1", help="stage kernels cycled (comma-separated)")
     ap.add_argument("--code", type=int, default=0, help="rounds of work after each staging")
+    ap.add_argument(
+        "--ahead",
+        default="",
+        help="stages ahead the `ahead` way requests each stage's words (comma-separated, "
+        "0 to 7; only with words)",
+    )
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     if args.n % 4 or 4 * args.n > 48 * 1024:
         raise SystemExit(f"--n {args.n}: a multiple of 4 up to 12288 (shared memory)")
+    ahead = tuple(int(a) for a in args.ahead.split(",") if a)
+    if any(not 0 <= a <= 7 for a in ahead):
+        raise SystemExit(f"--ahead {args.ahead}: each between 0 and 7")
     results = {}
     for blocks in (int(b) for b in args.blocks.split(",")):
         for weights in (int(w) for w in args.weights.split(",")):
@@ -411,7 +511,7 @@ def main() -> None:
                 raise SystemExit(f"--weights {weights}: between 0 and {WMAX}")
             for copies in (int(c) for c in args.copies.split(",")):
                 shape = (args.n, args.stages, args.replays, args.threads, weights)
-                got = run(blocks, *shape, copies, args.code)
+                got = run(blocks, *shape, copies, args.code, ahead)
                 results[(blocks, weights, copies)] = got
                 for way, r in got.items():
                     if r["rel_err"] > 1e-3:

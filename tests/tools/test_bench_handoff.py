@@ -35,3 +35,23 @@ def test_the_table_has_a_row_a_grid_and_word_count_and_a_dash_where_a_way_did_no
     ]
     assert "staging, persistent |" in text
     assert "64 stages of 2560 floats" in text
+
+
+def test_each_ahead_way_that_ran_gets_a_time_and_a_staging_column_in_its_order():
+    results = {
+        (132, 8, 1): {
+            "persistent": {"us_per_stage": 3.9, "staging_us": 0.37},
+            "ahead 2": {"us_per_stage": 2.1, "staging_us": 0.4},
+            "ahead 1": {"us_per_stage": 2.6, "staging_us": 0.5},
+        },
+        (132, 0, 1): {"persistent": {"us_per_stage": 1.6, "staging_us": 0.36}},
+    }
+    text = table(results, 64, 1024)
+    header = next(line for line in text.splitlines() if line.startswith("| blocks"))
+    assert header.endswith("| staging, ahead 1 | staging, ahead 2 |")
+    assert "| pdl-smem | ahead 1 | ahead 2 |" in header
+    rows = [line for line in text.splitlines() if line.startswith("| 132")]
+    assert rows == [
+        "| 132 | 0 | 1 | - | - | - | 1.60 | - | - | - | - | - | 0.36 | - | - | - |",
+        "| 132 | 8 | 1 | - | - | - | 3.90 | - | 2.60 | 2.10 | - | - | 0.37 | - | 0.50 | 0.40 |",
+    ]

@@ -210,6 +210,35 @@ __global__ void handoff_stage(const float* x, float* y, int n, int pdl, const ui
   if (acc == 0x9e3779b9u && (wper > 0 || K > 0)) sink[0] = acc;
 }
 
+// The persistent ways' hand-off: thread 0 waits until every block has counted itself in for
+// stage s - 1 (none before stage 0); count_in, after the block's last barrier of stage s,
+// counts it in for s (its writes fenced first).
+__device__ __forceinline__ void wait_count(const unsigned* count, int s) {
+  if (s == 0) return;
+  unsigned seen = 0;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                 : "=r"(seen) : "l"(count + s - 1) : "memory");
+  } while (seen < gridDim.x);
+}
+__device__ __forceinline__ void count_in(unsigned* count, int s) {
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(count + s, 1u);
+  }
+}
+
+// Stage s of the persistent ways once its wait is over: the vector (buf's half s & 1) into
+// xs, thread 0's staging span recorded, this block's slice of the next vector written.
+__device__ __forceinline__ void persistent_stage(float* buf, float* xs, int n, int s,
+                                                 unsigned long long* span) {
+  const unsigned long long t0 = now_ns();
+  load_x(buf + (s & 1) * n, xs, n);
+  __syncthreads();
+  if (threadIdx.x == 0) span[(long)s * gridDim.x + blockIdx.x] = now_ns() - t0;
+  finish(xs, buf + ((s + 1) & 1) * n, n);
+}
+
 // All stages in one launch (every block resident: the caller keeps the grid at the SMs).
 // count[s] counts the blocks done with stage s; stage s + 1 starts when it reaches the grid.
 // w, wper, span: as handoff_stage's, stage s's words at w + s * (grid * wper * threads),
@@ -226,28 +255,15 @@ extern "C" __global__ void handoff_persistent(float* buf, unsigned* count, int n
     for (int j = 0; j < WMAX; ++j)
       if (j < wper) wv[j] = __ldcs(wb + (long)j * blockDim.x);
     if (s > 0) {
-      if (threadIdx.x == 0) {
-        unsigned seen = 0;
-        do {
-          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                       : "=r"(seen) : "l"(count + s - 1) : "memory");
-        } while (seen < gridDim.x);
-      }
+      if (threadIdx.x == 0) wait_count(count, s);
       __syncthreads();
     }
-    const unsigned long long t0 = now_ns();
-    load_x(buf + (s & 1) * n, xs, n);
-    __syncthreads();
-    if (threadIdx.x == 0) span[(long)s * gridDim.x + blockIdx.x] = now_ns() - t0;
-    finish(xs, buf + ((s + 1) & 1) * n, n);
+    persistent_stage(buf, xs, n, s, span);
 #pragma unroll
     for (int j = 0; j < WMAX; ++j)
       if (j < wper) acc ^= wv[j].x ^ wv[j].y ^ wv[j].z ^ wv[j].w;
     __syncthreads();  // xs is restaged next stage
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(count + s, 1u);
-    }
+    count_in(count, s);
   }
   if (acc == 0x9e3779b9u && wper > 0) sink[0] = acc;
 }
@@ -286,30 +302,17 @@ extern "C" __global__ void handoff_ahead(float* buf, unsigned* count, int n, int
       if (a < stages)
         bulk_to_shared(ring + (a % slots) * per, w + ((long)a * gridDim.x + blockIdx.x) * per,
                        per * 16, bar0 + 8 * (a % slots));
-      if (s > 0) {
-        unsigned seen = 0;
-        do {
-          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                       : "=r"(seen) : "l"(count + s - 1) : "memory");
-        } while (seen < gridDim.x);
-      }
+      wait_count(count, s);
     }
     __syncthreads();
-    const unsigned long long t0 = now_ns();
-    load_x(buf + (s & 1) * n, xs, n);
-    __syncthreads();
-    if (threadIdx.x == 0) span[(long)s * gridDim.x + blockIdx.x] = now_ns() - t0;
-    finish(xs, buf + ((s + 1) & 1) * n, n);
+    persistent_stage(buf, xs, n, s, span);
     mbar_wait(bar0 + 8 * slot, (s / slots) & 1);
     for (int j = 0; j < wper; ++j) {
       const uint4 v = ring[slot * per + j * blockDim.x + threadIdx.x];
       acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     __syncthreads();  // xs is restaged and this slot refilled next stage
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(count + s, 1u);
-    }
+    count_in(count, s);
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;
 #endif

@@ -105,6 +105,7 @@ class LoadPanel(QWidget):
         self.progress.hide()
         self.stage = QLabel()
         self.stage.setObjectName("subtle")
+        self.stage.setWordWrap(True)  # "Loaded on ... · why drafting is unavailable" is long
         self.error = QLabel()
         self.error.setObjectName("errorText")
         self.error.setWordWrap(True)

@@ -154,3 +154,23 @@ def test_the_load_panel_says_how_fast_the_plan_will_be(qtbot, make_window):
     other.choose(entry)
     qtbot.waitUntil(lambda: other.load.badge.text() == "Fits", timeout=5000)
     assert "to the first token" not in other.load.detail.text()
+
+
+def test_the_loaded_line_wraps_inside_the_panel(qtbot, make_window):
+    """What the load panel says once a model is in (backend, memory held, why drafting is
+    unavailable) is longer than the panel is wide: it wraps onto more lines, not cut off."""
+    window = make_window(gpu_source=FakeGpu)
+    window.resize(1280, 800)
+    window.show()
+    qtbot.waitExposed(window)
+    panel = window.load
+    why = (
+        "drafting is unavailable: the checkpoint has no mtp.* tensors: MLX conversions drop "
+        "them (mlx-lm's sanitize), so drafting needs the Hugging Face checkpoint"
+    )
+    panel._loaded({"backend": "cuda", "held": 3 << 30, "drafting": why})
+    label, lines = panel.stage, panel.stage.fontMetrics()
+    assert why in label.text()
+    assert lines.horizontalAdvance(label.text()) > label.width()  # longer than one line
+    assert label.width() <= panel.width()
+    assert label.heightForWidth(label.width()) >= 2 * lines.height()  # laid out on lines

@@ -23,6 +23,7 @@ from app.state import host_fit
 from app.state.catalog import Entry
 from app.state.fit import CHECKING, FitAdvisor, verdict_label
 from app.widgets.stacked_bar import Legend, StackedBar
+from engine.memory.decision import streams_text
 
 CONTEXT_STEPS = [512 << i for i in range(10)]  # 512 ... 262144
 
@@ -238,7 +239,7 @@ class LoadPanel(QWidget):
         lines = []
         if streams and each:
             lines.append(
-                f"{streams} stream(s) × {planning.fmt_bytes(each)} of state at "
+                f"{streams_text(streams)} × {planning.fmt_bytes(each)} of state at "
                 f"{context:,} tokens · scratch "
                 + ("allocated at warm-up" if getattr(decision, "eager", False) else "lazy")
             )

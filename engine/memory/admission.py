@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 from engine.config import GIB, EngineSettings, ModelConfig, QuantConfig, QuantSpec
 from engine.memory.arena import TensorSpec, act_itemsize, arena_bytes
-from engine.memory.decision import Breakdown, Decision, Verdict
+from engine.memory.decision import Breakdown, Decision, Verdict, streams_text
 from engine.memory.draft import draft_choice
 from engine.memory.growth import ladder_below
 from engine.memory.plan import Plan, WeightBytes, make_plan
@@ -312,7 +312,7 @@ def admit(
             suggestions=texts,
             fixes=fixes,
             reason=f"{plan.config.source} needs {_gib(short)} more than this card can give "
-            f"({plan.streams} stream(s) at {plan.context:,} tokens)",
+            f"({streams_text(plan.streams)} at {plan.context:,} tokens)",
         )
     if best.eager and not best.host_embeddings:
         verdict, reason = Verdict.FITS, "everything fits; scratch allocated at warm-up"

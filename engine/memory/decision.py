@@ -133,7 +133,7 @@ class Decision:
         lines.append(card)
         if self.fits:
             lines.append(
-                f"admitted: {self.streams} stream(s) at {self.context:,} tokens, "
+                f"admitted: {streams_text(self.streams)} at {self.context:,} tokens, "
                 f"max rows {self.max_rows}, scratch {'eager' if self.eager else 'lazy'}"
                 + (", 8-bit KV cache" if self.kv_cache == "int8" else "")
             )
@@ -144,6 +144,11 @@ class Decision:
             lines.append(self.drafting[0].upper() + self.drafting[1:])
         lines += [f"  - {text}" for text in self.suggestions]
         return "\n".join(lines)
+
+
+def streams_text(n: int) -> str:
+    """'1 stream', '3 streams': how a count of concurrent streams reads in a sentence."""
+    return f"{n} stream" if n == 1 else f"{n} streams"
 
 
 def _gib(n: int) -> str:

@@ -347,7 +347,7 @@ def test_a_failed_capture_refuses_its_step_and_a_prefilling_request_finishes(
     for request in (first, second):
         error = events(request)[-1]
         assert isinstance(error, GraphCaptureFailed) and isinstance(error, RequestRefused)
-        assert "2 stream(s)" in str(error) and "SNUG_MEMORY_RESERVE_GIB" in str(error)
+        assert "2 streams" in str(error) and "SNUG_MEMORY_RESERVE_GIB" in str(error)
     print(f"\n[capture] {error}")
     assert ids_of(events(third)) == want["c"]
     assert graphs.graphs[1] is one and 2 not in graphs.graphs

@@ -133,7 +133,7 @@ def test_a_capture_without_memory_is_refused_by_name_and_stores_nothing(monkeypa
     one = graphs.graphs[1]
     for error in (cupy.cuda.runtime.CUDARuntimeError(2), cupy.cuda.memory.OutOfMemoryError(8, 0)):
         outcomes.append(error)
-        with pytest.raises(GraphCaptureFailed, match=r"2 stream\(s\).*SNUG_MEMORY_RESERVE_GIB"):
+        with pytest.raises(GraphCaptureFailed, match=r"2 streams.*SNUG_MEMORY_RESERVE_GIB"):
             graphs.capture(2)
         assert graphs.graphs == {1: one}
     outcomes.append(cupy.cuda.runtime.CUDARuntimeError(700))
@@ -141,7 +141,7 @@ def test_a_capture_without_memory_is_refused_by_name_and_stores_nothing(monkeypa
         graphs.capture(2)
     monkeypatch.setattr(graphs, "short_limit", lambda: 1024)  # a short graph, then the main
     outcomes.extend([None, cupy.cuda.runtime.CUDARuntimeError(2)])
-    with pytest.raises(GraphCaptureFailed, match=r"3 stream\(s\)"):
+    with pytest.raises(GraphCaptureFailed, match=r"3 streams"):
         graphs.capture(3)
     assert graphs.graphs == {1: one} and graphs.graphs[1].short is None
     graphs.capture(2)  # the next try captures
@@ -260,7 +260,7 @@ def test_a_refused_decode_step_ends_its_requests_and_spares_the_others(
     def decode_step(model, batch, ids):
         if batch.rows == 2 and left[0]:
             left[0] -= 1
-            raise GraphCaptureFailed("the decode step of 2 stream(s) could not be captured")
+            raise GraphCaptureFailed("the decode step of 2 streams could not be captured")
         return real(model, batch, ids)
 
     monkeypatch.setattr(engine.backend, "decode_step", decode_step)

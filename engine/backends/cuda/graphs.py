@@ -53,6 +53,7 @@ from engine.backends.cuda.host_table import carve
 from engine.backends.cuda.launch import on_stream
 from engine.backends.cuda.sampling import PICK_RING
 from engine.errors import GraphCaptureFailed, RequestRefused
+from engine.memory.decision import streams_text
 from engine.memory.pool import is_out_of_memory
 from engine.memory.scratch import decode_splits
 
@@ -187,7 +188,7 @@ class DecodeGraphs:
             if not is_out_of_memory(exc):
                 raise
             raise GraphCaptureFailed(
-                f"the decode step of {B} stream(s) could not be captured as a CUDA graph: "
+                f"the decode step of {streams_text(B)} could not be captured as a CUDA graph: "
                 f"no memory for it ({exc}). The graphs already captured and every stream's "
                 "state are kept, and the next step tries again; lower the context or the "
                 "number of streams, or raise the memory reserve (SNUG_MEMORY_RESERVE_GIB) "

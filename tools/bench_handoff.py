@@ -321,6 +321,7 @@ extern "C" __global__ void handoff_ahead(float* buf, unsigned* count, int n, int
 
 WAYS = ("pdl", "bulk", "plain", "persistent", "pdl-smem")
 WMAX = 16  # the kernel's most words a thread
+AMAX = 7  # handoff_ahead's most stages ahead (its ring's mbarriers)
 
 
 def reference(x: np.ndarray, stages: int) -> np.ndarray:
@@ -375,9 +376,10 @@ def run(
     words = cupy.arange(max(1, stages * per_stage), dtype=cupy.uint32)
     stream = cupy.cuda.Stream(non_blocking=True)
     n32, s32 = np.int32(n), np.int32(stages)
+    xs_bytes = 4 * ((n + 3) & ~3)  # the staged vector, 16-byte aligned (the ring after it)
 
     def chain(pdl: bool, bulk: bool, wsm: bool = False):
-        smem = 4 * ((n + 3) & ~3) + (16 * weights * threads if wsm else 0)
+        smem = xs_bytes + (16 * weights * threads if wsm else 0)
         if smem > 48 * 1024:
             for fn in stage_fns:
                 fn.max_dynamic_shared_size_bytes = smem
@@ -394,7 +396,7 @@ def run(
         persist((blocks,), (threads,), args, shared_mem=4 * n)
 
     def streamed(a: int):
-        smem = 4 * ((n + 3) & ~3) + (a + 1) * 16 * weights * threads
+        smem = xs_bytes + (a + 1) * 16 * weights * threads
         persist_ahead.max_dynamic_shared_size_bytes = smem
         count.fill(0)
         args = (buf, count, n32, s32, words, np.int32(weights), np.int32(a), sink, spans)
@@ -412,7 +414,7 @@ def run(
         "persistent": persistent,
         "pdl-smem": chain_smem,
     }
-    room = smem_per_block() - 4 * ((n + 3) & ~3)
+    room = smem_per_block() - xs_bytes
     for a in ahead:
         if weights and blocks <= sm_count() and (a + 1) * 16 * weights * threads <= room:
             bodies[f"ahead {a}"] = lambda _p, _b, a=a: streamed(a)
@@ -498,15 +500,15 @@ def main() -> None:
         "--ahead",
         default="",
         help="stages ahead the `ahead` way requests each stage's words (comma-separated, "
-        "0 to 7; only with words)",
+        f"0 to {AMAX}; only with words)",
     )
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     if args.n % 4 or 4 * args.n > 48 * 1024:
         raise SystemExit(f"--n {args.n}: a multiple of 4 up to 12288 (shared memory)")
     ahead = tuple(int(a) for a in args.ahead.split(",") if a)
-    if any(not 0 <= a <= 7 for a in ahead):
-        raise SystemExit(f"--ahead {args.ahead}: each between 0 and 7")
+    if any(not 0 <= a <= AMAX for a in ahead):
+        raise SystemExit(f"--ahead {args.ahead}: each between 0 and {AMAX}")
     results = {}
     for blocks in (int(b) for b in args.blocks.split(",")):
         for weights in (int(w) for w in args.weights.split(",")):

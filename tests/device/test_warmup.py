@@ -26,6 +26,7 @@ import itertools
 import re
 import threading
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -64,7 +65,8 @@ def model_dir(tmp_path_factory):
 
 class Builds:
     """Every module CuPy makes from now on, compiled by NVRTC or loaded from its cache on
-    disk: `made` holds each one's name expressions and first kernels."""
+    disk: `made` holds each one's name expressions and first kernels, then the engine's
+    innermost calls that asked for it (so a failure says where)."""
 
     def __init__(self, monkeypatch) -> None:
         from cupy.cuda import compiler
@@ -74,7 +76,12 @@ class Builds:
 
         def counted(source, *args, **kwargs):
             names = list(kwargs.get("name_expressions") or ())
-            self.made.append(names + _KERNEL.findall(source)[:4])
+            calls = [
+                f"{f.filename.split('/engine/')[-1]}:{f.lineno} {f.name}"
+                for f in traceback.extract_stack()
+                if "/engine/" in f.filename
+            ]
+            self.made.append(names + _KERNEL.findall(source)[:4] + calls[-4:])
             return real(source, *args, **kwargs)
 
         monkeypatch.setattr(compiler, "_compile_module_with_cache", counted)

@@ -97,9 +97,14 @@ class Sampling:
         copies), else a copy."""
         import cupy
 
-        picks = greedy[: len(rows)] if in_place else self.picks[: len(rows)]
+        n = len(rows)
+        picks = greedy[:n] if in_place else self.picks[:n]
         if not in_place:
-            picks[...] = greedy[: len(rows)]
+            # A device-to-device copy, not CuPy's elementwise copy kernel: that one has a
+            # module of its own for each form of its arguments, which a first request could
+            # meet after warm-up (invariant 4); `greedy` is a row of `meta` or a carved view.
+            assert greedy.flags.c_contiguous and greedy.dtype == picks.dtype, greedy.strides
+            picks.data.copy_from_device_async(greedy.data, picks.nbytes)
         for i, d in enumerate(rows):
             if d is None:
                 continue

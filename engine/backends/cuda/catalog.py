@@ -143,7 +143,7 @@ class _Walk:
             if self.blocked(w):
                 self.add("quant.cu", *TO_BLOCKS)
             if w4_applies(w.bits, w.group, w.cols, w.n_out, self.dtype, self.capability):
-                self.add("w4_mma.cu", w4_symbol(self.blocked(w)))
+                self.add("w4_mma.cu", w4_symbol(self.blocked(w), self.smem))
 
     def linear(self, w: _Weight, R: int, swiglu: bool = False) -> None:
         """Projections.linear_into (and mlp's one launch with `swiglu`) at R rows."""

@@ -15,11 +15,22 @@ from engine.errors import ConfigError
 
 TILE = 128  # rows of x and of W a block takes (W4_BM, W4_BN)
 THREADS = 256
+# One stage of the kernel's pipeline (W4Stage): a group of 64 columns of x's and W's tiles, as
+# 16-bit activations and code words, and W's rows' scales and biases.
+STAGE_BYTES = TILE * 64 * 2 + TILE * 12 * 4 + 2 * TILE * 2
+MAX_STAGES = 4  # three groups in flight hide a load from device memory on the H200
 
 
-def w4_symbol(blocked: bool) -> str:
-    """The kernel instance for a matrix in MLX's row order or in 8-row blocks."""
-    return f"w4_mma<{1 if blocked else 0}>"
+def w4_stages(smem_per_block: int) -> int:
+    """Stages of the kernel on a card whose blocks may take `smem_per_block` bytes of shared
+    memory: up to MAX_STAGES (92,160 bytes: within the 99 KiB of sm_86 / sm_89 too)."""
+    return max(2, min(MAX_STAGES, smem_per_block // STAGE_BYTES))
+
+
+def w4_symbol(blocked: bool, smem_per_block: int) -> str:
+    """The kernel instance for a matrix in MLX's row order or in 8-row blocks, on a card
+    whose blocks may take `smem_per_block` bytes of shared memory."""
+    return f"w4_mma<{1 if blocked else 0},{w4_stages(smem_per_block)}>"
 
 
 def w4_applies(bits: int, group: int, cols: int, rows: int, dtype: str, capability: int) -> bool:
@@ -41,9 +52,16 @@ def w4_mma(kernels: Any, x: Any, w: Any, out: Any) -> None:
     M, K = x.shape
     N = w.shape[0]
     assert K == w.shape[1] and out.shape == (M, N) and w.row0 % 8 == 0, (x.shape, w.shape)
+    from engine.backends.cuda.launch import smem_per_block
+
     grid = (-(-N // TILE), -(-M // TILE))
     args = (x, w.packed, w.scales, w.biases, out, np.int32(M), np.int32(N), np.int32(K))
-    kernels.run("w4_mma.cu", w4_symbol(w.blocked), grid, (THREADS,), args)
+    room = smem_per_block()
+    sym = w4_symbol(w.blocked, room)
+    fn = kernels.fn("w4_mma.cu", sym)
+    smem = w4_stages(room) * STAGE_BYTES
+    kernels.allow_smem(fn, ("w4_mma", sym), smem)
+    kernels.launch(fn, grid, (THREADS,), args, smem)
 
 
 ENV_W4 = "SNUG_W4_MMA"  # auto (default: by the times at warm-up), on, off

@@ -6,15 +6,21 @@
 //
 // One block: a BM x BN tile of out (BM = 128 rows of x, BN = 128 rows of W), 8 warps as 2 (M) x
 // 4 (N), each warp 64 x 32: 4 x 4 tiles of mma m16n8k16, fp32 accumulators. K advances one
-// quantization group (64 columns) at a time, double-buffered with cp.async:
+// quantization group (64 columns) at a time through ST stages of dynamic shared memory filled
+// by cp.async, ST - 1 groups ahead of the one multiplied (a group's products take less time
+// than a load from device memory: with one group ahead the block waited for each), one barrier
+// a group. A stage (W4Stage) holds
 //   x   [BM][64] activations, 16-byte chunks XOR-swizzled by row (conflict-free ldmatrix);
 //   W   [BN][12] words: each row's 8 code words of the group, rows 48 bytes apart (the 64-bit
 //       reads of 8 rows land in distinct banks);
-//   the group's scale and bias of each row.
+//   the group's scale and bias of each row (read into registers a stage ahead and stored once
+//   the stage is free: in MLX's row order they are 2 bytes a row, too little for cp.async).
 // A warp's B fragment (8 rows of W x 16 columns) is dequantized in registers as the mma takes
 // it: lane l holds row l/4, columns 2(l%4), +1 and +8, +9 of the k-step, which are nibbles
-// 2(l%4) and 2(l%4)+1 of the row's words 2s and 2s+1. The weights come out of fmaf(q, scale,
-// bias) rounded to the activation type, as the dequantization kernel rounds them.
+// 2(l%4) and 2(l%4)+1 of the row's words 2s and 2s+1. A code becomes a float exactly by its
+// bits under 2^23's (no integer conversion, a quarter-rate instruction); the weight is
+// fmaf(q, scale, bias) rounded to the activation type once, as the dequantization kernel
+// rounds it.
 //
 // BLK 0: W in MLX's row order ([N][K/8] words, scales [N][K/64]); BLK 1: 8-row blocks
 // (weights.py, to_blocks: per block of 8 rows and group, the 8 rows' 8 words one after
@@ -23,6 +29,12 @@
 #include "mma.cuh"
 
 constexpr int W4_BM = 128, W4_BN = 128, W4_LDW = 12;
+
+struct W4Stage {  // 23,040 bytes with 16-bit activations (w4_mma.py, STAGE_BYTES)
+  act_t x[W4_BM][64];
+  unsigned w[W4_BN][W4_LDW];
+  act_t s[W4_BN], b[W4_BN];
+};
 
 // Stage `st` <- group g of x rows [m0, m0 + BM) and W rows [n0, n0 + BN), by cp.async.
 template <int BLK>
@@ -60,20 +72,22 @@ __device__ __forceinline__ act_t w4_scale(const act_t* __restrict__ S, const act
   return tid < 128 ? S[si] : B[si];
 }
 
-// Two 4-bit codes (nibbles k and k + 1 of w) as one register of two weights.
-__device__ __forceinline__ unsigned w4_pair(unsigned w, int k, float s, float b) {
-  const float lo = fmaf((float)((w >> (4 * k)) & 15u), s, b);
-  const float hi = fmaf((float)((w >> (4 * k + 4)) & 15u), s, b);
-  return pf_pack(cv(mk(lo)), cv(mk(hi)));
+// Code q at bit `sh` of w as a float: 2^23 + q by its bits, less 2^23 (exact).
+__device__ __forceinline__ float w4_code(unsigned w, int sh) {
+  return __uint_as_float(((w >> sh) & 15u) | 0x4B000000u) - 8388608.f;
 }
 
-template <int BLK>
+// Two 4-bit codes (nibbles k and k + 1 of w) as one register of two weights.
+__device__ __forceinline__ unsigned w4_pair(unsigned w, int k, float s, float b) {
+  return pf_pack(fmaf(w4_code(w, 4 * k), s, b), fmaf(w4_code(w, 4 * k + 4), s, b));
+}
+
+template <int BLK, int ST>
 __global__ void __launch_bounds__(256)
 w4_mma(const act_t* __restrict__ x, const unsigned* __restrict__ W, const act_t* __restrict__ S,
        const act_t* __restrict__ B, act_t* __restrict__ out, int M, int N, int K) {
-  __shared__ __align__(16) act_t xs[2][W4_BM][64];
-  __shared__ __align__(16) unsigned ws[2][W4_BN][W4_LDW];
-  __shared__ act_t ss[2][W4_BN], bs[2][W4_BN];
+  extern __shared__ __align__(16) unsigned char w4_smem[];
+  W4Stage* const stage = reinterpret_cast<W4Stage*>(w4_smem);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp & 1, wn = warp >> 1;
   const int m0 = blockIdx.y * W4_BM, n0 = blockIdx.x * W4_BN, ng = K / 64;
@@ -86,23 +100,28 @@ w4_mma(const act_t* __restrict__ x, const unsigned* __restrict__ W, const act_t*
       for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
   pdl_start();
 
-  act_t* const sbt = tid < 128 ? &ss[0][tid] : &bs[0][tid - 128];  // this thread's scale or bias
-  w4_copy<BLK>(xs[0], ws[0], x, W, M, N, K, m0, n0, 0, tid);
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  sbt[0] = w4_scale<BLK>(S, B, N, K, n0, 0, tid);
-  for (int g = 0; g < ng; ++g) {
-    const int st = g & 1;
-    if (g + 1 < ng) w4_copy<BLK>(xs[st ^ 1], ws[st ^ 1], x, W, M, N, K, m0, n0, g + 1, tid);
+  // This thread's scale (tid < 128) or bias of a stage.
+  auto sb = [&](int st) -> act_t& { return tid < 128 ? stage[st].s[tid] : stage[st].b[tid - 128]; };
+#pragma unroll
+  for (int p = 0; p < ST - 1; ++p) {  // groups 0 .. ST - 2 requested (one commit each)
+    if (p < ng) w4_copy<BLK>(stage[p].x, stage[p].w, x, W, M, N, K, m0, n0, p, tid);
     asm volatile("cp.async.commit_group;" ::: "memory");
-    const act_t next = w4_scale<BLK>(S, B, N, K, n0, g + 1, tid);  // used after the products
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-    __syncthreads();
+    sb(p) = w4_scale<BLK>(S, B, N, K, n0, p, tid);
+  }
+  for (int g = 0; g < ng; ++g) {
+    const int st = g % ST, gn = g + ST - 1, sn = gn % ST;
+    asm volatile("cp.async.wait_group %0;" ::"n"(ST - 2) : "memory");  // group g is in
+    __syncthreads();  // every thread's part of it; and stage sn (group g - 1's) is free
+    if (gn < ng) w4_copy<BLK>(stage[sn].x, stage[sn].w, x, W, M, N, K, m0, n0, gn, tid);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    const act_t next = w4_scale<BLK>(S, B, N, K, n0, gn, tid);  // stored after the products
+    const W4Stage& cur = stage[st];
     float sc[4], bi[4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
       const int row = wn * 32 + nt * 8 + (lane >> 2);
-      sc[nt] = cv(ss[st][row]);
-      bi[nt] = cv(bs[st][row]);
+      sc[nt] = cv(cur.s[row]);
+      bi[nt] = cv(cur.b[row]);
     }
 #pragma unroll
     for (int s = 0; s < 4; ++s) {  // k-steps of 16 columns
@@ -111,20 +130,19 @@ w4_mma(const act_t* __restrict__ x, const unsigned* __restrict__ W, const act_t*
       for (int mt = 0; mt < 4; ++mt) {
         const int mat = lane >> 3, row = wm * 64 + mt * 16 + (lane & 7) + (mat & 1) * 8;
         const int chunk = s * 2 + (mat >> 1);
-        pf_ldsm(a[mt], pf_smem(&xs[st][row][(chunk ^ (row & 7)) * 8]));
+        pf_ldsm(a[mt], pf_smem(&cur.x[row][(chunk ^ (row & 7)) * 8]));
       }
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int row = wn * 32 + nt * 8 + (lane >> 2), k = 2 * (lane & 3);
-        const uint2 w = *reinterpret_cast<const uint2*>(&ws[st][row][2 * s]);
+        const uint2 w = *reinterpret_cast<const uint2*>(&cur.w[row][2 * s]);
         const unsigned b0 = w4_pair(w.x, k, sc[nt], bi[nt]);
         const unsigned b1 = w4_pair(w.y, k, sc[nt], bi[nt]);
 #pragma unroll
         for (int mt = 0; mt < 4; ++mt) pf_mma(acc[mt][nt], a[mt], b0, b1);
       }
     }
-    sbt[(st ^ 1) * W4_BN] = next;  // stage st ^ 1's, read after the barrier below
-    __syncthreads();
+    sb(sn) = next;  // read after the next barrier, ST - 1 groups on
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 

@@ -20,15 +20,18 @@ OP_N, OP_T = 0, 1
 GEMM_DEFAULT = -1
 TYPES = {"float32": CUDA_R_32F, "float16": CUDA_R_16F, "bfloat16": CUDA_R_16BF}
 
-_ALPHA_BETA: dict[float, np.ndarray] = {}
+_ALPHA_BETA: dict[float, tuple[np.ndarray, int]] = {}  # value -> (its array, its address)
 _HANDLES: dict[int, int] = {}  # device id -> the process's cuBLAS handle on it
 
 
 def _scalar(v: float) -> int:
-    arr = _ALPHA_BETA.get(v)
-    if arr is None:
-        arr = _ALPHA_BETA[v] = np.array([v], dtype=np.float32)
-    return arr.ctypes.data
+    """The host address of an fp32 `v` that lives as long as the process (an array's
+    `ctypes.data` makes a ctypes object on each read: kept with it instead)."""
+    held = _ALPHA_BETA.get(v)
+    if held is None:
+        arr = np.array([v], dtype=np.float32)
+        held = _ALPHA_BETA[v] = (arr, arr.ctypes.data)
+    return held[1]
 
 
 def handles() -> dict[int, int]:

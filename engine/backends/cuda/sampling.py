@@ -103,7 +103,11 @@ class Sampling:
             # A device-to-device copy, not CuPy's elementwise copy kernel: that one has a
             # module of its own for each form of its arguments, which a first request could
             # meet after warm-up (invariant 4); `greedy` is a row of `meta` or a carved view.
-            assert greedy.flags.c_contiguous and greedy.dtype == picks.dtype, greedy.strides
+            if not greedy.flags.c_contiguous or greedy.dtype != picks.dtype:
+                raise TypeError(
+                    f"Sampling.rows: greedy picks must be contiguous int32 on the device, got "
+                    f"{greedy.dtype} with strides {greedy.strides}"
+                )
             picks.data.copy_from_device_async(greedy.data, picks.nbytes)
         for i, d in enumerate(rows):
             if d is None:

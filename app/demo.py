@@ -124,8 +124,11 @@ def demo_loader(delay: float = 0.02) -> Loader:
     return load
 
 
-def demo_context(folder: Path | None = None, delay: float = 0.02, loader=None) -> AppContext:
-    """A context with its settings and chats in a throwaway folder (or `folder`)."""
+def demo_context(
+    folder: Path | None = None, delay: float = 0.02, loader=None, cache_dir: str | None = None
+) -> AppContext:
+    """A context with its settings and chats in a throwaway folder (or `folder`); its library
+    reads the Hugging Face cache at `cache_dir` (None: the user's)."""
     base = Path(folder or tempfile.mkdtemp(prefix="snug-demo-"))
     store = QSettings(str(base / "snug.ini"), QSettings.Format.IniFormat)
     return build_context(
@@ -133,4 +136,5 @@ def demo_context(folder: Path | None = None, delay: float = 0.02, loader=None) -
         chats_dir=base / "chats",
         loader=loader or demo_loader(delay),
         gpu_source=DemoGpu,
+        cache_dir=cache_dir,
     )

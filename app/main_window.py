@@ -22,6 +22,7 @@ from app.panels.load import LoadPanel
 from app.panels.settings import SettingsPanel
 from app.panels.welcome import DONE_KEY, WelcomePanel, welcome_done
 from app.planning import fmt_bytes
+from app.remote_engine import model_of_key
 from app.state.catalog import Entry
 
 
@@ -141,7 +142,8 @@ class MainWindow(QMainWindow):
         if engine.state == "loading":
             text = "Loading model…"
         elif info:
-            name = str(info.get("model_dir", "")).rstrip("/").split("/")[-1]
+            where = str(info.get("model_dir", ""))
+            name = model_of_key(where) or self.ctx.library.title_of(where)
             backend = info.get("backend")
             mode = {"cuda": "GPU", "remote": "runs on a remote server"}.get(backend, "CPU mode")
             text = f"{name} · {mode} · {fmt_bytes(self.ctx.machine.engine_held)}"

@@ -42,7 +42,18 @@ class RemoteTarget:
     @property
     def key(self) -> str:
         """How a LoadRequest names this target (never the API key)."""
-        return f"remote:{self.model}@{self.url}"
+        return f"{KEY_PREFIX}{self.model}@{self.url}"
+
+
+KEY_PREFIX = "remote:"
+
+
+def model_of_key(key: str) -> str | None:
+    """The model a remote target's `key` names (not the server's address, which may carry
+    credentials), or None where `key` names no remote target."""
+    if not key.startswith(KEY_PREFIX):
+        return None
+    return key[len(KEY_PREFIX) :].partition("@")[0]
 
 
 @dataclass(frozen=True)

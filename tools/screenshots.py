@@ -4,7 +4,9 @@
     xvfb-run -a -s "-screen 0 1280x800x24" python tools/screenshots.py    # demo data
     xvfb-run -a python tools/screenshots.py --model-dir DIR   # chat with a real checkpoint
 
-PNGs go to docs/screenshots/ (or --out). The window is 1280x800.
+PNGs go to docs/screenshots/ (or --out). The window is 1280x800. With demo data the chat runs
+the demo engine over a random Qwen3.5-4B-MLX-4bit checkpoint written into a throwaway
+Hugging Face cache (2.3 GB in the temporary folder), which the library shows as downloaded.
 """
 
 from __future__ import annotations
@@ -98,6 +100,23 @@ def first_run_shots(out: Path) -> None:
         window.close()
 
 
+def downloaded_4b(hub: Path) -> Path:
+    """A Hugging Face cache at `hub` holding Qwen3.5-4B-MLX-4bit's snapshot as a download
+    leaves it (a random checkpoint at the real shape, engine/testing/synth.py, 2.3 GB), so the
+    library and the load panel show the model the demo chat runs as downloaded."""
+    from engine.testing.synth import write_checkpoint
+    from engine.testing.tiny import write_tokenizer
+
+    revision = "0" * 40
+    repo = hub / "models--mlx-community--Qwen3.5-4B-MLX-4bit"
+    snapshot = repo / "snapshots" / revision
+    write_checkpoint(snapshot, "4B", "mlx4", seed=1)
+    write_tokenizer(snapshot)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot
+
+
 def pump(seconds: float, until=None) -> None:
     """Run the event loop for `seconds`, or until `until()` is true."""
     end = time.monotonic() + seconds
@@ -123,12 +142,16 @@ def main() -> int:
 
     app = make_app(["snug"])
     first_run_shots(out)
-    loader = None
+    loader, hub = None, None
+    base = Path(tempfile.mkdtemp(prefix="snug-shots-"))
     if args.model_dir:
         from app.engine_bridge import load_engine
 
         loader = load_engine
-    ctx = demo_context(Path(tempfile.mkdtemp(prefix="snug-shots-")), delay=0.03, loader=loader)
+    else:
+        hub = base / "hub"
+        model_dir = str(downloaded_4b(hub))
+    ctx = demo_context(base, delay=0.03, loader=loader, cache_dir=None if hub is None else str(hub))
     ctx.settings.set("chat/thinking", True)
     window = MainWindow(ctx)
     window.resize(1280, 800)
@@ -136,7 +159,8 @@ def main() -> int:
     window.close_welcome()
     pump(1.5, until=lambda: len(ctx.machine.history) >= 3)
 
-    model_dir = args.model_dir or str(Path(tempfile.gettempdir()) / "Qwen3.5-4B-MLX-4bit")
+    if args.model_dir:
+        model_dir = args.model_dir
     s = ctx.settings
     ctx.engine.load(LoadRequest(model_dir, s.engine_settings(), s.context, s.streams, s.max_rows))
     pump(120, until=lambda: ctx.engine.state in ("ready", "empty"))

@@ -137,3 +137,33 @@ def test_library_shows_fit_verdicts_for_this_gpu(qtbot, make_window):
     assert labels["qwen3.5-0.8b-4bit"].startswith("Fits"), panel.card("qwen3.5-0.8b-4bit").toolTip()
     assert labels["qwen3.5-9b-bf16"] == "Does not fit"
     assert panel.card("qwen3.5-9b-bf16").reason.text()
+
+
+def test_status_bar_names_the_model_not_its_folder(qtbot, make_window, tmp_path):
+    """A download's folder is the cache's revision hash, a remote target's key ends with the
+    server's address: the status bar names the model."""
+    from app.remote_engine import RemoteTarget
+
+    window = make_window(loader=FakeEngine.loader())
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hub" / "models--mlx-community--Qwen3.5-4B-MLX-4bit" / "snapshots"
+    for where, expected in (
+        (str(snapshot / revision), "Qwen3.5-4B-MLX-4bit"),
+        ("/models/my-tiny-qwen", "my-tiny-qwen"),
+        (RemoteTarget(url="http://user:pw@host:8080/v1", model="qwen3.5:4b").key, "qwen3.5:4b"),
+    ):
+        with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+            window.ctx.engine.load(LoadRequest(where, window.ctx.settings.engine_settings(), 4096))
+        text = window.model_status.text()
+        assert text.startswith(expected + " · "), text
+        assert revision not in text and "pw" not in text and "8080" not in text
+
+
+def test_status_bar_uses_the_library_title_of_a_folder_it_lists(qtbot, make_window, tmp_path):
+    window = make_window(loader=FakeEngine.loader())
+    entry = window.ctx.library.add_folder(str(model_folder(tmp_path / "model")))
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(
+            LoadRequest(entry.local_dir, window.ctx.settings.engine_settings(), 4096)
+        )
+    assert window.model_status.text().startswith(entry.title + " · ")

@@ -9,6 +9,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QSettings, Signal
 
 from app.paths import resource
+from engine.checkpoint.checkpoint import model_name
 from engine.config import parse_config
 
 FOLDERS_KEY = "library/folders"  # the local folders the user added (a JSON list)
@@ -132,17 +133,6 @@ def folder_size(folder: str) -> int:
     return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors") if p.exists())
 
 
-def folder_title(folder: str) -> str:
-    """A checkpoint folder's name as people know the model: the repository's for a snapshot in
-    the Hugging Face cache (`models--org--name/snapshots/<revision>`, whose own name is a
-    commit hash), else the folder's own."""
-    path = Path(folder)
-    repo = path.parent.parent.name
-    if path.parent.name == "snapshots" and repo.startswith("models--"):
-        return repo.split("--")[-1]
-    return path.name or folder
-
-
 class Library(QObject):
     """Catalog + cache + folders. Emits `changed` after every rescan."""
 
@@ -171,9 +161,9 @@ class Library(QObject):
 
     def title_of(self, folder: str) -> str:
         """The model in `folder` as the library names it (its entry's title), else the
-        folder's name (`folder_title`)."""
+        folder's name (`engine.checkpoint.checkpoint.model_name`)."""
         entry = next((e for e in self._entries if e.local_dir == folder), None)
-        return entry.title if entry is not None else folder_title(folder)
+        return entry.title if entry is not None else model_name(folder)
 
     def add_folder(self, folder: str) -> Entry:
         """Add a local model folder; raises FolderRefused (with the reason) when it is not one."""

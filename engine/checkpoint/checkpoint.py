@@ -32,6 +32,17 @@ from engine.errors import CheckpointError, quoted
 FLOAT_DTYPES = ("bf16", "f16", "f32")
 
 
+def model_name(folder: str | Path) -> str:
+    """A checkpoint folder's name as people know the model: the repository's for a snapshot
+    in the Hugging Face cache (`models--org--name/snapshots/<revision>`, whose own name is a
+    commit hash), else the folder's own."""
+    path = Path(folder)
+    repo = path.parent.parent.name
+    if path.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.split("--")[-1]
+    return path.name or str(folder)
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One logical tensor: shape as the model sees it, dtype and bytes as stored.

@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from engine.checkpoint.checkpoint import model_name
 from engine.errors import SnugError, TemplateError
 from engine.scheduler import QueueFull, Scheduler
 from engine.server.generation import Generation
@@ -59,8 +60,9 @@ def create_app(
     api_key: str | None = None,
     max_body: int = MAX_BODY,
 ) -> Starlette:
-    """The server's ASGI app over a started `scheduler` (its engine's model, by its folder
-    name unless `model_id` is given). With `api_key`, /v1 routes need `Bearer KEY`."""
+    """The server's ASGI app over a started `scheduler` (its engine's model, by its folder's
+    name, or its repository's for a Hugging Face cache snapshot, unless `model_id` is given).
+    With `api_key`, /v1 routes need `Bearer KEY`."""
     return OpenAIServer(scheduler, model_id, api_key, max_body).app
 
 
@@ -71,7 +73,7 @@ class OpenAIServer:
         self.scheduler = scheduler
         self.engine = scheduler.engine
         self.tokenizer = self.engine.tokenizer
-        self.model_id = model_id or self.engine.model_dir.name
+        self.model_id = model_id or model_name(self.engine.model_dir)
         self.api_key = api_key
         self.max_body = max_body
         self.created = int(time.time())

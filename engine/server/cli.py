@@ -56,7 +56,12 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         "--max-rows", type=_positive, default=None, help="rows per forward (default: the plan's)"
     )
     p.add_argument("--prefill-chunk", type=_positive, default=None, help="prompt rows a step")
-    p.add_argument("--model-name", default=None, help="the id clients use (default: folder)")
+    p.add_argument(
+        "--model-name",
+        default=None,
+        help="the id clients use (default: the folder's name, or the repository's for a "
+        "Hugging Face cache snapshot)",
+    )
     p.add_argument(
         "--backend",
         choices=["auto", "cuda", "numpy"],

@@ -423,3 +423,13 @@ def test_scales_without_quantization_config(tmp_path):
     write_st(tmp_path / "model.safetensors", tensors, {"format": "mlx"})
     with pytest.raises(CheckpointError, match="gives no quantization for it"):
         Checkpoint.open(tmp_path)
+
+
+def test_model_name_of_a_cache_snapshot_is_its_repository(tmp_path):
+    from engine.checkpoint.checkpoint import model_name
+
+    repo = tmp_path / "hub" / "models--mlx-community--Qwen3.5-4B-MLX-4bit"
+    assert model_name(repo / "snapshots" / ("ab" * 20)) == "Qwen3.5-4B-MLX-4bit"
+    assert model_name(str(repo / "snapshots" / ("ab" * 20)) + "/") == "Qwen3.5-4B-MLX-4bit"
+    assert model_name(tmp_path / "my-qwen") == "my-qwen"
+    assert model_name(tmp_path / "snapshots" / "v1") == "v1"  # not a cache: the folder's own

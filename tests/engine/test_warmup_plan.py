@@ -76,14 +76,18 @@ def test_a_chat_prompts_windows_are_all_warmed_sizes(length):
 
 # ----- the draws ------------------------------------------------------------------------------
 class Rows:
-    """A device array as Sampling reads it: shape, row stride, pointer, size; an index or a
-    slice of rows is a view."""
+    """A device array as Sampling reads it: shape, row stride, pointer, size, dtype (an
+    integer of `itemsize` bytes), contiguity; an index or a slice of rows is a view, and a copy
+    into it (`data.copy_from_device_async`) does nothing."""
 
     def __init__(self, shape: tuple, ptr: int = 1 << 20, itemsize: int = 4, row_bytes=None):
         self.shape, self.itemsize = shape, itemsize
         self.strides = (row_bytes or shape[-1] * itemsize, itemsize)[-len(shape) :]
-        self.data = SimpleNamespace(ptr=ptr)
+        self.data = SimpleNamespace(ptr=ptr, copy_from_device_async=lambda src, nbytes: None)
         self.size = int(np.prod(shape))
+        self.nbytes, self.dtype = self.size * itemsize, np.dtype(f"i{itemsize}")
+        dense = len(shape) == 1 or self.strides[0] == shape[-1] * itemsize
+        self.flags = SimpleNamespace(c_contiguous=dense)
 
     def __getitem__(self, i):
         if isinstance(i, int):

@@ -249,6 +249,13 @@ class Engine:
             report("allocating stream state", 0.9)
             backend.alloc_state(config, streams, context)
             model = Qwen35Model(config, backend, weights)
+            # A first load on this machine compiles the kernels (prebuild.py); later ones
+            # read them from the kernel cache, and this passes in a moment.
+            backend.finish_compiling(
+                lambda done, total: report(
+                    f"compiling kernels, {done} of {total}", 0.9 + 0.05 * done / total
+                )
+            )
             report("warming up", 0.95)
             if eager is None:
                 eager = decision is None or decision.eager

@@ -15,7 +15,7 @@ code.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -364,6 +364,10 @@ class Backend(ABC):
         return self.linear(self.gated_delta(layer, mixed, z, b, a, weights, batch), out_proj)
 
     # ----- lifetime and decode -------------------------------------------------------------
+    def finish_compiling(self, report: Callable[[int, int], None]) -> None:  # noqa: B027
+        """Wait for the kernels compiling since `load_weights` (`report(done, total)` as
+        they land); nothing to wait for here."""
+
     def warm_up(self, model: Any, eager: bool) -> None:  # noqa: B027 - nothing to warm
         """Compile what a request will use; with `eager`, allocate the scratch whole and
         capture the decode graphs now (invariant 4)."""

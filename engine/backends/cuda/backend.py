@@ -22,14 +22,14 @@ The backend composes one object per concern and implements the `Backend` contrac
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from engine.backends.base import Backend, Batch
-from engine.backends.cuda import catalog, nvrtc, support
+from engine.backends.cuda import catalog, nvrtc, prebuild, support
 from engine.backends.cuda.attention import Attention, prefill_kernel
 from engine.backends.cuda.deltanet import DeltaNet
 from engine.backends.cuda.frame import Frame
@@ -37,6 +37,7 @@ from engine.backends.cuda.host_table import host_table
 from engine.backends.cuda.launch import Kernels, card, simulate
 from engine.backends.cuda.modules import use_cache_dir
 from engine.backends.cuda.norms import Norms
+from engine.backends.cuda.prebuild import Prebuild
 from engine.backends.cuda.projections import Projections
 from engine.backends.cuda.sampling import Sampling
 from engine.backends.cuda.state import StreamState
@@ -109,6 +110,7 @@ class CudaBackend(Backend):
         self.deltanet = DeltaNet(k, self.frame, self.state, self.projections, t)
         self.sampling = Sampling(k, self.frame, t)
         self.verify_rows = self.deltanet.verify_rows = DeviceVerifyRows(self.state)
+        self.prebuild: Prebuild | None = None  # the model's kernels compiling (load_weights)
 
     # ----- what admission decided ---------------------------------------------------------
     @property
@@ -152,6 +154,10 @@ class CudaBackend(Backend):
         kv = self.settings.kv_cache
         mods = catalog.modules(config, specs, self.dtype, self.card, self.tuning, kv)
         self.kernels.catalog = catalog.requests(mods)
+        # Every program compiles on worker threads while the weights upload (prebuild.py).
+        jobs = prebuild.jobs(mods, self.projections.gemv4_compile_defines, catalog.extern_kernels)
+        device = cupy.cuda.Device().id
+        self.prebuild = Prebuild(jobs, self.dtype, device, prebuild.threads()).start()
         self.stream.use()
         self.config = config
         self.vocab_rows = self.vocab_rows or config.vocab_size
@@ -409,6 +415,10 @@ class CudaBackend(Backend):
         return super().gated_delta_out(*args) if out is None else out
 
     # ----- lifetime and decode ------------------------------------------------------------
+    def finish_compiling(self, report: Callable[[int, int], None]) -> None:
+        if self.prebuild is not None:
+            self.prebuild.wait(report)
+
     def warm_up(self, model: Any, eager: bool) -> None:
         """Compile every kernel a request will use, capture the decode graph of every batch
         size up to the stream count and re-choose the one-row step's projections by the
@@ -527,6 +537,8 @@ class CudaBackend(Backend):
 
     def release(self) -> None:
         """Free graphs, scratch, workspace, state and weights (unload)."""
+        if self.prebuild is not None:
+            self.prebuild.cancel()
         self._teardown_graphs()
         self.graphs = None
         self.frame.release_blocks()

@@ -506,11 +506,15 @@ class Projections:
         if mod is None:
             names = gemv4_module(R, swiglu, kind)
             self.k.check("gemv4.cu", names)
-            defines = self.gemv4_defines + (("SNUG_BATCH_INVARIANT",) if self.invariant else ())
-            mod = module("gemv4.cu", self.dtype, names, defines)
+            mod = module("gemv4.cu", self.dtype, names, self.gemv4_compile_defines)
             self._gemv4_modules[(R, swiglu, int(kind))] = mod
         fn = self._gemv4_kernels[sym] = mod.get_function(sym)
         return fn
+
+    @property
+    def gemv4_compile_defines(self) -> tuple[str, ...]:
+        """The `-D` flags of every gemv4 module (prebuild.py compiles them the same way)."""
+        return self.gemv4_defines + (("SNUG_BATCH_INVARIANT",) if self.invariant else ())
 
     @property
     def gemv4_modules(self) -> list[Any]:

@@ -19,6 +19,7 @@ from engine.cli_plan import (
     gib_arg,
     with_kv_cache,
 )
+from engine.cli_progress import load_progress
 from engine.config import DRAFT_CHOICES, EngineSettings
 from engine.errors import RequestRefused, SnugError
 from engine.server.cli import add_serve_parser, run_serve
@@ -159,7 +160,13 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 def run_generate(args: argparse.Namespace) -> int:
     from engine.session import Engine
 
-    engine = Engine.load(args.model, _settings(args), context=args.context, max_rows=args.max_rows)
+    engine = Engine.load(
+        args.model,
+        _settings(args),
+        context=args.context,
+        max_rows=args.max_rows,
+        progress=load_progress(),
+    )
     try:
         return _generate(engine, args)
     finally:

@@ -94,6 +94,7 @@ def with_batch_invariant(settings: EngineSettings, args: argparse.Namespace) -> 
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from engine.cli_progress import load_progress
     from engine.scheduler import Scheduler
     from engine.server.app import create_app
     from engine.server.runner import check_bind, uvicorn_config
@@ -110,6 +111,7 @@ def run_serve(args: argparse.Namespace) -> int:
         context=args.context,
         streams=args.streams,
         max_rows=args.max_rows,
+        progress=load_progress(),
     )
     import uvicorn
 

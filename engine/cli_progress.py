@@ -1,0 +1,40 @@
+"""What a command-line load says while it waits: `Engine.load` reports every stage, and only
+a slow one is worth a line. A first load on a machine compiles the model's kernels for the
+GPU (engine/backends/cuda/prebuild.py; half a minute for the 4B on a 16-core machine), which
+would otherwise look like a hang; later loads read them from the cache in a moment."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+COMPILING = "compiling kernels"
+QUIET_S = 1.0  # a compile stage that is over sooner says nothing
+
+
+def load_progress(
+    out: TextIO | None = None, clock: Callable[[], float] = time.monotonic
+) -> Callable[[str, float], None]:
+    """An `Engine.load` progress callback that writes one line to `out` (stderr) when the
+    kernels are still compiling QUIET_S after the first of them was reported."""
+    first: list[float] = []
+    said: list[bool] = []
+
+    def report(stage: str, _fraction: float) -> None:
+        if said or not stage.startswith(COMPILING):
+            return
+        now = clock()
+        if not first:
+            first.append(now)
+        elif now - first[0] >= QUIET_S:
+            said.append(True)
+            counts = stage[len(COMPILING) :].strip(" ,")
+            (out or sys.stderr).write(
+                f"snug: compiling the model's kernels for this GPU ({counts} done): a first "
+                "load on this machine does this once, later loads read them from the cache\n"
+            )
+            (out or sys.stderr).flush()
+
+    return report

@@ -293,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "model", None):  # a folder, or a repository id in the HF cache
+            from engine.checkpoint.checkpoint import find_model
+
+            args.model = str(find_model(args.model))
         if args.command == "generate":
             return run_generate(args)
         if args.command == "info":

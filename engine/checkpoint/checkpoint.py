@@ -9,6 +9,7 @@ is read only when asked for, one tensor (or row range) at a time.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,29 @@ from engine.config import ModelConfig, QuantSpec, load_config
 from engine.errors import CheckpointError, quoted
 
 FLOAT_DTYPES = ("bf16", "f16", "f32")
+
+
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def find_model(where: str, cache_dir: str | None = None) -> Path:
+    """The checkpoint folder `where` names: a folder, or a Hugging Face repository id
+    (`mlx-community/Qwen3.5-4B-MLX-4bit`) whose download is in the Hugging Face cache (the
+    one the app downloads to; `cache_dir`: another). Nothing is fetched: a repository not
+    downloaded is refused, with how to download it."""
+    path = Path(where).expanduser()
+    if path.exists() or not _REPO_ID.match(where):
+        return path
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(where, cache_dir=cache_dir, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise CheckpointError(
+            f"{where} is neither a folder nor a download in the Hugging Face cache; download "
+            f"it in Snug's Models tab or with `hf download {where}`, or give its folder"
+        ) from None
 
 
 def model_name(folder: str | Path) -> str:

@@ -74,3 +74,34 @@ def test_cuda_backend_without_gpu_says_so(tiny_checkpoint, capsys):
     assert main(["generate", "--model", model, "--prompt-ids", "1", "--backend", "cuda"]) == 2
     err = capsys.readouterr().err
     assert "BackendUnavailable" in err and "No NVIDIA GPU" in err
+
+
+def _cached(hub, repo: str, folder) -> str:
+    """`folder` as the Hugging Face cache holds a download of `repo` (a snapshot of copies)."""
+    import shutil
+
+    revision = "1" * 40
+    root = hub / ("models--" + repo.replace("/", "--"))
+    shutil.copytree(folder, root / "snapshots" / revision)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(revision)
+    return str(root / "snapshots" / revision)
+
+
+def test_a_repository_id_names_its_download_in_the_cache(tiny_checkpoint, tmp_path, capsys):
+    import huggingface_hub.constants
+
+    from engine.checkpoint.checkpoint import find_model, model_name
+
+    hub = tmp_path / "hub"
+    snapshot = _cached(hub, "mlx-community/Tiny-Qwen3.5", tiny_checkpoint("tied-l4-r1", "mlx4-g32"))
+    assert str(find_model("mlx-community/Tiny-Qwen3.5", str(hub))) == snapshot
+    assert model_name(snapshot) == "Tiny-Qwen3.5"
+    assert str(find_model(snapshot, str(hub))) == snapshot  # a folder is itself
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+        assert main(["info", "--model", "mlx-community/Tiny-Qwen3.5", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["format"] == "mlx"
+        assert main(["info", "--model", "mlx-community/Not-Downloaded"]) == 2
+    err = capsys.readouterr().err
+    assert "CheckpointError" in err and "hf download mlx-community/Not-Downloaded" in err

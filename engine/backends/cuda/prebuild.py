@@ -3,14 +3,15 @@
 On a machine whose kernel cache (CUPY_CACHE_DIR, under Snug's cache folder) does not hold
 them yet, the first load of a model compiles every kernel its requests can use, nearly all
 of the time in the `gemv4` modules (2 to 3 s each: one per row count, SwiGLU and
-prologue). Warm-up compiled them one after another: the 4B's first load took 87 s on the
-H200's machine (43 programs, 81 s of them in NVRTC), its next one 6 s, and the user watched
-"warming up" for a minute and a half (docs/benchmarks.md, "The first load on a machine").
+prologue). Warm-up compiled them one after another: the 4B's first load took 138 s on the
+H200's 16-core machine (43 programs, 131 s of them compiling), its next one 7 s, and the
+user watched "warming up" for two minutes (docs/benchmarks.md, "The first load on a
+machine").
 
 `Prebuild` hands the same programs, as the backend will ask CuPy for them, to a few
 threads as soon as the catalog (catalog.py) is known, before the weights upload: the
 catalog's 58 for the 4B, a superset of what warm-up meets. NVRTC runs without the GIL, so
-they compile side by side and beside the upload (150 s of compiling in 19 s on 8 threads);
+they compile side by side and beside the upload (188 s of compiling in 21 s on 8 threads);
 each lands in CuPy's disk cache, where warm-up's own request then finds it. Nothing here
 replaces that request: a program that fails to compile here is compiled again there, where
 its error reaches the caller. With the cache already filled, each job only reads a file.

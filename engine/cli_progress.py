@@ -19,17 +19,18 @@ def load_progress(
 ) -> Callable[[str, float], None]:
     """An `Engine.load` progress callback that writes one line to `out` (stderr) when the
     kernels are still compiling QUIET_S after the first of them was reported."""
-    first: list[float] = []
-    said: list[bool] = []
+    first: float | None = None
+    said = False
 
     def report(stage: str, _fraction: float) -> None:
+        nonlocal first, said
         if said or not stage.startswith(COMPILING):
             return
         now = clock()
-        if not first:
-            first.append(now)
-        elif now - first[0] >= QUIET_S:
-            said.append(True)
+        if first is None:
+            first = now
+        elif now - first >= QUIET_S:
+            said = True
             counts = stage[len(COMPILING) :].strip(" ,")
             (out or sys.stderr).write(
                 f"snug: compiling the model's kernels for this GPU ({counts} done): a first "

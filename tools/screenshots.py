@@ -142,16 +142,15 @@ def main() -> int:
 
     app = make_app(["snug"])
     first_run_shots(out)
-    loader, hub = None, None
     base = Path(tempfile.mkdtemp(prefix="snug-shots-"))
     if args.model_dir:
         from app.engine_bridge import load_engine
 
-        loader = load_engine
+        model_dir, loader, hub = args.model_dir, load_engine, None
     else:
-        hub = base / "hub"
-        model_dir = str(downloaded_4b(hub))
-    ctx = demo_context(base, delay=0.03, loader=loader, cache_dir=None if hub is None else str(hub))
+        hub = str(base / "hub")
+        model_dir, loader = str(downloaded_4b(Path(hub))), None
+    ctx = demo_context(base, delay=0.03, loader=loader, cache_dir=hub)
     ctx.settings.set("chat/thinking", True)
     window = MainWindow(ctx)
     window.resize(1280, 800)
@@ -159,8 +158,6 @@ def main() -> int:
     window.close_welcome()
     pump(1.5, until=lambda: len(ctx.machine.history) >= 3)
 
-    if args.model_dir:
-        model_dir = args.model_dir
     s = ctx.settings
     ctx.engine.load(LoadRequest(model_dir, s.engine_settings(), s.context, s.streams, s.max_rows))
     pump(120, until=lambda: ctx.engine.state in ("ready", "empty"))

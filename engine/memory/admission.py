@@ -238,7 +238,7 @@ def _suggest(
             (n for n in range(1, plan.streams) if _fits(plan.resized(streams=n), *args)), default=0
         )
         if fewer:
-            texts.append(f"use {fewer} stream{'s' if fewer > 1 else ''} instead of {plan.streams}")
+            texts.append(f"use {streams_text(fewer)} instead of {plan.streams}")
             fixes.append(("streams", fewer))
     if plan.prompt_cache_states > 0 and _fits(plan.resized(prompt_cache_states=0), *args):
         kept = max(

@@ -25,7 +25,6 @@ job must ask exactly as the backend will: a `gemv4` module whole with its define
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -93,7 +92,6 @@ class Prebuild:
         self._pool: ThreadPoolExecutor | None = None
         self._futures: list[Future] = []
         self.failed: list[tuple[Job, BaseException]] = []  # compiled again by warm-up
-        self._lock = threading.Lock()
 
     def start(self) -> Prebuild:
         if self.jobs and self._pool is None:
@@ -105,8 +103,7 @@ class Prebuild:
         try:
             self._run(job, self.dtype, self.device)
         except Exception as exc:  # warm-up compiles it again and raises there
-            with self._lock:
-                self.failed.append((job, exc))
+            self.failed.append((job, exc))  # list.append: one step under the GIL
 
     def wait(self, report: Callable[[int, int], None] | None = None) -> None:
         """Block until every job has run, calling `report(done, total)` as they finish."""

@@ -6,7 +6,9 @@ Each load runs in a new process through `Engine.load` (the app's defaults: an 8,
 context, one stream), the first with CUPY_CACHE_DIR pointing at an empty folder, the second
 at the folder the first filled. The table gives each load's seconds, the seconds it spent
 at each progress stage, and the programs CuPy compiled or read from its cache (with the
-seconds those calls took, summed over threads). JSON: OUT/first_load.json.
+seconds those calls took, summed over threads), how many the compile threads asked for, and
+how many only the loading thread did (CuPy's own copies and fills, and any of Snug's the
+threads missed). JSON: OUT/first_load.json.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -33,12 +36,17 @@ def cell(size: str, limit: float | None, workdir: str, out: str) -> None:
 
     path = model_dir(workdir, size, "mlx4")
     calls: list[float] = []
+    threads: set[tuple] = set()  # each program's key, asked for by the compile threads
+    loading: set[tuple] = set()  # ... by the loading thread
     real = compiler._compile_module_with_cache
 
-    def timed(*args, **kwargs):
+    def timed(source, options, *args, **kwargs):
+        key = (source, tuple(options), tuple(sorted(kwargs.get("name_expressions") or ())))
+        on_thread = threading.current_thread().name.startswith("snug-compile")
+        (threads if on_thread else loading).add(key)
         t = time.perf_counter()
         try:
-            return real(*args, **kwargs)
+            return real(source, options, *args, **kwargs)
         finally:
             calls.append(time.perf_counter() - t)
 
@@ -59,6 +67,9 @@ def cell(size: str, limit: float | None, workdir: str, out: str) -> None:
     engine.unload()
     spans = stage_spans(stages + [("loaded", load_s)])
     result = {"load_s": load_s, "stages_s": spans, "programs": len(calls), "program_s": sum(calls)}
+    # Programs the load asked for that the threads did not (CuPy's own copies and fills
+    # among them: the compile threads make Snug's kernels only).
+    result |= {"on_threads": len(threads), "loading_only": len(loading - threads)}
     Path(out).write_text(json.dumps(result))
 
 
@@ -84,19 +95,20 @@ def spawn(args, size: str, cache: str) -> dict:
 def table(rows: list[dict]) -> str:
     lines = [
         "| size | kernel cache | load s | loading weights s | compiling kernels s | warming up s "
-        "| programs (s in CuPy) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| programs (s in CuPy) | on the threads | loading thread only |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['size']} | {r['cache']} | {r['error']} | | | | |")
+            lines.append(f"| {r['size']} | {r['cache']} | {r['error']} | | | | | | |")
             continue
         st = r["stages_s"]
         lines.append(
             f"| {r['size']} | {r['cache']} | {r['load_s']:.1f} | "
             f"{st.get('loading weights', 0.0):.1f} | {st.get('compiling kernels', 0.0):.1f} | "
             f"{st.get('warming up', 0.0):.1f} | "
-            f"{r['programs']} ({r['program_s']:.1f}) |"
+            f"{r['programs']} ({r['program_s']:.1f}) | {r.get('on_threads', '-')} | "
+            f"{r.get('loading_only', '-')} |"
         )
     return "\n".join(lines)
 

@@ -181,3 +181,42 @@ def test_first_requests_make_nothing_warm_up_did_not(model_dir, monkeypatch, eag
             )
         print(line)
     engine.unload()
+
+
+def test_a_load_compiles_on_its_threads_every_program_warm_up_meets(model_dir, monkeypatch):
+    """Every program of Snug's that the load's warm-up asks CuPy for was asked for first by
+    the compile threads (prebuild.py), with the same key, so warm-up reads it from the disk
+    cache: none is compiled one after another on the loading thread."""
+    from cupy.cuda import compiler
+
+    from engine.backends.cuda.catalog import FILES
+
+    ours = {modules.source(f) for f in (*FILES, "gemv4.cu")}
+    threads: set[tuple] = set()
+    loading: list[tuple] = []
+    real = compiler._compile_module_with_cache
+
+    def keyed(source, options, *args, **kwargs):
+        if source in ours:
+            names = tuple(sorted(kwargs.get("name_expressions") or ()))
+            key = (source, tuple(options), names)
+            if threading.current_thread().name.startswith("snug-compile"):
+                threads.add(key)
+            else:
+                loading.append(key)
+        return real(source, options, *args, **kwargs)
+
+    monkeypatch.setattr(compiler, "_compile_module_with_cache", keyed)
+    engine = Engine.load(model_dir, EngineSettings(backend="cuda"), context=CONTEXT, streams=2)
+    try:
+        assert threads and loading  # both sides seen
+        missed = [
+            (k[2][:2], [o for o in k[1] if o.startswith("-D")]) for k in loading if k not in threads
+        ]
+        assert missed == [], f"compiled on the loading thread only: {missed}"
+        print(
+            f"\n[prebuild] {len(threads)} programs on the threads, "
+            f"{len(set(loading))} asked for again by the load"
+        )
+    finally:
+        engine.unload()

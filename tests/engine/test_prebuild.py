@@ -128,3 +128,33 @@ def test_threads_leave_a_core_to_the_upload(monkeypatch):
     for cores, expected in ((1, 1), (2, 1), (4, 3), (16, prebuild.MAX_THREADS), (None, 1)):
         monkeypatch.setattr(prebuild.os, "cpu_count", lambda c=cores: c)
         assert prebuild.threads() == expected
+
+
+@pytest.mark.parametrize("size", ["0.8B", "4B", "9B"])
+def test_a_load_compiles_only_what_its_setting_meets(size):
+    """Out of batch-invariant mode, the SwiGLU launch without its add + norm (norm_mlp's
+    fallback where pro_ok refuses) is left to compile on request wherever the prologue fits,
+    and attention keeps that setting's instances only; the rest is the catalog's list."""
+    config = shape_config(size, "mlx4")
+    specs = shape_tensor_specs(config, "mlx4")
+    card = ARCH_CARDS[89]
+
+    def listed(**kw):
+        return {
+            (m.file, n)
+            for m in catalog_modules(config, specs, "bfloat16", card, **kw)
+            for n in m.names
+        }
+
+    every, plain, invariant = listed(), listed(invariant=False), listed(invariant=True)
+    assert plain < every and invariant <= every
+    dropped = every - plain
+    swiglu_alone = {
+        ("gemv4.cu", n) for rows in range(1, GEMV_MAX_ROWS + 1) for n in gemv4_module(rows, True, 0)
+    }
+    assert dropped - swiglu_alone <= {(f, n) for f, n in every if f == "attention.cu"}
+    assert swiglu_alone <= dropped  # every row count: the prologue fits at each on sm_89
+    assert swiglu_alone <= invariant  # batch-invariant mode keeps its fallbacks
+    # Each attention instance is one setting's or the other's.
+    attention = {n for f, n in every if f == "attention.cu"}
+    assert {n for f, n in plain | invariant if f == "attention.cu"} == attention

@@ -152,10 +152,12 @@ class CudaBackend(Backend):
         support.check_model(config, self.card.capability, self.dtype)  # before the upload
         specs = checkpoint_specs(checkpoint)
         kv = self.settings.kv_cache
-        mods = catalog.modules(config, specs, self.dtype, self.card, self.tuning, kv)
-        self.kernels.catalog = catalog.requests(mods)
-        # Every program compiles on worker threads while the weights upload (prebuild.py).
-        jobs = prebuild.jobs(mods, self.projections.gemv4_compile_defines, catalog.extern_kernels)
+        args = (config, specs, self.dtype, self.card, self.tuning, kv)
+        self.kernels.catalog = catalog.requests(catalog.modules(*args))
+        # The programs this load will meet compile on worker threads while the weights
+        # upload (prebuild.py); anything else compiles when asked for.
+        meets = catalog.modules(*args, invariant=self.settings.batch_invariant)
+        jobs = prebuild.jobs(meets, self.projections.gemv4_compile_defines, catalog.extern_kernels)
         device = cupy.cuda.Device().id
         self.prebuild = Prebuild(jobs, self.dtype, device, prebuild.threads()).start()
         self.stream.use()

@@ -11,7 +11,11 @@ rows go to cuBLAS), and asks the same functions that pick the instances at run t
     embedding     embed_symbol (norms.py); the draw: draw_symbol (sampling.py)
 
 Where something the catalog cannot see chooses between a fused launch and its fallback (an
-input's alignment, a stored group), both are listed, so it holds whatever may run.
+input's alignment, a stored group), both are listed, so it holds whatever may run. Given a
+load's batch-invariance setting (`invariant`), it lists what a load with that setting will
+meet, for the compiles started at load (prebuild.py): that setting's attention instances
+only and, out of batch-invariant mode, no SwiGLU launch without its add + norm where the
+prologue fits (only an unaligned input would take it, and that compiles on request).
 
 The result is a list of `Module`s, the NVRTC programs to compile: one a gemv4 (rows, SwiGLU,
 prologue), as `Projections.gemv4_kernel` compiles them, and one a file for the rest, its
@@ -119,8 +123,8 @@ class _Walk:
     """What the backend's ops request, collected per file (template instances) and per gemv4
     module (rows, SwiGLU, prologue as its PRO argument)."""
 
-    def __init__(self, dtype: str, card: Card) -> None:
-        self.dtype, self.smem = dtype, card.smem_per_block
+    def __init__(self, dtype: str, card: Card, fallbacks: bool = True) -> None:
+        self.dtype, self.smem, self.fallbacks = dtype, card.smem_per_block, fallbacks
         self.mma = runs_mma(card.capability)
         self.capability = card.capability
         self.isz = 4 if dtype == "float32" else 2
@@ -160,11 +164,14 @@ class _Walk:
 
     def prologue(
         self, w: _Weight, R: int, kind: int, head_dim: int = 0, swiglu: bool = False
-    ) -> None:
-        """Projections.pro_ok's one launch with the input computed by prologue `kind`."""
+    ) -> bool:
+        """Projections.pro_ok's one launch with the input computed by prologue `kind`;
+        whether it fits."""
         args = (R, w.cols, w.n_out, kind, head_dim, self.blocked(w), self.dtype, self.mma)
-        if prologue_fits(*args, self.smem):
+        fits = prologue_fits(*args, self.smem)
+        if fits:
             self.gemv4.add((R, swiglu, int(gemv4_kind(kind, self.dtype, head_dim))))
+        return fits
 
     def group(self, parts: list[_Weight], fused: bool, R: int) -> None:
         """norm_linear_many over a layer's input projections: at one row a stored group runs
@@ -185,8 +192,9 @@ class _Walk:
         """norm_mlp: gate and up in one launch behind the add + norm, else mlp's one
         launch (same weight type), else each; then down."""
         if bool(gate.bits) == bool(up.bits):
-            self.prologue(gate, R, Prologue.ADD_NORM, swiglu=True)
-            self.linear(gate, R, swiglu=True)
+            fused = self.prologue(gate, R, Prologue.ADD_NORM, swiglu=True)
+            if self.fallbacks or not fused:
+                self.linear(gate, R, swiglu=True)
         self.linear(gate, R)
         self.linear(up, R)
         self.linear(down, R)
@@ -206,14 +214,17 @@ def modules(
     card: Card,
     tuning: Tuning | None = None,
     kv_cache: str = "bf16",
+    invariant: bool | None = None,
 ) -> list[Module]:
     """The NVRTC programs holding every kernel instance the backend can request for this
     model (`specs`: internal name -> what has `.shape` and `.quant`, as
     engine.memory.arena.checkpoint_specs or engine.memory.shapes.shape_tensor_specs give),
     activation dtype and card; `kv_cache` "int8": the decode attention that reads the 8-bit
-    cache (EngineSettings.kv_cache)."""
+    cache (EngineSettings.kv_cache). `invariant` (EngineSettings.batch_invariant): None,
+    every instance either setting may request; a bool, what a load with that setting meets
+    (the module docstring)."""
     tuning = tuning or Tuning()
-    walk = _Walk(dtype, card)
+    walk = _Walk(dtype, card, fallbacks=invariant is not False)
     c = config
     fusable = {n for group in fused_groups(specs, list(specs)).values() for n in group}
     head_name = "embed_tokens" if c.tie_word_embeddings else "lm_head"
@@ -282,8 +293,8 @@ def modules(
         group = c.num_attention_heads // Hkv
         for splits in range(1, ATTN_SPLITS + 1):
             for R in (1, MANY_STREAMS):
-                for invariant in (False, True):  # EngineSettings.batch_invariant
-                    args = (group, hd, splits, Hkv, R, card.sm_count, invariant)
+                for inv in (False, True) if invariant is None else (invariant,):
+                    args = (group, hd, splits, Hkv, R, card.sm_count, inv)
                     sym, _ = decode_kernel(*args, q8=kv_cache == "int8")  # EngineSettings.kv_cache
                     walk.add("attention.cu", sym)
         fused, _ = prefill_kernel(hd, dtype, card.capability, card.smem_per_block)

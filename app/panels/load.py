@@ -40,6 +40,7 @@ class LoadPanel(QWidget):
         self.entry: Entry | None = None
         self.decision: object = None
         self._drawn_for: Entry | None = None
+        self._shown_state = ""  # the engine state the stage line was last written for
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 12, 12, 12)
         layout.setSpacing(8)
@@ -303,25 +304,36 @@ class LoadPanel(QWidget):
         self.load_button.setText("Reload" if same and state in ("ready", "generating") else "Load")
         self.unload_button.setEnabled(state in ("ready", "generating"))
         self.progress.setVisible(state == "loading")
+        # The line under the buttons speaks of the model on show: the download it needs, the
+        # load under way, or (where it is the model in) what the load gave; else nothing.
         if state == "loading":
-            self.stage.setText("Loading…")
+            if self._shown_state != "loading":  # progress (`_progress`) writes it from here
+                self.stage.setText("Loading…")
         elif self.entry is not None and not self.entry.downloaded:
             self.stage.setText("Download this model first (Models tab) to load it.")
-        elif state == "empty" and not self.error.isVisible():
+        elif same and state in ("ready", "generating"):
+            self.stage.setText(loaded_line(self.engine.info))
+        elif not self.error.isVisible():
             self.stage.setText("")
+        self._shown_state = state
 
     def _progress(self, stage: str, fraction: float) -> None:
         self.progress.setValue(int(fraction * 100))
         self.stage.setText(f"{stage.capitalize()}… {fraction:.0%}")
 
     def _loaded(self, info: dict) -> None:
-        names = {"cuda": "GPU (CUDA)", "remote": "a remote server (nothing held here)"}
-        backend = names.get(info.get("backend"), "CPU mode (numpy backend)")
-        text = f"Loaded on {backend} · holds {planning.fmt_bytes(info.get('held', 0))}"
-        drafting = str(info.get("drafting") or "")
-        self.stage.setText(text + (f" · {drafting}" if drafting else ""))
+        self.stage.setText(loaded_line(info))
 
     def _failed(self, cls: str, message: str) -> None:
         self.error.setText(f"Could not load the model ({cls}): {message}")
         self.error.show()
         self.stage.setText("")
+
+
+def loaded_line(info: dict) -> str:
+    """What a load gave, from the engine's report (EngineController.info)."""
+    names = {"cuda": "GPU (CUDA)", "remote": "a remote server (nothing held here)"}
+    backend = names.get(info.get("backend"), "CPU mode (numpy backend)")
+    text = f"Loaded on {backend} · holds {planning.fmt_bytes(info.get('held', 0))}"
+    drafting = str(info.get("drafting") or "")
+    return text + (f" · {drafting}" if drafting else "")

@@ -174,3 +174,32 @@ def test_the_loaded_line_wraps_inside_the_panel(qtbot, make_window):
     assert lines.horizontalAdvance(label.text()) > label.width()  # longer than one line
     assert label.width() <= panel.width()
     assert label.heightForWidth(label.width()) >= 2 * lines.height()  # laid out on lines
+
+
+def test_the_load_panels_line_speaks_of_the_model_on_show(qtbot, make_window):
+    """The line under Load names what the model on show needs or has: a model not downloaded
+    asks for its download, the loaded one says what its load gave, and going from the one to
+    the other (or to a third) leaves no line of the model shown before."""
+    from fake_engine import FakeEngine
+
+    from app.engine_bridge import LoadRequest
+
+    window = make_window(loader=FakeEngine.loader())
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+    panel = window.load
+    loaded = Entry("folder:/m", "my-model", "", 1 << 30, "folder", local_dir="/m")
+    other = Entry("folder:/o", "other-model", "", 1 << 30, "folder", local_dir="/o")
+    missing = window.ctx.library.find("qwen3.5-2b-4bit")
+    assert missing is not None and not missing.downloaded
+
+    window.choose(loaded)
+    assert panel.stage.text().startswith("Loaded on") and panel.load_button.text() == "Reload"
+    window.choose(missing)
+    assert panel.stage.text().startswith("Download this model first")
+    assert not panel.load_button.isEnabled()
+    window.choose(loaded)
+    assert panel.stage.text().startswith("Loaded on") and panel.load_button.text() == "Reload"
+    window.choose(missing)
+    window.choose(other)
+    assert panel.stage.text() == "" and panel.load_button.text() == "Load"

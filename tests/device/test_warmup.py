@@ -184,17 +184,22 @@ def test_first_requests_make_nothing_warm_up_did_not(model_dir, monkeypatch, eag
 
 
 def test_a_load_compiles_on_its_threads_every_program_warm_up_meets(model_dir, monkeypatch):
-    """Every program of Snug's that the load's warm-up asks CuPy for was asked for first by
-    the compile threads (prebuild.py), with the same key, so warm-up reads it from the disk
-    cache: none is compiled one after another on the loading thread."""
+    """Every program of Snug's that the load's warm-up meets was made by the compile
+    threads (prebuild.py), and warm-up takes their modules: once the threads are done, the
+    loading thread asks CuPy for none of Snug's programs (no second read of the disk cache,
+    no compile one after another). What the upload asks for while the threads still run is
+    theirs too, with the same key."""
     from cupy.cuda import compiler
 
     from engine.backends.cuda.catalog import FILES
+    from engine.backends.cuda.prebuild import Prebuild
 
     ours = {modules.source(f) for f in (*FILES, "gemv4.cu")}
     threads: set[tuple] = set()
-    loading: list[tuple] = []
-    real = compiler._compile_module_with_cache
+    upload: list[tuple] = []  # asked for on the loading thread while the threads ran
+    after: list[tuple] = []  # ... once they were done
+    done = threading.Event()
+    real, real_wait = compiler._compile_module_with_cache, Prebuild.wait
 
     def keyed(source, options, *args, **kwargs):
         if source in ours:
@@ -203,20 +208,26 @@ def test_a_load_compiles_on_its_threads_every_program_warm_up_meets(model_dir, m
             if threading.current_thread().name.startswith("snug-compile"):
                 threads.add(key)
             else:
-                loading.append(key)
+                (after if done.is_set() else upload).append(key)
         return real(source, options, *args, **kwargs)
 
+    def waited(self, report=None):
+        real_wait(self, report)
+        done.set()
+
     monkeypatch.setattr(compiler, "_compile_module_with_cache", keyed)
+    monkeypatch.setattr(Prebuild, "wait", waited)
+    made0 = modules.built()
     engine = Engine.load(model_dir, EngineSettings(backend="cuda"), context=CONTEXT, streams=2)
     try:
-        assert threads and loading  # both sides seen
-        missed = [
-            (k[2][:2], [o for o in k[1] if o.startswith("-D")]) for k in loading if k not in threads
-        ]
-        assert missed == [], f"compiled on the loading thread only: {missed}"
+        assert done.is_set() and threads
+        assert modules.built() > made0  # warm-up asked for modules: it took the threads'
+        names = [(k[2][:2], [o for o in k[1] if o.startswith("-D")]) for k in after]
+        assert names == [], f"asked for on the loading thread after the threads: {names}"
+        missed = [k[2][:2] for k in upload if k not in threads]
+        assert missed == [], f"asked for by the upload, not by the threads: {missed}"
         print(
-            f"\n[prebuild] {len(threads)} programs on the threads, "
-            f"{len(set(loading))} asked for again by the load"
+            f"\n[prebuild] {len(threads)} programs on the threads, {len(upload)} also by the upload"
         )
     finally:
         engine.unload()

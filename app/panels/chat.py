@@ -44,6 +44,10 @@ class ChatSidebar(QWidget):
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.currentItemChanged.connect(self._picked)
+        self.list.itemChanged.connect(self._renamed)  # an item's title edited in place
+        self.list.setEditTriggers(
+            QListWidget.EditTrigger.DoubleClicked | QListWidget.EditTrigger.EditKeyPressed
+        )
         layout.addWidget(self.list, 1)
         chats.store.chats_changed.connect(self.refresh)
         chats.store.chat_updated.connect(lambda _id: self.refresh())
@@ -56,6 +60,7 @@ class ChatSidebar(QWidget):
         self.list.clear()
         for chat in self.chats.store.chats():
             item = QListWidgetItem(chat.title)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             item.setData(Qt.ItemDataRole.UserRole, chat.id)
             item.setToolTip(chat.title)
             self.list.addItem(item)
@@ -72,9 +77,24 @@ class ChatSidebar(QWidget):
         if item is None:
             return
         menu = QMenu(self)
+        rename = menu.addAction("Rename chat")
         delete = menu.addAction("Delete chat")
-        if menu.exec(self.list.mapToGlobal(pos)) is delete:
+        chosen = menu.exec(self.list.mapToGlobal(pos))
+        if chosen is rename:
+            self.list.editItem(item)
+        elif chosen is delete:
             self.chats.delete_chat(item.data(Qt.ItemDataRole.UserRole))
+
+    def _renamed(self, item: QListWidgetItem) -> None:
+        """The edited title saved with the chat (blank: the old one back). The list is
+        rebuilt after the editor has let go of the item, not inside its signal."""
+        chat_id, title = item.data(Qt.ItemDataRole.UserRole), item.text()
+
+        def save() -> None:
+            if self.chats.store.rename(chat_id, title) != title:
+                self.refresh()  # nothing saved, or saved cut short: show what is kept
+
+        QTimer.singleShot(0, save)
 
 
 class Composer(QPlainTextEdit):

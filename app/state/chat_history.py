@@ -251,16 +251,39 @@ class ChatStore(QObject):
             self.chats_changed.emit()
 
     def save(self, chat: Chat) -> None:
-        path = self.path(chat.id)
-        if self._chats.get(chat.id) is not chat and path.exists():
-            raise ChatFileError(f"{path.name} belongs to another chat; it is not written over")
         chat.updated = time.time()
         if chat.title == "New chat":
             first = next((t.content for t in chat.turns if t.role == "user"), "")
             if first.strip():
-                line = " ".join(first.split())
-                chat.title = line[:40] + ("…" if len(line) > 40 else "")
+                chat.title = _title(first, 40)
+        self._write(chat)
+
+    def rename(self, chat_id: str, title: str) -> str:
+        """Give the chat `title` (on one line, at most TITLE_MAX characters; its place in
+        the list, by last message, stays). Returns the title it now has: the old one where
+        `title` is blank."""
+        chat = self._chats.get(chat_id)
+        if chat is None:
+            return ""
+        if title.strip():
+            chat.title = _title(title, TITLE_MAX)
+            self._write(chat)
+        return chat.title
+
+    def _write(self, chat: Chat) -> None:
+        path = self.path(chat.id)
+        if self._chats.get(chat.id) is not chat and path.exists():
+            raise ChatFileError(f"{path.name} belongs to another chat; it is not written over")
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(chat.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
         tmp.replace(path)
         self.chat_updated.emit(chat.id)
+
+
+TITLE_MAX = 80  # characters of a title given by hand
+
+
+def _title(text: str, limit: int) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis."""
+    line = " ".join(text.split())
+    return line[:limit] + ("…" if len(line) > limit else "")

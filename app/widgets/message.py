@@ -1,11 +1,12 @@
-"""One chat turn: role, collapsed thinking, markdown answer, stats line."""
+"""One chat turn: role and a Copy button, collapsed thinking, markdown answer, stats line."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QTextCursor, QTextDocument
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QColor, QGuiApplication, QTextCursor, QTextDocument
 from PySide6.QtWidgets import (
     QFrame,
+    QHBoxLayout,
     QLabel,
     QSizePolicy,
     QTextBrowser,
@@ -78,7 +79,17 @@ class MessageWidget(QFrame):
         )
         self.role_label = QLabel(who)
         self.role_label.setObjectName("roleLabel")
-        layout.addWidget(self.role_label)
+        self.copy_button = QToolButton()
+        self.copy_button.setObjectName("copyMessage")
+        self.copy_button.setText("Copy")
+        self.copy_button.setToolTip("Copy the message as Markdown (without its thinking)")
+        self.copy_button.clicked.connect(self.copy)
+        top = QHBoxLayout()
+        top.setContentsMargins(0, 0, 0, 0)
+        top.addWidget(self.role_label)
+        top.addStretch(1)
+        top.addWidget(self.copy_button)
+        layout.addLayout(top)
 
         self.think_toggle = QToolButton()
         self.think_toggle.setObjectName("thinkToggle")
@@ -106,9 +117,11 @@ class MessageWidget(QFrame):
 
     def update_text(self, text: str, done: bool = False) -> None:
         if self._role != "assistant":
+            self._source = text
             self.answer_view.set_markdown(text)
             return
         split = split_reply(text, self._thinking_enabled)
+        self._source = split.answer
         if split.thinking or not split.thinking_done:
             self.think_toggle.show()
             words = len(split.thinking.split())
@@ -125,6 +138,12 @@ class MessageWidget(QFrame):
 
     def answer_text(self) -> str:
         return self.answer_view.toPlainText()
+
+    def copy(self) -> None:
+        """The message's Markdown (a reply's answer, not its thinking) to the clipboard."""
+        QGuiApplication.clipboard().setText(self._source)
+        self.copy_button.setText("Copied")
+        QTimer.singleShot(1500, self.copy_button, lambda: self.copy_button.setText("Copy"))
 
     def _toggle_thinking(self, shown: bool) -> None:
         self.think_toggle.setArrowType(Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow)

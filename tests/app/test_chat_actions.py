@@ -1,0 +1,68 @@
+"""A message copied as Markdown, a chat renamed in the sidebar."""
+
+from __future__ import annotations
+
+import json
+
+from fake_engine import THINKING_REPLY, FakeEngine
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
+
+from app.engine_bridge import LoadRequest
+from app.state.chat_history import TITLE_MAX
+
+
+def _load(qtbot, window):
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+
+
+def test_copy_takes_the_messages_markdown_without_its_thinking(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader(script=THINKING_REPLY))
+    window.ctx.settings.set("chat/thinking", True)
+    _load(qtbot, window)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        window.ctx.chats.send("What is **six** times seven?")
+    question, reply = window.chat.message_widgets()[-2:]
+    clipboard = QGuiApplication.clipboard()
+    qtbot.mouseClick(reply.copy_button, Qt.MouseButton.LeftButton)
+    assert clipboard.text() == "The answer is 42."
+    assert reply.copy_button.text() == "Copied"
+    qtbot.waitUntil(lambda: reply.copy_button.text() == "Copy", timeout=3000)
+    qtbot.mouseClick(question.copy_button, Qt.MouseButton.LeftButton)
+    assert clipboard.text() == "What is **six** times seven?"  # the Markdown, not the view
+
+
+def test_a_chat_renamed_in_the_sidebar_keeps_its_name_and_place(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader())
+    _load(qtbot, window)
+    chats, sidebar = window.ctx.chats, window.sidebar
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.send("First question")
+    first = chats.current.id
+    chats.new_chat()
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.send("Second question")
+    order = [sidebar.list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(2)]
+    item = next(sidebar.list.item(i) for i in range(2) if order[i] == first)
+    assert item.flags() & Qt.ItemFlag.ItemIsEditable
+    item.setText("  Trip   planning\n")  # what the in-place editor commits
+    qtbot.waitUntil(lambda: chats.store.get(first).title == "Trip planning", timeout=2000)
+    texts = [sidebar.list.item(i).text() for i in range(2)]
+    ids = [sidebar.list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(2)]
+    assert ids == order and "Trip planning" in texts  # renaming does not move it up
+    saved = json.loads(chats.store.path(first).read_text(encoding="utf-8"))
+    assert saved["title"] == "Trip planning"
+
+    item = next(sidebar.list.item(i) for i in range(2) if ids[i] == first)
+    item.setText("   ")  # a blank name keeps the one it had
+    qtbot.waitUntil(
+        lambda: any(sidebar.list.item(i).text() == "Trip planning" for i in range(2)),
+        timeout=2000,
+    )
+    assert chats.store.get(first).title == "Trip planning"
+    assert chats.store.rename(first, "x" * 200) == "x" * TITLE_MAX + "…"
+    window.close()
+    again = make_window(loader=FakeEngine.loader())
+    titles = [again.sidebar.list.item(i).text() for i in range(again.sidebar.list.count())]
+    assert "x" * TITLE_MAX + "…" in titles

@@ -259,6 +259,23 @@ class ChatController(QObject):
         self._start_reply(chat, params)
         return True
 
+    def edit_last(self) -> str | None:
+        """Take back the chat's last message to change it: it and what came after (the
+        reply, an error) leave the chat, and its text is returned for the composer. None
+        while a reply is generating or where the chat has no message of the user's."""
+        chat = self.store.get(self._current or "")
+        if self.busy or chat is None:
+            return None
+        last = max((i for i, t in enumerate(chat.turns) if t.role == "user"), default=None)
+        if last is None:
+            return None
+        text = chat.turns[last].content
+        del chat.turns[last:]
+        self.store.save(chat)
+        self.turns_changed.emit(chat.id)
+        self.notice.emit("")
+        return text
+
     def stop(self) -> None:
         self.engine.stop()
 

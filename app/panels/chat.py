@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -199,6 +199,7 @@ class ChatPanel(QWidget):
         chats.reply_grew.connect(self._reply_grew)
         chats.busy_changed.connect(self._busy)
         chats.notice.connect(self.status.setText)
+        chats.store.chat_updated.connect(self._title_changed)
         chats.engine.state_changed.connect(lambda _s: self._busy(chats.busy))
         self.rebuild()
         self._busy(False)
@@ -207,6 +208,17 @@ class ChatPanel(QWidget):
     def send(self) -> None:
         if self.chats.send(self.input.toPlainText()):
             self.input.clear()
+
+    def edit_last(self) -> None:
+        """The last message back in the composer, out of the chat (a draft already there
+        stays, after it)."""
+        text = self.chats.edit_last()
+        if text is None:
+            return
+        draft = self.input.toPlainText().strip()
+        self.input.setPlainText(text + (f"\n\n{draft}" if draft else ""))
+        self.input.setFocus()
+        self.input.moveCursor(QTextCursor.MoveOperation.End)
 
     def _setting_changed(self, key: str, value: object) -> None:
         if key == "chat/thinking" and self.thinking.isChecked() != bool(value):
@@ -223,6 +235,9 @@ class ChatPanel(QWidget):
         self._messages = []
         for turn in chat.turns:
             self._add(MessageWidget(turn))
+        users = [m for m in self._messages if m.property("role") == "user"]
+        if users:
+            users[-1].edit_button.clicked.connect(self.edit_last)
         self._update_hint()
         self._scroll_to_end()
 
@@ -241,6 +256,10 @@ class ChatPanel(QWidget):
             else "No model loaded yet.\nPick one under Models, check that it fits, then Load."
         )
         self.empty_hint.show()
+
+    def _title_changed(self, chat_id: str) -> None:
+        if chat_id == self.chats.current.id:
+            self.title.setText(self.chats.current.title)
 
     def _turns_changed(self, chat_id: str) -> None:
         if chat_id == self.chats.current.id:
@@ -265,6 +284,9 @@ class ChatPanel(QWidget):
         self.stop_button.setEnabled(busy)
         self.send_button.setEnabled(loaded and not busy)
         self.regen_button.setEnabled(self.chats.can_regenerate())
+        users = [m for m in self._messages if m.property("role") == "user"]
+        for m in users:
+            m.edit_button.setVisible(m is users[-1] and not busy)
         self._update_hint()
 
     def message_widgets(self) -> list[MessageWidget]:

@@ -1,4 +1,5 @@
-"""One chat turn: role and a Copy button, collapsed thinking, markdown answer, stats line."""
+"""One chat turn: role, Copy (and Edit) buttons, collapsed thinking, markdown answer, stats
+line."""
 
 from __future__ import annotations
 
@@ -84,10 +85,16 @@ class MessageWidget(QFrame):
         self.copy_button.setText("Copy")
         self.copy_button.setToolTip("Copy the message as Markdown (without its thinking)")
         self.copy_button.clicked.connect(self.copy)
+        self.edit_button = QToolButton()  # shown on the chat's last message (ChatPanel)
+        self.edit_button.setObjectName("editMessage")
+        self.edit_button.setText("Edit")
+        self.edit_button.setToolTip("Change this message and send it again")
+        self.edit_button.hide()
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
         top.addWidget(self.role_label)
         top.addStretch(1)
+        top.addWidget(self.edit_button)
         top.addWidget(self.copy_button)
         layout.addLayout(top)
 

@@ -1,4 +1,5 @@
-"""A message copied as Markdown, a chat renamed in the sidebar."""
+"""A message copied as Markdown, the last message taken back to edit, a chat renamed in the
+sidebar."""
 
 from __future__ import annotations
 
@@ -53,6 +54,14 @@ def test_a_chat_renamed_in_the_sidebar_keeps_its_name_and_place(qtbot, make_wind
     assert ids == order and "Trip planning" in texts  # renaming does not move it up
     saved = json.loads(chats.store.path(first).read_text(encoding="utf-8"))
     assert saved["title"] == "Trip planning"
+    chats.select(first)
+    assert window.chat.title.text() == "Trip planning"
+    second = next(i for i in ids if i != first)
+    chats.select(second)  # the list is drawn again: its items are new
+    item = next(sidebar.list.item(i) for i in range(2) if ids[i] == second)
+    item.setText("Shown above the chat too")
+    qtbot.waitUntil(lambda: window.chat.title.text() == "Shown above the chat too", timeout=2000)
+    chats.select(first)
 
     item = next(sidebar.list.item(i) for i in range(2) if ids[i] == first)
     item.setText("   ")  # a blank name keeps the one it had
@@ -66,3 +75,33 @@ def test_a_chat_renamed_in_the_sidebar_keeps_its_name_and_place(qtbot, make_wind
     again = make_window(loader=FakeEngine.loader())
     titles = [again.sidebar.list.item(i).text() for i in range(again.sidebar.list.count())]
     assert "x" * TITLE_MAX + "…" in titles
+
+
+def test_the_last_message_comes_back_to_the_composer_to_edit(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader(script=["tok "] * 200, delay=0.01))
+    _load(qtbot, window)
+    chats, panel = window.ctx.chats, window.chat
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=5000):
+        chats.send("First question")
+    chats.send("Second question, with a typo")
+    qtbot.waitUntil(lambda: chats.busy, timeout=1000)
+    edits = [not m.edit_button.isHidden() for m in panel.message_widgets()]
+    assert not any(edits)  # nothing to take back while a reply is generating
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=5000):
+        chats.stop()
+    qtbot.waitUntil(lambda: not chats.busy, timeout=1000)
+    shown = [(m.property("role"), not m.edit_button.isHidden()) for m in panel.message_widgets()]
+    assert shown == [("user", False), ("assistant", False), ("user", True), ("assistant", False)]
+    panel.input.setPlainText("a draft")
+    qtbot.mouseClick(panel.message_widgets()[2].edit_button, Qt.MouseButton.LeftButton)
+    assert panel.input.toPlainText() == "Second question, with a typo\n\na draft"
+    assert [t.content for t in chats.current.turns if t.role == "user"] == ["First question"]
+    left = panel.message_widgets()
+    assert len(left) == 2 and not left[0].edit_button.isHidden()
+    saved = json.loads(chats.store.path(chats.current.id).read_text(encoding="utf-8"))
+    assert len(saved["turns"]) == 2  # saved without the taken-back message and its reply
+    panel.input.setPlainText("Second question, fixed")
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=5000):
+        panel.send()
+    users = [t.content for t in chats.current.turns if t.role == "user"]
+    assert users == ["First question", "Second question, fixed"]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+import re
+from pathlib import Path
+
+from PySide6.QtCore import QStandardPaths, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
+    QFileDialog,
     QHBoxLayout,
     QLabel,
     QListWidget,
@@ -20,6 +24,8 @@ from PySide6.QtWidgets import (
 
 from app.controllers import ChatController
 from app.widgets.message import MessageWidget
+
+DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 
 
 class ChatSidebar(QWidget):
@@ -78,12 +84,35 @@ class ChatSidebar(QWidget):
             return
         menu = QMenu(self)
         rename = menu.addAction("Rename chat")
+        export = menu.addAction("Export as Markdown…")
         delete = menu.addAction("Delete chat")
         chosen = menu.exec(self.list.mapToGlobal(pos))
         if chosen is rename:
             self.list.editItem(item)
+        elif chosen is export:
+            self.export(item.data(Qt.ItemDataRole.UserRole))
         elif chosen is delete:
             self.chats.delete_chat(item.data(Qt.ItemDataRole.UserRole))
+
+    def export(self, chat_id: str) -> None:
+        """Write the chat as a Markdown file the user names; the status line says where (or
+        why it could not)."""
+        chat = self.chats.store.get(chat_id)
+        if chat is None:
+            return
+        name = re.sub(r'[\\/:*?"<>|\s]+', " ", chat.title).strip() or "chat"
+        start = str(Path(QStandardPaths.writableLocation(DOCUMENTS) or Path.home()) / name)
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export chat", start + ".md", "Markdown (*.md);;All files (*)"
+        )
+        if not path:
+            return
+        try:
+            Path(path).write_text(chat.markdown(), encoding="utf-8")
+        except OSError as exc:
+            self.chats.notice.emit(f"Could not export the chat to {path}: {exc.strerror or exc}")
+            return
+        self.chats.notice.emit(f"Chat exported to {path}")
 
     def _renamed(self, item: QListWidgetItem) -> None:
         """The edited title saved with the chat (blank: the old one back). The list is

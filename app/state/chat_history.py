@@ -20,6 +20,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QStandardPaths, Signal
 
+from app.thinking import split_reply
+
 log = logging.getLogger(__name__)
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ROLES = ("user", "assistant", "error")
@@ -102,6 +104,24 @@ class Chat:
             if turn.role in ("user", "assistant"):
                 out.append({"role": turn.role, "content": turn.content})
         return out
+
+    def markdown(self) -> str:
+        """The chat as a Markdown document: its title, then each message under its author;
+        a reply's thinking in a collapsed <details> block before its answer."""
+        parts = [f"# {self.title}"]
+        for turn in self.turns:
+            if turn.role == "assistant":
+                split = split_reply(turn.content, turn.thinking_enabled)
+                parts.append("**Snug**")
+                if split.thinking:
+                    parts.append(
+                        f"<details><summary>Thought</summary>\n\n{split.thinking}\n\n</details>"
+                    )
+                parts.append(split.answer)
+            else:
+                parts.append("**You**" if turn.role == "user" else "**Engine error**")
+                parts.append(turn.content)
+        return "\n\n".join(parts) + "\n"
 
 
 # Field checks for from_dict: each returns the value or raises ChatFileError naming the field.

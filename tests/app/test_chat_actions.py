@@ -1,5 +1,5 @@
 """A message copied as Markdown, the last message taken back to edit, a chat renamed in the
-sidebar."""
+sidebar and exported as Markdown."""
 
 from __future__ import annotations
 
@@ -105,3 +105,34 @@ def test_the_last_message_comes_back_to_the_composer_to_edit(qtbot, make_window)
         panel.send()
     users = [t.content for t in chats.current.turns if t.role == "user"]
     assert users == ["First question", "Second question, fixed"]
+
+
+def test_a_chat_exports_as_markdown(qtbot, make_window, monkeypatch, tmp_path):
+    from PySide6.QtWidgets import QFileDialog
+
+    window = make_window(loader=FakeEngine.loader(script=THINKING_REPLY))
+    window.ctx.settings.set("chat/thinking", True)
+    _load(qtbot, window)
+    chats = window.ctx.chats
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.send("What is six times seven?")
+    asked = []
+
+    def save_as(parent, caption, start, filters):
+        asked.append(start)
+        return target, filters.split(";;")[0]
+
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", save_as)
+    target = str(tmp_path / "six.md")
+    window.sidebar.export(chats.current.id)
+    assert asked[0].endswith("What is six times seven.md")  # no '?' in the file name offered
+    text = (tmp_path / "six.md").read_text(encoding="utf-8")
+    assert text == (
+        "# What is six times seven?\n\n**You**\n\nWhat is six times seven?\n\n**Snug**\n\n"
+        "<details><summary>Thought</summary>\n\nLet me think.\n\n</details>\n\n"
+        "The answer is 42.\n"
+    )
+    assert window.chat.status.text() == f"Chat exported to {target}"
+    target = str(tmp_path)  # a folder: the write fails, and the status line says so
+    window.sidebar.export(chats.current.id)
+    assert window.chat.status.text().startswith(f"Could not export the chat to {tmp_path}")

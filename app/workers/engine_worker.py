@@ -3,6 +3,7 @@
 GUI thread (app/controllers.py)    worker thread (this module)
   EngineController.load()  --sig-->  EngineWorker.load()      (slow, blocks only this thread)
   EngineController.send()  --sig-->  EngineWorker.generate()  loops over engine.generate(...)
+                                     (a long chat's oldest messages left out: context_fit.py)
   EngineController.stop()  -- threading.Event.set() --------> checked by the engine per token
   widgets  <--- tokens(batched ~30 ms), finished, failed, loaded, held ---
 
@@ -20,6 +21,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.engine_bridge import EngineLike, Loader, LoadRequest
 from app.state.chat_history import NUMERIC_STATS
+from app.workers.context_fit import fit_prompt
 
 BATCH_S = 0.03
 CPU_REFUSED = (
@@ -93,7 +95,8 @@ class EngineWorker(QObject):
         last = time.monotonic()
         final: Any = None
         try:
-            ids = self._engine.chat_ids(messages, enable_thinking=thinking)
+            most = getattr(params, "max_new_tokens", None) or 1 << 30
+            ids, left_out = fit_prompt(self._engine, messages, thinking, most)
             for event in self._engine.generate(ids, params, cancel):
                 if event.text:
                     pending.append(event.text)
@@ -113,7 +116,10 @@ class EngineWorker(QObject):
             return
         if pending:
             self.tokens.emit(request_id, "".join(pending))
-        self.finished.emit(request_id, _summary(final, cancel))
+        summary = _summary(final, cancel)
+        if left_out:
+            summary["left_out"] = left_out  # the stats line says so (context_fit.py)
+        self.finished.emit(request_id, summary)
         self.held.emit(self._held())
 
     @Slot()

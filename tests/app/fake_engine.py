@@ -39,11 +39,13 @@ class FakeEngine:
         delay: float = 0.005,
         fail_with: Exception | None = None,
         backend: str = "numpy",
+        context: int | None = None,
     ) -> None:
         self.script = list(script if script is not None else REPLY)
         self.delay = delay
         self.fail_with = fail_with
         self.backend_name = backend
+        self.context = context  # tokens, where set: the worker fits long chats to it
         self.loaded = True
         self.calls: list[list[dict[str, str]]] = []
         self.threads: set[str] = set()

@@ -128,3 +128,26 @@ def test_without_the_server_setting_the_chat_keeps_the_engine(qtbot, make_window
         window.load.load_button.click()
     assert isinstance(window.ctx.engine._worker._engine, Engine)
     assert not window.ctx.server.running
+
+
+def test_a_chat_longer_than_the_context_goes_on(qtbot, make_window, tiny):
+    """With the real tokenizer and template: once the chat outgrows the 256-token context,
+    its oldest turns are left out of the prompt and the engine answers (it would refuse the
+    whole conversation by name)."""
+    window = make_window()
+    s = window.ctx.settings
+    s.set("engine/backend", "numpy")
+    s.set("sampling/max_new_tokens", 4)
+    s.set("sampling/temperature", 0.0)
+    window.choose(Entry("folder:tiny", "tiny", "", 0, "folder", local_dir=str(tiny)))
+    s.set("engine/context", 256)
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=20000):
+        window.load.load_button.click()
+    chats = window.ctx.chats
+    for n in range(6):
+        with qtbot.waitSignal(window.ctx.engine.finished, timeout=20000) as done:
+            assert chats.send(f"message {n}: " + "hello world " * 20)
+        assert done.args[1]["finish_reason"] in ("stop", "length"), done.args
+    roles = [t.role for t in chats.current.turns]
+    assert roles == ["user", "assistant"] * 6  # no error turn, every message kept
+    assert chats.current.turns[-1].stats.get("left_out", 0) > 0

@@ -324,7 +324,18 @@ class ChatController(QObject):
         chat, turn = found
         turn.stats = {k: v for k, v in summary.items() if v is not None}
         self._end(chat)
-        self.notice.emit(format_stats(turn.stats))
+        line = format_stats(turn.stats)
+        used = self.context_used(turn.stats)
+        self.notice.emit(f"{line} · {used}" if line and used else line or used)
+
+    def context_used(self, stats: dict) -> str:
+        """'1,240 of 8,192 tokens of context': what the chat's prompt and this reply take of
+        the loaded model's context (empty where either is unknown)."""
+        context = self.engine.info.get("context")
+        prompt, new = stats.get("prompt_tokens"), stats.get("new_tokens")
+        if not isinstance(context, int) or context <= 0 or prompt is None or new is None:
+            return ""
+        return f"{int(prompt) + int(new):,} of {context:,} tokens of context"
 
     def _on_failed(self, request_id: int, cls: str, msg: str) -> None:
         found = self._reply_turn(request_id)

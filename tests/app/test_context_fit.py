@@ -88,5 +88,8 @@ def test_the_app_says_how_many_messages_were_left_out(qtbot, make_window):
             chats.send(f"question {n} " + "x" * 50)
     stats = chats.current.turns[-1].stats
     assert stats.get("left_out", 0) > 0
-    assert "left out to fit the context" in window.chat.status.text()
+    status = window.chat.status.text()
+    assert "left out to fit the context" in status
+    used = stats["prompt_tokens"] + stats["new_tokens"]
+    assert status.endswith(f" · {used} of 64 tokens of context") and used <= 64
     assert len(chats.current.turns) == 8  # the chat keeps every message

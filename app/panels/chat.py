@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QListWidget,
     QListWidgetItem,
     QMenu,
@@ -23,13 +24,20 @@ from PySide6.QtWidgets import (
 )
 
 from app.controllers import ChatController
+from app.state.chat_history import Chat
 from app.widgets.message import MessageWidget
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 
 
+def matches(chat: Chat, query: str) -> bool:
+    """Whether the chat's title or one of its messages holds `query` (casefolded)."""
+    return query in chat.title.casefold() or any(query in t.content.casefold() for t in chat.turns)
+
+
 class ChatSidebar(QWidget):
-    """The list of chats, newest first, with a New chat button."""
+    """The list of chats, newest first, with a New chat button and a search box (titles and
+    messages)."""
 
     def __init__(self, chats: ChatController, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -43,6 +51,12 @@ class ChatSidebar(QWidget):
         self.new_button.setToolTip("New chat (Ctrl+N)")
         self.new_button.clicked.connect(chats.new_chat)
         layout.addWidget(self.new_button)
+        self.search = QLineEdit()
+        self.search.setObjectName("chatSearch")
+        self.search.setPlaceholderText("Search chats")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(lambda _text: self.refresh())
+        layout.addWidget(self.search)
         self.list = QListWidget()
         self.list.setObjectName("chatList")
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -64,7 +78,10 @@ class ChatSidebar(QWidget):
         current = self.chats.current.id
         self.list.blockSignals(True)
         self.list.clear()
+        query = self.search.text().strip().casefold()
         for chat in self.chats.store.chats():
+            if query and not matches(chat, query):
+                continue
             item = QListWidgetItem(chat.title)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             item.setData(Qt.ItemDataRole.UserRole, chat.id)

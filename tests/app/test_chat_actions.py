@@ -1,5 +1,5 @@
 """A message copied as Markdown, the last message taken back to edit, a chat renamed in the
-sidebar and exported as Markdown."""
+sidebar, exported as Markdown and found by its search box."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
 from app.engine_bridge import LoadRequest
-from app.state.chat_history import TITLE_MAX
+from app.state.chat_history import TITLE_MAX, Turn
 
 
 def _load(qtbot, window):
@@ -136,3 +136,27 @@ def test_a_chat_exports_as_markdown(qtbot, make_window, monkeypatch, tmp_path):
     target = str(tmp_path)  # a folder: the write fails, and the status line says so
     window.sidebar.export(chats.current.id)
     assert window.chat.status.text().startswith(f"Could not export the chat to {tmp_path}")
+
+
+def test_the_sidebar_finds_chats_by_title_or_message(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader())
+    _load(qtbot, window)
+    chats, sidebar = window.ctx.chats, window.sidebar
+    for text in ("Plan a trip to Lisbon", "Bake bread", "Fix my bike"):
+        chats.new_chat()
+        with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+            chats.send(text)
+    chats.current.turns.append(Turn("user", "And what FLOUR for the tyres?"))  # "Fix my bike"
+
+    def titles():
+        return sorted(sidebar.list.item(i).text() for i in range(sidebar.list.count()))
+
+    assert titles() == ["Bake bread", "Fix my bike", "Plan a trip to Lisbon"]
+    sidebar.search.setText("lisbon")
+    assert titles() == ["Plan a trip to Lisbon"]
+    sidebar.search.setText("flour")  # in a message, not a title, any case
+    assert titles() == ["Fix my bike"]
+    sidebar.search.setText("nothing like this")
+    assert titles() == []
+    sidebar.search.clear()
+    assert titles() == ["Bake bread", "Fix my bike", "Plan a trip to Lisbon"]

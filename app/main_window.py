@@ -71,6 +71,7 @@ class MainWindow(QMainWindow):
         self.model_status.setObjectName("statusModel")
         self.statusBar().addPermanentWidget(self.model_status)
         QShortcut(QKeySequence("Ctrl+N"), self, activated=ctx.chats.new_chat)
+        QShortcut(QKeySequence.StandardKey.Find, self, activated=self.sidebar.search.setFocus)
         QShortcut(QKeySequence.StandardKey.Quit, self, activated=self.close)
 
         self.library.chosen.connect(self.choose)

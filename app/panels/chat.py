@@ -54,6 +54,7 @@ class ChatSidebar(QWidget):
         self.search = QLineEdit()
         self.search.setObjectName("chatSearch")
         self.search.setPlaceholderText("Search chats")
+        self.search.setToolTip("Search chats by title or message (Ctrl+F)")
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(lambda _text: self.refresh())
         layout.addWidget(self.search)

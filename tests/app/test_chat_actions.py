@@ -160,3 +160,8 @@ def test_the_sidebar_finds_chats_by_title_or_message(qtbot, make_window):
     assert titles() == []
     sidebar.search.clear()
     assert titles() == ["Bake bread", "Fix my bike", "Plan a trip to Lisbon"]
+    window.activateWindow()
+    window.chat.input.setFocus()
+    qtbot.waitUntil(lambda: window.chat.input.hasFocus(), timeout=1000)
+    qtbot.keyClick(window.chat.input, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(lambda: sidebar.search.hasFocus(), timeout=1000)  # Ctrl+F

@@ -368,7 +368,7 @@ def format_stats(stats: dict) -> str:
     if stats.get("drafted"):  # drafting with the MTP head: how many of its drafts paid
         kept, drafted = int(stats.get("drafts_kept") or 0), int(stats["drafted"])
         parts.append(f"{kept} of {drafted} drafts kept")
-    if stats.get("left_out"):  # the chat outgrew the context (app/workers/context_fit.py)
+    if stats.get("left_out"):  # the chat outgrew the context (engine/context_fit.py)
         n = int(stats["left_out"])
         parts.append(f"{n} earlier message{'' if n == 1 else 's'} left out to fit the context")
     if stats.get("finish_reason") == "cancelled":

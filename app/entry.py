@@ -1,4 +1,4 @@
-"""`snug`: the GUI, or an engine subcommand (`snug generate`, `snug info`, `snug plan`...)."""
+"""`snug`: the GUI, or an engine subcommand (`snug chat`, `snug generate`, `snug plan`...)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] in ("-h", "--help"):
         sys.stdout.write(
             "usage: snug [--demo]            start the desktop app\n"
-            "       snug COMMAND [ARGS...]   run an engine command (generate, info, plan, ...)\n"
+            "       snug COMMAND [ARGS...]   run an engine command (chat, generate, serve, ...)\n"
             "       snug --smoke DIR [--screenshot PNG]\n"
             "                                load DIR, answer one message, exit (checks a build)\n"
             "       snug --version           print the version and exit\n"
@@ -55,7 +55,7 @@ def no_display_reason(environ: Mapping[str, str], platform: str) -> str | None:
     return (
         "no display to open the window on (neither DISPLAY nor WAYLAND_DISPLAY is set). "
         "Start Snug from the desktop, use `xvfb-run snug`, or run a command such as "
-        "`snug generate --model DIR --prompt TEXT` instead"
+        "`snug chat --model DIR` instead"
     )
 
 

@@ -1,4 +1,5 @@
-"""`snug` subcommands: generate, info, plan. (`snug` alone starts the app: see app/entry.py.)"""
+"""`snug` subcommands: generate, chat, info, plan, serve, cache. (`snug` alone starts the app:
+see app/entry.py.)"""
 
 from __future__ import annotations
 
@@ -83,6 +84,54 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    p.add_argument(
+        "--max-new-tokens",
+        type=_int_at_least(1),
+        default=max_new_tokens,
+        help=f"at least 1 (default {max_new_tokens})",
+    )
+    p.add_argument("--greedy", action="store_true")
+    p.add_argument("--temperature", type=finite_float, default=0.7)
+    p.add_argument("--top-k", type=_int_at_least(0), default=20, help="0 = off (default 20)")
+    p.add_argument("--top-p", type=finite_float, default=0.8)
+    p.add_argument("--min-p", type=finite_float, default=0.0)
+    p.add_argument("--presence-penalty", type=finite_float, default=0.0)
+    p.add_argument("--seed", type=_int_at_least(0), default=None)
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=["auto", "cuda", "numpy"],
+        default=None,
+        help="default: auto (env SNUG_BACKEND)",
+    )
+    p.add_argument(
+        "--context",
+        type=_int_at_least(1),
+        default=4096,
+        help="tokens per stream, at least 1; capped at the model's max_position_embeddings "
+        "(default 4096)",
+    )
+    p.add_argument(
+        "--max-rows",
+        type=_int_at_least(1),
+        default=None,
+        help="prompt rows per forward pass, at least 1 (default: the plan's choice, 512 or "
+        "wider where the card has memory left over)",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        choices=DRAFT_CHOICES,
+        default=None,
+        help="tokens drafted a step with the checkpoint's MTP head: off, 1, 2, 3 or auto "
+        "(default: env SNUG_DRAFT_TOKENS, else off)",
+    )
+    _add_memory_flags(p)
+    add_kv_cache_flag(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="snug", description="Run Qwen3.5 models locally.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -97,46 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, no template")
     g.add_argument("--system", type=_utf8_text, help="system prompt for the chat template")
     g.add_argument("--thinking", choices=["on", "off", "default"], default="default")
-    g.add_argument(
-        "--max-new-tokens", type=_int_at_least(1), default=256, help="at least 1 (default 256)"
-    )
-    g.add_argument("--greedy", action="store_true")
-    g.add_argument("--temperature", type=finite_float, default=0.7)
-    g.add_argument("--top-k", type=_int_at_least(0), default=20, help="0 = off (default 20)")
-    g.add_argument("--top-p", type=finite_float, default=0.8)
-    g.add_argument("--min-p", type=finite_float, default=0.0)
-    g.add_argument("--presence-penalty", type=finite_float, default=0.0)
-    g.add_argument("--seed", type=_int_at_least(0), default=None)
-    g.add_argument(
-        "--backend",
-        choices=["auto", "cuda", "numpy"],
-        default=None,
-        help="default: auto (env SNUG_BACKEND)",
-    )
-    g.add_argument(
-        "--context",
-        type=_int_at_least(1),
-        default=4096,
-        help="tokens per stream, at least 1; capped at the model's max_position_embeddings "
-        "(default 4096)",
-    )
-    g.add_argument(
-        "--max-rows",
-        type=_int_at_least(1),
-        default=None,
-        help="prompt rows per forward pass, at least 1 (default: the plan's choice, 512 or "
-        "wider where the card has memory left over)",
-    )
+    _add_sampling_flags(g, max_new_tokens=256)
+    _add_engine_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    g.add_argument(
-        "--draft-tokens",
-        choices=DRAFT_CHOICES,
-        default=None,
-        help="tokens drafted a step with the checkpoint's MTP head: off, 1, 2, 3 or auto "
-        "(default: env SNUG_DRAFT_TOKENS, else off)",
-    )
-    _add_memory_flags(g)
-    add_kv_cache_flag(g)
+
+    c = sub.add_parser("chat", help="a conversation with the model in the terminal")
+    c.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors)")
+    c.add_argument("--system", type=_utf8_text, help="system prompt for the chat template")
+    c.add_argument("--thinking", choices=["on", "off", "default"], default="default")
+    _add_sampling_flags(c, max_new_tokens=2048)
+    _add_engine_flags(c)
 
     i = sub.add_parser("info", help="print a checkpoint's config, format and byte sizes")
     i.add_argument("--model", required=True)
@@ -158,19 +177,51 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    engine = _load(args)
+    try:
+        return _generate(engine, args)
+    finally:
+        engine.unload()
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from engine.checkpoint.checkpoint import model_name
+    from engine.cli_chat import chat
+
+    engine = _load(args)
+    thinking = {"on": True, "off": False}.get(args.thinking)
+    name, streams = model_name(args.model), (sys.stdin, sys.stdout, sys.stderr)
+    try:
+        return chat(engine, name, _params(args), args.system, thinking, *streams)
+    finally:
+        engine.unload()
+
+
+def _load(args: argparse.Namespace):
     from engine.session import Engine
 
-    engine = Engine.load(
+    return Engine.load(
         args.model,
         _settings(args),
         context=args.context,
         max_rows=args.max_rows,
         progress=load_progress(),
     )
-    try:
-        return _generate(engine, args)
-    finally:
-        engine.unload()
+
+
+def _params(args: argparse.Namespace):
+    from engine.session import GenerationParams
+
+    return GenerationParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        presence_penalty=args.presence_penalty,
+        seed=args.seed,
+        greedy=args.greedy,
+    )
 
 
 def _prompt_ids(engine, args: argparse.Namespace) -> list[int]:
@@ -191,19 +242,8 @@ def _prompt_ids(engine, args: argparse.Namespace) -> list[int]:
 
 
 def _generate(engine, args: argparse.Namespace) -> int:
-    from engine.session import GenerationParams
-
     prompt_ids = _prompt_ids(engine, args)
-    params = GenerationParams(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        presence_penalty=args.presence_penalty,
-        seed=args.seed,
-        greedy=args.greedy,
-    )
+    params = _params(args)
     output_ids, text, stats, finish = [], [], None, None
     t0 = time.perf_counter()
     for event in engine.generate(prompt_ids, params):
@@ -299,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             args.model = str(find_model(args.model))
         if args.command == "generate":
             return run_generate(args)
+        if args.command == "chat":
+            return run_chat(args)
         if args.command == "info":
             return run_info(args)
         if args.command == "serve":

@@ -133,7 +133,7 @@ NUMERIC_STATS = (
     "decode_tok_s",
     "drafted",
     "drafts_kept",
-    "left_out",  # messages left out of the prompt to fit the context (context_fit.py)
+    "left_out",  # messages left out of the prompt to fit the context (engine/context_fit.py)
 )
 
 

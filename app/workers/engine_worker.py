@@ -3,7 +3,7 @@
 GUI thread (app/controllers.py)    worker thread (this module)
   EngineController.load()  --sig-->  EngineWorker.load()      (slow, blocks only this thread)
   EngineController.send()  --sig-->  EngineWorker.generate()  loops over engine.generate(...)
-                                     (a long chat's oldest messages left out: context_fit.py)
+                                     (a long chat's oldest messages left out: engine/context_fit.py)
   EngineController.stop()  -- threading.Event.set() --------> checked by the engine per token
   widgets  <--- tokens(batched ~30 ms), finished, failed, loaded, held ---
 
@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.engine_bridge import EngineLike, Loader, LoadRequest
 from app.state.chat_history import NUMERIC_STATS
-from app.workers.context_fit import fit_prompt
+from engine.context_fit import fit_prompt
 
 BATCH_S = 0.03
 CPU_REFUSED = (
@@ -118,7 +118,7 @@ class EngineWorker(QObject):
             self.tokens.emit(request_id, "".join(pending))
         summary = _summary(final, cancel)
         if left_out:
-            summary["left_out"] = left_out  # the stats line says so (context_fit.py)
+            summary["left_out"] = left_out  # the stats line says so (engine/context_fit.py)
         self.finished.emit(request_id, summary)
         self.held.emit(self._held())
 

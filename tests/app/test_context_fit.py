@@ -1,5 +1,5 @@
 """A chat longer than the context: its oldest turns are left out of the prompt, the engine
-answers, and the stats line says how many (app/workers/context_fit.py)."""
+answers, and the stats line says how many (engine/context_fit.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from fake_engine import FakeEngine
 
 from app.engine_bridge import LoadRequest
-from app.workers.context_fit import fit_prompt
+from engine.context_fit import fit_prompt
 
 
 class Words:

@@ -1,4 +1,5 @@
-"""A long chat's prompt cut to the model's context: its oldest messages left out.
+"""A long chat's prompt cut to the model's context: its oldest messages left out (the app's
+chat and `snug chat` use it).
 
 A conversation longer than the engine's context is refused by the engine ("the conversation
 needs N tokens but the context is M"). A chat goes on instead: the prompt leaves out the

@@ -1,0 +1,133 @@
+"""`snug chat`: a conversation with a model in the terminal.
+
+The model loads once; each line typed is a message, its reply streams in, and the
+conversation is kept for the next one (its oldest turns left out of the prompt once it
+outgrows the context: engine/context_fit.py). A line ending in a backslash goes on to the
+next. Commands: /reset starts a new conversation, /exit (or Ctrl+D) ends, /help. Ctrl+C
+stops a reply (what it said so far is kept); at the prompt it ends the chat. A request the
+engine refuses (a message longer than the context, say) is reported, and the conversation
+stays as it was. Reads lines from a pipe as well, one message a line.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, TextIO
+
+from engine.context_fit import fit_prompt
+from engine.errors import RequestRefused
+
+HELP = (
+    "Type a message and press Enter (end a line with \\ to go on to the next).\n"
+    "  /reset   start a new conversation\n"
+    "  /exit    end (or Ctrl+D); Ctrl+C stops a reply\n"
+)
+
+
+def chat(
+    engine: Any,
+    name: str,
+    params: Any,
+    system: str | None,
+    thinking: bool | None,
+    stdin: TextIO,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """The conversation loop with the model called `name` over `stdin`; replies to `out`,
+    notes and stats to `err`."""
+    head = [{"role": "system", "content": system}] if system else []
+    history = list(head)
+    err.write(f"Chatting with {name} ({engine.backend_name}). /help for help.\n")
+    while True:
+        text = _read_message(stdin, out)
+        if text is None:
+            out.write("\n")
+            return 0
+        if not text:
+            continue
+        if text in ("/exit", "/quit", "/bye"):
+            return 0
+        if text == "/reset":
+            history = list(head)
+            err.write("(a new conversation)\n")
+            continue
+        if text in ("/help", "/?"):
+            err.write(HELP)
+            continue
+        history.append({"role": "user", "content": text})
+        try:
+            reply, note = _reply(engine, history, params, thinking, out)
+        except RequestRefused as exc:
+            history.pop()  # the conversation stays as it was before this message
+            err.write(f"snug: {exc}\n")
+            continue
+        history.append({"role": "assistant", "content": reply})
+        err.write(f"[{note}]\n")
+
+
+def _read_message(stdin: TextIO, out: TextIO) -> str | None:
+    """One message: a line, or lines joined where each but the last ends in a backslash.
+    None at the end of the input (Ctrl+D) or on Ctrl+C."""
+    lines: list[str] = []
+    out.write(">>> ")
+    out.flush()
+    while True:
+        try:
+            line = stdin.readline()
+        except KeyboardInterrupt:
+            return None
+        if not line:
+            return "\n".join(lines).strip() if lines else None
+        line = line.rstrip("\n")
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            out.write("... ")
+            out.flush()
+            continue
+        lines.append(line)
+        return "\n".join(lines).strip()
+
+
+def _reply(
+    engine: Any, history: list[dict], params: Any, thinking: bool | None, out: TextIO
+) -> tuple[str, str]:
+    """Stream one reply to `out`; its text and a stats line. Ctrl+C while it streams sets
+    the request's cancel event (the engine ends the reply at its next token)."""
+    ids, left_out = fit_prompt(engine, history, thinking, params.max_new_tokens)
+    cancel = threading.Event()
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    parts: list[str] = []
+    stats, reason = None, None
+    try:
+        for event in engine.generate(ids, params, cancel):
+            if event.text:
+                parts.append(event.text)
+                out.write(event.text)
+                out.flush()
+            if event.finished:
+                stats, reason = event.stats, event.finish_reason
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+    out.write("\n")
+    return "".join(parts), _note(stats, reason, left_out, engine.context)
+
+
+def _note(stats: Any, reason: str | None, left_out: int, context: int) -> str:
+    bits = []
+    if stats is not None:
+        bits.append(f"{stats.new_tokens} tokens")
+        bits.append(f"{stats.decode_tok_s:.1f} tok/s")
+        bits.append(f"first token {stats.ttft_s:.2f} s")
+        bits.append(f"{stats.prompt_tokens + stats.new_tokens:,} of {context:,} tokens of context")
+    if left_out:
+        bits.append(f"{left_out} earlier message{'' if left_out == 1 else 's'} left out")
+    if reason == "cancelled":
+        bits.append("stopped")
+    elif reason == "length":
+        bits.append("hit the token limit")
+    return " · ".join(bits)

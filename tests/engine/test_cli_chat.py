@@ -1,0 +1,111 @@
+"""`snug chat`: a conversation in the terminal over the real engine (numpy backend), and
+its Ctrl+C, refusals and long conversations (engine/cli_chat.py)."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+from types import SimpleNamespace
+
+from engine.cli import main
+from engine.cli_chat import chat
+from engine.errors import RequestRefused
+
+
+def used(err: str) -> list[int]:
+    """Each reply's 'N of M tokens of context', N."""
+    return [
+        int(n.replace(",", "")) for n in re.findall(r"([\d,]+) of [\d,]+ tokens of context", err)
+    ]
+
+
+def run(monkeypatch, capsys, model, lines, *flags):
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
+    args = ["chat", "--model", str(model), "--backend", "numpy", "--greedy", *flags]
+    assert main(args) == 0
+    return capsys.readouterr()
+
+
+def test_a_conversation_keeps_its_turns_until_reset(tiny_checkpoint, monkeypatch, capsys):
+    model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
+    lines = ["Hello there", "And a second \\", "line to it", "/help", "/reset", "Hello there"]
+    got = run(monkeypatch, capsys, model, lines, "--max-new-tokens", "4", "--context", "512")
+    sizes = used(got.err)
+    assert len(sizes) == 3, got.err
+    assert sizes[1] > sizes[0] + 4  # the second prompt holds the first exchange
+    assert sizes[2] == sizes[0]  # after /reset: the same first message, the same prompt
+    assert "(a new conversation)" in got.err and "/reset" in got.err  # /help's text
+    assert got.out.count(">>> ") == 6 and got.out.count("... ") == 1
+
+
+def test_a_refused_message_leaves_the_conversation_as_it_was(tiny_checkpoint, monkeypatch, capsys):
+    model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
+    lines = ["Hi", "word " * 400, "Hi again"]
+    got = run(monkeypatch, capsys, model, lines, "--max-new-tokens", "4", "--context", "128")
+    assert "snug: the conversation needs" in got.err and "the context is 128" in got.err
+    first, third = used(got.err)
+    alone = run(
+        monkeypatch, capsys, model, ["Hi", "Hi again"], "--max-new-tokens", "4", "--context", "128"
+    )
+    assert [first, third] == used(alone.err)  # the refused message left no trace
+
+
+def test_a_long_conversation_leaves_its_oldest_turns_out(tiny_checkpoint, monkeypatch, capsys):
+    model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
+    lines = [f"message {n}: " + "hello world " * 12 for n in range(6)]
+    got = run(monkeypatch, capsys, model, lines, "--max-new-tokens", "4", "--context", "160")
+    assert "snug:" not in got.err and len(used(got.err)) == 6
+    assert "earlier messages left out" in got.err or "earlier message left out" in got.err
+    assert max(used(got.err)) <= 160
+
+
+class Ticking:
+    """An engine that streams a token at a time until its cancel event is set; the third
+    token sends this process a SIGINT (Ctrl+C)."""
+
+    backend_name, context = "numpy", 4096
+
+    def chat_ids(self, messages, enable_thinking=None):
+        return [0] * (10 * len(messages))
+
+    def generate(self, ids, params, cancel=None):
+        for i in range(1000):
+            if cancel is not None and cancel.is_set():
+                break
+            if i == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+            yield SimpleNamespace(text=f"t{i} ", finished=False)
+        stats = SimpleNamespace(new_tokens=i, decode_tok_s=1.0, ttft_s=0.0, prompt_tokens=len(ids))
+        yield SimpleNamespace(text="", finished=True, finish_reason="cancelled", stats=stats)
+
+
+def test_ctrl_c_stops_the_reply_and_the_chat_goes_on():
+    out, err = io.StringIO(), io.StringIO()
+    params = SimpleNamespace(max_new_tokens=1000)
+    stdin = io.StringIO("first\nsecond\n")
+    assert chat(Ticking(), "fake", params, None, None, stdin, out, err) == 0
+    notes = [line for line in err.getvalue().splitlines() if line.startswith("[")]
+    assert len(notes) == 2 and all("stopped" in n for n in notes), err.getvalue()
+    assert all(int(n[1:].split()[0]) < 10 for n in notes)  # stopped within a few tokens
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+
+def test_a_refusal_from_the_engine_is_reported():
+    class Refusing(Ticking):
+        def generate(self, ids, params, cancel=None):
+            raise RequestRefused("all 1 streams are busy")
+
+    err = io.StringIO()
+    chat(
+        Refusing(),
+        "fake",
+        SimpleNamespace(max_new_tokens=8),
+        "sys",
+        None,
+        io.StringIO("hi\n"),
+        io.StringIO(),
+        err,
+    )
+    assert "snug: all 1 streams are busy" in err.getvalue()

@@ -42,7 +42,7 @@ class EngineController(QObject):
     held = Signal(object)  # bytes: can exceed a 32-bit int
 
     _do_load = Signal(object)  # LoadRequest
-    _do_generate = Signal(int, list, object, object, object)
+    _do_generate = Signal(int, list, object, object, object, int)
     _do_unload = Signal()
     _do_shutdown = Signal()
 
@@ -100,14 +100,24 @@ class EngineController(QObject):
         self.stop()
         self._do_unload.emit()
 
-    def send(self, messages: list[dict[str, str]], params: Any, thinking: bool | None) -> int:
-        """Start a reply; returns its request id (tokens/finished/failed carry it)."""
+    def send(
+        self,
+        messages: list[dict[str, str]],
+        params: Any,
+        thinking: bool | None,
+        left_out: int = 0,
+    ) -> int:
+        """Start a reply; returns its request id (tokens/finished/failed carry it).
+        `left_out`: the messages the chat's last prompt left out to fit the context, which
+        this one keeps leaving out while it fits (engine/context_fit.py)."""
         self.stop()
         self._next_id += 1
         self._active = self._next_id
         self._cancel = threading.Event()
         self._set_state("generating")
-        self._do_generate.emit(self._active, list(messages), params, thinking, self._cancel)
+        self._do_generate.emit(
+            self._active, list(messages), params, thinking, self._cancel, int(left_out)
+        )
         return self._active
 
     def stop(self) -> None:
@@ -298,7 +308,9 @@ class ChatController(QObject):
         self.store.save(chat)
         self.turns_changed.emit(chat.id)
         self._reply_chat = chat.id
-        self._request = self.engine.send(messages, params, thinking)
+        replies = [t for t in chat.turns[:-1] if t.role == "assistant"]
+        left_out = int(replies[-1].stats.get("left_out", 0)) if replies else 0
+        self._request = self.engine.send(messages, params, thinking, left_out)
         self.notice.emit("Generating… (Esc stops)")
         self.busy_changed.emit(True)
 

@@ -38,7 +38,7 @@ def chat(
     """The conversation loop with the model called `name` over `stdin`; replies to `out`,
     notes and stats to `err`."""
     head = [{"role": "system", "content": system}] if system else []
-    history = list(head)
+    history, left_out = list(head), 0  # messages the last prompt left out (context_fit)
     err.write(f"Chatting with {name} ({engine.backend_name}). /help for help.\n")
     while True:
         text = _read_message(stdin, out)
@@ -50,7 +50,7 @@ def chat(
         if text in ("/exit", "/quit", "/bye"):
             return 0
         if text == "/reset":
-            history = list(head)
+            history, left_out = list(head), 0
             err.write("(a new conversation)\n")
             continue
         if text in ("/help", "/?"):
@@ -58,7 +58,7 @@ def chat(
             continue
         history.append({"role": "user", "content": text})
         try:
-            reply, note = _reply(engine, history, params, thinking, out)
+            reply, note, left_out = _reply(engine, history, params, thinking, left_out, out)
         except RequestRefused as exc:
             history.pop()  # the conversation stays as it was before this message
             err.write(f"snug: {exc}\n")
@@ -91,11 +91,17 @@ def _read_message(stdin: TextIO, out: TextIO) -> str | None:
 
 
 def _reply(
-    engine: Any, history: list[dict], params: Any, thinking: bool | None, out: TextIO
-) -> tuple[str, str]:
-    """Stream one reply to `out`; its text and a stats line. Ctrl+C while it streams sets
-    the request's cancel event (the engine ends the reply at its next token)."""
-    ids, left_out = fit_prompt(engine, history, thinking, params.max_new_tokens)
+    engine: Any,
+    history: list[dict],
+    params: Any,
+    thinking: bool | None,
+    previous: int,
+    out: TextIO,
+) -> tuple[str, str, int]:
+    """Stream one reply to `out`; its text, a stats line and the messages its prompt left
+    out. Ctrl+C while it streams sets the request's cancel event (the engine ends the reply
+    at its next token)."""
+    ids, left_out = fit_prompt(engine, history, thinking, params.max_new_tokens, previous)
     cancel = threading.Event()
     handler = None
     if threading.current_thread() is threading.main_thread():
@@ -114,7 +120,7 @@ def _reply(
         if handler is not None:
             signal.signal(signal.SIGINT, handler)
     out.write("\n")
-    return "".join(parts), _note(stats, reason, left_out, engine.context)
+    return "".join(parts), _note(stats, reason, left_out, engine.context), left_out
 
 
 def _note(stats: Any, reason: str | None, left_out: int, context: int) -> str:

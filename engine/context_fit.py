@@ -7,8 +7,9 @@ oldest messages, whole turns from the start (the system prompt and the last mess
 until it takes at most half the context. Half, not just as much as must go: a prompt cut
 only as far as it must would change its beginning again at every later turn, and each change
 costs a prefill of the whole prompt (the prompt cache matches a prompt's start); cut to half,
-it leaves room for this reply and for several turns that reuse its start. The chat on screen
-keeps every message; the reply's stats line says how many were left out.
+it leaves room for this reply and for several turns that keep the same cut (the caller
+passes the last prompt's count back) and so reuse its start. The chat on screen keeps every
+message; the reply's stats line says how many were left out.
 
 Only an engine that tokenizes here and says its context (`Engine.context`) is fitted; a
 remote server's prompt goes as it is.
@@ -20,12 +21,18 @@ from typing import Any
 
 
 def fit_prompt(
-    engine: Any, messages: list[dict], thinking: bool | None, max_new_tokens: int
+    engine: Any,
+    messages: list[dict],
+    thinking: bool | None,
+    max_new_tokens: int,
+    previous: int = 0,
 ) -> tuple[Any, int]:
     """The prompt for `messages` (`engine.chat_ids`) and how many messages it leaves out.
 
     Nothing is left out where the prompt and room for the reply (`max_new_tokens`, at most a
-    quarter of the context) fit. Else the fewest oldest turns go that bring the prompt to
+    quarter of the context) fit. Else the conversation's last prompt's cut (`previous`
+    messages left out after the system prompt) is kept while it fits, so the prompt's start
+    and its cached state stay; else the fewest oldest turns go that bring the prompt to
     half the context, or failing that to the context less the reply's room; where not even
     the last message alone fits, the prompt is that message (with the system prompt), and
     the engine refuses it by name."""
@@ -50,6 +57,8 @@ def fit_prompt(
             prompts[cut] = engine.chat_ids(kept, enable_thinking=thinking)
         return prompts[cut]
 
+    if previous > 0 and head + previous in cuts and len(prompt(head + previous)) + room <= context:
+        return prompt(head + previous), previous
     for limit in (context // 2, context - room):
         if len(prompt(cuts[-1])) > limit:
             continue

@@ -84,9 +84,15 @@ class EngineWorker(QObject):
     def _progress(self, stage: str, fraction: float) -> None:
         self.load_progress.emit(stage, float(fraction))
 
-    @Slot(int, list, object, object, object)
+    @Slot(int, list, object, object, object, int)
     def generate(
-        self, request_id: int, messages: list, params: Any, thinking: Any, cancel: Any
+        self,
+        request_id: int,
+        messages: list,
+        params: Any,
+        thinking: Any,
+        cancel: Any,
+        left_out: int = 0,
     ) -> None:
         if self._engine is None:
             self.failed.emit(request_id, "NoModelLoaded", "Load a model before sending a message.")
@@ -96,7 +102,7 @@ class EngineWorker(QObject):
         final: Any = None
         try:
             most = getattr(params, "max_new_tokens", None) or 1 << 30
-            ids, left_out = fit_prompt(self._engine, messages, thinking, most)
+            ids, left_out = fit_prompt(self._engine, messages, thinking, most, left_out)
             for event in self._engine.generate(ids, params, cancel):
                 if event.text:
                     pending.append(event.text)

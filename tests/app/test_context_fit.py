@@ -69,6 +69,27 @@ def test_a_long_last_message_keeps_room_for_the_reply_or_is_left_to_the_engine()
     assert len(ids) == 5 + 303 and left_out == 6  # only the last message: the engine refuses
 
 
+def test_a_cut_stays_while_it_fits_so_the_prompts_start_stays():
+    """Turn after turn, each prompt keeps the last one's cut while it fits: over 40 turns of
+    a conversation ten times the context, the cut moves only when the kept part outgrows the
+    context again, and every prompt fits."""
+    engine, messages, previous = Words(400), [{"role": "system", "content": "be brief"}], 0
+    cuts = []
+    for t in range(40):
+        messages.append({"role": "user", "content": " ".join([f"q{t}"] * 20)})
+        ids, previous = fit_prompt(engine, messages, None, max_new_tokens=64, previous=previous)
+        assert len(ids) + 64 <= 400
+        cuts.append(previous)
+        messages.append({"role": "assistant", "content": " ".join([f"a{t}"] * 40)})
+    moves = sum(1 for a, b in zip(cuts, cuts[1:], strict=False) if a != b)
+    assert cuts[-1] > 0 and moves <= 14, cuts  # about every third turn, not every turn
+    assert cuts == sorted(cuts)  # the start only moves forward
+    without = []
+    for n in range(2, len(messages) + 1, 2):  # the same turns, no cut passed back
+        without.append(fit_prompt(Words(400), messages[:n], None, max_new_tokens=64)[1])
+    assert sum(1 for a, b in zip(without, without[1:], strict=False) if a != b) >= 2 * moves
+
+
 def test_a_remote_prompt_goes_as_it_is():
     class Remote:
         def chat_ids(self, messages, enable_thinking=None):
@@ -79,17 +100,20 @@ def test_a_remote_prompt_goes_as_it_is():
 
 
 def test_the_app_says_how_many_messages_were_left_out(qtbot, make_window):
-    window = make_window(loader=FakeEngine.loader(context=64))
+    window = make_window(loader=FakeEngine.loader(context=200))
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
-        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 64))
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 200))
     chats = window.ctx.chats
-    for n in range(4):  # each turn: a 60-character question, a reply of about 90
+    for n in range(10):  # each turn: a 60-character question, a reply of about 90
         with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
             chats.send(f"question {n} " + "x" * 50)
     stats = chats.current.turns[-1].stats
-    assert stats.get("left_out", 0) > 0
+    assert len(chats.current.turns) == 20  # the chat keeps every message
+    cuts = [t.stats.get("left_out", 0) for t in chats.current.turns if t.role == "assistant"]
+    assert cuts[-1] > 0, cuts
+    kept = [a for a, b in zip(cuts, cuts[1:], strict=False) if a == b and a > 0]
+    assert kept, cuts  # a later prompt kept the last one's cut (the app passes it back)
     status = window.chat.status.text()
     assert "left out to fit the context" in status
     used = stats["prompt_tokens"] + stats["new_tokens"]
-    assert status.endswith(f" · {used} of 64 tokens of context") and used <= 64
-    assert len(chats.current.turns) == 8  # the chat keeps every message
+    assert status.endswith(f" · {used} of 200 tokens of context") and used <= 200

@@ -6,7 +6,8 @@ outgrows the context: engine/context_fit.py). A line ending in a backslash goes 
 next. Commands: /reset starts a new conversation, /exit (or Ctrl+D) ends, /help. Ctrl+C
 stops a reply (what it said so far is kept); at the prompt it ends the chat. A request the
 engine refuses (a message longer than the context, say) is reported, and the conversation
-stays as it was. Reads lines from a pipe as well, one message a line.
+stays as it was. A reply's thinking shows between "Thinking…" and "…done thinking." (dimmed
+on a terminal). Reads lines from a pipe as well, one message a line.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import signal
 import threading
 from typing import Any, TextIO
 
+from engine.constraint import opens_thinking
 from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
+from engine.server.reply import ReplySplitter
 
 HELP = (
     "Type a message and press Enter (end a line with \\ to go on to the next).\n"
@@ -108,19 +111,59 @@ def _reply(
         handler = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     parts: list[str] = []
     stats, reason = None, None
+    shown = Shown(out, _opens_thinking(engine, ids))
     try:
         for event in engine.generate(ids, params, cancel):
             if event.text:
                 parts.append(event.text)
-                out.write(event.text)
-                out.flush()
+                shown.feed(event.text)
             if event.finished:
                 stats, reason = event.stats, event.finish_reason
     finally:
         if handler is not None:
             signal.signal(signal.SIGINT, handler)
-    out.write("\n")
+        shown.finish()
     return "".join(parts), _note(stats, reason, left_out, engine.context), left_out
+
+
+def _opens_thinking(engine: Any, ids: list[int]) -> bool:
+    tokenizer = getattr(engine, "tokenizer", None)
+    return tokenizer is not None and opens_thinking(ids, tokenizer)
+
+
+class Shown:
+    """A reply as it streams to the terminal: its thinking between "Thinking…" and "…done
+    thinking." (dimmed on a terminal), the tags themselves left out, then the answer
+    (engine/server/reply.py's splitter, as the API's reasoning_content)."""
+
+    DIM, PLAIN = "\x1b[2m", "\x1b[0m"
+
+    def __init__(self, out: TextIO, thinking: bool) -> None:
+        self.out, self.kind = out, ""
+        self.splitter = ReplySplitter(thinking)
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+
+    def feed(self, text: str) -> None:
+        for piece in self.splitter.feed(text):
+            self._write(piece.kind, piece.text)
+        self.out.flush()
+
+    def finish(self) -> None:
+        """The rest; a reply that ends inside its thinking (stopped, or at the token limit)
+        ends there, without "done"."""
+        for piece in self.splitter.finish():
+            self._write(piece.kind, piece.text)
+        self.out.write((self.PLAIN if self.tty and self.kind == "reasoning" else "") + "\n")
+        self.out.flush()
+
+    def _write(self, kind: str, text: str) -> None:
+        if kind != self.kind:
+            if self.kind == "reasoning":
+                self.out.write((self.PLAIN if self.tty else "") + "\n…done thinking.\n\n")
+            if kind == "reasoning":
+                self.out.write("Thinking…\n" + (self.DIM if self.tty else ""))
+            self.kind = kind
+        self.out.write(text)
 
 
 def _note(stats: Any, reason: str | None, left_out: int, context: int) -> str:

@@ -109,3 +109,31 @@ def test_a_refusal_from_the_engine_is_reported():
         err,
     )
     assert "snug: all 1 streams are busy" in err.getvalue()
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_thinking_is_set_apart_and_its_tags_left_out():
+    from engine.cli_chat import Shown
+
+    out = io.StringIO()
+    shown = Shown(out, thinking=True)
+    for text in ("Let me", " think.</th", "ink>\n\nThe answer", " is 42."):
+        shown.feed(text)
+    shown.finish()
+    assert out.getvalue() == "Thinking…\nLet me think.\n…done thinking.\n\nThe answer is 42.\n"
+    tty = Terminal()
+    shown = Shown(tty, thinking=True)
+    shown.feed("Still thinking when the limit came")
+    shown.finish()  # ends inside the thinking: no "done", the terminal's colour restored
+    assert (
+        tty.getvalue() == f"Thinking…\n{Shown.DIM}Still thinking when the limit came{Shown.PLAIN}\n"
+    )
+    plain = io.StringIO()
+    shown = Shown(plain, thinking=False)
+    shown.feed("No thinking here.")
+    shown.finish()
+    assert plain.getvalue() == "No thinking here.\n"

@@ -31,17 +31,23 @@ def test_plan_a_local_folder_with_the_real_planner(tiny):
     assert planning.breakdown_value(decision, "weights") > 0
 
 
-def test_load_and_chat_with_the_real_engine(qtbot, make_window, tiny):
-    window = make_window()  # no GPU here: the numpy backend, labelled CPU mode
+def load_tiny(qtbot, window, tiny, max_new_tokens: int) -> dict:
+    """The tiny checkpoint loaded through the load panel on the numpy backend, at a
+    256-token context, greedy; what the load reported."""
     s = window.ctx.settings
     s.set("engine/backend", "numpy")
-    s.set("sampling/max_new_tokens", 6)
+    s.set("sampling/max_new_tokens", max_new_tokens)
     s.set("sampling/temperature", 0.0)
     window.choose(Entry("folder:tiny", "tiny", "", 0, "folder", local_dir=str(tiny)))
     s.set("engine/context", 256)
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=20000) as loaded:
         window.load.load_button.click()
-    assert loaded.args[0]["backend"] == "numpy"
+    return loaded.args[0]
+
+
+def test_load_and_chat_with_the_real_engine(qtbot, make_window, tiny):
+    window = make_window()  # no GPU here: the numpy backend, labelled CPU mode
+    assert load_tiny(qtbot, window, tiny, max_new_tokens=6)["backend"] == "numpy"
     assert "CPU mode" in window.model_status.text()
     with qtbot.waitSignal(window.ctx.engine.finished, timeout=20000) as done:
         assert window.ctx.chats.send("hello")
@@ -135,14 +141,7 @@ def test_a_chat_longer_than_the_context_goes_on(qtbot, make_window, tiny):
     its oldest turns are left out of the prompt and the engine answers (it would refuse the
     whole conversation by name)."""
     window = make_window()
-    s = window.ctx.settings
-    s.set("engine/backend", "numpy")
-    s.set("sampling/max_new_tokens", 4)
-    s.set("sampling/temperature", 0.0)
-    window.choose(Entry("folder:tiny", "tiny", "", 0, "folder", local_dir=str(tiny)))
-    s.set("engine/context", 256)
-    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=20000):
-        window.load.load_button.click()
+    load_tiny(qtbot, window, tiny, max_new_tokens=4)
     chats = window.ctx.chats
     for n in range(6):
         with qtbot.waitSignal(window.ctx.engine.finished, timeout=20000) as done:

@@ -58,15 +58,9 @@ class CheckedKernels(RecordingKernels):
         pass
 
 
-@pytest.mark.parametrize("size", ["0.8B", "4B"])
-@pytest.mark.parametrize("invariant", [False, True])
-def test_the_prebuilt_programs_are_the_ones_the_backend_asks_for(monkeypatch, size, invariant):
-    config = shape_config(size, "mlx4")
-    mods = catalog_modules(config, shape_tensor_specs(config, "mlx4"), "bfloat16", ARCH_CARDS[89])
-    programs = Programs(monkeypatch)
-    # The backend's own requests: every gemv4 module through Projections, every other kernel
-    # of the catalog through modules.function (uncached here).
-    proj = Projections(CheckedKernels(), invariant=invariant)
+def ask_like_the_backend(proj: Projections, mods) -> None:
+    """The backend's own requests for the catalog `mods`: every gemv4 module through
+    Projections, every other kernel through modules.function (uncached here)."""
     listed = {m.names for m in mods if m.file == "gemv4.cu"}
     for rows in range(1, GEMV_MAX_ROWS + 1):
         for swiglu in (False, True):
@@ -76,6 +70,16 @@ def test_the_prebuilt_programs_are_the_ones_the_backend_asks_for(monkeypatch, si
     for file, symbol in sorted(requests(mods)):
         if file != "gemv4.cu":
             modules.function.__wrapped__(file, symbol, "bfloat16")
+
+
+@pytest.mark.parametrize("size", ["0.8B", "4B"])
+@pytest.mark.parametrize("invariant", [False, True])
+def test_the_prebuilt_programs_are_the_ones_the_backend_asks_for(monkeypatch, size, invariant):
+    config = shape_config(size, "mlx4")
+    mods = catalog_modules(config, shape_tensor_specs(config, "mlx4"), "bfloat16", ARCH_CARDS[89])
+    programs = Programs(monkeypatch)
+    proj = Projections(CheckedKernels(), invariant=invariant)
+    ask_like_the_backend(proj, mods)
     asked = set(programs.made)  # a file's extern "C" kernels are one program, asked for each
     programs.made.clear()
 
@@ -174,15 +178,7 @@ def test_the_backend_takes_the_modules_the_threads_made(monkeypatch):
     prebuild.Prebuild(jobs, "bfloat16", 0, workers=3).start().wait()
     assert len(programs.made) == len(jobs)
     try:
-        listed = {m.names for m in mods if m.file == "gemv4.cu"}
-        for rows in range(1, GEMV_MAX_ROWS + 1):
-            for swiglu in (False, True):
-                for kind in range(8):
-                    if tuple(gemv4_module(rows, swiglu, kind)) in listed:
-                        proj.gemv4_kernel(rows, swiglu, GEMV4_VARIANTS[0], kind)
-        for file, symbol in sorted(requests(mods)):
-            if file != "gemv4.cu":
-                modules.function.__wrapped__(file, symbol, "bfloat16")
+        ask_like_the_backend(proj, mods)
         assert len(programs.made) == len(jobs)  # every request took a held module
     finally:
         modules.forget_prebuilt()

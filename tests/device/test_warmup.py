@@ -185,10 +185,11 @@ def test_first_requests_make_nothing_warm_up_did_not(model_dir, monkeypatch, eag
 
 def test_a_load_compiles_on_its_threads_every_program_warm_up_meets(model_dir, monkeypatch):
     """Every program of Snug's that the load's warm-up meets was made by the compile
-    threads (prebuild.py), and warm-up takes their modules: once the threads are done, the
-    loading thread asks CuPy for none of Snug's programs (no second read of the disk cache,
-    no compile one after another). What the upload asks for while the threads still run is
-    theirs too, with the same key."""
+    threads (prebuild.py) under the key warm-up asks with: once the threads are done, the
+    loading thread makes none of Snug's programs (CuPy's memo of the process's modules hands
+    warm-up the threads' ones; a key that differed would compile or read the program again,
+    one after another). What the upload asks for while the threads still run is theirs
+    too, with the same key."""
     from cupy.cuda import compiler
 
     from engine.backends.cuda.catalog import FILES

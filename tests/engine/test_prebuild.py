@@ -5,7 +5,6 @@ compile them again), and the workers report, survive a failing program and stop 
 from __future__ import annotations
 
 import threading
-from concurrent import futures
 
 import pytest
 
@@ -163,46 +162,3 @@ def test_a_load_compiles_only_what_its_setting_meets(size):
     # Each attention instance is one setting's or the other's.
     attention = {n for f, n in every if f == "attention.cu"}
     assert {n for f, n in plain | invariant if f == "attention.cu"} == attention
-
-
-def test_the_backend_takes_the_modules_the_threads_made(monkeypatch):
-    """Each program the threads compiled is held for the backend's request, which takes it
-    instead of asking CuPy again (a second read of the disk cache); once a load forgets
-    them, a request makes its own."""
-    config = shape_config("0.8B", "mlx4")
-    specs = shape_tensor_specs(config, "mlx4")
-    mods = catalog_modules(config, specs, "bfloat16", ARCH_CARDS[89], invariant=False)
-    programs = Programs(monkeypatch)
-    proj = Projections(CheckedKernels())
-    jobs = prebuild.jobs(mods, proj.gemv4_compile_defines, extern_kernels)
-    prebuild.Prebuild(jobs, "bfloat16", 0, workers=3).start().wait()
-    assert len(programs.made) == len(jobs)
-    try:
-        ask_like_the_backend(proj, mods)
-        assert len(programs.made) == len(jobs)  # every request took a held module
-    finally:
-        modules.forget_prebuilt()
-    modules.function.__wrapped__("norm.cu", extern_kernels("norm.cu")[0], "bfloat16")
-    assert len(programs.made) == len(jobs) + 1
-
-
-def test_a_cancelled_build_holds_nothing(monkeypatch):
-    programs = Programs(monkeypatch)
-    gate, started = threading.Event(), threading.Event()
-
-    def run(job, dtype, device):
-        started.set()
-        gate.wait(5)
-        return prebuild.compile_job(job, dtype, device)
-
-    job = prebuild.Job("norm.cu")
-    build = prebuild.Prebuild([job], "bfloat16", 0, workers=1, run=run).start()
-    assert started.wait(5)
-    build.cancel()
-    gate.set()
-    build.wait()
-    futures.wait(build._futures, timeout=5)  # the running job ends after the cancel
-    made = len(programs.made)
-    modules.function.__wrapped__("norm.cu", extern_kernels("norm.cu")[0], "bfloat16")
-    assert len(programs.made) == made + 1  # nothing was held for the request
-    modules.forget_prebuilt()

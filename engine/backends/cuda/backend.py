@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.backends.base import Backend, Batch
-from engine.backends.cuda import catalog, modules, nvrtc, prebuild, support
+from engine.backends.cuda import catalog, nvrtc, prebuild, support
 from engine.backends.cuda.attention import Attention, prefill_kernel
 from engine.backends.cuda.deltanet import DeltaNet
 from engine.backends.cuda.frame import Frame
@@ -465,7 +465,6 @@ class CudaBackend(Backend):
                     graphs.warm(batch_size)
                     graphs.capture(batch_size)
         warm_requests(self, model, eager)  # the rest of a first request (warmup.py)
-        modules.forget_prebuilt()  # what warm-up did not take compiles when asked for
         for slot in range(self.state.slots):
             self.reset_slot(slot)
         self.stream.synchronize()
@@ -542,7 +541,6 @@ class CudaBackend(Backend):
         """Free graphs, scratch, workspace, state and weights (unload)."""
         if self.prebuild is not None:
             self.prebuild.cancel()
-        modules.forget_prebuilt()
         self._teardown_graphs()
         self.graphs = None
         self.frame.release_blocks()

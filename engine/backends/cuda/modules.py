@@ -60,43 +60,25 @@ def options(dtype: str, defines: tuple[str, ...] = ()) -> tuple[str, ...]:
     return ("-std=c++17", f"-DACT_KIND={ACT_KINDS[dtype]}", *(f"-D{d}" for d in defines))
 
 
-# Modules a load's compile threads made (prebuild.py), by (file, dtype, name expressions,
-# defines): the backend's first request for one takes it from here, where reading CuPy's
-# disk cache again cost a load about 0.4 s; `forget_prebuilt` drops what no request took.
-_PREBUILT: dict[tuple, Any] = {}
-
-
-def keep_prebuilt(file: str, dtype: str, names: tuple, defines: tuple, raw: Any) -> None:
-    """Hold the compiled RawModule `raw` for the request that will ask for it."""
-    _PREBUILT[(file, dtype, tuple(names), tuple(defines))] = raw  # one step under the GIL
-
-
-def forget_prebuilt() -> None:
-    """Drop the held modules (a load's end: each request has taken its own by then)."""
-    _PREBUILT.clear()
-
-
-def _raw(file: str, dtype: str, names: tuple, defines: tuple = ()) -> Any:
-    """The RawModule of `kernels/<file>` with name expressions `names` (none: its extern "C"
-    kernels) and `defines`: the one the compile threads made, else a new one."""
-    raw = _PREBUILT.get((file, dtype, names, defines))
-    if raw is not None:
-        return raw
-    import cupy
-
-    opts = options(dtype, defines)
-    return cupy.RawModule(code=source(file), options=opts, name_expressions=list(names) or None)
-
-
 @functools.cache
 def function(file: str, symbol: str, dtype: str) -> Any:
     """The compiled kernel `symbol` of `kernels/<file>` for activation dtype `dtype`."""
+    import cupy
+
+    opts = options(dtype)
     _BUILT[0] += 1
-    return _raw(file, dtype, (symbol,) if "<" in symbol else ()).get_function(symbol)
+    if "<" in symbol:
+        module = cupy.RawModule(code=source(file), options=opts, name_expressions=[symbol])
+    else:
+        module = cupy.RawModule(code=source(file), options=opts)
+    return module.get_function(symbol)
 
 
 def module(file: str, dtype: str, names: list[str], defines: tuple[str, ...] = ()) -> Any:
     """One module of `kernels/<file>` holding the template instances `names` (one compile
     for many), with extra `-D` flags `defines`."""
+    import cupy
+
+    opts = options(dtype, defines)
     _BUILT[0] += 1
-    return _raw(file, dtype, tuple(names), tuple(defines))
+    return cupy.RawModule(code=source(file), options=opts, name_expressions=names)

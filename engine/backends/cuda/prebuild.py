@@ -13,15 +13,16 @@ threads as soon as the catalog (catalog.py) is known, before the weights upload:
 programs a load with this setting meets (the 4B's 50; `catalog.modules` with `invariant`).
 NVRTC runs without the GIL, so they compile side by side and beside the upload (188 s of
 compiling in 21 s on 8 threads, when the catalog's superset of 58 compiled); each lands in
-CuPy's disk cache, and the compiled module is held for warm-up's own request
-(`modules.keep_prebuilt`), which takes it instead of reading that cache again. Nothing here
-replaces that request: a program that fails to compile here is compiled again there, where
-its error reaches the caller. With the cache already filled, each job only reads a file.
+CuPy's disk cache and in its memo of the process's modules (one a device, keyed as its disk
+cache is), where warm-up's own request then finds it without reading the disk again.
+Nothing here replaces that request: a program that fails to compile here is compiled again
+there, where its error reaches the caller. With the cache already filled, each job only
+reads a file.
 
-CuPy keys its cache by the source, options, architecture and (sorted) name expressions, so a
-job must ask exactly as the backend will: a `gemv4` module whole with its defines
-(`Projections.gemv4_kernel`), every other template instance alone and each file's extern
-"C" kernels once (`modules.function`); the held modules go by the same key.
+CuPy keys its cache by the source, options, architecture and (sorted) name expressions, and
+its memo by the name expressions in their order, so a job must ask exactly as the backend
+will: a `gemv4` module whole with its defines (`Projections.gemv4_kernel`), every other
+template instance alone and each file's extern "C" kernels once (`modules.function`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
-from engine.backends.cuda.modules import keep_prebuilt, options, source
+from engine.backends.cuda.modules import options, source
 
 MAX_THREADS = 8
 
@@ -67,23 +68,19 @@ def threads() -> int:
     return max(1, min(MAX_THREADS, (os.cpu_count() or 2) - 1))
 
 
-def compile_job(job: Job, dtype: str, device: int) -> Any:
-    """One program compiled (or read from the disk cache) for `device`'s architecture: its
-    CuPy RawModule."""
+def compile_job(job: Job, dtype: str, device: int) -> None:
+    """Compile (or read from the disk cache) one program for `device`'s architecture."""
     import cupy
 
     with cupy.cuda.Device(device):
         names = list(job.names) or None
-        raw = cupy.RawModule(
+        cupy.RawModule(
             code=source(job.file), options=options(dtype, job.defines), name_expressions=names
-        )
-        raw.compile()
-    return raw
+        ).compile()
 
 
 class Prebuild:
-    """`jobs` compiled on `workers` threads from `start` on, each module held for the
-    backend's request (modules.keep_prebuilt); `wait` until they are done."""
+    """`jobs` compiled on `workers` threads from `start` on; `wait` until they are done."""
 
     def __init__(
         self,
@@ -91,14 +88,13 @@ class Prebuild:
         dtype: str,
         device: int,
         workers: int,
-        run: Callable[[Job, str, int], Any] = compile_job,
+        run: Callable[[Job, str, int], None] = compile_job,
     ) -> None:
         self.jobs, self.dtype, self.device, self.workers = jobs, dtype, device, workers
         self._run = run
         self._pool: ThreadPoolExecutor | None = None
         self._futures: list[Future] = []
         self.failed: list[tuple[Job, BaseException]] = []  # compiled again by warm-up
-        self.cancelled = False
 
     def start(self) -> Prebuild:
         if self.jobs and self._pool is None:
@@ -108,12 +104,9 @@ class Prebuild:
 
     def _one(self, job: Job) -> None:
         try:
-            raw = self._run(job, self.dtype, self.device)
+            self._run(job, self.dtype, self.device)
         except Exception as exc:  # warm-up compiles it again and raises there
             self.failed.append((job, exc))  # list.append: one step under the GIL
-            return
-        if raw is not None and not self.cancelled:  # held for the backend's request
-            keep_prebuilt(job.file, self.dtype, job.names, job.defines, raw)
 
     def wait(self, report: Callable[[int, int], None] | None = None) -> None:
         """Block until every job has run, calling `report(done, total)` as they finish."""
@@ -127,9 +120,7 @@ class Prebuild:
         self._pool = None
 
     def cancel(self) -> None:
-        """Drop the jobs not yet started (a failed or released load); running ones finish,
-        holding nothing."""
-        self.cancelled = True
+        """Drop the jobs not yet started (a failed or released load); running ones finish."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

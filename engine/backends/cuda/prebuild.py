@@ -13,11 +13,10 @@ threads as soon as the catalog (catalog.py) is known, before the weights upload:
 programs a load with this setting meets (the 4B's 50; `catalog.modules` with `invariant`).
 NVRTC runs without the GIL, so they compile side by side and beside the upload (188 s of
 compiling in 21 s on 8 threads, when the catalog's superset of 58 compiled); each lands in
-CuPy's disk cache and in its memo of the process's modules (one a device, keyed as its disk
-cache is), where warm-up's own request then finds it without reading the disk again.
-Nothing here replaces that request: a program that fails to compile here is compiled again
-there, where its error reaches the caller. With the cache already filled, each job only
-reads a file.
+CuPy's disk cache and in its memo of the process's modules (one a device), where warm-up's
+own request then finds it without reading the disk again. Nothing here replaces that
+request: a program that fails to compile here is compiled again there, where its error
+reaches the caller. With the cache already filled, each job only reads a file.
 
 CuPy keys its cache by the source, options, architecture and (sorted) name expressions, and
 its memo by the name expressions in their order, so a job must ask exactly as the backend

@@ -156,7 +156,7 @@ class CudaBackend(Backend):
         self.kernels.catalog = catalog.requests(catalog.modules(*args))
         # The programs this load will meet compile on worker threads while the weights
         # upload (prebuild.py); anything else compiles when asked for.
-        meets = catalog.modules(*args, invariant=self.settings.batch_invariant)
+        meets = catalog.modules(*args, invariant=self.projections.invariant)
         jobs = prebuild.jobs(meets, self.projections.gemv4_compile_defines, catalog.extern_kernels)
         device = cupy.cuda.Device().id
         self.prebuild = Prebuild(jobs, self.dtype, device, prebuild.threads()).start()

@@ -1,5 +1,5 @@
 """A long chat's prompt cut to the model's context: its oldest messages left out (the app's
-chat and `snug chat` use it).
+chat, `snug chat` and the server's Ollama API use it).
 
 A conversation longer than the engine's context is refused by the engine ("the conversation
 needs N tokens but the context is M"). A chat goes on instead: the prompt leaves out the
@@ -12,7 +12,8 @@ passes the last prompt's count back) and so reuse its start. The chat on screen 
 message; the reply's stats line says how many were left out.
 
 Only an engine that tokenizes here and says its context (`Engine.context`) is fitted; a
-remote server's prompt goes as it is.
+remote server's prompt goes as it is. The server's Ollama API cuts a chat the same way
+(as Ollama does), only as far as it must.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def fit_prompt(
     thinking: bool | None,
     max_new_tokens: int,
     previous: int = 0,
+    half: bool = True,
 ) -> tuple[Any, int]:
     """The prompt for `messages` (`engine.chat_ids`) and how many messages it leaves out.
 
@@ -35,7 +37,9 @@ def fit_prompt(
     and its cached state stay; else the fewest oldest turns go that bring the prompt to
     half the context, or failing that to the context less the reply's room; where not even
     the last message alone fits, the prompt is that message (with the system prompt), and
-    the engine refuses it by name."""
+    the engine refuses it by name. `half` False: no cut to half the context, only as far as
+    must (a server that keeps nothing of a conversation between its requests, as Ollama's
+    API, gains nothing by leaving out more)."""
     ids = engine.chat_ids(messages, enable_thinking=thinking)
     context = getattr(engine, "context", None)
     if not isinstance(ids, list) or not isinstance(context, int) or context <= 0:
@@ -59,7 +63,7 @@ def fit_prompt(
 
     if previous > 0 and head + previous in cuts and len(prompt(head + previous)) + room <= context:
         return prompt(head + previous), previous
-    for limit in (context // 2, context - room):
+    for limit in (context // 2, context - room) if half else (context - room,):
         if len(prompt(cuts[-1])) > limit:
             continue
         lo, hi = 0, len(cuts) - 1  # the prompt shrinks as the cut moves later

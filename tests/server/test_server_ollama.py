@@ -121,3 +121,34 @@ def test_the_model_list_and_errors(served):
     for path, body in (("/api/chat", {"messages": []}), ("/api/generate", {})):
         r = httpx.post(served.base + path, json={"model": served.model, **body}, headers=headers)
         assert r.json()["done"] is True and r.json()["done_reason"] == "load"
+
+
+def test_a_chat_longer_than_the_context_loses_its_oldest_turns(scripted):
+    """As Ollama does: the oldest turns go (the system prompt and the last message stay),
+    only as many as must; `"truncate": false` refuses the chat instead; `num_predict` past
+    the room left is cut to it."""
+    from tests.server.conftest import CONTEXT
+
+    c = client(scripted)
+    messages = [{"role": "system", "content": "Be brief."}]
+    for n in range(12):
+        messages.append({"role": "user", "content": f"question {n}: " + "hello world " * 30})
+        messages.append({"role": "assistant", "content": f"answer {n}: " + "fine thanks " * 30})
+    messages.append({"role": "user", "content": "the last question"})
+    scripted.scheduler.say("Sure.")
+    reply = c.chat(model=scripted.model, messages=messages, think=False,
+                   options={"num_predict": 4 * CONTEXT})  # fmt: skip
+    assert reply.message.content == "Sure."
+    prompt = scripted.scheduler.last_prompt()
+    assert len(scripted.scheduler.prompts[-1]) < CONTEXT
+    assert prompt.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert "the last question" in prompt and "question 0:" not in prompt
+    kept = [n for n in range(12) if f"question {n}:" in prompt]
+    assert kept == list(range(kept[0], 12))  # the newest turns, whole
+    longer = messages[:1] + messages[1 + 2 * (kept[0] - 1) :]  # one turn more
+    ids = scripted.engine.chat_ids(longer, enable_thinking=False)
+    assert len(ids) + CONTEXT // 4 > CONTEXT  # it would not have fitted: no more went
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": scripted.model, "messages": messages, "stream": False, "truncate": False}
+    r = httpx.post(scripted.base + "/api/chat", json=body, headers=headers)
+    assert r.status_code == 400 and "context" in r.json()["error"]

@@ -36,8 +36,8 @@ def fit_prompt(
     messages left out after the system prompt) is kept while it fits, so the prompt's start
     and its cached state stay; else the fewest oldest turns go that bring the prompt to
     half the context, or failing that to the context less the reply's room; where not even
-    the last message alone fits, the prompt is that message (with the system prompt), and
-    the engine refuses it by name. `half` False: no cut to half the context, only as far as
+    the last turn alone fits (from the last user message on: a tool call's result stays with
+    it), the prompt is that turn (with the system prompt), and the engine refuses it by name. `half` False: no cut to half the context, only as far as
     must (a server that keeps nothing of a conversation between its requests, as Ollama's
     API, gains nothing by leaving out more)."""
     ids = engine.chat_ids(messages, enable_thinking=thinking)
@@ -49,7 +49,7 @@ def fit_prompt(
         return ids, 0
     head = 1 if messages and messages[0].get("role") == "system" else 0
     # Cut points: the start of each user message after the first, so what is kept starts
-    # with the user's; the last one keeps only the last message.
+    # with the user's; the last one keeps only the last turn.
     cuts = [i for i in range(head + 1, len(messages)) if messages[i].get("role") == "user"]
     if not cuts:
         return ids, 0

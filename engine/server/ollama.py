@@ -306,7 +306,7 @@ class OllamaApi:
 
     def _fitted(self, chat: ChatRequest) -> ChatRequest:
         """The chat without its oldest turns where it would not fit the context with room
-        for the reply, as Ollama truncates (its system prompt and last message kept; with
+        for the reply, as Ollama truncates (its system prompt and last turn kept; with
         `truncate` false, a chat too long is refused instead)."""
         s = self.server
         view = _Rendering(s.tokenizer, chat.tools, s.engine.context)

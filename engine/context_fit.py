@@ -37,9 +37,10 @@ def fit_prompt(
     and its cached state stay; else the fewest oldest turns go that bring the prompt to
     half the context, or failing that to the context less the reply's room; where not even
     the last turn alone fits (from the last user message on: a tool call's result stays with
-    it), the prompt is that turn (with the system prompt), and the engine refuses it by name. `half` False: no cut to half the context, only as far as
-    must (a server that keeps nothing of a conversation between its requests, as Ollama's
-    API, gains nothing by leaving out more)."""
+    it), the prompt is that turn (with the system prompt), and the engine refuses it by
+    name. `half` False: no cut to half the context, only as far as must (a server that keeps
+    nothing of a conversation between its requests, as Ollama's API, gains nothing by
+    leaving out more)."""
     ids = engine.chat_ids(messages, enable_thinking=thinking)
     context = getattr(engine, "context", None)
     if not isinstance(ids, list) or not isinstance(context, int) or context <= 0:

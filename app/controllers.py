@@ -42,7 +42,7 @@ class EngineController(QObject):
     held = Signal(object)  # bytes: can exceed a 32-bit int
 
     _do_load = Signal(object)  # LoadRequest
-    _do_generate = Signal(int, list, object, object, object, int)
+    _do_generate = Signal(int, object)  # request id, ReplyRequest
     _do_unload = Signal()
     _do_shutdown = Signal()
 
@@ -106,18 +106,19 @@ class EngineController(QObject):
         params: Any,
         thinking: bool | None,
         left_out: int = 0,
+        partial: str = "",
     ) -> int:
         """Start a reply; returns its request id (tokens/finished/failed carry it).
-        `left_out`: the messages the chat's last prompt left out to fit the context, which
-        this one keeps leaving out while it fits (engine/context_fit.py)."""
+        `left_out` and `partial`: as engine_bridge.ReplyRequest's."""
         self.stop()
         self._next_id += 1
         self._active = self._next_id
         self._cancel = threading.Event()
         self._set_state("generating")
-        self._do_generate.emit(
-            self._active, list(messages), params, thinking, self._cancel, int(left_out)
+        request = engine_bridge.ReplyRequest(
+            list(messages), params, thinking, self._cancel, int(left_out), partial
         )
+        self._do_generate.emit(self._active, request)
         return self._active
 
     def stop(self) -> None:
@@ -188,6 +189,7 @@ class ChatController(QObject):
         self._current: str | None = None
         self._request: int | None = None
         self._reply_chat: str | None = None
+        self._before: dict = {}  # a continued reply's stats before it went on
         engine.tokens.connect(self._on_tokens)
         engine.finished.connect(self._on_finished)
         engine.failed.connect(self._on_failed)
@@ -269,6 +271,38 @@ class ChatController(QObject):
         self._start_reply(chat, params)
         return True
 
+    def can_continue(self) -> bool:
+        """The chat's last reply was cut (the token limit, or stopped) and the model loaded
+        here can go on with it."""
+        chat = self.store.get(self._current or "")
+        if chat is None or not chat.turns or not self.can_send() or self.busy:
+            return False
+        last = chat.turns[-1]
+        cut = last.stats.get("finish_reason") in ("length", "cancelled")
+        local = self.engine.info.get("backend") != "remote"
+        return last.role == "assistant" and bool(last.content) and cut and local
+
+    def continue_reply(self) -> bool:
+        """Go on with the last reply where it was cut: the prompt it answered, then its text
+        so far; what comes is added to it."""
+        if not self.can_continue():
+            return False
+        params = self._params()
+        if params is None:
+            return False
+        chat = self.current
+        turn = chat.turns[-1]
+        messages = chat.messages(self.settings.system_prompt)[:-1]
+        self._before = dict(turn.stats)
+        self._reply_chat = chat.id
+        left_out = self._left_out(chat.turns[:-1])
+        self._request = self.engine.send(
+            messages, params, turn.thinking_enabled, left_out, partial=turn.content
+        )
+        self.notice.emit("Going on… (Esc stops)")
+        self.busy_changed.emit(True)
+        return True
+
     def edit_last(self) -> str | None:
         """Take back the chat's last message to change it: it and what came after (the
         reply, an error) leave the chat, and its text is returned for the composer. None
@@ -308,11 +342,17 @@ class ChatController(QObject):
         self.store.save(chat)
         self.turns_changed.emit(chat.id)
         self._reply_chat = chat.id
-        replies = [t for t in chat.turns[:-1] if t.role == "assistant"]
-        left_out = int(replies[-1].stats.get("left_out", 0)) if replies else 0
+        self._before = {}
+        left_out = self._left_out(chat.turns[:-1])
         self._request = self.engine.send(messages, params, thinking, left_out)
         self.notice.emit("Generating… (Esc stops)")
         self.busy_changed.emit(True)
+
+    @staticmethod
+    def _left_out(turns: list[Turn]) -> int:
+        """The messages the last reply's prompt left out (its stats), 0 with none."""
+        replies = [t for t in turns if t.role == "assistant"]
+        return int(replies[-1].stats.get("left_out", 0)) if replies else 0
 
     def _reply_turn(self, request_id: int) -> tuple[Chat, Turn] | None:
         if request_id != self._request or self._reply_chat is None:
@@ -335,6 +375,8 @@ class ChatController(QObject):
             return
         chat, turn = found
         turn.stats = {k: v for k, v in summary.items() if v is not None}
+        if self._before.get("new_tokens") is not None and "new_tokens" in turn.stats:
+            turn.stats["new_tokens"] += self._before["new_tokens"]  # the whole reply's count
         self._end(chat)
         line = format_stats(turn.stats)
         used = self.context_used(turn.stats)

@@ -21,6 +21,7 @@ class EngineLike(Protocol):
 
     backend_name: str
     decision: Any
+    tokenizer: Any  # `encode(text)`: a reply gone on with (ReplyRequest.partial)
 
     def held_bytes(self) -> int: ...
     def chat_ids(
@@ -28,6 +29,22 @@ class EngineLike(Protocol):
     ) -> list[int]: ...
     def generate(self, prompt_ids: list[int], params: Any, cancel: Any = None) -> Iterator[Any]: ...
     def unload(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    """What the GUI asks the engine thread to answer.
+
+    `left_out`: the messages the chat's last prompt left out to fit the context, which this
+    one keeps leaving out while it fits (engine/context_fit.py). `partial`: a reply to go
+    on with (Continue): the prompt is the one it was answering, then its text so far."""
+
+    messages: list[dict[str, str]]
+    params: Any
+    thinking: bool | None
+    cancel: Any  # threading.Event: set, the reply ends at its next token
+    left_out: int = 0
+    partial: str = ""
 
 
 @dataclass(frozen=True)

@@ -285,6 +285,8 @@ class ChatPanel(QWidget):
         users = [m for m in self._messages if m.property("role") == "user"]
         if users:
             users[-1].edit_button.clicked.connect(self.edit_last)
+        if self._messages and self._messages[-1].property("role") == "assistant":
+            self._messages[-1].continue_button.clicked.connect(self.chats.continue_reply)
         self._update_hint()
         self._scroll_to_end()
 
@@ -334,6 +336,9 @@ class ChatPanel(QWidget):
         users = [m for m in self._messages if m.property("role") == "user"]
         for m in users:
             m.edit_button.setVisible(m is users[-1] and not busy)
+        can_continue = self.chats.can_continue()
+        for m in self._messages:
+            m.continue_button.setVisible(can_continue and m is self._messages[-1])
         self._update_hint()
 
     def message_widgets(self) -> list[MessageWidget]:

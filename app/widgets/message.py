@@ -1,5 +1,5 @@
-"""One chat turn: role, Copy (and Edit) buttons, collapsed thinking, markdown answer, stats
-line."""
+"""One chat turn: role, Copy (and Edit or Continue) buttons, collapsed thinking, markdown
+answer, stats line."""
 
 from __future__ import annotations
 
@@ -90,11 +90,17 @@ class MessageWidget(QFrame):
         self.edit_button.setText("Edit")
         self.edit_button.setToolTip("Change this message and send it again")
         self.edit_button.hide()
+        self.continue_button = QToolButton()  # shown on a cut last reply (ChatPanel)
+        self.continue_button.setObjectName("continueReply")
+        self.continue_button.setText("Continue")
+        self.continue_button.setToolTip("Go on with this reply where it stopped")
+        self.continue_button.hide()
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
         top.addWidget(self.role_label)
         top.addStretch(1)
         top.addWidget(self.edit_button)
+        top.addWidget(self.continue_button)
         top.addWidget(self.copy_button)
         layout.addLayout(top)
 

@@ -19,9 +19,10 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.engine_bridge import EngineLike, Loader, LoadRequest
+from app.engine_bridge import EngineLike, Loader, LoadRequest, ReplyRequest
 from app.state.chat_history import NUMERIC_STATS
 from engine.context_fit import fit_prompt
+from engine.errors import RequestRefused
 
 BATCH_S = 0.03
 CPU_REFUSED = (
@@ -84,25 +85,17 @@ class EngineWorker(QObject):
     def _progress(self, stage: str, fraction: float) -> None:
         self.load_progress.emit(stage, float(fraction))
 
-    @Slot(int, list, object, object, object, int)
-    def generate(
-        self,
-        request_id: int,
-        messages: list,
-        params: Any,
-        thinking: Any,
-        cancel: Any,
-        left_out: int = 0,
-    ) -> None:
+    @Slot(int, object)
+    def generate(self, request_id: int, request: ReplyRequest) -> None:
         if self._engine is None:
             self.failed.emit(request_id, "NoModelLoaded", "Load a model before sending a message.")
             return
         pending: list[str] = []
         last = time.monotonic()
         final: Any = None
+        params, cancel = request.params, request.cancel
         try:
-            most = getattr(params, "max_new_tokens", None) or 1 << 30
-            ids, left_out = fit_prompt(self._engine, messages, thinking, most, left_out)
+            ids, left_out = self._prompt(request)
             for event in self._engine.generate(ids, params, cancel):
                 if event.text:
                     pending.append(event.text)
@@ -127,6 +120,20 @@ class EngineWorker(QObject):
             summary["left_out"] = left_out  # the stats line says so (engine/context_fit.py)
         self.finished.emit(request_id, summary)
         self.held.emit(self._held())
+
+    def _prompt(self, request: ReplyRequest) -> tuple[Any, int]:
+        """The request's prompt, fitted to the context, and the messages it leaves out; a
+        reply gone on with follows as text (`partial`), the room for it kept as well."""
+        engine = self._engine
+        tokenizer = getattr(engine, "tokenizer", None)
+        if request.partial and tokenizer is None:
+            raise RequestRefused("a reply from a remote server cannot be continued here")
+        partial = tokenizer.encode(request.partial) if request.partial else []
+        most = (getattr(request.params, "max_new_tokens", None) or 1 << 30) + len(partial)
+        ids, left_out = fit_prompt(
+            engine, request.messages, request.thinking, most, request.left_out
+        )
+        return (list(ids) + partial if partial else ids), left_out
 
     @Slot()
     def unload(self) -> None:

@@ -27,6 +27,13 @@ REPLY = [
 THINKING_REPLY = ["Let me", " think", ".", "</think>", "\n\n", "The answer", " is", " 42", "."]
 
 
+class Chars:
+    """The fake's tokenizer: an id for every 4 characters, as its chat_ids counts."""
+
+    def encode(self, text: str) -> list[int]:
+        return [7] * (len(text) // 4 + 1)
+
+
 class FakeEngine:
     """Implements the slice of the Engine API the app uses; `delay` is seconds per token."""
 
@@ -48,6 +55,8 @@ class FakeEngine:
         self.context = context  # tokens, where set: the worker fits long chats to it
         self.loaded = True
         self.calls: list[list[dict[str, str]]] = []
+        self.prompts: list[list[int]] = []  # each generate's prompt ids
+        self.tokenizer = Chars()
         self.threads: set[str] = set()
 
     @classmethod
@@ -83,12 +92,17 @@ class FakeEngine:
 
     def generate(self, prompt_ids, params, cancel=None) -> Iterator[TokenEvent]:
         self.threads.add(threading.get_ident())
+        self.prompts.append(list(prompt_ids))
         start = time.monotonic()
         first = None
         n = 0
+        most = getattr(params, "max_new_tokens", None) or len(self.script)
         for i, text in enumerate(self.script):
             if cancel is not None and cancel.is_set():
                 yield self._final(i, "cancelled", prompt_ids, n, start, first)
+                return
+            if n == most:
+                yield self._final(i, "length", prompt_ids, n, start, first)
                 return
             time.sleep(self.delay)
             if self.fail_with is not None and i == len(self.script) // 2:

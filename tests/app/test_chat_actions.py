@@ -165,3 +165,37 @@ def test_the_sidebar_finds_chats_by_title_or_message(qtbot, make_window):
     qtbot.waitUntil(lambda: window.chat.input.hasFocus(), timeout=1000)
     qtbot.keyClick(window.chat.input, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
     qtbot.waitUntil(lambda: sidebar.search.hasFocus(), timeout=1000)  # Ctrl+F
+
+
+def test_a_cut_reply_goes_on_where_it_stopped(qtbot, make_window):
+    """Continue, on a reply cut by the token limit: the prompt it answered, then its text
+    so far, and what comes is added to the same reply."""
+    load = FakeEngine.loader(script=["one ", "two ", "three ", "four "])
+    window = make_window(loader=load)
+    window.ctx.settings.set("sampling/max_new_tokens", 2)
+    _load(qtbot, window)
+    chats, panel = window.ctx.chats, window.chat
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.send("Count for me")
+    reply = panel.message_widgets()[-1]
+    assert chats.current.turns[-1].content == "one two "
+    assert chats.current.turns[-1].stats["finish_reason"] == "length"
+    assert not reply.continue_button.isHidden()
+    assert panel.message_widgets()[0].continue_button.isHidden()  # a message of the user's
+    engine = load.made[-1]
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        qtbot.mouseClick(reply.continue_button, Qt.MouseButton.LeftButton)
+    answered = engine.calls[-1]  # the messages the reply answered, not the reply
+    assert answered[-1] == {"role": "user", "content": "Count for me"}
+    assert all(m["role"] != "assistant" for m in answered)
+    assert engine.prompts[-1] == engine.chat_ids(answered) + engine.tokenizer.encode("one two ")
+    turns = chats.current.turns
+    assert [t.role for t in turns] == ["user", "assistant"]
+    assert turns[-1].content == "one two one two " and turns[-1].stats["new_tokens"] == 4
+    assert "one two one two" in panel.message_widgets()[-1].answer_text()
+    window.ctx.settings.set("sampling/max_new_tokens", 100)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.continue_reply()
+    assert turns[-1].stats["finish_reason"] == "stop"
+    assert panel.message_widgets()[-1].continue_button.isHidden()  # ended: nothing to go on
+    assert not chats.continue_reply()

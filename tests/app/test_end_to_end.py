@@ -150,3 +150,23 @@ def test_a_chat_longer_than_the_context_goes_on(qtbot, make_window, tiny):
     roles = [t.role for t in chats.current.turns]
     assert roles == ["user", "assistant"] * 6  # no error turn, every message kept
     assert chats.current.turns[-1].stats.get("left_out", 0) > 0
+
+
+def test_a_reply_cut_by_the_token_limit_goes_on(qtbot, make_window, tiny):
+    """Continue over the real engine: the prompt the reply answered, then its text so far
+    (re-read by the tokenizer), answered greedily, added to the same reply."""
+    window = make_window()
+    load_tiny(qtbot, window, tiny, max_new_tokens=4)
+    chats = window.ctx.chats
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=20000) as done:
+        assert chats.send("hello")
+    if done.args[1]["finish_reason"] != "length":
+        pytest.skip("the tiny model ended its reply before the limit")
+    first = chats.current.turns[-1].content
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=20000) as more:
+        assert chats.continue_reply()
+    assert more.args[1]["finish_reason"] in ("stop", "length")
+    turns = chats.current.turns
+    assert [t.role for t in turns] == ["user", "assistant"]
+    assert turns[-1].content.startswith(first) and len(turns[-1].content) > len(first)
+    assert turns[-1].stats["new_tokens"] > 4

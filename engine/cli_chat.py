@@ -3,8 +3,9 @@
 The model loads once; each line typed is a message, its reply streams in, and the
 conversation is kept for the next one (its oldest turns left out of the prompt once it
 outgrows the context: engine/context_fit.py). A line ending in a backslash goes on to the
-next. Commands: /reset starts a new conversation, /exit (or Ctrl+D) ends, /help. Ctrl+C
-stops a reply (what it said so far is kept); at the prompt it ends the chat. A request the
+next. Commands: /continue goes on with a reply cut by the token limit or by Ctrl+C, /reset
+starts a new conversation, /exit (or Ctrl+D) ends, /help. Ctrl+C stops a reply (what it
+said so far is kept); at the prompt it ends the chat. A request the
 engine refuses (a message longer than the context, say) is reported, and the conversation
 stays as it was. A reply's thinking shows between "Thinking…" and "…done thinking." (dimmed
 on a terminal). Reads lines from a pipe as well, one message a line.
@@ -23,8 +24,9 @@ from engine.server.reply import ReplySplitter
 
 HELP = (
     "Type a message and press Enter (end a line with \\ to go on to the next).\n"
-    "  /reset   start a new conversation\n"
-    "  /exit    end (or Ctrl+D); Ctrl+C stops a reply\n"
+    "  /continue  go on with a reply cut by the token limit or by Ctrl+C\n"
+    "  /reset     start a new conversation\n"
+    "  /exit      end (or Ctrl+D); Ctrl+C stops a reply\n"
 )
 
 
@@ -42,6 +44,7 @@ def chat(
     notes and stats to `err`."""
     head = [{"role": "system", "content": system}] if system else []
     history, left_out = list(head), 0  # messages the last prompt left out (context_fit)
+    cut = False  # the last reply stopped at the token limit or on Ctrl+C: /continue
     err.write(f"Chatting with {name} ({engine.backend_name}). /help for help.\n")
     while True:
         text = _read_message(stdin, out)
@@ -53,20 +56,33 @@ def chat(
         if text in ("/exit", "/quit", "/bye"):
             return 0
         if text == "/reset":
-            history, left_out = list(head), 0
+            history, left_out, cut = list(head), 0, False
             err.write("(a new conversation)\n")
             continue
         if text in ("/help", "/?"):
             err.write(HELP)
             continue
-        history.append({"role": "user", "content": text})
+        going_on = text == "/continue"
+        if going_on and not cut:
+            err.write("(nothing to continue: the last reply ended by itself)\n")
+            continue
+        if not going_on:
+            history.append({"role": "user", "content": text})
+        asked = history[:-1] if going_on else history
+        partial = history[-1]["content"] if going_on else ""
         try:
-            reply, note, left_out = _reply(engine, history, params, thinking, left_out, out)
+            reply, note, left_out, cut = _reply(
+                engine, asked, params, thinking, left_out, out, partial
+            )
         except RequestRefused as exc:
-            history.pop()  # the conversation stays as it was before this message
+            if not going_on:
+                history.pop()  # the conversation stays as it was before this message
             err.write(f"snug: {exc}\n")
             continue
-        history.append({"role": "assistant", "content": reply})
+        if going_on:
+            history[-1]["content"] += reply
+        else:
+            history.append({"role": "assistant", "content": reply})
         err.write(f"[{note}]\n")
 
 
@@ -100,18 +116,23 @@ def _reply(
     thinking: bool | None,
     previous: int,
     out: TextIO,
-) -> tuple[str, str, int]:
-    """Stream one reply to `out`; its text, a stats line and the messages its prompt left
-    out. Ctrl+C while it streams sets the request's cancel event (the engine ends the reply
-    at its next token)."""
-    ids, left_out = fit_prompt(engine, history, thinking, params.max_new_tokens, previous)
+    partial: str = "",
+) -> tuple[str, str, int, bool]:
+    """Stream one reply to `out` (with `partial`, go on with that reply: the prompt it
+    answered, then its text so far); its text, a stats line, the messages its prompt left
+    out and whether it was cut (the token limit, or Ctrl+C). Ctrl+C while it streams sets
+    the request's cancel event (the engine ends the reply at its next token)."""
+    more = engine.tokenizer.encode(partial) if partial else []
+    most = params.max_new_tokens + len(more)
+    ids, left_out = fit_prompt(engine, history, thinking, most, previous)
+    ids = list(ids) + more
     cancel = threading.Event()
     handler = None
     if threading.current_thread() is threading.main_thread():
         handler = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     parts: list[str] = []
     stats, reason = None, None
-    shown = Shown(out, _opens_thinking(engine, ids))
+    shown = Shown(out, _opens_thinking(engine, ids), resumed=bool(partial))
     try:
         for event in engine.generate(ids, params, cancel):
             if event.text:
@@ -123,7 +144,8 @@ def _reply(
         if handler is not None:
             signal.signal(signal.SIGINT, handler)
         shown.finish()
-    return "".join(parts), _note(stats, reason, left_out, engine.context), left_out
+    note = _note(stats, reason, left_out, engine.context)
+    return "".join(parts), note, left_out, reason in ("length", "cancelled")
 
 
 def _opens_thinking(engine: Any, ids: list[int]) -> bool:
@@ -138,10 +160,15 @@ class Shown:
 
     DIM, PLAIN = "\x1b[2m", "\x1b[0m"
 
-    def __init__(self, out: TextIO, thinking: bool) -> None:
+    def __init__(self, out: TextIO, thinking: bool, resumed: bool = False) -> None:
+        """`thinking`: the reply starts inside a thinking block; `resumed`: it goes on with
+        one already shown (no second "Thinking…")."""
         self.out, self.kind = out, ""
         self.splitter = ReplySplitter(thinking)
         self.tty = bool(getattr(out, "isatty", lambda: False)())
+        if thinking and resumed:
+            self.kind = "reasoning"
+            self.out.write(self.DIM if self.tty else "")
 
     def feed(self, text: str) -> None:
         for piece in self.splitter.feed(text):

@@ -9,6 +9,8 @@ import re
 import signal
 from types import SimpleNamespace
 
+import pytest
+
 from engine.cli import main
 from engine.cli_chat import chat
 from engine.errors import RequestRefused
@@ -133,8 +135,26 @@ def test_thinking_is_set_apart_and_its_tags_left_out():
     assert (
         tty.getvalue() == f"Thinking…\n{Shown.DIM}Still thinking when the limit came{Shown.PLAIN}\n"
     )
+    going_on = io.StringIO()
+    shown = Shown(going_on, thinking=True, resumed=True)  # /continue inside the thinking
+    shown.feed("and more.</think>\n\nDone.")
+    shown.finish()
+    assert going_on.getvalue() == "and more.\n…done thinking.\n\nDone.\n"
     plain = io.StringIO()
     shown = Shown(plain, thinking=False)
     shown.feed("No thinking here.")
     shown.finish()
     assert plain.getvalue() == "No thinking here.\n"
+
+
+def test_continue_goes_on_with_a_cut_reply(tiny_checkpoint, monkeypatch, capsys):
+    model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
+    lines = ["Hello there", "/continue", "/reset", "/continue"]
+    got = run(monkeypatch, capsys, model, lines, "--max-new-tokens", "4", "--context", "512")
+    notes = [line for line in got.err.splitlines() if line.startswith("[")]
+    if "hit the token limit" not in notes[0]:
+        pytest.skip("the tiny model ended its reply before the limit")
+    assert len(notes) == 2  # the reply, and its continuation; no new message between
+    first, second = used(got.err)
+    assert second > first  # the prompt, the reply so far, and more of it
+    assert "nothing to continue" in got.err  # after /reset

@@ -141,7 +141,7 @@ class ChatSidebar(QWidget):
             if self.chats.store.rename(chat_id, title) != title:
                 self.refresh()  # nothing saved, or saved cut short: show what is kept
 
-        QTimer.singleShot(0, save)
+        QTimer.singleShot(0, self, save)  # not after the sidebar is gone
 
 
 class Composer(QPlainTextEdit):

@@ -64,7 +64,7 @@ def chat(
             continue
         going_on = text == "/continue"
         if going_on and not cut:
-            err.write("(nothing to continue: the last reply ended by itself)\n")
+            err.write("(nothing to continue: no reply was cut short)\n")
             continue
         if not going_on:
             history.append({"role": "user", "content": text})

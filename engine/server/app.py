@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -29,6 +30,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from engine.checkpoint.checkpoint import model_name
+from engine.context_fit import fit_prompt
 from engine.errors import SnugError, TemplateError
 from engine.scheduler import QueueFull, Scheduler
 from engine.server.generation import Generation
@@ -241,12 +243,19 @@ class OpenAIServer:
         return self._start(request, ids, req.options, None)
 
     async def _submit(
-        self, request: Request, chat: ChatRequest, where: str, fit: bool = False
+        self,
+        request: Request,
+        chat: ChatRequest,
+        where: str,
+        fit: bool = False,
+        truncate: bool = False,
     ) -> Generation:
         """Render a chat request, ready its grammar, and submit it (`where`: the field a
-        template error names; `fit`: as `_start`)."""
+        template error names; `fit`: as `_start`; `truncate`: a chat too long for the
+        context loses its oldest turns, as Ollama's API does)."""
+        render = self._truncated if truncate else self._render
         try:
-            prompt_text, ids = await run_in_threadpool(self._render, chat)
+            prompt_text, ids = await run_in_threadpool(render, chat)
         except TemplateError as exc:
             raise bad(str(exc), where, "template_error") from exc
         splitter = ReplySplitter(
@@ -392,6 +401,23 @@ class OpenAIServer:
             chat.messages, True, chat.enable_thinking, chat.tools
         )
         return text, self.tokenizer.encode(text)
+
+    def _truncated(self, chat: ChatRequest) -> tuple[str, list[int]]:
+        """The chat's prompt without its oldest turns where it would not fit the context
+        with room for the reply, only as many as must go (engine/context_fit.py; the
+        server keeps nothing of a conversation between requests); each prompt rendered
+        once."""
+        texts: dict[int, str] = {}  # each prompt's text, by its ids
+
+        def chat_ids(messages: list[dict[str, Any]], enable_thinking=None) -> list[int]:
+            text, ids = self._render(replace(chat, messages=messages))
+            texts[id(ids)] = text
+            return ids
+
+        view = SimpleNamespace(context=self.engine.context, chat_ids=chat_ids)
+        most = chat.options.max_tokens or self.engine.context // 4
+        ids, _ = fit_prompt(view, chat.messages, chat.enable_thinking, most, half=False)
+        return texts[id(ids)], ids
 
     def _start(
         self,

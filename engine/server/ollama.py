@@ -15,24 +15,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette.background import BackgroundTask
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from engine import __version__
-from engine.context_fit import fit_prompt
 from engine.errors import SnugError
 from engine.server.generation import Generation
 from engine.server.protocol import (
     ApiError,
-    ChatRequest,
     bad,
     error_of,
     field,
@@ -283,9 +279,8 @@ class OllamaApi:
             else:
                 chat = read_chat(chat_body(body, generate))
                 s._check_model(chat.options.model)
-                if not generate and body.get("truncate", True) is not False:
-                    chat = await run_in_threadpool(self._fitted, chat)
-                gen = await s._submit(request, chat, "messages", fit=True)
+                truncate = not generate and body.get("truncate", True) is not False
+                gen = await s._submit(request, chat, "messages", fit=True, truncate=truncate)
                 stream = chat.options.stream
         except (ApiError, SnugError) as exc:
             return _error(exc)
@@ -304,19 +299,6 @@ class OllamaApi:
             return _error(exc)
         return JSONResponse(reply.final(gen, whole=True))
 
-    def _fitted(self, chat: ChatRequest) -> ChatRequest:
-        """The chat without its oldest turns where it would not fit the context with room
-        for the reply, as Ollama truncates (its system prompt and last turn kept; with
-        `truncate` false, a chat too long is refused instead)."""
-        s = self.server
-        view = _Rendering(s.tokenizer, chat.tools, s.engine.context)
-        most = chat.options.max_tokens or s.engine.context // 4
-        _, left_out = fit_prompt(view, chat.messages, chat.enable_thinking, most, half=False)
-        if not left_out:
-            return chat
-        head = 1 if chat.messages[0].get("role") == "system" else 0
-        return replace(chat, messages=chat.messages[:head] + chat.messages[head + left_out :])
-
     async def _raw(self, request: Request, body: dict[str, Any]) -> tuple[Generation, bool]:
         """generate with `raw`: the prompt as it is, no template (a completion)."""
         s = self.server
@@ -326,19 +308,6 @@ class OllamaApi:
         req = read_completion({**completion, "prompt": field(body, "prompt", "string", "")})
         s._check_model(req.options.model)
         return await s._submit_completion(request, req), req.options.stream
-
-
-@dataclass(frozen=True)
-class _Rendering:
-    """A chat's prompt for any of its messages, with its tools (what context_fit measures)."""
-
-    tokenizer: Any
-    tools: list[dict[str, Any]] | None
-    context: int
-
-    def chat_ids(self, messages: list[dict[str, Any]], enable_thinking: bool | None = None):
-        text = self.tokenizer.apply_chat_template(messages, True, enable_thinking, self.tools)
-        return self.tokenizer.encode(text)
 
 
 # A model stays loaded until the server stops: `expires_at` as Ollama writes "never".

@@ -189,7 +189,7 @@ class ChatController(QObject):
         self._current: str | None = None
         self._request: int | None = None
         self._reply_chat: str | None = None
-        self._before: dict = {}  # a continued reply's stats before it went on
+        self._tokens_before = 0  # a continued reply's tokens before it went on
         engine.tokens.connect(self._on_tokens)
         engine.finished.connect(self._on_finished)
         engine.failed.connect(self._on_failed)
@@ -293,7 +293,7 @@ class ChatController(QObject):
         chat = self.current
         turn = chat.turns[-1]
         messages = chat.messages(self.settings.system_prompt)[:-1]
-        self._before = dict(turn.stats)
+        self._tokens_before = int(turn.stats.get("new_tokens") or 0)
         self._reply_chat = chat.id
         left_out = self._left_out(chat.turns[:-1])
         self._request = self.engine.send(
@@ -342,7 +342,7 @@ class ChatController(QObject):
         self.store.save(chat)
         self.turns_changed.emit(chat.id)
         self._reply_chat = chat.id
-        self._before = {}
+        self._tokens_before = 0
         left_out = self._left_out(chat.turns[:-1])
         self._request = self.engine.send(messages, params, thinking, left_out)
         self.notice.emit("Generating… (Esc stops)")
@@ -375,8 +375,8 @@ class ChatController(QObject):
             return
         chat, turn = found
         turn.stats = {k: v for k, v in summary.items() if v is not None}
-        if self._before.get("new_tokens") is not None and "new_tokens" in turn.stats:
-            turn.stats["new_tokens"] += self._before["new_tokens"]  # the whole reply's count
+        if "new_tokens" in turn.stats:
+            turn.stats["new_tokens"] += self._tokens_before  # the whole reply's count
         self._end(chat)
         line = format_stats(turn.stats)
         used = self.context_used(turn.stats)

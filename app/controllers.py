@@ -12,6 +12,7 @@ worker or the engine. EngineController and DownloadManager start their worker's 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal
@@ -22,6 +23,7 @@ from app.state.chat_history import Chat, ChatStore, Turn
 from app.state.settings import AppSettings
 from app.workers.downloader import DownloadWorker
 from app.workers.engine_worker import EngineWorker
+from engine.attachments import Attachment
 from engine.errors import SnugError
 
 
@@ -243,9 +245,11 @@ class ChatController(QObject):
             self._current = None
             self.select(chats[0].id if chats else self.store.create().id)
 
-    def send(self, text: str) -> bool:
+    def send(self, text: str, attachments: Sequence[Attachment] = ()) -> bool:
+        """Ask for a reply to `text` (and the files attached, which the model reads first:
+        engine/attachments.py); False, with the chat as it was, where nothing was sent."""
         text = text.strip()
-        if not text:
+        if not text and not attachments:
             return False
         if not self.can_send():
             self.notice.emit("Load a model first (Models tab, then Load).")
@@ -254,7 +258,7 @@ class ChatController(QObject):
         if params is None:
             return False
         chat = self.current
-        chat.turns.append(Turn("user", text))
+        chat.turns.append(Turn("user", text, attachments=list(attachments)))
         self._start_reply(chat, params)
         return True
 
@@ -303,22 +307,23 @@ class ChatController(QObject):
         self.busy_changed.emit(True)
         return True
 
-    def edit_last(self) -> str | None:
+    def edit_last(self) -> Turn | None:
         """Take back the chat's last message to change it: it and what came after (the
-        reply, an error) leave the chat, and its text is returned for the composer. None
-        while a reply is generating or where the chat has no message of the user's."""
+        reply, an error) leave the chat, and it is returned for the composer (its text and
+        files). None while a reply is generating or where the chat has no message of the
+        user's."""
         chat = self.store.get(self._current or "")
         if self.busy or chat is None:
             return None
         last = max((i for i, t in enumerate(chat.turns) if t.role == "user"), default=None)
         if last is None:
             return None
-        text = chat.turns[last].content
+        turn = chat.turns[last]
         del chat.turns[last:]
         self.store.save(chat)
         self.turns_changed.emit(chat.id)
         self.notice.emit("")
-        return text
+        return turn
 
     def stop(self) -> None:
         self.engine.stop()

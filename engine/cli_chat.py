@@ -3,7 +3,8 @@
 The model loads once; each line typed is a message, its reply streams in, and the
 conversation is kept for the next one (its oldest turns left out of the prompt once it
 outgrows the context: engine/context_fit.py). A line ending in a backslash goes on to the
-next. Commands: /continue goes on with a reply cut by the token limit or by Ctrl+C, /reset
+next. Commands: /continue goes on with a reply cut by the token limit or by Ctrl+C, /attach
+FILE puts a text file or a PDF before the next message (engine/attachments.py), /reset
 starts a new conversation, /exit (or Ctrl+D) ends, /help. Ctrl+C stops a reply (what it
 said so far is kept); at the prompt it ends the chat. A request the
 engine refuses (a message longer than the context, say) is reported, and the conversation
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 from typing import Any, TextIO
 
+from engine.attachments import Attachment, AttachmentRefused, compose, read_attachment
 from engine.constraint import opens_thinking
 from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
@@ -25,6 +28,7 @@ from engine.server.reply import ReplySplitter
 HELP = (
     "Type a message and press Enter (end a line with \\ to go on to the next).\n"
     "  /continue  go on with a reply cut by the token limit or by Ctrl+C\n"
+    "  /attach F  give the model file F (text or PDF) with the next message\n"
     "  /reset     start a new conversation\n"
     "  /exit      end (or Ctrl+D); Ctrl+C stops a reply\n"
 )
@@ -45,6 +49,7 @@ def chat(
     head = [{"role": "system", "content": system}] if system else []
     history, left_out = list(head), 0  # messages the last prompt left out (context_fit)
     cut = False  # the last reply stopped at the token limit or on Ctrl+C: /continue
+    files: list[Attachment] = []  # attached for the next message
     err.write(f"Chatting with {name} ({engine.backend_name}). /help for help.\n")
     while True:
         text = _read_message(stdin, out)
@@ -55,8 +60,11 @@ def chat(
             continue
         if text in ("/exit", "/quit", "/bye"):
             return 0
+        if text == "/attach" or text.startswith("/attach "):
+            _attach(text[len("/attach") :].strip(), files, err)
+            continue
         if text == "/reset":
-            history, left_out, cut = list(head), 0, False
+            history, left_out, cut, files = list(head), 0, False, []
             err.write("(a new conversation)\n")
             continue
         if text in ("/help", "/?"):
@@ -67,7 +75,7 @@ def chat(
             err.write("(nothing to continue: no reply was cut short)\n")
             continue
         if not going_on:
-            history.append({"role": "user", "content": text})
+            history.append({"role": "user", "content": compose(text, files)})
         asked = history[:-1] if going_on else history
         partial = history[-1]["content"] if going_on else ""
         try:
@@ -83,7 +91,23 @@ def chat(
             history[-1]["content"] += reply
         else:
             history.append({"role": "assistant", "content": reply})
+            files = []  # they went with this message (a refused one keeps them)
         err.write(f"[{note}]\n")
+
+
+def _attach(arg: str, files: list[Attachment], err: TextIO) -> None:
+    """/attach FILE: the file read into `files` (or why it was not)."""
+    path = arg.strip("'\"")
+    if not path:
+        err.write("(usage: /attach FILE; a text file or a PDF, read with your next message)\n")
+        return
+    try:
+        files.append(read_attachment(Path(path).expanduser()))
+    except AttachmentRefused as exc:
+        err.write(f"snug: {exc}\n")
+        return
+    names = ", ".join(f.summary() for f in files)
+    err.write(f"(attached: {names}; they go with your next message)\n")
 
 
 def _read_message(stdin: TextIO, out: TextIO) -> str | None:

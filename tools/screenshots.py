@@ -1,5 +1,6 @@
 """Save screenshots of the app: the first-run view, the library's fit badges on a simulated
-4 GiB card and on a machine without a GPU, the main window, the load panel, a chat mid-stream.
+4 GiB card and on a machine without a GPU, the main window, the load panel, a chat mid-stream,
+a message with files attached.
 
     xvfb-run -a -s "-screen 0 1280x800x24" python tools/screenshots.py    # demo data
     xvfb-run -a python tools/screenshots.py --model-dir DIR   # chat with a real checkpoint
@@ -24,6 +25,7 @@ from app.engine_bridge import LoadRequest
 from app.main import make_app
 from app.main_window import MainWindow
 from engine.memory.speed import REFERENCE_CARDS
+from engine.testing.documents import text_pdf
 
 GIB = 1 << 30
 
@@ -187,6 +189,22 @@ def main() -> int:
     save(window, out / "chat_streaming.png")
     ctx.chats.stop()
     pump(1.0, until=lambda: not ctx.chats.busy)
+
+    # 4. Files attached: a sent message with two, and one waiting in the tray.
+    notes = base / "meeting-notes.md"
+    notes.write_text("# Launch\n- ship the 4 GiB build\n- test on a GTX 1650\n", encoding="utf-8")
+    (base / "budget.pdf").write_bytes(text_pdf(["Q3 GPU budget: 2 laptops, 1 desktop"]))
+    (base / "todo.txt").write_text("book the demo room\n", encoding="utf-8")
+    ctx.chats.new_chat()
+    window.chat.tray.add([str(notes), str(base / "budget.pdf")])
+    pump(5, until=lambda: len(window.chat.tray.files) == 2)
+    window.chat.input.setPlainText("What is left to do before the launch?")
+    window.chat.send()
+    pump(60, until=lambda: not ctx.chats.busy)
+    window.chat.tray.add([str(base / "todo.txt")])
+    pump(5, until=lambda: len(window.chat.tray.files) == 1)
+    pump(0.5)
+    save(window, out / "chat_attachments.png")
 
     window.close()
     for path in sorted(out.glob("*.png")):

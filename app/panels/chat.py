@@ -5,8 +5,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from PySide6.QtCore import QStandardPaths, Qt, QTimer, Signal
-from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut, QTextCursor
+from PySide6.QtCore import QMimeData, QStandardPaths, Qt, QTimer, Signal
+from PySide6.QtGui import (
+    QDragEnterEvent,
+    QDropEvent,
+    QKeyEvent,
+    QKeySequence,
+    QShortcut,
+    QTextCursor,
+)
 from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
@@ -25,6 +32,7 @@ from PySide6.QtWidgets import (
 
 from app.controllers import ChatController
 from app.state.chat_history import Chat
+from app.widgets.attachment_tray import AttachmentTray, local_files
 from app.widgets.message import MessageWidget
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
@@ -32,7 +40,11 @@ DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 
 def matches(chat: Chat, query: str) -> bool:
     """Whether the chat's title or one of its messages holds `query` (casefolded)."""
-    return query in chat.title.casefold() or any(query in t.content.casefold() for t in chat.turns)
+    if query in chat.title.casefold():
+        return True
+    return any(query in t.content.casefold() for t in chat.turns) or any(
+        query in a.name.casefold() for t in chat.turns for a in t.attachments
+    )
 
 
 class ChatSidebar(QWidget):
@@ -145,10 +157,22 @@ class ChatSidebar(QWidget):
 
 
 class Composer(QPlainTextEdit):
-    """Message box: Enter sends, Shift+Enter adds a line, Ctrl+Enter regenerates."""
+    """Message box: Enter sends, Shift+Enter adds a line, Ctrl+Enter regenerates. Files
+    dropped or pasted on it are attached (`files_given`), not typed in as their paths."""
 
     submit = Signal()
     regenerate = Signal()
+    files_given = Signal(list)
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # noqa: N802 (Qt override)
+        return bool(local_files(source)) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # noqa: N802 (Qt override)
+        files = local_files(source)
+        if files:
+            self.files_given.emit(files)
+        else:
+            super().insertFromMimeData(source)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt override)
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
@@ -210,8 +234,19 @@ class ChatPanel(QWidget):
         self.thinking.setChecked(chats.settings.thinking)
         self.thinking.toggled.connect(lambda on: chats.settings.set("chat/thinking", on))
         chats.settings.changed.connect(self._setting_changed)
+        self.attach_button = QPushButton("Attach…")
+        self.attach_button.setObjectName("attachFiles")
+        self.attach_button.setToolTip(
+            "Attach text files or PDFs: the model reads them with your message "
+            "(or drop files on the chat)"
+        )
+        self.attach_button.clicked.connect(self.choose_files)
+        status_row.addWidget(self.attach_button)
         status_row.addWidget(self.thinking)
         bl.addLayout(status_row)
+        self.tray = AttachmentTray()
+        self.tray.read_done.connect(self._files_read)
+        bl.addWidget(self.tray)
         row = QHBoxLayout()
         row.setSpacing(8)
         self.input = Composer()
@@ -220,6 +255,7 @@ class ChatPanel(QWidget):
         self.input.setFixedHeight(72)
         self.input.submit.connect(self.send)
         self.input.regenerate.connect(chats.regenerate)
+        self.input.files_given.connect(self.tray.add)
         row.addWidget(self.input, 1)
         buttons = QVBoxLayout()
         buttons.setSpacing(6)
@@ -248,22 +284,54 @@ class ChatPanel(QWidget):
         chats.notice.connect(self.status.setText)
         chats.store.chat_updated.connect(self._title_changed)
         chats.engine.state_changed.connect(lambda _s: self._busy(chats.busy))
+        self.setAcceptDrops(True)
         self.rebuild()
         self._busy(False)
 
     # -- actions
     def send(self) -> None:
-        if self.chats.send(self.input.toPlainText()):
+        if self.tray.reading:
+            self.status.setText("Still reading the attached files…")
+            return
+        if self.chats.send(self.input.toPlainText(), self.tray.files):
             self.input.clear()
+            self.tray.clear()
+
+    def choose_files(self) -> None:
+        start = QStandardPaths.writableLocation(DOCUMENTS) or str(Path.home())
+        paths, _ = QFileDialog.getOpenFileNames(
+            self,
+            "Attach files",
+            start,
+            "Text and PDF (*.txt *.md *.py *.json *.csv *.log *.pdf);;All files (*)",
+        )
+        self.tray.add(paths)
+
+    def _files_read(self, refused: list) -> None:
+        if refused:
+            self.status.setText("Not attached: " + "; ".join(refused))
+        elif self.tray.files:
+            self.status.setText("")
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt override)
+        if local_files(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 (Qt override)
+        files = local_files(event.mimeData())
+        if files:
+            event.acceptProposedAction()
+            self.tray.add(files)
 
     def edit_last(self) -> None:
         """The last message back in the composer, out of the chat (a draft already there
         stays, after it)."""
-        text = self.chats.edit_last()
-        if text is None:
+        turn = self.chats.edit_last()
+        if turn is None:
             return
         draft = self.input.toPlainText().strip()
-        self.input.setPlainText(text + (f"\n\n{draft}" if draft else ""))
+        self.input.setPlainText(turn.content + (f"\n\n{draft}" if draft else ""))
+        self.tray.put(turn.attachments)
         self.input.setFocus()
         self.input.moveCursor(QTextCursor.MoveOperation.End)
 

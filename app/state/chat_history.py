@@ -21,6 +21,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QStandardPaths, Signal
 
 from app.thinking import split_reply
+from engine.attachments import Attachment, compose
 
 log = logging.getLogger(__name__)
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -44,10 +45,16 @@ class Turn:
     content: str
     thinking_enabled: bool = False
     stats: dict = field(default_factory=dict)
+    attachments: list[Attachment] = field(default_factory=list)  # a user's files
+
+    @property
+    def prompt(self) -> str:
+        """What the model reads of the turn: its attached files, then its text."""
+        return compose(self.content, self.attachments)
 
     @classmethod
     def from_dict(cls, raw: object, where: str) -> Turn:
-        raw = _object(raw, where, ("role", "content", "thinking_enabled", "stats"))
+        raw = _object(raw, where, ("role", "content", "thinking_enabled", "stats", "attachments"))
         role = _text(raw.get("role"), f"{where}.role")
         if role not in ROLES:
             raise ChatFileError(f"{where}.role is {_short(role)}, not one of {', '.join(ROLES)}")
@@ -59,6 +66,7 @@ class Turn:
             content=_text(raw.get("content"), f"{where}.content"),
             thinking_enabled=thinking,
             stats=_stats(raw.get("stats", {}), f"{where}.stats"),
+            attachments=_attachments(raw.get("attachments", []), f"{where}.attachments"),
         )
 
 
@@ -102,7 +110,7 @@ class Chat:
         out = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
         for turn in self.turns:
             if turn.role in ("user", "assistant"):
-                out.append({"role": turn.role, "content": turn.content})
+                out.append({"role": turn.role, "content": turn.prompt})
         return out
 
     def markdown(self) -> str:
@@ -120,7 +128,7 @@ class Chat:
                 parts.append(split.answer)
             else:
                 parts.append("**You**" if turn.role == "user" else "**Engine error**")
-                parts.append(turn.content)
+                parts.append(turn.prompt)
         return "\n\n".join(parts) + "\n"
 
 
@@ -185,6 +193,17 @@ def _stats(raw: object, where: str) -> dict:
             out[key] = value
         else:
             out[key] = _text(value, name)
+    return out
+
+
+def _attachments(raw: object, where: str) -> list[Attachment]:
+    if not isinstance(raw, list):
+        raise ChatFileError(f"{where} is {_short(raw)}, not a list")
+    out = []
+    for i, item in enumerate(raw):
+        item = _object(item, f"{where}[{i}]", ("name", "text"))
+        name = _text(item.get("name"), f"{where}[{i}].name")
+        out.append(Attachment(name, _text(item.get("text"), f"{where}[{i}].text")))
     return out
 
 
@@ -274,7 +293,7 @@ class ChatStore(QObject):
     def save(self, chat: Chat) -> None:
         chat.updated = time.time()
         if chat.title == "New chat":
-            first = next((t.content for t in chat.turns if t.role == "user"), "")
+            first = next((_named(t) for t in chat.turns if t.role == "user"), "")
             if first.strip():
                 chat.title = _title(first, 40)
         self._write(chat)
@@ -302,6 +321,11 @@ class ChatStore(QObject):
 
 
 TITLE_MAX = 80  # characters of a title given by hand
+
+
+def _named(turn: Turn) -> str:
+    """A user turn's text, or its files' names where it has none (a chat's first title)."""
+    return turn.content or ", ".join(a.name for a in turn.attachments)
 
 
 def _title(text: str, limit: int) -> str:

@@ -1,5 +1,5 @@
-"""One chat turn: role, Copy (and Edit or Continue) buttons, collapsed thinking, markdown
-answer, stats line."""
+"""One chat turn: role, Copy (and Edit or Continue) buttons, the files it attached,
+collapsed thinking, markdown answer, stats line."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from PySide6.QtWidgets import (
 from app.controllers import format_stats
 from app.state.chat_history import Turn
 from app.thinking import split_reply
+from app.widgets.attachment_tray import preview
+from engine.attachments import compose
 
 
 class AutoHeightBrowser(QTextBrowser):
@@ -103,6 +105,15 @@ class MessageWidget(QFrame):
         top.addWidget(self.continue_button)
         top.addWidget(self.copy_button)
         layout.addLayout(top)
+        self._attachments = list(turn.attachments)
+        self.attachments_label = QLabel(
+            "Attached: " + " · ".join(a.summary() for a in self._attachments)
+        )
+        self.attachments_label.setObjectName("attachmentsLabel")
+        self.attachments_label.setWordWrap(True)
+        self.attachments_label.setToolTip("\n\n".join(preview(a, 6) for a in self._attachments))
+        self.attachments_label.setVisible(bool(self._attachments))
+        layout.addWidget(self.attachments_label)
 
         self.think_toggle = QToolButton()
         self.think_toggle.setObjectName("thinkToggle")
@@ -130,8 +141,9 @@ class MessageWidget(QFrame):
 
     def update_text(self, text: str, done: bool = False) -> None:
         if self._role != "assistant":
-            self._source = text
+            self._source = compose(text, self._attachments)  # Copy: what the model read
             self.answer_view.set_markdown(text)
+            self.answer_view.setVisible(bool(text))  # a message of files alone
             return
         split = split_reply(text, self._thinking_enabled)
         self._source = split.answer

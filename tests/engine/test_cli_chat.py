@@ -158,3 +158,48 @@ def test_continue_goes_on_with_a_cut_reply(tiny_checkpoint, monkeypatch, capsys)
     first, second = used(got.err)
     assert second > first  # the prompt, the reply so far, and more of it
     assert "nothing to continue" in got.err  # after /reset
+
+
+def test_an_attached_file_goes_before_the_next_message(
+    tiny_checkpoint, monkeypatch, capsys, tmp_path
+):
+    model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
+    (tmp_path / "notes.txt").write_text("alpha\nbeta\n", encoding="utf-8")
+    (tmp_path / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    flags = ("--max-new-tokens", "4", "--context", "512")
+    lines = [f"/attach {tmp_path / 'photo.png'}", f"/attach {tmp_path / 'notes.txt'}", "Hi"]
+    got = run(monkeypatch, capsys, model, lines, *flags)
+    assert "snug: photo.png is a PNG image, not text" in got.err
+    assert "(attached: notes.txt, 2 lines; they go with your next message)" in got.err
+    # the same message typed out (a backslash goes on to the next line) reads the same prompt
+    typed = ["File: notes.txt\\", "```\\", "alpha\\", "beta\\", "```\\", "\\", "Hi"]
+    alone = run(monkeypatch, capsys, model, typed, *flags)
+    assert used(got.err) == used(alone.err) and len(used(got.err)) == 1
+    bare = run(monkeypatch, capsys, model, ["Hi"], *flags)
+    assert used(bare.err)[0] < used(got.err)[0]
+
+
+def test_a_refused_message_keeps_its_files_for_the_next(tmp_path):
+    class Counting(Ticking):
+        def __init__(self):
+            self.asked = []  # each prompt's last message
+
+        def chat_ids(self, messages, enable_thinking=None):
+            self.asked.append(messages[-1]["content"])
+            if len(self.asked) == 1:
+                raise RequestRefused("the conversation needs 9,999 tokens")
+            return [0] * 4
+
+        def generate(self, ids, params, cancel=None):
+            stats = SimpleNamespace(new_tokens=1, decode_tok_s=1.0, ttft_s=0.0, prompt_tokens=4)
+            yield SimpleNamespace(text="ok", finished=True, finish_reason="stop", stats=stats)
+
+    (tmp_path / "a.txt").write_text("apple", encoding="utf-8")
+    stdin = io.StringIO(f"/attach {tmp_path / 'a.txt'}\nfirst\nsecond\nthird\n")
+    err = io.StringIO()
+    engine = Counting()
+    chat(engine, "fake", SimpleNamespace(max_new_tokens=8), None, None, stdin, io.StringIO(), err)
+    assert "snug: the conversation needs" in err.getvalue()
+    file = "File: a.txt\n```\napple\n```\n\n"
+    assert engine.asked[:2] == [file + "first", file + "second"]  # the refusal kept them
+    assert engine.asked[2:] == ["third"]  # they went with the message the engine took

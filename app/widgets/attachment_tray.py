@@ -1,0 +1,137 @@
+"""The files waiting to go with the next message: read on a thread, shown as chips above the
+composer, each with a button that takes it off."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from PySide6.QtCore import QMimeData, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QWidget
+
+from engine.attachments import Attachment, AttachmentRefused, read_attachment
+
+MAX_FILES = 20  # a message's files at most: past that, a folder's worth went in by mistake
+
+
+def local_files(mime: QMimeData) -> list[str]:
+    """The local files a drop or a paste carries (none for text or remote links)."""
+    if not mime.hasUrls():
+        return []
+    return [u.toLocalFile() for u in mime.urls() if u.isLocalFile() and u.toLocalFile()]
+
+
+class AttachmentTray(QWidget):
+    """The pending files. `add(paths)` reads them on a thread (a PDF can take seconds);
+    `read_done` reports what it refused, one line a file; `take()` hands the files to a
+    message and empties the tray."""
+
+    changed = Signal()
+    read_done = Signal(list)  # the refusals' messages (empty: every file was taken)
+    _files_read = Signal(int, list, list)  # generation, attachments, refusals (from the thread)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("attachmentTray")
+        self._files: list[Attachment] = []
+        self._reading = 0  # readers not yet back
+        self._generation = 0  # bumped by take() and clear(): files read for a sent message drop
+        self._layout = QHBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(6)
+        self._layout.addStretch(1)
+        self._files_read.connect(self._arrived)
+        self.hide()
+
+    @property
+    def files(self) -> list[Attachment]:
+        return list(self._files)
+
+    @property
+    def reading(self) -> bool:
+        return self._reading > 0
+
+    def add(self, paths: Sequence[str]) -> None:
+        """Read `paths` on a thread and add the files that check out (in order)."""
+        paths = [p for p in paths if p]
+        if not paths:
+            return
+        self._reading += 1
+        generation, room = self._generation, MAX_FILES - len(self._files)
+
+        def read() -> None:
+            got, refused = [], []
+            for path in paths:
+                if len(got) >= room:
+                    refused.append(f"{Path(path).name}: a message takes {MAX_FILES} files at most")
+                    continue
+                try:
+                    got.append(read_attachment(path))
+                except AttachmentRefused as exc:
+                    refused.append(str(exc))
+            try:
+                self._files_read.emit(generation, got, refused)
+            except RuntimeError:  # the window closed while the files were read
+                pass
+
+        threading.Thread(target=read, name="snug-attach", daemon=True).start()
+
+    def put(self, attachments: Sequence[Attachment]) -> None:
+        """Files already read (an edited message's) back in the tray."""
+        self._files.extend(attachments)
+        self._redraw()
+
+    def take(self) -> list[Attachment]:
+        files, self._files = self._files, []
+        self._generation += 1
+        self._redraw()
+        return files
+
+    def clear(self) -> None:
+        self.take()
+
+    def remove(self, index: int) -> None:
+        if 0 <= index < len(self._files):
+            del self._files[index]
+            self._redraw()
+
+    def _arrived(self, generation: int, got: list, refused: list) -> None:
+        self._reading -= 1
+        if generation == self._generation:
+            self._files.extend(got)
+            self._redraw()
+        self.read_done.emit(refused)
+
+    def _redraw(self) -> None:
+        while self._layout.count() > 1:  # the chips; the stretch at the end stays
+            chip = self._layout.takeAt(0).widget()
+            if chip is not None:
+                chip.hide()  # gone from view now; deleted when the event loop comes round
+                chip.deleteLater()
+        for i, attachment in enumerate(self._files):
+            chip = QWidget()
+            chip.setObjectName("attachmentChip")
+            row = QHBoxLayout(chip)
+            row.setContentsMargins(8, 2, 2, 2)
+            row.setSpacing(2)
+            label = QLabel(attachment.summary())
+            label.setToolTip(preview(attachment))
+            drop = QToolButton()
+            drop.setObjectName("removeAttachment")
+            drop.setText("×")
+            drop.setToolTip(f"Take {attachment.name} off this message")
+            drop.clicked.connect(lambda _=False, i=i: self.remove(i))
+            row.addWidget(label)
+            row.addWidget(drop)
+            self._layout.insertWidget(i, chip)
+        self.setVisible(bool(self._files))
+        self.changed.emit()
+
+
+def preview(attachment: Attachment, lines: int = 12) -> str:
+    """The file's first lines, for a tooltip."""
+    head = attachment.text.split("\n", lines)
+    more = len(head) > lines
+    text = "\n".join(head[:lines])[:1200]
+    return text + ("\n…" if more else "")

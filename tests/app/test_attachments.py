@@ -1,0 +1,136 @@
+"""Files attached to a message in the app: chosen, dropped or pasted on the composer, read on
+a thread, sent before the message's text, kept with the chat, refused by name."""
+
+from __future__ import annotations
+
+import json
+
+from fake_engine import FakeEngine
+from PySide6.QtCore import QMimeData, Qt, QUrl
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QLabel, QWidget
+
+from app.engine_bridge import LoadRequest
+from engine.testing.documents import text_pdf
+
+
+def _load(qtbot, window):
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+
+
+def _files(*paths) -> QMimeData:
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+    return mime
+
+
+def chips(panel) -> list[str]:
+    """The files the tray shows (chips still on screen)."""
+    shown = panel.tray.findChildren(QWidget, "attachmentChip")
+    return [c.findChild(QLabel).text() for c in shown if c.isVisibleTo(panel)]
+
+
+def _attach(qtbot, panel, *paths):
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000) as done:
+        panel.tray.add([str(p) for p in paths])
+    return done.args[0]
+
+
+def test_files_go_before_the_message_and_stay_with_the_chat(qtbot, make_window, tmp_path):
+    (tmp_path / "notes.md").write_text("buy milk\ncall Ann\n", encoding="utf-8")
+    (tmp_path / "report.pdf").write_bytes(text_pdf(["Quarterly totals: 42"]))
+    loader = FakeEngine.loader()
+    window = make_window(loader=loader)
+    _load(qtbot, window)
+    panel, chats = window.chat, window.ctx.chats
+    assert _attach(qtbot, panel, tmp_path / "notes.md", tmp_path / "report.pdf") == []
+    assert [a.name for a in panel.tray.files] == ["notes.md", "report.pdf"]
+    assert chips(panel) == ["notes.md, 2 lines", "report.pdf, 1 line"]
+    panel.input.setPlainText("What should I do first?")
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        panel.send()
+    assert panel.tray.files == [] and panel.tray.isHidden() and panel.input.toPlainText() == ""
+    assert chips(panel) == []
+    asked = loader.made[-1].calls[-1][-1]["content"]
+    assert asked == (
+        "File: notes.md\n```markdown\nbuy milk\ncall Ann\n```\n\n"
+        "File: report.pdf\n```\nQuarterly totals: 42\n```\n\n"
+        "What should I do first?"
+    )
+    question = window.chat.message_widgets()[-2]
+    label = question.attachments_label
+    assert not label.isHidden() and "notes.md, 2 lines" in label.text()
+    assert "report.pdf, 1 line" in label.text() and "buy milk" in label.toolTip()
+    qtbot.mouseClick(question.copy_button, Qt.MouseButton.LeftButton)
+    assert QGuiApplication.clipboard().text() == asked  # Copy gives what the model read
+    saved = json.loads(chats.store.path(chats.current.id).read_text(encoding="utf-8"))
+    first = saved["turns"][0]
+    assert first["content"] == "What should I do first?"
+    assert [a["name"] for a in first["attachments"]] == ["notes.md", "report.pdf"]
+    assert "Quarterly totals: 42" in chats.current.markdown()
+    window.sidebar.search.setText("REPORT.PDF")  # found by a file's name
+    assert window.sidebar.list.count() == 1
+    window.close()
+    again = make_window(loader=FakeEngine.loader())
+    shown = again.chat.message_widgets()[0]
+    assert "notes.md, 2 lines" in shown.attachments_label.text()
+
+
+def test_a_file_dropped_or_pasted_on_the_composer_is_attached_not_typed(
+    qtbot, make_window, tmp_path
+):
+    path = tmp_path / "main.py"
+    path.write_text("print('hi')\n", encoding="utf-8")
+    window = make_window(loader=FakeEngine.loader())
+    panel = window.chat
+    panel.input.setPlainText("draft")
+    assert panel.input.canInsertFromMimeData(_files(path))
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
+        panel.input.insertFromMimeData(_files(path))
+    assert panel.input.toPlainText() == "draft"
+    assert [a.name for a in panel.tray.files] == ["main.py"]
+    text = QMimeData()
+    text.setText("plain words")
+    panel.input.insertFromMimeData(text)  # text still pastes as text
+    assert "plain words" in panel.input.toPlainText()
+    assert chips(panel) == ["main.py, 1 line"]
+    (tmp_path / "b.txt").write_text("two\nlines", encoding="utf-8")
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
+        panel.input.insertFromMimeData(_files(tmp_path / "b.txt"))
+    panel.tray.remove(0)
+    assert chips(panel) == ["b.txt, 2 lines"]  # at once, not when the event loop comes round
+    panel.tray.remove(0)
+    assert panel.tray.files == [] and panel.tray.isHidden() and chips(panel) == []
+
+
+def test_a_file_the_model_cannot_read_is_refused_by_name(qtbot, make_window, tmp_path):
+    (tmp_path / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    (tmp_path / "ok.txt").write_text("fine", encoding="utf-8")
+    loader = FakeEngine.loader()
+    window = make_window(loader=loader)
+    _load(qtbot, window)
+    panel = window.chat
+    refused = _attach(qtbot, panel, tmp_path / "photo.png", tmp_path / "ok.txt")
+    assert len(refused) == 1 and refused[0].startswith("photo.png is a PNG image, not text")
+    assert panel.status.text().startswith("Not attached: photo.png is a PNG image")
+    assert [a.name for a in panel.tray.files] == ["ok.txt"]  # the other file is kept
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        panel.send()  # files alone make a message
+    assert window.ctx.chats.current.title == "ok.txt"
+    assert loader.made[-1].calls[-1][-1]["content"] == "File: ok.txt\n```\nfine\n```"
+
+
+def test_an_edited_message_brings_its_files_back(qtbot, make_window, tmp_path):
+    (tmp_path / "a.txt").write_text("apple", encoding="utf-8")
+    window = make_window(loader=FakeEngine.loader())
+    _load(qtbot, window)
+    panel = window.chat
+    _attach(qtbot, panel, tmp_path / "a.txt")
+    panel.input.setPlainText("Which fruit?")
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        panel.send()
+    qtbot.mouseClick(panel.message_widgets()[0].edit_button, Qt.MouseButton.LeftButton)
+    assert panel.input.toPlainText() == "Which fruit?"
+    assert [a.name for a in panel.tray.files] == ["a.txt"]
+    assert window.ctx.chats.current.turns == []

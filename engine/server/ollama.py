@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
 from engine import __version__
@@ -190,6 +190,7 @@ class OllamaApi:
 
     def routes(self) -> list[Route]:
         return [
+            Route("/", self.root, methods=["GET"]),  # HEAD too (Starlette adds it)
             Route("/api/version", self.version, methods=["GET"]),
             Route("/api/tags", self.tags, methods=["GET"]),
             Route("/api/ps", self.running, methods=["GET"]),
@@ -197,6 +198,11 @@ class OllamaApi:
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
         ]
+
+    async def root(self, request: Request) -> PlainTextResponse:
+        """Ollama's answer at its root, which front-ends and scripts probe (HEAD or GET)
+        before they use the server; no key needed, as for /health."""
+        return PlainTextResponse("Ollama is running")
 
     async def version(self, request: Request) -> JSONResponse:
         return JSONResponse({"version": __version__})

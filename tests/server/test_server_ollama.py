@@ -100,6 +100,9 @@ def test_a_json_schema_holds_the_answer(served):
 
 def test_the_model_list_and_errors(served):
     c = client(served)
+    for method in ("GET", "HEAD"):  # how front-ends and scripts see that the server is up
+        r = httpx.request(method, served.base + "/")
+        assert r.status_code == 200 and r.text == ("Ollama is running" if method == "GET" else "")
     assert [m.model for m in c.list().models] == [served.model]
     (listed,) = c.list().models
     tensors = served.engine.checkpoint.tensors.values()

@@ -13,6 +13,8 @@ too long for the loaded context is refused by name when sent (engine/context_fit
 
 from __future__ import annotations
 
+import base64
+import binascii
 import codecs
 import io
 import re
@@ -91,6 +93,21 @@ def read_attachment(path: str | Path) -> Attachment:
     except OSError as exc:
         raise AttachmentRefused(f"{name} could not be read: {exc.strerror or exc}") from None
     return Attachment(name, file_text(name, data))
+
+
+def sent_file(name: str, data: str) -> Attachment:
+    """A file sent inside an API request (OpenAI's `file` part, the Responses API's
+    `input_file`, the Messages API's `document`): `data` is base64, or a data URL
+    ('data:application/pdf;base64,...')."""
+    if data.startswith("data:"):
+        head, comma, data = data.partition(",")
+        if not comma or not head.endswith(";base64"):
+            raise AttachmentRefused(f"{name}: a data URL here must be 'data:TYPE;base64,...'")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise AttachmentRefused(f"{name}: its data is not base64") from None
+    return Attachment(name, file_text(name, raw))
 
 
 def file_text(name: str, data: bytes) -> str:

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from engine.attachments import Attachment, AttachmentRefused, compose, file_text, sent_file
 from engine.errors import SnugError
 from engine.server.generation import Generation
 from engine.server.protocol import ApiError, bad, field, renamed
@@ -111,12 +112,14 @@ def _message(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise bad(f"'{where}.content' must be a string or a list of blocks", f"{where}.content")
-    texts, calls, results, thinking = [], [], [], []
+    texts, calls, results, thinking, documents = [], [], [], [], []
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(field(block, "text", "string", "", f"{at}."))
+        elif kind == "document" and role == "user":
+            documents.append(_document(block, at))
         elif kind == "thinking" and role == "assistant":
             thinking.append(field(block, "thinking", "string", "", f"{at}."))
         elif kind == "redacted_thinking":
@@ -148,19 +151,43 @@ def _message(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
         else:
             name = kind if isinstance(kind, str) else type(block).__name__
             raise bad(
-                f"'{at}' is a '{name}' block: this server takes text, thinking, "
-                "tool_use and tool_result blocks",
+                f"'{at}' is a '{name}' block: this server takes text, document (text or "
+                "PDF), thinking, tool_use and tool_result blocks",
                 at,
             )
     out = list(results)
-    if texts or calls or not results:
-        msg: dict[str, Any] = {"role": role, "content": "".join(texts)}
+    if texts or calls or documents or not results:
+        msg: dict[str, Any] = {"role": role, "content": compose("".join(texts), documents)}
         if calls:
             msg["tool_calls"] = calls
         if thinking:
             msg["reasoning_content"] = "".join(thinking)
         out.append(msg)
     return out
+
+
+def _document(block: dict[str, Any], at: str) -> Attachment:
+    """A document block (a PDF or text in base64, or plain text) as a file attached to the
+    message (engine/attachments.py); one behind a URL or a file id is refused by name."""
+    source = field(block, "source", "object", {}, f"{at}.")
+    kind = source.get("type")
+    pdf = source.get("media_type") == "application/pdf"
+    name = field(block, "title", "string", "", f"{at}.") or ("document.pdf" if pdf else "document")
+    try:
+        if kind == "base64":
+            return sent_file(name, field(source, "data", "string", "", f"{at}.source."))
+        if kind == "text":
+            text = field(source, "data", "string", "", f"{at}.source.")
+            return Attachment(name, file_text(name, text.encode("utf-8")))
+        if kind == "content":
+            return Attachment(name, _texts(source.get("content", ""), f"{at}.source.content"))
+    except AttachmentRefused as exc:
+        raise bad(f"'{at}': {exc}", at) from None
+    raise bad(
+        f"'{at}.source' is of type {json.dumps(kind)}: this server fetches nothing and keeps "
+        "no files; send the document as 'base64' or 'text'",
+        f"{at}.source",
+    )
 
 
 def _tool(tool: Any, i: int) -> dict[str, Any]:

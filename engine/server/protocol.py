@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from engine.attachments import Attachment, AttachmentRefused, compose, sent_file
 from engine.constraint import json_grammar, tool_call_grammar
 from engine.errors import RequestRefused
 from engine.sampling import MAX_TOP_LOGPROBS
@@ -337,21 +338,47 @@ def _message(message: Any, i: int) -> dict[str, Any]:
 
 
 def _content(content: Any, where: str) -> str:
-    """Text content: a string, or a list of text parts (joined). Images are refused."""
+    """Text content: a string, or a list of parts: its text parts joined, after the files
+    sent as `file` parts (text or PDF, each fenced under its name: engine/attachments.py).
+    Images are refused."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
         raise bad(f"'{where}content' must be a string or a list of parts", f"{where}content")
-    texts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    texts, files = [], []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind == "text":
+            texts.append(field(part, "text", "string", "", f"{where}content."))
+        elif kind == "file":
+            files.append(sent_file_part(part, f"{where}content[{i}]"))
+        else:
             raise bad(
-                f"'{where}content' has a '{kind}' part: this server takes text parts only",
+                f"'{where}content' has a '{kind}' part: this server takes text and file "
+                "(text or PDF) parts only",
                 f"{where}content",
             )
-        texts.append(field(part, "text", "string", "", f"{where}content."))
-    return "".join(texts)
+    return compose("".join(texts), files)
+
+
+def sent_file_part(part: dict[str, Any], where: str) -> Attachment:
+    """A chat `file` part ({"type": "file", "file": {"filename", "file_data"}}) read as a
+    file attached to the message; the file's problem, by name, as a 400."""
+    file = field(part, "file", "object", {}, f"{where}.")
+    if file.get("file_id") is not None:
+        raise bad(
+            f"'{where}.file.file_id': this server keeps no uploaded files; send the file "
+            "itself as 'file_data' (base64)",
+            f"{where}.file",
+        )
+    data = field(file, "file_data", "string", None, f"{where}.file.")
+    if not data:
+        raise bad(f"'{where}.file.file_data' must hold the file (base64)", f"{where}.file")
+    name = field(file, "filename", "string", "", f"{where}.file.") or "file"
+    try:
+        return sent_file(name, data)
+    except AttachmentRefused as exc:
+        raise bad(f"'{where}': {exc}", f"{where}.file") from None
 
 
 def _history_call(call: Any, where: str) -> dict[str, Any]:

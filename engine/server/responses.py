@@ -163,14 +163,22 @@ class ResponsesRequest:
 
 
 def _parts(parts: Any) -> list[dict[str, Any]]:
-    """Responses content parts as chat text parts; any other part kept for the chat reader,
-    which refuses it by name (images, files)."""
+    """Responses content parts as chat parts: text as text, an `input_file` with its data as
+    a chat file part (read there: engine/attachments.py); any other part kept for the chat
+    reader, which refuses it by name (images)."""
     if not isinstance(parts, list):
         return parts
     out = []
     for part in parts:
-        if isinstance(part, dict) and part.get("type") in TEXT_PARTS:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS:
             out.append({"type": "text", "text": part.get("text", part.get("refusal", ""))})
+        elif kind == "input_file":
+            if part.get("file_url") is not None:
+                raise bad("an 'input_file' with a 'file_url': this server fetches nothing; "
+                          "send the file itself as 'file_data' (base64)", "input")  # fmt: skip
+            keys = ("file_data", "filename", "file_id")
+            out.append({"type": "file", "file": {k: part.get(k) for k in keys}})
         else:
             out.append(part)
     return out

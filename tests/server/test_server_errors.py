@@ -72,7 +72,7 @@ CASES = [
         400,
         "messages[0].content",
         None,
-        "text parts only",
+        "text and file",
     ),
     (
         "POST",

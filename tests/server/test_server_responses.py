@@ -103,7 +103,7 @@ def test_a_json_schema_holds_the_answer(served):
     [
         ({"previous_response_id": "resp_1"}, "previous_response_id", "whole conversation"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-         "input[0].content", "text parts only"),
+         "input[0].content", "text and file"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]", "function tools only"),
         ({"max_output_tokens": 10**7}, "max_output_tokens", "max_output_tokens"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "not supported"),

@@ -146,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, no template")
     g.add_argument("--system", type=_utf8_text, help="system prompt for the chat template")
     g.add_argument("--thinking", choices=["on", "off", "default"], default="default")
+    g.add_argument(
+        "--attach",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a text file or PDF the model reads before --prompt (repeat for more)",
+    )
     _add_sampling_flags(g, max_new_tokens=256)
     _add_engine_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -177,6 +184,12 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from engine.attachments import compose, read_attachment
+
+    if args.attach:  # read before the load: a file refused costs no load
+        if args.prompt is None or args.raw:
+            raise RequestRefused("--attach goes with --prompt, through the chat template")
+        args.prompt = compose(args.prompt, [read_attachment(path) for path in args.attach])
     engine = _load(args)
     try:
         return _generate(engine, args)

@@ -105,3 +105,25 @@ def test_a_repository_id_names_its_download_in_the_cache(tiny_checkpoint, tmp_pa
         assert main(["info", "--model", "mlx-community/Not-Downloaded"]) == 2
     err = capsys.readouterr().err
     assert "CheckpointError" in err and "hf download mlx-community/Not-Downloaded" in err
+
+
+def test_generate_reads_attached_files_before_the_prompt(tiny_checkpoint, tmp_path, capsys):
+    from engine.attachments import compose, read_attachment
+    from engine.tokenizer import Tokenizer
+
+    model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
+    notes = tmp_path / "notes.md"
+    notes.write_text("alpha\nbeta\n", encoding="utf-8")
+    flags = ["--max-new-tokens", "1", "--greedy", "--backend", "numpy", "--json"]
+    args = ["generate", "--model", str(model), "--prompt", "Hi", "--attach", str(notes), *flags]
+    assert main(args) == 0
+    got = json.loads(capsys.readouterr().out)["prompt_ids"]
+    message = compose("Hi", [read_attachment(notes)])
+    want = Tokenizer.load(model).chat_ids([{"role": "user", "content": message}])
+    assert got == list(want) and "File: notes.md\n```markdown\nalpha" in message
+    (tmp_path / "cat.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(16))
+    args[-len(flags) - 1] = str(tmp_path / "cat.png")
+    assert main(args) == 2
+    assert "snug: AttachmentRefused: cat.png is a PNG image, not text" in capsys.readouterr().err
+    assert main([*args[:5], "--raw", "--attach", str(notes), *flags]) == 2
+    assert "--attach goes with --prompt" in capsys.readouterr().err

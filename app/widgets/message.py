@@ -3,8 +3,15 @@ collapsed thinking, markdown answer, stats line."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QColor, QGuiApplication, QTextCursor, QTextDocument
+from PySide6.QtCore import Qt, QTimer, QUrl
+from PySide6.QtGui import (
+    QColor,
+    QCursor,
+    QDesktopServices,
+    QGuiApplication,
+    QTextCursor,
+    QTextDocument,
+)
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -12,10 +19,12 @@ from PySide6.QtWidgets import (
     QSizePolicy,
     QTextBrowser,
     QToolButton,
+    QToolTip,
     QVBoxLayout,
     QWidget,
 )
 
+from app.code_blocks import SCHEME, with_copy_links
 from app.controllers import format_stats
 from app.state.chat_history import Turn
 from app.thinking import split_reply
@@ -24,12 +33,17 @@ from engine.attachments import compose
 
 
 class AutoHeightBrowser(QTextBrowser):
-    """A read-only markdown view that is exactly as tall as its text (no inner scrollbar)."""
+    """A read-only markdown view that is exactly as tall as its text (no inner scrollbar).
+    With `copy_links`, each code block has a "Copy code" link above it (app/code_blocks.py);
+    other links open in the browser."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, parent: QWidget | None = None, copy_links: bool = False) -> None:
         super().__init__(parent)
+        self.copy_links = copy_links
+        self.codes: list[str] = []  # the code blocks' text, for their links
         self.setFrameShape(QFrame.Shape.NoFrame)
-        self.setOpenExternalLinks(True)
+        self.setOpenLinks(False)  # every link comes to `_clicked`
+        self.anchorClicked.connect(self._clicked)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
@@ -40,9 +54,20 @@ class AutoHeightBrowser(QTextBrowser):
     def set_markdown(self, text: str) -> None:
         if text != self._markdown:
             self._markdown = text
+            if self.copy_links:
+                text, self.codes = with_copy_links(text)
             self.setMarkdown(text)
             _wrap_code_blocks(self.document())
             self._fit()
+
+    def _clicked(self, url: QUrl) -> None:
+        if url.scheme() != SCHEME:
+            QDesktopServices.openUrl(url)
+            return
+        n = int(url.path()) if url.path().isdigit() else -1
+        if 0 <= n < len(self.codes):
+            QGuiApplication.clipboard().setText(self.codes[n])
+            QToolTip.showText(QCursor.pos(), "Copied", self)
 
     def _fit(self, *_args: object) -> None:
         height = int(self.document().size().height()) + 4
@@ -128,7 +153,7 @@ class MessageWidget(QFrame):
         layout.addWidget(self.thinking_view)
         self.think_toggle.hide()
 
-        self.answer_view = AutoHeightBrowser()
+        self.answer_view = AutoHeightBrowser(copy_links=True)
         self.answer_view.setObjectName("answerView")
         layout.addWidget(self.answer_view)
         self.stats_label = QLabel()

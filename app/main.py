@@ -10,7 +10,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox
 
-from app import desktop_entry
+from app import desktop_entry, theme
 from app.context import build_context
 from app.main_window import MainWindow
 from app.paths import resource
@@ -27,10 +27,7 @@ def make_app(argv: list[str] | None = None) -> QApplication:
     icon = resource("snug.png")
     if icon.exists():
         app.setWindowIcon(QIcon(str(icon)))
-    style = resource("style.qss")
-    if style.exists():
-        qss = style.read_text(encoding="utf-8")
-        app.setStyleSheet(qss.replace("@RES@", resource("").as_posix().rstrip("/")))
+    theme.apply("light")  # the window applies the setting's (app/theme.py)
     return app
 
 

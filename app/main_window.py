@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import theme
 from app.context import AppContext
 from app.panels.chat import ChatPanel, ChatSidebar
 from app.panels.gauge import GaugePanel
@@ -30,6 +31,11 @@ class MainWindow(QMainWindow):
     def __init__(self, ctx: AppContext) -> None:
         super().__init__()
         self.ctx = ctx
+        theme.apply(ctx.settings.get("app/theme"))  # light or dark before anything shows
+        theme.follow_system()
+        ctx.settings.changed.connect(
+            lambda key, value: theme.apply(value) if key == "app/theme" else None
+        )
         self.setWindowTitle("Snug")
         self.setMinimumSize(960, 600)
         self.sidebar = ChatSidebar(ctx.chats)

@@ -1,6 +1,6 @@
 """Save screenshots of the app: the first-run view, the library's fit badges on a simulated
 4 GiB card and on a machine without a GPU, the main window, the load panel, a chat mid-stream,
-a message with files attached.
+a message with files attached, the dark theme.
 
     xvfb-run -a -s "-screen 0 1280x800x24" python tools/screenshots.py    # demo data
     xvfb-run -a python tools/screenshots.py --model-dir DIR   # chat with a real checkpoint
@@ -205,6 +205,11 @@ def main() -> int:
     pump(5, until=lambda: len(window.chat.tray.files) == 1)
     pump(0.5)
     save(window, out / "chat_attachments.png")
+
+    # 5. The same in the dark theme (Settings > Appearance).
+    ctx.settings.set("app/theme", "dark")
+    pump(1.0)
+    save(window, out / "chat_dark.png")
 
     window.close()
     for path in sorted(out.glob("*.png")):

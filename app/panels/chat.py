@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 
 from app.controllers import ChatController
 from app.state.chat_history import Chat
+from app.theme import THEME
 from app.widgets.attachment_tray import AttachmentTray, local_files
 from app.widgets.message import MessageWidget
 
@@ -284,6 +285,7 @@ class ChatPanel(QWidget):
         chats.notice.connect(self.status.setText)
         chats.store.chat_updated.connect(self._title_changed)
         chats.engine.state_changed.connect(lambda _s: self._busy(chats.busy))
+        THEME.changed.connect(self._theme_changed)
         self.setAcceptDrops(True)
         self.rebuild()
         self._busy(False)
@@ -373,6 +375,10 @@ class ChatPanel(QWidget):
             else "No model loaded yet.\nPick one under Models, check that it fits, then Load."
         )
         self.empty_hint.show()
+
+    def _theme_changed(self, _dark: bool) -> None:
+        self.rebuild()  # code blocks are shaded as they are laid out
+        self._busy(self.chats.busy)  # and the buttons shown again as they were
 
     def _title_changed(self, chat_id: str) -> None:
         if chat_id == self.chats.current.id:

@@ -7,6 +7,7 @@ from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
 from app.planning import fmt_bytes
 from app.state.machine import Machine
+from app.theme import THEME, colour
 from app.widgets.stacked_bar import Legend, StackedBar
 
 SNUG, OTHERS, FREE, RESERVE = "#4f6bed", "#e08a2e", "#dfe5ea", "#d64545"
@@ -36,7 +37,8 @@ class GaugePanel(QFrame):
         layout.addWidget(self.legend)
 
         pg.setConfigOptions(antialias=True)
-        self.plot = pg.PlotWidget(background="#ffffff")
+        self.plot = pg.PlotWidget(background=colour("#ffffff"))
+        THEME.changed.connect(self._theme_changed)  # a method: let go of when the gauge is
         self.plot.setObjectName("vramPlot")
         self.plot.setFixedHeight(96)
         self.plot.setMouseEnabled(x=False, y=False)
@@ -66,6 +68,9 @@ class GaugePanel(QFrame):
         layout.addWidget(self.cpu_note)
         machine.updated.connect(self.refresh)
         self.refresh()
+
+    def _theme_changed(self, _dark: bool) -> None:
+        self.plot.setBackground(colour("#ffffff"))
 
     def refresh(self) -> None:
         m = self.machine

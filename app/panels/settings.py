@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 from app.controllers import EngineController
 from app.server_controller import ServerController
 from app.state.settings import BACKENDS, BY_KEY, AppSettings
+from app.theme import THEMES
 from engine.config import DRAFT_CHOICES, KV_CACHES
 
 # Bounds the engine accepts (engine.sampling.SamplingParams.__post_init__): top_p in (0, 1],
@@ -54,8 +55,10 @@ DRAFT_LABELS = {
     "3": "3 tokens a step",
     "auto": "Auto (by acceptance)",
 }
+THEME_LABELS = {"system": "As the system", "light": "Light", "dark": "Dark"}
 # The settings edited with a list: key -> (values, label of each).
 CHOICES = {
+    "app/theme": (THEMES, THEME_LABELS),
     "engine/backend": (BACKENDS, BACKEND_LABELS),
     "engine/kv_cache": (KV_CACHES, KV_CACHE_LABELS),
     "engine/draft_tokens": (DRAFT_CHOICES, DRAFT_LABELS),
@@ -86,6 +89,7 @@ GROUPS = (
         ),
     ),
     ("Chat", ("chat/thinking", "chat/system_prompt")),
+    ("Appearance", ("app/theme",)),
     ("Local server", ("server/enabled", "server/port")),
     ("Saved conversations", ("cache/host_gib", "cache/disk_gib")),
 )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
+from app.theme import THEMES
 from engine.config import (
     DRAFT_CHOICES,
     GIB,
@@ -72,6 +73,7 @@ FIELDS: tuple[Field, ...] = (
     Field("sampling/max_new_tokens", int, 2048, "Max new tokens", lo=1, hi=1 << 24),
     Field("chat/thinking", bool, False, "Thinking"),
     Field("chat/system_prompt", str, "You are a helpful assistant.", "System prompt"),
+    Field("app/theme", str, "system", "Appearance", choices=THEMES),  # app/theme.py
     Field("model/last_dir", str, "", "Last model folder"),
     # Serve the loaded model over the OpenAI API on this machine (engine/server): the chat
     # and the server's clients then share one scheduler, set up when the model loads.

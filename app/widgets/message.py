@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 from app.code_blocks import SCHEME, with_copy_links
 from app.controllers import format_stats
 from app.state.chat_history import Turn
+from app.theme import colour
 from app.thinking import split_reply
 from app.widgets.attachment_tray import preview
 from engine.attachments import compose
@@ -86,7 +87,7 @@ def _wrap_code_blocks(doc: QTextDocument) -> None:
         fmt = block.blockFormat()
         if fmt.nonBreakableLines():
             fmt.setNonBreakableLines(False)
-            fmt.setBackground(QColor("#f3f5f8"))
+            fmt.setBackground(QColor(colour("#f3f5f8")))
             QTextCursor(block).setBlockFormat(fmt)
         block = block.next()
 

@@ -7,6 +7,7 @@ from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QWidget
 
 from app.planning import fmt_bytes
+from app.theme import THEME, colour
 
 
 class StackedBar(QWidget):
@@ -19,6 +20,7 @@ class StackedBar(QWidget):
         self._marker: tuple[int, str] | None = None
         self.setFixedHeight(height)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        THEME.changed.connect(self.update)  # painted in the theme's colours
 
     def set_segments(
         self,
@@ -43,20 +45,20 @@ class StackedBar(QWidget):
         clip = QPainterPath()
         clip.addRoundedRect(rect, 5, 5)
         p.setClipPath(clip)
-        p.fillRect(rect, QColor("#eef1f4"))
+        p.fillRect(rect, QColor(colour("#eef1f4")))
         total = max(self._total, 1)
         x = rect.left()
-        for _name, nbytes, colour in self._segments:
+        for _name, nbytes, shade in self._segments:
             w = rect.width() * nbytes / total
-            p.fillRect(QRectF(x, rect.top(), w, rect.height()), QColor(colour))
+            p.fillRect(QRectF(x, rect.top(), w, rect.height()), QColor(colour(shade)))
             x += w
         if self._marker is not None:
-            at, colour = self._marker
+            at, shade = self._marker
             mx = rect.left() + rect.width() * min(max(at / total, 0.0), 1.0)
-            p.setPen(QPen(QColor(colour), 2, Qt.PenStyle.DashLine))
+            p.setPen(QPen(QColor(colour(shade)), 2, Qt.PenStyle.DashLine))
             p.drawLine(int(mx), int(rect.top()), int(mx), int(rect.bottom()))
         p.setClipping(False)
-        p.setPen(QPen(QColor("#c9d1d9"), 1))
+        p.setPen(QPen(QColor(colour("#c9d1d9")), 1))
         p.setBrush(Qt.BrushStyle.NoBrush)
         p.drawRoundedRect(rect, 5, 5)
 
@@ -98,10 +100,10 @@ class Legend(QWidget):
                 swatch.hide()
                 text.hide()
                 continue
-            name, nbytes, colour = items[i]
-            if self._colours[i] != colour:
-                self._colours[i] = colour
-                swatch.setStyleSheet(f"background: {colour}; border-radius: 2px;")
+            name, nbytes, shade = items[i]
+            if self._colours[i] != colour(shade):  # a new colour, or the theme's changed
+                self._colours[i] = colour(shade)
+                swatch.setStyleSheet(f"background: {colour(shade)}; border-radius: 2px;")
             text.setText(f"{name}  <b>{fmt_bytes(nbytes)}</b>")
             swatch.show()
             text.show()

@@ -108,6 +108,7 @@ class SettingsPanel(QScrollArea):
         super().__init__(parent)
         self.settings, self.engine = settings, engine
         self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setObjectName("settingsPanel")
         body = QWidget()
         layout = QVBoxLayout(body)
@@ -123,6 +124,9 @@ class SettingsPanel(QScrollArea):
             box = QGroupBox(title)
             form = QFormLayout(box)
             form.setHorizontalSpacing(12)
+            # A label too long for the column puts its field on the next line, so the panel
+            # fits its column (380 px at least) without scrolling sideways.
+            form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
             for key in keys:
                 editor = self._editor(key)
                 self.editors[key] = editor

@@ -203,3 +203,15 @@ def test_the_load_panels_line_speaks_of_the_model_on_show(qtbot, make_window):
     window.choose(missing)
     window.choose(other)
     assert panel.stage.text() == "" and panel.load_button.text() == "Load"
+
+
+def test_the_settings_fit_their_column_without_scrolling_sideways(qtbot, make_window):
+    window = make_window()
+    window.resize(window.minimumSize())
+    window.tabs.setCurrentWidget(window.settings)
+    qtbot.waitUntil(lambda: window.settings.viewport().width() < 420, timeout=2000)
+    body = window.settings.widget()
+    assert body.minimumSizeHint().width() <= window.settings.viewport().width()
+    for editor in window.settings.editors.values():  # no field cut off at the right
+        right = editor.mapTo(body, editor.rect().topRight()).x()
+        assert right <= window.settings.viewport().width(), editor

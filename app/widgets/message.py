@@ -44,6 +44,7 @@ class AutoHeightBrowser(QTextBrowser):
         self.codes: list[str] = []  # the code blocks' text, for their links
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setOpenLinks(False)  # every link comes to `_clicked`
+        self.setAcceptDrops(False)  # a file dropped on a message goes to the chat (attached)
         self.anchorClicked.connect(self._clicked)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)

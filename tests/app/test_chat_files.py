@@ -134,3 +134,34 @@ def test_an_edited_message_brings_its_files_back(qtbot, make_window, tmp_path):
     assert panel.input.toPlainText() == "Which fruit?"
     assert [a.name for a in panel.tray.files] == ["a.txt"]
     assert window.ctx.chats.current.turns == []
+
+
+def test_a_file_dropped_on_the_chat_is_attached(qtbot, make_window, tmp_path):
+    from PySide6.QtCore import QPointF
+    from PySide6.QtGui import QDragEnterEvent, QDropEvent
+
+    path = tmp_path / "notes.txt"
+    path.write_text("n", encoding="utf-8")
+    window = make_window(loader=FakeEngine.loader())
+    panel, mime = window.chat, _files(path)
+    assert panel.acceptDrops()
+    none, left = Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier
+    copy = Qt.DropAction.CopyAction
+    enter = QDragEnterEvent(panel.rect().center(), copy, mime, none, left)
+    panel.dragEnterEvent(enter)
+    assert enter.isAccepted()
+    text = QMimeData()
+    text.setText("words")
+    ignored = QDragEnterEvent(panel.rect().center(), copy, text, none, left)
+    ignored.ignore()
+    panel.dragEnterEvent(ignored)
+    assert not ignored.isAccepted()  # only files are taken
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
+        panel.dropEvent(QDropEvent(QPointF(panel.rect().center()), copy, mime, none, left))
+    assert [a.name for a in panel.tray.files] == ["notes.txt"]
+    from app.state.chat_history import Turn
+    from app.widgets.message import MessageWidget
+
+    message = MessageWidget(Turn("assistant", "hello"))
+    qtbot.addWidget(message)
+    assert not message.answer_view.acceptDrops()  # a drop on a message reaches the chat

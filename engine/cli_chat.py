@@ -15,6 +15,7 @@ on a terminal). Reads lines from a pipe as well, one message a line.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any, TextIO
@@ -114,23 +115,45 @@ def _read_message(stdin: TextIO, out: TextIO) -> str | None:
     """One message: a line, or lines joined where each but the last ends in a backslash.
     None at the end of the input (Ctrl+D) or on Ctrl+C."""
     lines: list[str] = []
-    out.write(">>> ")
-    out.flush()
+    prompt = ">>> "
     while True:
         try:
-            line = stdin.readline()
+            line = _read_line(stdin, out, prompt)
         except KeyboardInterrupt:
             return None
-        if not line:
+        if line is None:
             return "\n".join(lines).strip() if lines else None
-        line = line.rstrip("\n")
         if line.endswith("\\"):
             lines.append(line[:-1])
-            out.write("... ")
-            out.flush()
+            prompt = "... "
             continue
         lines.append(line)
         return "\n".join(lines).strip()
+
+
+def _read_line(stdin: TextIO, out: TextIO, prompt: str) -> str | None:
+    """A line typed after `prompt` (None at the end of the input). On a terminal it is read
+    with `input()` and readline, so the arrow keys edit the line and bring back earlier
+    messages; from a pipe, as it comes."""
+    if _terminal(stdin, out):
+        try:
+            import readline  # noqa: F401 (loading it gives input() line editing and history)
+        except ImportError:  # not on every platform: input() then reads a plain line
+            pass
+        try:
+            return input(prompt)
+        except EOFError:
+            return None
+    out.write(prompt)
+    out.flush()
+    line = stdin.readline()
+    return line.rstrip("\n") if line else None
+
+
+def _terminal(stdin: TextIO, out: TextIO) -> bool:
+    """Whether the chat reads the process's own terminal (input() reads sys.stdin)."""
+    tty = getattr(stdin, "isatty", lambda: False)()
+    return tty and stdin is sys.stdin and out is sys.stdout
 
 
 def _reply(

@@ -203,3 +203,37 @@ def test_a_refused_message_keeps_its_files_for_the_next(tmp_path):
     file = "File: a.txt\n```\napple\n```\n\n"
     assert engine.asked[:2] == [file + "first", file + "second"]  # the refusal kept them
     assert engine.asked[2:] == ["third"]  # they went with the message the engine took
+
+
+def test_on_a_terminal_lines_are_read_with_line_editing(monkeypatch, capsys):
+    class Quick(Ticking):
+        def generate(self, ids, params, cancel=None):
+            stats = SimpleNamespace(new_tokens=1, decode_tok_s=1.0, ttft_s=0.0, prompt_tokens=4)
+            yield SimpleNamespace(text="ok", finished=True, finish_reason="stop", stats=stats)
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    typed = iter(["first \\", "line", "second"])
+    prompts = []
+
+    def typed_line(prompt):
+        prompts.append(prompt)
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None  # Ctrl+D
+
+    monkeypatch.setattr("sys.stdin", Terminal())
+    monkeypatch.setattr("builtins.input", typed_line)
+    engine = Quick()
+    asked = []
+    engine.chat_ids = lambda messages, enable_thinking=None: asked.append(list(messages)) or [0] * 4
+    params = SimpleNamespace(max_new_tokens=8)
+    import sys
+
+    assert chat(engine, "fake", params, None, None, sys.stdin, sys.stdout, sys.stderr) == 0
+    assert prompts == [">>> ", "... ", ">>> ", ">>> "]  # input() drew each prompt
+    assert [m[-1]["content"] for m in asked] == ["first \nline", "second"]
+    assert ">>>" not in capsys.readouterr().out  # not written a second time

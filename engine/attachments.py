@@ -88,8 +88,10 @@ def read_attachment(path: str | Path) -> Attachment:
     try:
         if path.is_dir():
             raise AttachmentRefused(f"{name} is a folder: attach the files in it one by one")
-        with path.open("rb") as f:
-            data = f.read(MAX_PDF_BYTES + 1)
+        with path.open("rb") as f:  # no more than the limit is read, plus a byte to know
+            head = f.read(5)
+            limit = MAX_PDF_BYTES if head == b"%PDF-" else MAX_FILE_BYTES
+            data = head + f.read(limit + 1 - len(head))
     except OSError as exc:
         raise AttachmentRefused(f"{name} could not be read: {exc.strerror or exc}") from None
     return Attachment(name, file_text(name, data))

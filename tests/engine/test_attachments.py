@@ -51,6 +51,10 @@ def test_files_the_model_cannot_read_are_refused_by_name(tmp_path):
     assert "not UTF-8" in latin and "0xe9" in latin and "offset 3" in latin
     big = refusal("huge.log", b"a" * (MAX_FILE_BYTES + 1))
     assert "MiB" in big and "part you need" in big
+    huge = tmp_path / "huge.log"
+    huge.write_bytes(b"a" * (MAX_FILE_BYTES + 1))
+    with pytest.raises(AttachmentRefused, match="huge.log is 4.0 MiB"):
+        read_attachment(huge)  # read no further than the limit
     with pytest.raises(AttachmentRefused, match="folder"):
         read_attachment(tmp_path)
     with pytest.raises(AttachmentRefused, match="missing.txt could not be read"):

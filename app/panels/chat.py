@@ -312,8 +312,8 @@ class ChatPanel(QWidget):
     def _files_read(self, refused: list) -> None:
         if refused:
             self.status.setText("Not attached: " + "; ".join(refused))
-        elif self.tray.files:
-            self.status.setText("")
+        elif self.status.text().startswith(("Not attached", "Still reading")):
+            self.status.setText("")  # what the line said of earlier files is over
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt override)
         if local_files(event.mimeData()):

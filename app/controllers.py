@@ -39,6 +39,7 @@ class EngineController(QObject):
     load_failed = Signal(str, str)
     unloaded = Signal()
     tokens = Signal(int, str)
+    prompt_progress = Signal(int, int, int)  # request id, the prompt's tokens run, of how many
     finished = Signal(int, dict)
     failed = Signal(int, str, str)
     held = Signal(object)  # bytes: can exceed a 32-bit int
@@ -64,6 +65,7 @@ class EngineController(QObject):
         w.load_failed.connect(self._on_load_failed)
         w.unloaded.connect(self._on_unloaded)
         w.tokens.connect(self.tokens)
+        w.prompt_progress.connect(self.prompt_progress)
         w.finished.connect(self._on_finished)
         w.failed.connect(self._on_failed)
         w.held.connect(self.held)
@@ -193,6 +195,7 @@ class ChatController(QObject):
         self._reply_chat: str | None = None
         self._tokens_before = 0  # a continued reply's tokens before it went on
         engine.tokens.connect(self._on_tokens)
+        engine.prompt_progress.connect(self._on_prompt_progress)
         engine.finished.connect(self._on_finished)
         engine.failed.connect(self._on_failed)
         chats = store.chats()
@@ -367,6 +370,11 @@ class ChatController(QObject):
             return None
         return chat, chat.turns[-1]
 
+    def _on_prompt_progress(self, request_id: int, done: int, total: int) -> None:
+        """A long prompt (a chat's history, attached files) says how far it has been read."""
+        if request_id == self._request and done < total:
+            self.notice.emit(f"Reading the prompt… {done:,} of {total:,} tokens (Esc stops)")
+
     def _on_tokens(self, request_id: int, text: str) -> None:
         found = self._reply_turn(request_id)
         if found is not None:
@@ -379,6 +387,11 @@ class ChatController(QObject):
         if found is None:
             return
         chat, turn = found
+        if not turn.content and summary.get("finish_reason") == "cancelled":
+            chat.turns.pop()  # stopped before the reply began: no empty reply stays
+            self._end(chat)
+            self.notice.emit("Stopped before the reply began (Regenerate asks again).")
+            return
         turn.stats = {k: v for k, v in summary.items() if v is not None}
         if "new_tokens" in turn.stats:
             turn.stats["new_tokens"] += self._tokens_before  # the whole reply's count

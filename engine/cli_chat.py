@@ -80,7 +80,7 @@ def chat(
         asked = history[:-1] if going_on else history
         partial = history[-1]["content"] if going_on else ""
         try:
-            reply, note, left_out, cut = _reply(
+            reply, note, left_out, reason = _reply(
                 engine, asked, params, thinking, left_out, out, partial
             )
         except RequestRefused as exc:
@@ -88,6 +88,11 @@ def chat(
                 history.pop()  # the conversation stays as it was before this message
             err.write(f"snug: {exc}\n")
             continue
+        if not reply and reason == "cancelled" and not going_on:  # Ctrl+C in the prompt
+            history.pop()  # the conversation stays as it was; the files wait
+            err.write("(stopped before the reply began)\n")
+            continue
+        cut = reason in ("length", "cancelled")
         if going_on:
             history[-1]["content"] += reply
         else:
@@ -164,11 +169,12 @@ def _reply(
     previous: int,
     out: TextIO,
     partial: str = "",
-) -> tuple[str, str, int, bool]:
+) -> tuple[str, str, int, str | None]:
     """Stream one reply to `out` (with `partial`, go on with that reply: the prompt it
     answered, then its text so far); its text, a stats line, the messages its prompt left
-    out and whether it was cut (the token limit, or Ctrl+C). Ctrl+C while it streams sets
-    the request's cancel event (the engine ends the reply at its next token)."""
+    out and why it ended (the engine's finish reason: "length" and "cancelled" cut it).
+    Ctrl+C while it streams sets the request's cancel event (the engine ends the reply at
+    its next token, or its prompt between two windows)."""
     more = engine.tokenizer.encode(partial) if partial else []
     most = params.max_new_tokens + len(more)
     ids, left_out = fit_prompt(engine, history, thinking, most, previous)
@@ -192,7 +198,7 @@ def _reply(
             signal.signal(signal.SIGINT, handler)
         shown.finish()
     note = _note(stats, reason, left_out, engine.context)
-    return "".join(parts), note, left_out, reason in ("length", "cancelled")
+    return "".join(parts), note, left_out, reason
 
 
 def _opens_thinking(engine: Any, ids: list[int]) -> bool:

@@ -40,12 +40,12 @@ from typing import Any
 
 from engine.backends.base import Batch
 from engine.errors import RequestRefused
+from engine.request_types import NO_TOKEN
 from engine.sampling import Sampler
 from engine.session import Engine, GenerationParams, TokenEvent, _Stream, aligned_chunks
 from engine.tokenizer import StreamDecoder
 
 Sink = Callable[[Any], None]  # receives TokenEvents, or one exception that ends the request
-NO_TOKEN = -1  # the token id of a final event that carries no token (cancelled, stopped)
 
 
 class QueueFull(RequestRefused):

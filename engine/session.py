@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,62 +28,20 @@ from engine.backend_choice import select_backend
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
 from engine.constraint import THINK_CLOSE, Constraint, GrammarTokenizer, opens_thinking
-from engine.errors import DoesNotFit, NumericalError, RequestRefused, SnugError
+from engine.errors import DoesNotFit, NumericalError, RequestRefused
 from engine.memory import BASE_ROWS, Card, Decision, checkpoint_specs, decide
 from engine.memory.arena import act_itemsize
 from engine.models.qwen35 import Qwen35Model
 from engine.prompt_cache import open_prompt_cache
-from engine.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprobs
+from engine.request_types import NO_TOKEN, GenerationParams, GenerationStats, TokenEvent
+from engine.sampling import Sampler
 
 Progress = Callable[[str, float], None]
+PrefillProgress = Callable[[int, int], None]  # the prompt's tokens run so far, of how many
 HOST_PROMPT_CACHE_BYTES = 1 << 30  # saved stream states kept in host memory (numpy backend)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GenerationParams(SamplingParams):
-    """One request: how many tokens at most, and how to sample them (SamplingParams)."""
-
-    max_new_tokens: int = 1024
-    # The reply's text held to this grammar (engine.constraint.json_grammar), or None.
-    grammar: str | None = None
-    # Each token's log-probability and this many of the likeliest alternatives' (0 to
-    # MAX_TOP_LOGPROBS) on its event, or None: not asked (sampling.token_logprobs).
-    logprobs: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise SnugError(
-                f"logprobs {self.logprobs}: at most {MAX_TOP_LOGPROBS} alternatives a token"
-            )
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(**{f.name: getattr(self, f.name) for f in fields(SamplingParams)})
-
-
-@dataclass(frozen=True)
-class GenerationStats:
-    prompt_tokens: int
-    new_tokens: int
-    ttft_s: float
-    prefill_tok_s: float
-    decode_tok_s: float
-    drafted: int = 0  # tokens the MTP head drafted for this reply (engine/drafting.py)
-    drafts_kept: int = 0  # of those, the ones the model's verify kept
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """One generated token; `stats` is set on the final event (`finished=True`)."""
-
-    token_id: int
-    text: str
-    finished: bool = False
-    finish_reason: str | None = None
-    stats: GenerationStats | None = None
-    logprobs: TokenLogprobs | None = None  # where the request asked (GenerationParams)
+__all__ = ["Engine", "GenerationParams", "GenerationStats", "TokenEvent", "aligned_chunks"]
 
 
 @dataclass
@@ -319,16 +277,26 @@ class Engine:
         return int(hits[-1]) if hits.size and hits[-1] > 0 else None
 
     def prefill(
-        self, stream: _Stream, ids: list[int], all_logits: bool = False, cut: int | None = None
-    ) -> np.ndarray:
+        self,
+        stream: _Stream,
+        ids: list[int],
+        all_logits: bool = False,
+        cut: int | None = None,
+        cancel: threading.Event | None = None,
+        progress: PrefillProgress | None = None,
+    ) -> np.ndarray | None:
         """Run `ids` through the stream in windows of at most max_rows; return the last
         logits `[V]` (or `[len(ids), V]` with all_logits). Windows end at absolute positions
         that are multiples of max_rows (the first one after a restored state runs up to the
         next multiple), so a resumed prompt computes what an uninterrupted one does; and at
-        `cut` (`turn_start`), where the state is saved."""
+        `cut` (`turn_start`), where the state is saved. `progress(done, total)` follows each
+        window (on the GPU, as it is queued); a `cancel` set between windows returns None,
+        the rest of the prompt not run (a long prompt stops as a reply does)."""
         self._check_room(stream, len(ids))
         outputs = []
         for start, end in aligned_chunks(len(stream.ids), len(ids), self.max_rows, cut):
+            if start > 0 and cancel is not None and cancel.is_set():
+                return None
             chunk = ids[start:end]
             batch = Batch.window(stream.slot, len(stream.ids), len(chunk))
             drafts = self.drafter is not None  # the MTP head follows the prompt
@@ -341,6 +309,8 @@ class Engine:
                 outputs.append(self.backend.to_host(logits))
             if len(stream.ids) == cut and self.backend.cheap_snapshots:
                 self._save(stream, defer_disk=True)
+            if progress is not None:
+                progress(end, len(ids))
         out = np.concatenate(outputs) if all_logits else outputs[-1][-1]
         out = out.astype(np.float32)
         # NaN/Inf logits: refused by name, not sampled as token 0 (one row checked: cheap).
@@ -421,9 +391,12 @@ class Engine:
         prompt_ids: list[int],
         params: GenerationParams | None = None,
         cancel: threading.Event | None = None,
+        progress: PrefillProgress | None = None,
     ) -> Iterator[TokenEvent]:
         """Stream tokens for one prompt. Ends on an end-of-sequence id, max_new_tokens or
-        `cancel`; the final event carries the stats."""
+        `cancel` (also while the prompt runs: then the one event is the final one, no token,
+        NO_TOKEN); the final event carries the stats. `progress(done, total)`: the prompt's
+        tokens run so far, of those it needs (`prefill`)."""
         from engine.tokenizer import StreamDecoder
 
         params = params or GenerationParams()
@@ -436,7 +409,12 @@ class Engine:
         try:
             t0 = time.perf_counter()
             todo = self._resume(stream, list(prompt_ids))
-            logits = self.prefill(stream, todo, cut=self.turn_start(prompt_ids))
+            cut = self.turn_start(prompt_ids)
+            logits = self.prefill(stream, todo, cut=cut, cancel=cancel, progress=progress)
+            if logits is None:  # stopped while the prompt ran
+                stats = self._stats(len(prompt_ids), 0, t0, time.perf_counter(), stream)
+                yield TokenEvent(NO_TOKEN, "", True, "cancelled", stats)
+                return
             generated: list[int] = []
             token = sampler(logits, generated)
             t_first = time.perf_counter()

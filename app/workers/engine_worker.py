@@ -5,7 +5,7 @@ GUI thread (app/controllers.py)    worker thread (this module)
   EngineController.send()  --sig-->  EngineWorker.generate()  loops over engine.generate(...)
                                      (a long chat's oldest messages left out: engine/context_fit.py)
   EngineController.stop()  -- threading.Event.set() --------> checked by the engine per token
-  widgets  <--- tokens(batched ~30 ms), finished, failed, loaded, held ---
+  widgets  <--- tokens(batched ~30 ms), prompt_progress, finished, failed, loaded, held ---
 
 Exceptions never cross the thread: they are caught here and emitted with the exception's
 class name and message.
@@ -13,6 +13,7 @@ class name and message.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from typing import Any
@@ -25,6 +26,7 @@ from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
 
 BATCH_S = 0.03
+PROGRESS_S = 0.25  # the prompt's progress, at most this often (and its end)
 CPU_REFUSED = (
     "This engine would run on the CPU (numpy backend), and the setting "
     "'Refuse CPU mode' is on. Turn it off in Settings > Engine to run on the CPU, "
@@ -44,6 +46,7 @@ class EngineWorker(QObject):
     load_failed = Signal(str, str)
     unloaded = Signal()
     tokens = Signal(int, str)
+    prompt_progress = Signal(int, int, int)  # request id, the prompt's tokens run, of how many
     finished = Signal(int, dict)
     failed = Signal(int, str, str)
     held = Signal(object)  # bytes: can exceed a 32-bit int
@@ -94,9 +97,20 @@ class EngineWorker(QObject):
         last = time.monotonic()
         final: Any = None
         params, cancel = request.params, request.cancel
+        said = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            now = time.monotonic()
+            if done >= total or now - said[0] >= PROGRESS_S:
+                said[0] = now
+                self.prompt_progress.emit(request_id, done, total)
+
+        # An engine that reports its prompt's progress (engine.session.Engine) is given the
+        # callback; another (a remote server, a stand-in) is called as before.
+        more = {"progress": progress} if _takes(self._engine.generate, "progress") else {}
         try:
             ids, left_out = self._prompt(request)
-            for event in self._engine.generate(ids, params, cancel):
+            for event in self._engine.generate(ids, params, cancel, **more):
                 if event.text:
                     pending.append(event.text)
                 now = time.monotonic()
@@ -161,6 +175,14 @@ class EngineWorker(QObject):
             return int(self._engine.held_bytes()) if self._engine is not None else 0
         except Exception:
             return 0
+
+
+def _takes(function: Any, name: str) -> bool:
+    """Whether `function` has a parameter called `name`."""
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
 
 
 def _summary(event: Any, cancel: threading.Event | None) -> dict:

@@ -237,3 +237,31 @@ def test_on_a_terminal_lines_are_read_with_line_editing(monkeypatch, capsys):
     assert prompts == [">>> ", "... ", ">>> ", ">>> "]  # input() drew each prompt
     assert [m[-1]["content"] for m in asked] == ["first \nline", "second"]
     assert ">>>" not in capsys.readouterr().out  # not written a second time
+
+
+def test_ctrl_c_while_the_prompt_runs_leaves_the_conversation_as_it_was():
+    class SlowPrompt(Ticking):
+        def __init__(self):
+            self.asked = []
+
+        def chat_ids(self, messages, enable_thinking=None):
+            self.asked.append([m["content"] for m in messages])
+            return [0] * 4
+
+        def generate(self, ids, params, cancel=None):
+            stats = SimpleNamespace(new_tokens=0, decode_tok_s=0.0, ttft_s=0.0, prompt_tokens=4)
+            if len(self.asked) == 1:
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl+C before the first token
+                assert cancel.is_set()
+                reason = "cancelled"
+            else:
+                reason = "stop"
+            text = "ok" if reason == "stop" else ""
+            yield SimpleNamespace(text=text, finished=True, finish_reason=reason, stats=stats)
+
+    engine, err = SlowPrompt(), io.StringIO()
+    stdin = io.StringIO("first\nsecond\n/continue\n")
+    chat(engine, "fake", SimpleNamespace(max_new_tokens=8), None, None, stdin, io.StringIO(), err)
+    assert "(stopped before the reply began)" in err.getvalue()
+    assert engine.asked == [["first"], ["second"]]  # the stopped message left no trace
+    assert "nothing to continue" in err.getvalue()

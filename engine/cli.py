@@ -20,7 +20,7 @@ from engine.cli_plan import (
     gib_arg,
     with_kv_cache,
 )
-from engine.cli_progress import load_progress
+from engine.cli_progress import load_progress, prompt_progress
 from engine.config import DRAFT_CHOICES, EngineSettings
 from engine.errors import RequestRefused, SnugError
 from engine.server.cli import add_serve_parser, run_serve
@@ -259,7 +259,8 @@ def _generate(engine, args: argparse.Namespace) -> int:
     params = _params(args)
     output_ids, text, stats, finish = [], [], None, None
     t0 = time.perf_counter()
-    for event in engine.generate(prompt_ids, params):
+    more = {"progress": prompt_progress()} if getattr(engine, "reports_prompt_progress", 0) else {}
+    for event in engine.generate(prompt_ids, params, **more):
         output_ids.append(event.token_id)
         text.append(event.text)
         if not args.json and event.text:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine.attachments import Attachment, AttachmentRefused, compose, read_attachment
+from engine.cli_progress import prompt_progress
 from engine.constraint import opens_thinking
 from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
@@ -186,8 +187,9 @@ def _reply(
     parts: list[str] = []
     stats, reason = None, None
     shown = Shown(out, _opens_thinking(engine, ids), resumed=bool(partial))
+    more = {"progress": prompt_progress()} if getattr(engine, "reports_prompt_progress", 0) else {}
     try:
-        for event in engine.generate(ids, params, cancel):
+        for event in engine.generate(ids, params, cancel, **more):
             if event.text:
                 parts.append(event.text)
                 shown.feed(event.text)

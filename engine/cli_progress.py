@@ -39,3 +39,32 @@ def load_progress(
             (out or sys.stderr).flush()
 
     return report
+
+
+def prompt_progress(
+    out: TextIO | None = None, clock: Callable[[], float] = time.monotonic
+) -> Callable[[int, int], None]:
+    """An `Engine.generate` progress callback for a terminal: once a prompt has run for
+    QUIET_S, '(reading the prompt: N of M tokens)' on one line of `out` (stderr), drawn
+    again in place as it grows and wiped when the prompt is done. Nothing off a terminal
+    (a log would keep every version of the line)."""
+    out = out or sys.stderr
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    start = clock()
+    shown = False
+
+    def report(done: int, total: int) -> None:
+        nonlocal shown
+        if not tty:
+            return
+        if done >= total:
+            if shown:
+                out.write("\r\x1b[K")  # the line wiped: the reply starts where it was
+                out.flush()
+            return
+        if clock() - start >= QUIET_S:
+            shown = True
+            out.write(f"\r(reading the prompt: {done:,} of {total:,} tokens)")
+            out.flush()
+
+    return report

@@ -120,6 +120,7 @@ class Engine:
     pipelined_decode = True
     drafter: Any = None  # engine.drafting.Drafter where the MTP head drafts (Engine.load)
     drafting = ""  # what the load decided about drafting, or why it is unavailable
+    reports_prompt_progress = True  # generate() takes `progress` (callers check this)
 
     def __init__(
         self,

@@ -13,7 +13,6 @@ class name and message.
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from typing import Any
@@ -107,7 +106,8 @@ class EngineWorker(QObject):
 
         # An engine that reports its prompt's progress (engine.session.Engine) is given the
         # callback; another (a remote server, a stand-in) is called as before.
-        more = {"progress": progress} if _takes(self._engine.generate, "progress") else {}
+        reports = getattr(self._engine, "reports_prompt_progress", False)
+        more = {"progress": progress} if reports else {}
         try:
             ids, left_out = self._prompt(request)
             for event in self._engine.generate(ids, params, cancel, **more):
@@ -175,14 +175,6 @@ class EngineWorker(QObject):
             return int(self._engine.held_bytes()) if self._engine is not None else 0
         except Exception:
             return 0
-
-
-def _takes(function: Any, name: str) -> bool:
-    """Whether `function` has a parameter called `name`."""
-    try:
-        return name in inspect.signature(function).parameters
-    except (TypeError, ValueError):  # no signature to read
-        return False
 
 
 def _summary(event: Any, cancel: threading.Event | None) -> dict:

@@ -14,6 +14,8 @@ from engine.request_types import NO_TOKEN, GenerationStats, TokenEvent
 class Reading(FakeEngine):
     """Runs its prompt in windows of 100 tokens (0.1 s each), as Engine.generate reports them."""
 
+    reports_prompt_progress = True
+
     def generate(self, prompt_ids, params, cancel=None, progress=None):
         total = 1000
         for done in range(100, total + 1, 100):

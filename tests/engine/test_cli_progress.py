@@ -1,11 +1,12 @@
 """The command-line loads' one line about compiling kernels: said once, only where the
-compile stage lasts (a first load on a machine), never for the quick stages."""
+compile stage lasts (a first load on a machine), never for the quick stages; and a long
+prompt's line on a terminal, drawn in place and wiped when it is done."""
 
 from __future__ import annotations
 
 import io
 
-from engine.cli_progress import QUIET_S, load_progress
+from engine.cli_progress import QUIET_S, load_progress, prompt_progress
 
 
 def run(reports):
@@ -32,3 +33,25 @@ def test_a_cached_load_says_nothing():
     stages = [(0.0, "reading checkpoint"), (0.5, "loading weights"), (60.0, "warming up")]
     cached = [(2.0 + 0.001 * i, f"compiling kernels, {i} of 58") for i in range(1, 59)]
     assert run(stages[:2] + cached + stages[2:]) == ""
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_long_prompt_draws_its_line_in_place_on_a_terminal():
+    def run_prompt(out, windows):
+        now = [0.0]
+        report = prompt_progress(out, clock=lambda: now[0])
+        for t, done in windows:
+            now[0] = t
+            report(done, 3000)
+        return out.getvalue()
+
+    slow = [(0.2, 1000), (QUIET_S + 0.5, 2000), (QUIET_S + 1.0, 3000)]
+    text = run_prompt(Terminal(), slow)
+    assert text == "\r(reading the prompt: 2,000 of 3,000 tokens)\r\x1b[K"
+    quick = [(0.1, 1000), (0.2, 2000), (0.3, 3000)]
+    assert run_prompt(Terminal(), quick) == ""  # over before it was worth a line
+    assert run_prompt(io.StringIO(), slow) == ""  # a log or a pipe gets nothing

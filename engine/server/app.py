@@ -16,7 +16,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +25,8 @@ from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
@@ -52,7 +54,11 @@ from engine.server.protocol import (
 from engine.server.reply import ReplySplitter, prompt_opens_thinking
 from engine.server.responses import ResponseOutput, ResponsesRequest
 
-MAX_BODY = 4 << 20  # bytes of one request body
+MAX_BODY = 32 << 20  # bytes of one request body (files sent in a request: base64 PDFs)
+# Web pages that may call the server from a browser (CORS), as Ollama allows by default:
+# those served from this machine, and desktop shells' own pages. Any other site the user
+# visits could otherwise spend the model (and read what it says): `--cors-origin` adds one.
+LOCAL_ORIGINS = r"(https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?|(app|tauri)://[^/]*)"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -61,16 +67,23 @@ def create_app(
     model_id: str | None = None,
     api_key: str | None = None,
     max_body: int = MAX_BODY,
+    cors_origins: Sequence[str] = (),
 ) -> Starlette:
     """The server's ASGI app over a started `scheduler` (its engine's model, by its folder's
     name, or its repository's for a Hugging Face cache snapshot, unless `model_id` is given).
-    With `api_key`, /v1 routes need `Bearer KEY`."""
-    return OpenAIServer(scheduler, model_id, api_key, max_body).app
+    With `api_key`, /v1 routes need `Bearer KEY`. Browsers may call it from pages on this
+    machine (LOCAL_ORIGINS) and from `cors_origins` ("*": any)."""
+    return OpenAIServer(scheduler, model_id, api_key, max_body, cors_origins).app
 
 
 class OpenAIServer:
     def __init__(
-        self, scheduler: Scheduler, model_id: str | None, api_key: str | None, max_body: int
+        self,
+        scheduler: Scheduler,
+        model_id: str | None,
+        api_key: str | None,
+        max_body: int,
+        cors_origins: Sequence[str] = (),
     ) -> None:
         self.scheduler = scheduler
         self.engine = scheduler.engine
@@ -96,7 +109,18 @@ class OpenAIServer:
             SnugError: _api_error,
             Exception: _api_error,  # a bug: still answered in the API's shape (500)
         }
-        self.app = Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+        cors = Middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_origin_regex=LOCAL_ORIGINS,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+        )
+        self.app = Starlette(
+            routes=routes,
+            exception_handlers=handlers,  # type: ignore[arg-type]
+            middleware=[cors],
+        )
         self.app.state.server = self
 
     # ----- routes ---------------------------------------------------------------------------
@@ -352,7 +376,8 @@ class OpenAIServer:
         """The JSON object of the body, read up to `max_body` bytes (413 past it)."""
         too_large = ApiError(
             413,
-            f"the request body is larger than {self.max_body} bytes; send a shorter request",
+            f"the request body is larger than {self.max_body} bytes; send a shorter request "
+            "(snug serve --max-body-mib raises the limit)",
             code="request_too_large",
         )
         declared = request.headers.get("content-length", "")

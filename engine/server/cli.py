@@ -72,6 +72,20 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--limit-gib", type=gib_arg, default=None, help="cap on what Snug holds")
     add_kv_cache_flag(p)
     p.add_argument(
+        "--max-body-mib",
+        type=_positive,
+        default=None,
+        help="largest request body, MiB (default 32: files sent in requests count)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web page's origin that may call the server from a browser, e.g. "
+        "https://chat.example.org ('*': any); pages on this machine always may",
+    )
+    p.add_argument(
         "--batch-invariant",
         choices=["on", "off"],
         default=None,
@@ -96,7 +110,7 @@ def with_batch_invariant(settings: EngineSettings, args: argparse.Namespace) -> 
 def run_serve(args: argparse.Namespace) -> int:
     from engine.cli_progress import load_progress
     from engine.scheduler import Scheduler
-    from engine.server.app import create_app
+    from engine.server.app import MAX_BODY, create_app
     from engine.server.runner import check_bind, uvicorn_config
     from engine.session import Engine
 
@@ -116,7 +130,14 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     scheduler = Scheduler(engine, queue_size=args.queue, prefill_chunk=args.prefill_chunk)
-    app = create_app(scheduler.start(), model_id=args.model_name, api_key=args.api_key)
+    body = args.max_body_mib << 20 if args.max_body_mib else MAX_BODY
+    app = create_app(
+        scheduler.start(),
+        model_id=args.model_name,
+        api_key=args.api_key,
+        max_body=body,
+        cors_origins=args.cors_origin,
+    )
     server = uvicorn.Server(uvicorn_config(app, args.host, args.port, log_level="info"))
     sys.stderr.write(
         f"snug: serving {app.state.server.model_id} on http://{args.host}:{args.port}/v1 "

@@ -491,6 +491,11 @@ class DownloadManager(QObject):
     def cache_dir(self) -> str | None:
         return self._worker.cache_dir
 
+    @property
+    def endpoint(self) -> str | None:
+        """The Hub's address (None: huggingface.co, or HF_ENDPOINT)."""
+        return self._worker.endpoint
+
     def download(self, repo: str) -> bool:
         if self._active is not None:
             return False

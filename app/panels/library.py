@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
     QListWidget,
     QListWidgetItem,
@@ -23,6 +26,7 @@ from app.planning import fmt_bytes
 from app.state import host_fit
 from app.state.catalog import Entry, FolderRefused, Library
 from app.state.fit import FitAdvisor, verdict_label
+from app.workers.hub_probe import RepoInfo, RepoRefused, probe_repo
 
 HINT = "Qwen3.5 models. The badge says whether each one fits this machine."
 CPU_HINT = (
@@ -76,10 +80,12 @@ class EntryCard(QFrame):
         layout.addLayout(top)
         where = {
             "catalog": "Downloaded" if entry.downloaded else "Not downloaded",
+            "hub": f"{entry.repo} · " + ("Downloaded" if entry.downloaded else "Not downloaded"),
             "cache": "In the Hugging Face cache",
             "folder": "Local folder",
         }[entry.source]
-        size = ("≈ " if not entry.downloaded else "") + fmt_bytes(entry.size_bytes)
+        exact = entry.downloaded or entry.source == "hub"  # the Hub's own file sizes
+        size = ("" if exact else "≈ ") + fmt_bytes(entry.size_bytes)
         self.meta = QLabel(f"{size} · {where}")
         self.meta.setObjectName("subtle")
         layout.addWidget(self.meta)
@@ -112,6 +118,7 @@ class LibraryPanel(QWidget):
 
     chosen = Signal(object)  # Entry
     connect_requested = Signal()  # "Connect to a server…": a model served elsewhere
+    repo_checked = Signal(object, str)  # RepoInfo or None, and why not (from the probe thread)
 
     def __init__(
         self,
@@ -166,6 +173,14 @@ class LibraryPanel(QWidget):
         self.open_button = QPushButton("Open local folder…")
         self.open_button.clicked.connect(self._open_folder)
         layout.addWidget(self.open_button)
+        self.add_repo_button = QPushButton("Add from Hugging Face…")
+        self.add_repo_button.setToolTip(
+            "Add another Qwen3.5 model (a fine-tune, another quantization) by its repository "
+            "id: checked and planned before anything is downloaded"
+        )
+        self.add_repo_button.clicked.connect(self._ask_repo)
+        self.repo_checked.connect(self._repo_checked)
+        layout.addWidget(self.add_repo_button)
         self.connect_button = QPushButton("Connect to a server…")
         self.connect_button.setToolTip(
             "Chat with a model that runs on an OpenAI-compatible server (another Snug, "
@@ -258,12 +273,15 @@ class LibraryPanel(QWidget):
             entry is not None and not entry.downloaded and entry.repo is not None and not busy
         )
         self.cancel_button.setEnabled(busy)
-        self.delete_button.setEnabled(entry is not None and entry.downloaded)
+        listed = entry is not None and entry.source == "hub" and not entry.downloaded
+        self.delete_button.setEnabled(entry is not None and (entry.downloaded or listed))
         folder = entry is not None and entry.source == "folder"
-        self.delete_button.setText("Remove from list" if folder else "Delete")
+        self.delete_button.setText("Remove from list" if folder or listed else "Delete")
         self.delete_button.setToolTip(
             "Take this folder off the list (the files stay on disk)"
             if folder
+            else "Take this repository off the list"
+            if listed
             else "Delete this model's files from the Hugging Face cache"
         )
 
@@ -293,6 +311,9 @@ class LibraryPanel(QWidget):
             return
         box = QMessageBox(self)
         box.setIcon(QMessageBox.Icon.Question)
+        if entry.source == "hub" and not entry.downloaded:
+            self._say(self.library.delete(entry))  # nothing on disk to ask about
+            return
         if entry.source == "folder":
             box.setWindowTitle("Remove from the list")
             box.setText(f"Remove {entry.title} from the list?")
@@ -315,6 +336,48 @@ class LibraryPanel(QWidget):
         folder = QFileDialog.getExistingDirectory(self, "Open a model folder")
         if folder:
             self.add_folder(folder)
+
+    def _ask_repo(self) -> None:
+        text, ok = QInputDialog.getText(
+            self, "Add from Hugging Face", "Repository id (owner/name) or its address:"
+        )
+        if ok and text.strip():
+            self.add_repo(text)
+
+    def add_repo(self, text: str) -> None:
+        """Check the repository `text` names on the Hub (on a thread: its listing and its
+        config.json), then list it with its verdict; says why in the panel when it cannot."""
+        self.add_repo_button.setEnabled(False)
+        self._say("")
+        self.progress_label.setText(f"Checking {text.strip()} on the Hugging Face Hub…")
+        self.progress_label.show()
+        endpoint = self.downloads.endpoint
+
+        def ask() -> None:
+            try:
+                info, error = probe_repo(text, endpoint), ""
+            except RepoRefused as exc:
+                info, error = None, str(exc)
+            try:
+                self.repo_checked.emit(info, error)
+            except RuntimeError:  # the window closed meanwhile
+                pass
+
+        threading.Thread(target=ask, name="snug-hub-probe", daemon=True).start()
+
+    def _repo_checked(self, info: RepoInfo | None, error: str) -> None:
+        self.add_repo_button.setEnabled(True)
+        self.progress_label.hide()
+        if info is None:
+            self._say(error)
+            return
+        entry = self.library.add_repo(info.repo, info.config, info.weight_bytes)
+        self.select(entry.key)
+        done = (
+            "on disk already" if entry.downloaded else f"{fmt_bytes(entry.size_bytes)} to download"
+        )
+        self.progress_label.setText(f"{entry.title} added ({done}).")
+        self.progress_label.show()
 
     def add_folder(self, folder: str) -> Entry | None:
         """Add a local model folder; says why in the panel when it is not one."""

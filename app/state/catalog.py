@@ -13,6 +13,7 @@ from engine.checkpoint.checkpoint import model_name
 from engine.config import parse_config
 
 FOLDERS_KEY = "library/folders"  # the local folders the user added (a JSON list)
+REPOS_KEY = "library/repos"  # repositories added from the Hub: [{repo, name, size, config}]
 
 
 class FolderRefused(ValueError):
@@ -27,7 +28,7 @@ class Entry:
     name: str
     quant: str  # "4-bit", "bf16", or "" when unknown
     size_bytes: int
-    source: str  # "catalog" | "cache" | "folder"
+    source: str  # "catalog" | "hub" (added by its repository id) | "cache" | "folder"
     repo: str | None = None
     shape: str | None = None
     fmt: str | None = None  # "mlx4" | "bf16"
@@ -148,6 +149,7 @@ class Library(QObject):
         self.cache_dir = cache_dir
         self._catalog, self.shapes = load_catalog(catalog_path)
         self._folders: list[str] = []
+        self._repos: list[Entry] = []  # added from the Hub, planned from their config
         self._store: QSettings | None = None
         self._entries: list[Entry] = []
         self.scan_error = ""
@@ -178,6 +180,37 @@ class Library(QObject):
     def folders(self) -> list[str]:
         return list(self._folders)
 
+    def add_repo(self, repo: str, config: dict, weight_bytes: int) -> Entry:
+        """A Hub repository (checked by app/workers/hub_probe.py) as an entry to download,
+        planned from its `config` like a catalog model; kept in the list across restarts."""
+        entry = next((e for e in self._entries if e.repo == repo), None)
+        if entry is not None:  # in the catalog or the cache already
+            return entry
+        self._remember_repo(repo, config, weight_bytes)
+        self._save_repos()
+        self.rescan()
+        return next(e for e in self._entries if e.repo == repo)
+
+    def _remember_repo(self, repo: str, config: dict, weight_bytes: int) -> None:
+        from app.workers.hub_probe import format_of
+
+        quant, fmt, group = format_of(config)
+        shape = f"hub:{repo}"
+        self.shapes[shape] = config  # what the planner reads (and what is saved)
+        self._repos.append(
+            Entry(
+                key=f"hub:{repo}",
+                name=repo.split("/")[-1],
+                quant=quant,
+                size_bytes=int(weight_bytes),
+                source="hub",
+                repo=repo,
+                shape=shape if fmt is not None else None,  # None: planned once downloaded
+                fmt=fmt,
+                group_size=group or 64,
+            )
+        )
+
     def bind_store(self, store: QSettings) -> list[str]:
         """Restore the folders saved in `store` and save them there from now on.
 
@@ -199,8 +232,31 @@ class Library(QObject):
             if str(folder) not in self._folders:
                 self._folders.append(str(folder))
         self._save_folders()
+        self._restore_repos(store)
         self.rescan()
         return skipped
+
+    def _restore_repos(self, store: QSettings) -> None:
+        try:
+            saved = json.loads(str(store.value(REPOS_KEY, "[]") or "[]"))
+        except ValueError:
+            saved = []
+        known = {e.repo for e in [*self._catalog, *self._repos]}
+        for item in saved if isinstance(saved, list) else []:
+            ok = isinstance(item, dict) and isinstance(item.get("config"), dict)
+            if ok and isinstance(item.get("repo"), str) and isinstance(item.get("size"), int):
+                if item["repo"] not in known:
+                    self._remember_repo(item["repo"], item["config"], item["size"])
+                    known.add(item["repo"])
+
+    def _save_repos(self) -> None:
+        if self._store is not None:
+            items = [
+                {"repo": e.repo, "size": e.size_bytes, "config": self.shapes[f"hub:{e.repo}"]}
+                for e in self._repos
+            ]
+            self._store.setValue(REPOS_KEY, json.dumps(items))
+            self._store.sync()
 
     def _save_folders(self) -> None:
         store = self._store
@@ -211,7 +267,7 @@ class Library(QObject):
     def rescan(self) -> None:
         cached, self.scan_error = scan_cache(self.cache_dir)
         entries: list[Entry] = []
-        for entry in self._catalog:
+        for entry in [*self._catalog, *self._repos]:
             hit = cached.pop(entry.repo or "", None)
             if hit is not None:
                 entry = replace(entry, local_dir=hit[0], revisions=hit[2])
@@ -246,6 +302,11 @@ class Library(QObject):
 
     def delete(self, entry: Entry) -> str:
         """Remove a downloaded model from the HF cache; returns an error sentence or ''."""
+        if entry.source == "hub" and not entry.downloaded:  # only taken off the list
+            self._repos = [e for e in self._repos if e.repo != entry.repo]
+            self._save_repos()
+            self.rescan()
+            return ""
         if entry.source == "folder":  # the user's own folder: only taken off the list
             self._folders = [f for f in self._folders if f != entry.local_dir]
             self._save_folders()

@@ -1,0 +1,89 @@
+"""A model added from the Hugging Face Hub by its repository id: checked and planned from its
+config.json before anything is downloaded, refused by name when Snug cannot run it, then
+downloaded like a catalog model and kept in the list across restarts."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hf_server import FakeHub
+
+from app.workers.hub_probe import RepoRefused, format_of, probe_repo, repo_id
+from tests.app.conftest import FakeGpu
+
+REPO = "someone/Qwen3.5-Tiny-Finetune"
+
+
+def published(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_repository_ids_are_read_as_people_write_them():
+    assert repo_id(" someone/model ") == "someone/model"
+    assert repo_id("https://huggingface.co/Qwen/Qwen3.5-4B/tree/main") == "Qwen/Qwen3.5-4B"
+    assert repo_id("https://hf.co/mlx-community/Qwen3.5-4B-MLX-4bit/") == (
+        "mlx-community/Qwen3.5-4B-MLX-4bit"
+    )
+    for bad in ("model-without-owner", "a/b/c/d", "../etc/passwd", "owner/na me"):
+        with pytest.raises(RepoRefused, match="owner/name"):
+            repo_id(bad)
+    assert format_of({"quantization": {"bits": 4, "group_size": 32}}) == ("4-bit", "mlx4", 32)
+    assert format_of({}) == ("bf16", "bf16", 0)
+    assert format_of({"quantization": {"bits": 8, "group_size": 64}}) == ("8-bit", None, 0)
+
+
+def test_a_repository_snug_cannot_run_is_refused_before_any_download(tiny_checkpoint, hf_home):
+    tiny = published(tiny_checkpoint("untied-l8-r2", "mlx4-g64"))
+    llama = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"x" * 64}
+    gguf = {"config.json": tiny["config.json"], "model-Q4_K_M.gguf": b"x" * 64}
+    moe = {"config.json": b'{"model_type": "qwen3_5_moe"}', "model.safetensors": b"x"}
+    repos = {"a/llama": llama, "a/gguf": gguf, "a/moe": moe}
+    with FakeHub(repos) as hub:
+        cases = {
+            "a/llama": "is a llama model; Snug runs Qwen3.5",
+            "a/gguf": "has no .safetensors weights (a GGUF repository?)",
+            "a/moe": "mixture-of-experts",
+            "a/missing": "a/missing was not found on the Hugging Face Hub",
+        }
+        for repo, words in cases.items():
+            with pytest.raises(RepoRefused, match=re.escape(words)):
+                probe_repo(repo, hub.url)
+        assert not any(path.endswith(".safetensors") for _m, path, _r in hub.requests)
+
+
+def test_add_plan_download_and_keep_a_hub_model(qtbot, make_window, tiny_checkpoint, hf_home):
+    files = published(tiny_checkpoint("untied-l8-r2", "mlx4-g64"))
+    weights = sum(len(b) for n, b in files.items() if n.endswith(".safetensors"))
+    with FakeHub({REPO: files}) as hub:
+        window = make_window(gpu_source=FakeGpu)
+        window.ctx.downloads._worker.endpoint = hub.url
+        panel = window.library
+        with qtbot.waitSignal(panel.repo_checked, timeout=10000):
+            panel.add_repo(f"https://huggingface.co/{REPO}")
+        entry = window.ctx.library.find(f"hub:{REPO}")
+        assert entry is not None and not entry.downloaded and entry.size_bytes == weights
+        assert entry.quant == "4-bit" and entry.fmt == "mlx4"
+        assert panel.selected().key == entry.key and "added" in panel.progress_label.text()
+        assert not any(p.endswith(".safetensors") for _m, p, _r in hub.requests)
+        qtbot.waitUntil(lambda: panel.card(entry.key).badge.text() == "Fits", timeout=5000)
+        assert panel.download_button.isEnabled()
+        with qtbot.waitSignal(window.ctx.downloads.finished, timeout=10000):
+            panel.download_button.click()
+    entry = window.ctx.library.find(f"hub:{REPO}")
+    assert entry.downloaded and panel.use_button.isEnabled()
+    saved = json.loads(window.ctx.settings.store.value("library/repos"))
+    assert [item["repo"] for item in saved] == [REPO]
+    window.close()
+    again = make_window(gpu_source=FakeGpu)
+    kept = again.ctx.library.find(f"hub:{REPO}")
+    assert kept is not None and kept.downloaded  # listed again, found in the cache
+    assert again.ctx.library.delete(kept) == ""  # its files go; the entry stays, to download
+    left = again.ctx.library.find(f"hub:{REPO}")
+    assert left is not None and not left.downloaded
+    again.library.select(left.key)
+    assert again.library.delete_button.text() == "Remove from list"
+    again.library.delete_button.click()
+    assert again.ctx.library.find(f"hub:{REPO}") is None

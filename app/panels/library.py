@@ -172,7 +172,6 @@ class LibraryPanel(QWidget):
         layout.addLayout(row)
         self.open_button = QPushButton("Open local folder…")
         self.open_button.clicked.connect(self._open_folder)
-        layout.addWidget(self.open_button)
         self.add_repo_button = QPushButton("Add from Hugging Face…")
         self.add_repo_button.setToolTip(
             "Add another Qwen3.5 model (a fine-tune, another quantization) by its repository "
@@ -180,7 +179,10 @@ class LibraryPanel(QWidget):
         )
         self.add_repo_button.clicked.connect(self._ask_repo)
         self.repo_checked.connect(self._repo_checked)
-        layout.addWidget(self.add_repo_button)
+        more = QHBoxLayout()
+        more.addWidget(self.open_button)
+        more.addWidget(self.add_repo_button)
+        layout.addLayout(more)
         self.connect_button = QPushButton("Connect to a server…")
         self.connect_button.setToolTip(
             "Chat with a model that runs on an OpenAI-compatible server (another Snug, "

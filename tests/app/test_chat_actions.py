@@ -84,7 +84,7 @@ def test_the_last_message_comes_back_to_the_composer_to_edit(qtbot, make_window)
     with qtbot.waitSignal(window.ctx.engine.finished, timeout=5000):
         chats.send("First question")
     chats.send("Second question, with a typo")
-    qtbot.waitUntil(lambda: chats.busy, timeout=1000)
+    qtbot.waitUntil(lambda: chats.busy and bool(chats.current.turns[-1].content), timeout=2000)
     edits = [not m.edit_button.isHidden() for m in panel.message_widgets()]
     assert not any(edits)  # nothing to take back while a reply is generating
     with qtbot.waitSignal(window.ctx.engine.finished, timeout=5000):

@@ -68,7 +68,10 @@ def probe_repo(text: str, endpoint: str | None = None) -> RepoInfo:
     except RepoRefused:
         raise
     except Exception as exc:  # the Hub's errors, the network's: said as the downloads say them
-        raise RepoRefused(explain(exc, repo)) from exc
+        said = explain(exc, repo)
+        if said.startswith("Cannot reach"):  # nothing was downloaded: no parts to speak of
+            said = f"{said.split('. ')[0]}. Check the network connection and add it again."
+        raise RepoRefused(said) from exc
     _check_qwen35(repo, config)
     return RepoInfo(repo, config, weights, commit)
 

@@ -52,6 +52,8 @@ def test_a_repository_snug_cannot_run_is_refused_before_any_download(tiny_checkp
             with pytest.raises(RepoRefused, match=re.escape(words)):
                 probe_repo(repo, hub.url)
         assert not any(path.endswith(".safetensors") for _m, path, _r in hub.requests)
+    with pytest.raises(RepoRefused, match=r"Cannot reach the Hugging Face Hub \(\w+\)\. Check"):
+        probe_repo("a/llama", "http://127.0.0.1:9")  # nothing listens there
 
 
 def test_add_plan_download_and_keep_a_hub_model(qtbot, make_window, tiny_checkpoint, hf_home):

@@ -26,6 +26,8 @@ from app.planning import fmt_bytes
 from app.remote_engine import model_of_key
 from app.state.catalog import Entry
 
+LOADED_KEY = "model/loaded_dir"  # the model loaded when Snug last closed (Unload clears it)
+
 
 class MainWindow(QMainWindow):
     def __init__(self, ctx: AppContext) -> None:
@@ -95,6 +97,13 @@ class MainWindow(QMainWindow):
         ctx.engine.loaded.connect(lambda _info: self.close_welcome())
         ctx.engine.load_failed.connect(lambda cls, msg: self.welcome.load_failed(f"{cls}: {msg}"))
         self._restore()
+        ctx.engine.loaded.connect(self._remember_loaded)
+        ctx.engine.load_failed.connect(lambda *_: self._forget_loaded())
+        self.load.unload_button.clicked.connect(self._forget_loaded)
+        self._last = self._last_loaded()
+        ctx.machine.updated.connect(self._load_last)
+        ctx.machine.gpu_missing.connect(lambda _r: self._load_last())
+        self._load_last()
         self._engine_state()
         first_run = not welcome_done(ctx.settings.store) and ctx.engine.state == "empty"
         self.center.setCurrentWidget(self.welcome if first_run else self.chat)
@@ -142,6 +151,37 @@ class MainWindow(QMainWindow):
             if last and entry.local_dir == last:
                 self.library.select(entry.key)
                 self.load.set_entry(entry)
+
+    # -- the model loaded last time, loaded again at start ("app/load_last_model")
+    def _last_loaded(self) -> Entry | None:
+        if not self.ctx.settings.get("app/load_last_model"):
+            return None
+        folder = str(self.ctx.settings.store.value(LOADED_KEY, "") or "")
+        found = [e for e in self.ctx.library.entries() if folder and e.local_dir == folder]
+        return found[0] if found else None
+
+    def _load_last(self) -> None:
+        """Once the machine is known (a GPU, or none), load the model loaded when Snug last
+        closed; an Unload, or a load that failed, means it is not loaded at the next start."""
+        machine = self.ctx.machine
+        if self._last is None or (machine.gpu is None and not machine.no_gpu):
+            return
+        entry, self._last = self._last, None
+        if self.ctx.engine.state != "empty":
+            return
+        self.choose_and_load(entry)
+        self.statusBar().showMessage(
+            f"Loading {entry.title}, the model loaded last time "
+            "(Settings > App: Load the last model at start)",
+            10000,
+        )
+
+    def _remember_loaded(self, info: dict) -> None:
+        if info.get("backend") != "remote" and info.get("model_dir"):
+            self.ctx.settings.store.setValue(LOADED_KEY, str(info["model_dir"]))
+
+    def _forget_loaded(self) -> None:
+        self.ctx.settings.store.remove(LOADED_KEY)
 
     def _engine_state(self, *_args: object) -> None:
         engine = self.ctx.engine

@@ -89,7 +89,7 @@ GROUPS = (
         ),
     ),
     ("Chat", ("chat/thinking", "chat/system_prompt")),
-    ("Appearance", ("app/theme",)),
+    ("App", ("app/theme", "app/load_last_model")),
     ("Local server", ("server/enabled", "server/port")),
     ("Saved conversations", ("cache/host_gib", "cache/disk_gib")),
 )

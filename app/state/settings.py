@@ -74,6 +74,8 @@ FIELDS: tuple[Field, ...] = (
     Field("chat/thinking", bool, False, "Thinking"),
     Field("chat/system_prompt", str, "You are a helpful assistant.", "System prompt"),
     Field("app/theme", str, "system", "Appearance", choices=THEMES),  # app/theme.py
+    # The model loaded when Snug last closed is loaded again at start (app/main_window.py).
+    Field("app/load_last_model", bool, True, "Load the last model at start"),
     Field("model/last_dir", str, "", "Last model folder"),
     # Serve the loaded model over the OpenAI API on this machine (engine/server): the chat
     # and the server's clients then share one scheduler, set up when the model loads.

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from engine.cli import main as cli_main
+from engine.server.app import MAX_BODY
 
 KEY_HEADER = {"Authorization": "Bearer test-key"}
 USER = [{"role": "user", "content": "Hello"}]
@@ -148,9 +149,9 @@ def test_body_size_and_keys(served):
         big = http.post(
             "/chat/completions",
             headers=KEY_HEADER,
-            content=b'{"messages": "' + b"x" * (5 << 20) + b'"}',
+            content=b'{"messages": "' + b"x" * (MAX_BODY + (1 << 20)) + b'"}',
         )
-        assert big.status_code == 413 and "larger than 4194304 bytes" in big.text
+        assert big.status_code == 413 and f"larger than {MAX_BODY} bytes" in big.text
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"}):
             response = http.get("/models", headers=headers)
             assert response.status_code == 401

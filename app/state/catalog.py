@@ -94,14 +94,25 @@ def scan_cache(cache_dir: str | None = None) -> tuple[dict[str, tuple[str, int, 
     return found, ""
 
 
-def _is_qwen35(folder: str) -> bool:
+def _config(folder: str) -> dict:
+    """The folder's config.json, or {} where it cannot be read."""
     try:
         raw = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return str(raw.get("model_type", "")).startswith("qwen3_5") and "moe" not in str(
-        raw.get("model_type")
-    )
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _is_qwen35(folder: str) -> bool:
+    kind = str(_config(folder).get("model_type", ""))
+    return kind.startswith("qwen3_5") and "moe" not in kind
+
+
+def _quant(folder: str) -> str:
+    """'4-bit', 'bf16'... as the folder's config says (app/workers/hub_probe.py)."""
+    from app.workers.hub_probe import format_of
+
+    return format_of(_config(folder))[0]
 
 
 def check_model_folder(folder: str | Path) -> None:
@@ -278,7 +289,7 @@ class Library(QObject):
                     Entry(
                         key=f"cache:{repo}",
                         name=repo.split("/")[-1],
-                        quant="",
+                        quant=_quant(snap),
                         size_bytes=size,
                         source="cache",
                         repo=repo,
@@ -291,7 +302,7 @@ class Library(QObject):
                 Entry(
                     key=f"folder:{folder}",
                     name=Path(folder).name,
-                    quant="",
+                    quant=_quant(folder),
                     size_bytes=folder_size(folder),
                     source="folder",
                     local_dir=folder,

@@ -11,6 +11,7 @@ from app.main_window import LOADED_KEY
 
 def _load_folder(qtbot, window, folder):
     entry = window.ctx.library.add_folder(str(folder))
+    assert entry.title == "model · bf16"  # the quantization its config.json says
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
         window.choose_and_load(entry)
     return entry

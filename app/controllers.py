@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal
@@ -76,6 +77,7 @@ class EngineController(QObject):
         self._next_id = 0
         self._active: int | None = None
         self._cancel: threading.Event | None = None
+        self._load_cancel: threading.Event | None = None
 
     @property
     def state(self) -> str:
@@ -98,7 +100,13 @@ class EngineController(QObject):
     def load(self, request: LoadRequest) -> None:
         self.stop()
         self._set_state("loading")
-        self._do_load.emit(request)
+        self._load_cancel = threading.Event()
+        self._do_load.emit(replace(request, cancel=self._load_cancel))
+
+    def cancel_load(self) -> None:
+        """Stop the load under way at its next stage (a first load compiles for a while)."""
+        if self._load_cancel is not None and self.state == "loading":
+            self._load_cancel.set()
 
     def unload(self) -> None:
         self.stop()

@@ -7,8 +7,9 @@ engine's API is a change in this file only. Nothing here is called on the GUI th
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.config import EngineSettings
@@ -64,6 +65,9 @@ class LoadRequest:
     max_rows: int | None = None  # None (or 0, the settings' "Auto"): the plan's choice
     refuse_cpu: bool = False
     gpu_present: bool | None = None
+    # Set to stop the load at its next stage (EngineController.cancel_load); what it
+    # allocated is released, as for any failed load.
+    cancel: threading.Event | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_rows == 0:

@@ -118,8 +118,8 @@ class LoadPanel(QWidget):
         self.load_button = QPushButton("Load")
         self.load_button.setObjectName("primary")
         self.load_button.clicked.connect(self.load)
-        self.unload_button = QPushButton("Unload")
-        self.unload_button.clicked.connect(engine.unload)
+        self.unload_button = QPushButton("Unload")  # "Cancel" while a load runs
+        self.unload_button.clicked.connect(self._unload_or_cancel)
         buttons.addWidget(self.load_button, 1)
         buttons.addWidget(self.unload_button)
         layout.addLayout(buttons)
@@ -302,7 +302,13 @@ class LoadPanel(QWidget):
         self.load_button.setEnabled(ready and state != "loading" and not refused)
         same = ready and self.engine.info.get("model_dir") == self.entry.local_dir
         self.load_button.setText("Reload" if same and state in ("ready", "generating") else "Load")
-        self.unload_button.setEnabled(state in ("ready", "generating"))
+        self.unload_button.setEnabled(state in ("ready", "generating", "loading"))
+        self.unload_button.setText("Cancel" if state == "loading" else "Unload")
+        self.unload_button.setToolTip(
+            "Stop loading: what the load allocated is released"
+            if state == "loading"
+            else "Release the model's memory"
+        )
         self.progress.setVisible(state == "loading")
         # The line under the buttons speaks of the model on show: the download it needs, the
         # load under way, or (where it is the model in) what the load gave; else nothing.
@@ -324,10 +330,20 @@ class LoadPanel(QWidget):
     def _loaded(self, info: dict) -> None:
         self.stage.setText(loaded_line(info))
 
+    def _unload_or_cancel(self) -> None:
+        if self.engine.state == "loading":
+            self.engine.cancel_load()
+        else:
+            self.engine.unload()
+
     def _failed(self, cls: str, message: str) -> None:
+        self.stage.setText("")
+        if cls == "LoadCancelled":  # asked for: said on the stage line, not as an error
+            self.error.hide()
+            self.stage.setText("Load cancelled.")
+            return
         self.error.setText(f"Could not load the model ({cls}): {message}")
         self.error.show()
-        self.stage.setText("")
 
 
 def loaded_line(info: dict) -> str:

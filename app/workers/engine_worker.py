@@ -37,6 +37,10 @@ class CpuModeRefused(Exception):
     """The user asked never to run on the CPU, and no GPU backend is available."""
 
 
+class LoadCancelled(Exception):
+    """Cancel was pressed while the model loaded (EngineController.cancel_load)."""
+
+
 class EngineWorker(QObject):
     """Lives on the engine thread. Its slots are called through queued signals only."""
 
@@ -63,7 +67,7 @@ class EngineWorker(QObject):
             no_gpu = request.settings.backend == "numpy" or request.gpu_present is False
             if request.refuse_cpu and no_gpu:
                 raise CpuModeRefused(CPU_REFUSED)
-            engine = self._loader(request, self._progress)
+            engine = self._loader(request, self._progress_of(request))
             if request.refuse_cpu and engine.backend_name != "cuda":
                 engine.unload()
                 raise CpuModeRefused(CPU_REFUSED)
@@ -84,8 +88,16 @@ class EngineWorker(QObject):
         )
         self.held.emit(self._held())
 
-    def _progress(self, stage: str, fraction: float) -> None:
-        self.load_progress.emit(stage, float(fraction))
+    def _progress_of(self, request: LoadRequest) -> Any:
+        """The load's progress callback: each stage to the GUI; a cancel set meanwhile
+        raises LoadCancelled there, and the engine releases what the load allocated."""
+
+        def progress(stage: str, fraction: float) -> None:
+            if request.cancel is not None and request.cancel.is_set():
+                raise LoadCancelled("The load was cancelled; nothing of it is held.")
+            self.load_progress.emit(stage, float(fraction))
+
+        return progress
 
     @Slot(int, object)
     def generate(self, request_id: int, request: ReplyRequest) -> None:

@@ -256,7 +256,7 @@ class ChatPanel(QWidget):
         self.input.setFixedHeight(72)
         self.input.submit.connect(self.send)
         self.input.regenerate.connect(chats.regenerate)
-        self.input.files_given.connect(self.tray.add)
+        self.input.files_given.connect(self.attach)
         row.addWidget(self.input, 1)
         buttons = QVBoxLayout()
         buttons.setSpacing(6)
@@ -307,12 +307,28 @@ class ChatPanel(QWidget):
             start,
             "Text and PDF (*.txt *.md *.py *.json *.csv *.log *.pdf);;All files (*)",
         )
-        self.tray.add(paths)
+        self.attach(paths)
+
+    def attach(self, paths: list[str]) -> None:
+        """Read `paths` into the tray, each counted with the loaded model's tokenizer."""
+        tokenizer = self.chats.engine.info.get("tokenizer")
+        count = (lambda text: len(tokenizer.encode(text))) if tokenizer is not None else None
+        self.tray.add(paths, count)
 
     def _files_read(self, refused: list) -> None:
+        context = self.chats.engine.info.get("context")
+        tokens = self.tray.tokens()
         if refused:
             self.status.setText("Not attached: " + "; ".join(refused))
-        elif self.status.text().startswith(("Not attached", "Still reading")):
+        elif tokens is not None and isinstance(context, int) and tokens > context // 2:
+            self.status.setText(
+                f"The attached files take {tokens:,} tokens of the {context:,} the model was "
+                "loaded with: raise the context length (Load tab) and load again, or attach "
+                "a part"
+                if tokens >= context
+                else f"The attached files take {tokens:,} of the {context:,} tokens of context"
+            )
+        elif self.status.text().startswith(("Not attached", "Still reading", "The attached")):
             self.status.setText("")  # what the line said of earlier files is over
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt override)
@@ -323,7 +339,7 @@ class ChatPanel(QWidget):
         files = local_files(event.mimeData())
         if files:
             event.acceptProposedAction()
-            self.tray.add(files)
+            self.attach(files)
 
     def edit_last(self) -> None:
         """The last message back in the composer, out of the chat (a draft already there

@@ -4,13 +4,13 @@ composer, each with a button that takes it off."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from PySide6.QtCore import QMimeData, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QWidget
 
-from engine.attachments import Attachment, AttachmentRefused, read_attachment
+from engine.attachments import Attachment, AttachmentRefused, compose, read_attachment
 
 MAX_FILES = 20  # a message's files at most: past that, a folder's worth went in by mistake
 
@@ -25,16 +25,18 @@ def local_files(mime: QMimeData) -> list[str]:
 class AttachmentTray(QWidget):
     """The pending files. `add(paths)` reads them on a thread (a PDF can take seconds);
     `read_done` reports what it refused, one line a file; `take()` hands the files to a
-    message and empties the tray."""
+    message and empties the tray. With a `count` (the loaded model's tokenizer), each file
+    is counted as the model will read it, on the same thread, and its chip says so."""
 
     changed = Signal()
     read_done = Signal(list)  # the refusals' messages (empty: every file was taken)
-    _files_read = Signal(int, list, list)  # generation, attachments, refusals (from the thread)
+    _files_read = Signal(int, list, list)  # generation, (attachment, tokens) pairs, refusals
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("attachmentTray")
         self._files: list[Attachment] = []
+        self._tokens: list[int | None] = []  # each file's tokens, where they were counted
         self._reading = 0  # readers not yet back
         self._generation = 0  # bumped by take() and clear(): files read for a sent message drop
         self._layout = QHBoxLayout(self)
@@ -52,7 +54,13 @@ class AttachmentTray(QWidget):
     def reading(self) -> bool:
         return self._reading > 0
 
-    def add(self, paths: Sequence[str]) -> None:
+    def tokens(self) -> int | None:
+        """What the files take of the context (None where any is uncounted)."""
+        if not self._files or None in self._tokens:
+            return None
+        return sum(t for t in self._tokens if t is not None)
+
+    def add(self, paths: Sequence[str], count: Callable[[str], int] | None = None) -> None:
         """Read `paths` on a thread and add the files that check out (in order)."""
         paths = [p for p in paths if p]
         if not paths:
@@ -67,9 +75,11 @@ class AttachmentTray(QWidget):
                     refused.append(f"{Path(path).name}: a message takes {MAX_FILES} files at most")
                     continue
                 try:
-                    got.append(read_attachment(path))
+                    attachment = read_attachment(path)
                 except AttachmentRefused as exc:
                     refused.append(str(exc))
+                    continue
+                got.append((attachment, _counted(count, attachment)))
             try:
                 self._files_read.emit(generation, got, refused)
             except RuntimeError:  # the window closed while the files were read
@@ -80,10 +90,11 @@ class AttachmentTray(QWidget):
     def put(self, attachments: Sequence[Attachment]) -> None:
         """Files already read (an edited message's) back in the tray."""
         self._files.extend(attachments)
+        self._tokens.extend([None] * len(attachments))
         self._redraw()
 
     def take(self) -> list[Attachment]:
-        files, self._files = self._files, []
+        files, self._files, self._tokens = self._files, [], []
         self._generation += 1
         self._redraw()
         return files
@@ -94,12 +105,14 @@ class AttachmentTray(QWidget):
     def remove(self, index: int) -> None:
         if 0 <= index < len(self._files):
             del self._files[index]
+            del self._tokens[index]
             self._redraw()
 
     def _arrived(self, generation: int, got: list, refused: list) -> None:
         self._reading -= 1
         if generation == self._generation:
-            self._files.extend(got)
+            self._files.extend(a for a, _n in got)
+            self._tokens.extend(n for _a, n in got)
             self._redraw()
         self.read_done.emit(refused)
 
@@ -109,13 +122,13 @@ class AttachmentTray(QWidget):
             if chip is not None:
                 chip.hide()  # gone from view now; deleted when the event loop comes round
                 chip.deleteLater()
-        for i, attachment in enumerate(self._files):
+        for i, (attachment, tokens) in enumerate(zip(self._files, self._tokens, strict=True)):
             chip = QWidget()
             chip.setObjectName("attachmentChip")
             row = QHBoxLayout(chip)
             row.setContentsMargins(8, 2, 2, 2)
             row.setSpacing(2)
-            label = QLabel(attachment.summary())
+            label = QLabel(attachment.summary() + (f" · {tokens:,} tokens" if tokens else ""))
             label.setToolTip(preview(attachment))
             drop = QToolButton()
             drop.setObjectName("removeAttachment")
@@ -127,6 +140,16 @@ class AttachmentTray(QWidget):
             self._layout.insertWidget(i, chip)
         self.setVisible(bool(self._files))
         self.changed.emit()
+
+
+def _counted(count: Callable[[str], int] | None, attachment: Attachment) -> int | None:
+    """The file's tokens as the model reads it (fenced under its name), or None."""
+    if count is None:
+        return None
+    try:
+        return count(compose("", [attachment]))
+    except Exception:  # a tokenizer that fails here fails again, by name, when it is sent
+        return None
 
 
 def preview(attachment: Attachment, lines: int = 12) -> str:

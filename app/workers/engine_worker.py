@@ -84,6 +84,8 @@ class EngineWorker(QObject):
                 "drafting": getattr(engine, "drafting", ""),
                 "context": request.context,
                 "streams": request.streams,
+                # what attached files cost, counted before they are sent (thread-safe)
+                "tokenizer": getattr(engine, "tokenizer", None),
             }
         )
         self.held.emit(self._held())

@@ -165,3 +165,27 @@ def test_a_file_dropped_on_the_chat_is_attached(qtbot, make_window, tmp_path):
     message = MessageWidget(Turn("assistant", "hello"))
     qtbot.addWidget(message)
     assert not message.answer_view.acceptDrops()  # a drop on a message reaches the chat
+
+
+def test_files_are_counted_with_the_models_tokenizer_and_a_large_one_is_flagged(
+    qtbot, make_window, tmp_path
+):
+    from engine.attachments import compose, read_attachment
+
+    small, big = tmp_path / "small.txt", tmp_path / "big.txt"
+    small.write_text("word " * 40, encoding="utf-8")
+    big.write_text("x" * 20_000, encoding="utf-8")
+    window = make_window(loader=FakeEngine.loader())
+    _load(qtbot, window)  # a 4,096-token context; the fake counts a token per 4 characters
+    panel = window.chat
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
+        panel.attach([str(small)])
+    want = len(compose("", [read_attachment(small)])) // 4 + 1
+    assert chips(panel) == [f"small.txt, 1 line · {want:,} tokens"]
+    assert panel.tray.tokens() == want and panel.status.text() == ""
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
+        panel.attach([str(big)])
+    assert panel.tray.tokens() > 4096
+    assert "raise the context length (Load tab)" in panel.status.text()
+    panel.tray.remove(1)
+    assert panel.tray.tokens() == want

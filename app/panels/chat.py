@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QMimeData, QStandardPaths, Qt, QTimer, Signal
@@ -286,6 +287,7 @@ class ChatPanel(QWidget):
         chats.store.chat_updated.connect(self._title_changed)
         chats.engine.state_changed.connect(lambda _s: self._busy(chats.busy))
         THEME.changed.connect(self._theme_changed)
+        chats.engine.loaded.connect(lambda _info: self.tray.recount(self._count()))
         self.setAcceptDrops(True)
         self.rebuild()
         self._busy(False)
@@ -311,9 +313,12 @@ class ChatPanel(QWidget):
 
     def attach(self, paths: list[str]) -> None:
         """Read `paths` into the tray, each counted with the loaded model's tokenizer."""
+        self.tray.add(paths, self._count())
+
+    def _count(self) -> Callable[[str], int] | None:
+        """The loaded model's token count of a text (None: no model here to count with)."""
         tokenizer = self.chats.engine.info.get("tokenizer")
-        count = (lambda text: len(tokenizer.encode(text))) if tokenizer is not None else None
-        self.tray.add(paths, count)
+        return (lambda text: len(tokenizer.encode(text))) if tokenizer is not None else None
 
     def _files_read(self, refused: list) -> None:
         context = self.chats.engine.info.get("context")
@@ -350,6 +355,7 @@ class ChatPanel(QWidget):
         draft = self.input.toPlainText().strip()
         self.input.setPlainText(turn.content + (f"\n\n{draft}" if draft else ""))
         self.tray.put(turn.attachments)
+        self.tray.recount(self._count())
         self.input.setFocus()
         self.input.moveCursor(QTextCursor.MoveOperation.End)
 

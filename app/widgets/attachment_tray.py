@@ -31,6 +31,7 @@ class AttachmentTray(QWidget):
     changed = Signal()
     read_done = Signal(list)  # the refusals' messages (empty: every file was taken)
     _files_read = Signal(int, list, list)  # generation, (attachment, tokens) pairs, refusals
+    _recounted = Signal(int, list)  # generation, (attachment, tokens) pairs
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -44,6 +45,7 @@ class AttachmentTray(QWidget):
         self._layout.setSpacing(6)
         self._layout.addStretch(1)
         self._files_read.connect(self._arrived)
+        self._recounted.connect(self._counts_arrived)
         self.hide()
 
     @property
@@ -87,6 +89,22 @@ class AttachmentTray(QWidget):
 
         threading.Thread(target=read, name="snug-attach", daemon=True).start()
 
+    def recount(self, count: Callable[[str], int] | None) -> None:
+        """Count the files already in the tray (an edited message's, or any read before a
+        model was loaded) with `count`, on a thread."""
+        if count is None or not self._files:
+            return
+        generation, files = self._generation, list(self._files)
+
+        def tally() -> None:
+            counted = [(a, _counted(count, a)) for a in files]
+            try:
+                self._recounted.emit(generation, counted)
+            except RuntimeError:  # the window closed meanwhile
+                pass
+
+        threading.Thread(target=tally, name="snug-attach-count", daemon=True).start()
+
     def put(self, attachments: Sequence[Attachment]) -> None:
         """Files already read (an edited message's) back in the tray."""
         self._files.extend(attachments)
@@ -116,6 +134,16 @@ class AttachmentTray(QWidget):
             self._redraw()
         self.read_done.emit(refused)
 
+    def _counts_arrived(self, generation: int, counted: list) -> None:
+        if generation != self._generation:
+            return  # the files went with a message meanwhile
+        by_file = {id(a): n for a, n in counted}
+        self._tokens = [
+            by_file.get(id(a), n) for a, n in zip(self._files, self._tokens, strict=True)
+        ]
+        self._redraw()
+        self.read_done.emit([])
+
     def _redraw(self) -> None:
         while self._layout.count() > 1:  # the chips; the stretch at the end stays
             chip = self._layout.takeAt(0).widget()
@@ -138,6 +166,7 @@ class AttachmentTray(QWidget):
             row.addWidget(label)
             row.addWidget(drop)
             self._layout.insertWidget(i, chip)
+            chip.show()  # now, not when the layout's queued show comes round
         self.setVisible(bool(self._files))
         self.changed.emit()
 

@@ -189,3 +189,21 @@ def test_files_are_counted_with_the_models_tokenizer_and_a_large_one_is_flagged(
     assert "raise the context length (Load tab)" in panel.status.text()
     panel.tray.remove(1)
     assert panel.tray.tokens() == want
+
+
+def test_files_are_counted_again_on_edit_and_when_a_model_loads(qtbot, make_window, tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("alpha beta " * 30, encoding="utf-8")
+    window = make_window(loader=FakeEngine.loader())
+    panel = window.chat
+    _attach(qtbot, panel, path)  # no model yet: nothing to count with
+    assert chips(panel) == ["notes.txt, 1 line"] and panel.tray.tokens() is None
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
+        _load(qtbot, window)  # the load counts the files waiting
+    assert panel.tray.tokens() is not None and "tokens" in chips(panel)[0]
+    counted = panel.tray.tokens()
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        panel.send()
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
+        qtbot.mouseClick(panel.message_widgets()[0].edit_button, Qt.MouseButton.LeftButton)
+    assert panel.tray.tokens() == counted  # the edited message's files, counted again

@@ -252,10 +252,13 @@ class Library(QObject):
             saved = json.loads(str(store.value(REPOS_KEY, "[]") or "[]"))
         except ValueError:
             saved = []
+        from app.workers.hub_probe import REPO_ID
+
         known = {e.repo for e in [*self._catalog, *self._repos]}
         for item in saved if isinstance(saved, list) else []:
             ok = isinstance(item, dict) and isinstance(item.get("config"), dict)
-            if ok and isinstance(item.get("repo"), str) and isinstance(item.get("size"), int):
+            ok = ok and isinstance(item.get("repo"), str) and isinstance(item.get("size"), int)
+            if ok and REPO_ID.fullmatch(item["repo"]):  # an edited file's odd entry: skipped
                 if item["repo"] not in known:
                     self._remember_repo(item["repo"], item["config"], item["size"])
                     known.add(item["repo"])

@@ -89,3 +89,20 @@ def test_add_plan_download_and_keep_a_hub_model(qtbot, make_window, tiny_checkpo
     assert again.library.delete_button.text() == "Remove from list"
     again.library.delete_button.click()
     assert again.ctx.library.find(f"hub:{REPO}") is None
+
+
+def test_odd_saved_repositories_are_skipped(make_window, settings_store):
+    good = {"repo": "someone/fine", "size": 10, "config": {"model_type": "qwen3_5"}}
+    odd = [
+        {"repo": "../../etc", "size": 1, "config": {}},
+        {"repo": "a/b", "size": "big", "config": {}},
+        {"repo": "a/c", "size": 1, "config": "not a dict"},
+        "not an object",
+    ]
+    settings_store.setValue("library/repos", json.dumps([*odd, good]))
+    window = make_window()
+    hub = [e.repo for e in window.ctx.library.entries() if e.source == "hub"]
+    assert hub == ["someone/fine"]
+    settings_store.setValue("library/repos", "{not json")
+    again = make_window()  # read as none, the window starts
+    assert not [e for e in again.ctx.library.entries() if e.source == "hub"]

@@ -187,9 +187,9 @@ def _reply(
     parts: list[str] = []
     stats, reason = None, None
     shown = Shown(out, _opens_thinking(engine, ids), resumed=bool(partial))
-    more = {"progress": prompt_progress()} if getattr(engine, "reports_prompt_progress", 0) else {}
+    extra = {"progress": prompt_progress()} if getattr(engine, "reports_prompt_progress", 0) else {}
     try:
-        for event in engine.generate(ids, params, cancel, **more):
+        for event in engine.generate(ids, params, cancel, **extra):
             if event.text:
                 parts.append(event.text)
                 shown.feed(event.text)

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QScrollArea,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -36,6 +37,7 @@ from app.state.chat_history import Chat
 from app.theme import THEME
 from app.widgets.attachment_tray import AttachmentTray, local_files
 from app.widgets.message import MessageWidget
+from app.widgets.system_prompt import SystemPromptDialog
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 
@@ -200,9 +202,19 @@ class ChatPanel(QWidget):
         outer.setContentsMargins(0, 0, 0, 0)
         outer.setSpacing(0)
 
+        header = QWidget()
+        header.setObjectName("chatHeader")
+        hl = QHBoxLayout(header)
+        hl.setContentsMargins(24, 8, 16, 8)
         self.title = QLabel()
         self.title.setObjectName("chatTitle")
-        outer.addWidget(self.title)
+        hl.addWidget(self.title, 1)
+        self.system_button = QToolButton()
+        self.system_button.setObjectName("chatSystem")
+        self.system_button.setText("System prompt")
+        self.system_button.clicked.connect(self.edit_system_prompt)
+        hl.addWidget(self.system_button)
+        outer.addWidget(header)
 
         self.scroll = QScrollArea()
         self.scroll.setObjectName("chatScroll")
@@ -359,14 +371,36 @@ class ChatPanel(QWidget):
         self.input.setFocus()
         self.input.moveCursor(QTextCursor.MoveOperation.End)
 
+    def edit_system_prompt(self) -> None:
+        """This chat's own system prompt, or the settings' again (a dialog)."""
+        chat = self.chats.current
+        dialog = SystemPromptDialog(chat.system_prompt, self.chats.settings.system_prompt, self)
+        if dialog.exec() == SystemPromptDialog.DialogCode.Accepted:
+            self.chats.store.set_system_prompt(chat.id, dialog.prompt())
+            self._show_system_prompt()
+
+    def _show_system_prompt(self) -> None:
+        own = self.chats.current.system_prompt
+        text = own if own is not None else self.chats.settings.system_prompt
+        self.system_button.setText(
+            "System prompt (this chat)" if own is not None else "System prompt"
+        )
+        self.system_button.setToolTip(
+            ("This chat's own: " if own is not None else "The default (Settings > Chat): ")
+            + (text.strip() or "none")
+        )
+
     def _setting_changed(self, key: str, value: object) -> None:
         if key == "chat/thinking" and self.thinking.isChecked() != bool(value):
             self.thinking.setChecked(bool(value))
+        if key == "chat/system_prompt":
+            self._show_system_prompt()  # the default the button speaks of
 
     # -- view
     def rebuild(self) -> None:
         chat = self.chats.current
         self.title.setText(chat.title)
+        self._show_system_prompt()
         for widget in self._messages:
             self.body_layout.removeWidget(widget)
             widget.hide()

@@ -77,6 +77,7 @@ class Chat:
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     turns: list[Turn] = field(default_factory=list)
+    system_prompt: str | None = None  # this chat's own; None: the one in Settings > Chat
 
     @classmethod
     def new(cls) -> Chat:
@@ -88,7 +89,8 @@ class Chat:
     @classmethod
     def from_dict(cls, raw: object) -> Chat:
         """A chat from its JSON form; ChatFileError names the first field that is wrong."""
-        raw = _object(raw, "the file", ("id", "title", "created", "updated", "turns"))
+        keys = ("id", "title", "created", "updated", "turns", "system_prompt")
+        raw = _object(raw, "the file", keys)
         try:
             chat_id = check_chat_id(raw.get("id"))
         except ChatFileError as exc:
@@ -103,10 +105,18 @@ class Chat:
             created=_seconds(raw.get("created", now), "created"),
             updated=_seconds(raw.get("updated", now), "updated"),
             turns=[Turn.from_dict(t, f"turns[{i}]") for i, t in enumerate(turns)],
+            system_prompt=(
+                None
+                if raw.get("system_prompt") is None
+                else _text(raw["system_prompt"], "system_prompt")
+            ),
         )
 
     def messages(self, system_prompt: str = "") -> list[dict[str, str]]:
-        """The conversation as engine messages (error turns are not sent to the model)."""
+        """The conversation as engine messages (error turns are not sent to the model), after
+        the chat's own system prompt, else `system_prompt` (the settings')."""
+        if self.system_prompt is not None:
+            system_prompt = self.system_prompt
         out = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
         for turn in self.turns:
             if turn.role in ("user", "assistant"):
@@ -117,6 +127,8 @@ class Chat:
         """The chat as a Markdown document: its title, then each message under its author;
         a reply's thinking in a collapsed <details> block before its answer."""
         parts = [f"# {self.title}"]
+        if self.system_prompt and self.system_prompt.strip():
+            parts.append(f"*System prompt:* {self.system_prompt.strip()}")
         for turn in self.turns:
             if turn.role == "assistant":
                 split = split_reply(turn.content, turn.thinking_enabled)
@@ -309,6 +321,14 @@ class ChatStore(QObject):
             chat.title = _title(title, TITLE_MAX)
             self._write(chat)
         return chat.title
+
+    def set_system_prompt(self, chat_id: str, prompt: str | None) -> None:
+        """The chat's own system prompt (None: the settings' again); its place in the list,
+        by last message, stays."""
+        chat = self._chats.get(chat_id)
+        if chat is not None and chat.system_prompt != prompt:
+            chat.system_prompt = prompt
+            self._write(chat)
 
     def _write(self, chat: Chat) -> None:
         path = self.path(chat.id)

@@ -60,6 +60,26 @@ MAX_BODY = 32 << 20  # bytes of one request body (files sent in a request: base6
 # visits could otherwise spend the model (and read what it says): `--cors-origin` adds one.
 LOCAL_ORIGINS = r"(https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?|(app|tauri)://[^/]*)"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Routes of the APIs served here that this server does not have, said by name: a front-end
+# shows the message where a bare 404 would leave its user guessing.
+_NO_EMBEDDINGS = (
+    "this server runs one chat model and no embedding model: point the embedding setting "
+    "at a server that runs one"
+)
+_MODELS_IN_APP = (
+    "models are not added or removed over the API here: download them in Snug's Models tab "
+    "(or with `hf download REPO`) and serve another with `snug serve --model`"
+)
+ABSENT = {
+    "/v1/embeddings": _NO_EMBEDDINGS,
+    "/api/embed": _NO_EMBEDDINGS,
+    "/api/embeddings": _NO_EMBEDDINGS,
+    "/api/pull": _MODELS_IN_APP,
+    "/api/push": _MODELS_IN_APP,
+    "/api/create": _MODELS_IN_APP,
+    "/api/copy": _MODELS_IN_APP,
+    "/api/delete": _MODELS_IN_APP,
+}
 
 
 def create_app(
@@ -529,7 +549,10 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        message = f"no route {request.method} {request.url.path}; see GET /v1/models"
+        path = request.url.path.rstrip("/")
+        message = ABSENT.get(path) or f"no route {request.method} {path}; see GET /v1/models"
+        if path.startswith("/api/"):  # Ollama's routes answer in Ollama's shape
+            return JSONResponse({"error": message}, status_code=404)
         err = ApiError(404, message, code="not_found")
     elif exc.status_code == 405:
         message = f"{request.method} is not allowed on {request.url.path}"

@@ -106,7 +106,8 @@ CASES = [
     ("POST", "/completions", {"prompt": [1, 99999]}, 400, "prompt", None, "vocabulary"),
     ("POST", "/completions", {"prompt": ""}, 400, "prompt", None, "non-empty"),
     ("POST", "/completions", {"prompt": "hi", "echo": True}, 400, "echo", None, "not supported"),
-    ("POST", "/embeddings", {"input": "hi"}, 404, None, "not_found", "no route"),
+    ("POST", "/embeddings", {"input": "hi"}, 404, None, "not_found", "no embedding model"),
+    ("POST", "/audio/speech", {"input": "hi"}, 404, None, "not_found", "no route"),
     ("GET", "/chat/completions", None, 405, None, "method_not_allowed", "not allowed"),
     ("GET", "/models/other", None, 404, "model", "model_not_found", "other"),
 ]

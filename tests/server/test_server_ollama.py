@@ -155,3 +155,17 @@ def test_a_chat_longer_than_the_context_loses_its_oldest_turns(scripted):
     body = {"model": scripted.model, "messages": messages, "stream": False, "truncate": False}
     r = httpx.post(scripted.base + "/api/chat", json=body, headers=headers)
     assert r.status_code == 400 and "context" in r.json()["error"]
+
+
+def test_routes_not_served_here_are_named(served):
+    c = client(served)
+    with pytest.raises(ollama.ResponseError) as err:
+        c.embed(model=served.model, input="hello")
+    assert err.value.status_code == 404 and "no embedding model" in err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        c.pull("qwen3.5:4b")
+    assert err.value.status_code == 404 and "Models tab" in err.value.error
+    import openai
+
+    with pytest.raises(openai.NotFoundError, match="no embedding model"):
+        served.client().embeddings.create(model=served.model, input="hello")

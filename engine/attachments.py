@@ -5,8 +5,9 @@ A file's text goes into the user's message before what they typed, each file in 
 Markdown block under its name. The fence is longer than any run of backticks inside the
 file (as CommonMark asks), so the model sees where each file starts and ends, and an
 exported chat shows it as code. Text files (UTF-8, or UTF-16 with its byte-order mark) are
-taken as they are; a PDF gives its text layer, page by page (pypdf). Images and other
-binary files are refused by name: Qwen3.5's language model reads text only (its vision
+taken as they are; a PDF gives its text layer, page by page (pypdf); a Word document
+(.docx) its paragraphs and tables in order (python-docx). Images and other binary files
+are refused by name: Qwen3.5's language model reads text only (its vision
 tower is not loaded). What a file costs in tokens is the context's business: a message
 too long for the loaded context is refused by name when sent (engine/context_fit.py).
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 from engine.errors import SnugError
 
 MAX_TEXT_CHARS = 1 << 20  # about 250,000 tokens: more than any context Snug loads
-MAX_PDF_BYTES = 64 << 20
+MAX_PDF_BYTES = 64 << 20  # a PDF's or a Word document's bytes (images inside take most)
 MAX_FILE_BYTES = 4 * MAX_TEXT_CHARS  # a text file's bytes (UTF-8 takes up to 4 a character)
 IMAGES = {  # leading bytes of the image formats people try to attach
     b"\x89PNG": "a PNG image",
@@ -90,7 +91,8 @@ def read_attachment(path: str | Path) -> Attachment:
             raise AttachmentRefused(f"{name} is a folder: attach the files in it one by one")
         with path.open("rb") as f:  # no more than the limit is read, plus a byte to know
             head = f.read(5)
-            limit = MAX_PDF_BYTES if head == b"%PDF-" else MAX_FILE_BYTES
+            document = head == b"%PDF-" or _is_docx(name, head)
+            limit = MAX_PDF_BYTES if document else MAX_FILE_BYTES
             data = head + f.read(limit + 1 - len(head))
     except OSError as exc:
         raise AttachmentRefused(f"{name} could not be read: {exc.strerror or exc}") from None
@@ -116,6 +118,8 @@ def file_text(name: str, data: bytes) -> str:
     """The text of a file called `name` whose bytes are `data` (see the module's note)."""
     if data.startswith(b"%PDF-"):
         return _pdf_text(name, data)
+    if _is_docx(name, data):
+        return _docx_text(name, data)
     if len(data) > MAX_FILE_BYTES:
         raise AttachmentRefused(
             f"{name} is {_size(len(data))}; a text file attached to a message may take up to "
@@ -129,7 +133,8 @@ def file_text(name: str, data: bytes) -> str:
         if kind:
             raise AttachmentRefused(
                 f"{name} is {kind}, not text: the model reads text only. Attach a text file "
-                "(notes, source code, Markdown, CSV) or a PDF with a text layer"
+                "(notes, source code, Markdown, CSV), a PDF with a text layer or a Word "
+                "document (.docx)"
             )
         text = _decode(name, data, "utf-8-sig")
     text = text.replace("\r\n", "\n").replace("\r", "\n")
@@ -170,7 +175,7 @@ def _binary_kind(data: bytes) -> str:
     if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
         return "a WebP image"
     if head.startswith(b"PK\x03\x04"):
-        return "a ZIP archive (or an Office document)"
+        return "a ZIP archive (or an Office document other than Word's .docx)"
     return "a binary file" if b"\x00" in data[:8192] else ""
 
 
@@ -200,6 +205,36 @@ def _pdf_text(name: str, data: bytes) -> str:
         return _bounded(name, pages[0].strip() + "\n")
     text = "\n\n".join(f"[page {i}]\n{p.strip()}" for i, p in enumerate(pages, 1)) + "\n"
     return _bounded(name, text)
+
+
+def _is_docx(name: str, data: bytes) -> bool:
+    return data.startswith(b"PK\x03\x04") and name.lower().endswith((".docx", ".docm"))
+
+
+def _docx_text(name: str, data: bytes) -> str:
+    """A Word document's paragraphs, and its tables as rows of cells between bars, in the
+    order they come (python-docx)."""
+    if len(data) > MAX_PDF_BYTES:
+        raise AttachmentRefused(f"{name} is over {_size(MAX_PDF_BYTES)}; attach a shorter one")
+    import docx  # imported here: only a Word document needs it
+
+    lines: list[str] = []
+    try:
+        for block in docx.Document(io.BytesIO(data)).iter_inner_content():
+            if hasattr(block, "rows"):  # a table
+                lines.extend(
+                    "| " + " | ".join(c.text for c in row.cells) + " |" for row in block.rows
+                )
+            else:
+                lines.append(block.text)
+    except Exception as e:  # noqa: BLE001 (a damaged file reaches the parser as any error)
+        raise AttachmentRefused(
+            f"{name} is not a readable Word document ({type(e).__name__}: {e})"
+        ) from None
+    text = "\n".join(lines).strip()
+    if not text:
+        raise AttachmentRefused(f"{name} holds no text (pictures only?): the model reads text only")
+    return _bounded(name, text + "\n")
 
 
 def _bounded(name: str, text: str) -> str:

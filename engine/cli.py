@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FILE",
-        help="a text file or PDF the model reads before --prompt (repeat for more)",
+        help="a text file, PDF or Word document the model reads before --prompt (repeatable)",
     )
     _add_sampling_flags(g, max_new_tokens=256)
     _add_engine_flags(g)

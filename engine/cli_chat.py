@@ -4,7 +4,7 @@ The model loads once; each line typed is a message, its reply streams in, and th
 conversation is kept for the next one (its oldest turns left out of the prompt once it
 outgrows the context: engine/context_fit.py). A line ending in a backslash goes on to the
 next. Commands: /continue goes on with a reply cut by the token limit or by Ctrl+C, /attach
-FILE puts a text file or a PDF before the next message (engine/attachments.py), /reset
+FILE puts a text file, PDF or Word document before the next message (engine/attachments.py), /reset
 starts a new conversation, /exit (or Ctrl+D) ends, /help. Ctrl+C stops a reply (what it
 said so far is kept); at the prompt it ends the chat. A request the
 engine refuses (a message longer than the context, say) is reported, and the conversation
@@ -30,7 +30,7 @@ from engine.server.reply import ReplySplitter
 HELP = (
     "Type a message and press Enter (end a line with \\ to go on to the next).\n"
     "  /continue  go on with a reply cut by the token limit or by Ctrl+C\n"
-    "  /attach F  give the model file F (text or PDF) with the next message\n"
+    "  /attach F  give the model file F (text, PDF, Word) with the next message\n"
     "  /reset     start a new conversation\n"
     "  /exit      end (or Ctrl+D); Ctrl+C stops a reply\n"
 )
@@ -106,7 +106,7 @@ def _attach(arg: str, files: list[Attachment], err: TextIO) -> None:
     """/attach FILE: the file read into `files` (or why it was not)."""
     path = arg.strip("'\"")
     if not path:
-        err.write("(usage: /attach FILE; a text file or a PDF, read with your next message)\n")
+        err.write("(usage: /attach FILE: a text file, PDF or Word document for the next message)\n")
         return
     try:
         files.append(read_attachment(Path(path).expanduser()))

@@ -251,7 +251,7 @@ class ChatPanel(QWidget):
         self.attach_button = QPushButton("Attach…")
         self.attach_button.setObjectName("attachFiles")
         self.attach_button.setToolTip(
-            "Attach text files or PDFs: the model reads them with your message "
+            "Attach text files, PDFs or Word documents: the model reads them with your message "
             "(or drop files on the chat)"
         )
         self.attach_button.clicked.connect(self.choose_files)
@@ -319,7 +319,7 @@ class ChatPanel(QWidget):
             self,
             "Attach files",
             start,
-            "Text and PDF (*.txt *.md *.py *.json *.csv *.log *.pdf);;All files (*)",
+            "Text, PDF and Word (*.txt *.md *.py *.json *.csv *.log *.pdf *.docx);;All files (*)",
         )
         self.attach(paths)
 

@@ -339,7 +339,7 @@ def _message(message: Any, i: int) -> dict[str, Any]:
 
 def _content(content: Any, where: str) -> str:
     """Text content: a string, or a list of parts: its text parts joined, after the files
-    sent as `file` parts (text or PDF, each fenced under its name: engine/attachments.py).
+    sent as `file` parts (text, PDF or Word, each fenced under its name: engine/attachments.py).
     Images are refused."""
     if content is None or isinstance(content, str):
         return content or ""
@@ -355,7 +355,7 @@ def _content(content: Any, where: str) -> str:
         else:
             raise bad(
                 f"'{where}content' has a '{kind}' part: this server takes text and file "
-                "(text or PDF) parts only",
+                "(text, PDF or Word) parts only",
                 f"{where}content",
             )
     return compose("".join(texts), files)

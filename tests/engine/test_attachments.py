@@ -45,7 +45,7 @@ def test_files_the_model_cannot_read_are_refused_by_name(tmp_path):
     assert "a PNG image" in refusal("photo.png", b"\x89PNG\r\n\x1a\n" + bytes(100))
     assert "a JPEG image" in refusal("photo.jpg", b"\xff\xd8\xff\xe0" + bytes(100))
     assert "a WebP image" in refusal("photo.webp", b"RIFF\x00\x00\x00\x00WEBPVP8 ")
-    assert "ZIP" in refusal("report.docx", b"PK\x03\x04" + bytes(40))
+    assert "ZIP" in refusal("slides.pptx", b"PK\x03\x04" + bytes(40))
     assert "a binary file" in refusal("model.bin", b"\x01\x02\x00\x03" * 10)
     latin = refusal("old.txt", "café".encode("latin-1"))
     assert "not UTF-8" in latin and "0xe9" in latin and "offset 3" in latin
@@ -109,3 +109,33 @@ def test_a_files_text_comes_back_whole_from_its_block(text):
     assert inner.endswith(fence) and body == (text if text.endswith("\n") else text + "\n")
     closing = [line for line in body.split("\n") if line.strip().startswith(fence)]
     assert not closing  # CommonMark: no line inside may close the block
+
+
+def word(build) -> bytes:
+    import docx
+
+    document = docx.Document()
+    build(document)
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+def test_a_word_document_gives_its_paragraphs_and_tables_in_order():
+    def build(d):
+        d.add_heading("Launch plan", 1)
+        d.add_paragraph("Ship the 4 GiB build.")
+        table = d.add_table(rows=2, cols=2)
+        for (r, c), text in {(0, 0): "who", (0, 1): "what", (1, 0): "Ann", (1, 1): "tests"}.items():
+            table.cell(r, c).text = text
+        d.add_paragraph("Then the release notes.")
+
+    text = file_text("plan.docx", word(build))
+    assert text == (
+        "Launch plan\nShip the 4 GiB build.\n| who | what |\n| Ann | tests |\n"
+        "Then the release notes.\n"
+    )
+    assert "holds no text" in refusal("blank.docx", word(lambda d: None))
+    whole = word(build)
+    assert "not a readable Word document" in refusal("cut.docx", whole[: len(whole) // 2])
+    assert "other than Word's .docx" in refusal("sheet.xlsx", whole)  # a zip, not read as Word

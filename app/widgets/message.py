@@ -93,11 +93,20 @@ def _wrap_code_blocks(doc: QTextDocument) -> None:
         block = block.next()
 
 
+def fingerprint(turn: Turn) -> tuple:
+    """What a message's drawing shows of its turn: a turn whose fingerprint changed is drawn
+    again (ChatPanel.rebuild)."""
+    names = tuple(a.name for a in turn.attachments)
+    return (turn.role, turn.content, turn.thinking_enabled, repr(turn.stats), names)
+
+
 class MessageWidget(QFrame):
     """Renders a Turn; `update_text` is called as a reply streams in."""
 
     def __init__(self, turn: Turn, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.turn = turn
+        self.fingerprint = fingerprint(turn)
         self.setObjectName(f"message-{turn.role}")
         self.setProperty("role", turn.role)
         self._thinking_enabled = turn.thinking_enabled

@@ -199,3 +199,24 @@ def test_a_cut_reply_goes_on_where_it_stopped(qtbot, make_window):
     assert turns[-1].stats["finish_reason"] == "stop"
     assert panel.message_widgets()[-1].continue_button.isHidden()  # ended: nothing to go on
     assert not chats.continue_reply()
+
+
+def test_a_long_chat_redraws_only_its_tail(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader())
+    _load(qtbot, window)
+    chats, panel = window.ctx.chats, window.chat
+    chat = chats.current
+    for i in range(40):  # a long conversation, as a file from an earlier day holds it
+        chat.turns += [Turn("user", f"question {i}"), Turn("assistant", f"answer {i}")]
+    chats.turns_changed.emit(chat.id)
+    before = panel.message_widgets()
+    assert len(before) == 80
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.send("one more")
+    after = panel.message_widgets()
+    assert len(after) == 82 and all(a is b for a, b in zip(before, after[:80], strict=True))
+    assert after[-1].answer_text().startswith("Hello")  # the reply, drawn at its end
+    assert not after[80].edit_button.isHidden() and before[-2].edit_button.isHidden()
+    qtbot.mouseClick(after[80].edit_button, Qt.MouseButton.LeftButton)
+    assert panel.input.toPlainText() == "one more"
+    assert panel.message_widgets() == before  # the tail went; the rest stayed as drawn

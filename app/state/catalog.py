@@ -104,15 +104,19 @@ def _config(folder: str) -> dict:
 
 
 def _is_qwen35(folder: str) -> bool:
-    kind = str(_config(folder).get("model_type", ""))
+    return _qwen35_config(_config(folder))
+
+
+def _qwen35_config(config: dict) -> bool:
+    kind = str(config.get("model_type", ""))
     return kind.startswith("qwen3_5") and "moe" not in kind
 
 
-def _quant(folder: str) -> str:
-    """'4-bit', 'bf16'... as the folder's config says (app/workers/hub_probe.py)."""
+def _quant(config: dict) -> str:
+    """'4-bit', 'bf16'... as a config says (app/workers/hub_probe.py)."""
     from app.workers.hub_probe import format_of
 
-    return format_of(_config(folder))[0]
+    return format_of(config)[0]
 
 
 def check_model_folder(folder: str | Path) -> None:
@@ -287,12 +291,13 @@ class Library(QObject):
                 entry = replace(entry, local_dir=hit[0], revisions=hit[2])
             entries.append(entry)
         for repo, (snap, size, hashes) in sorted(cached.items()):
-            if _is_qwen35(snap):
+            config = _config(snap)  # read once: the check and the title both need it
+            if _qwen35_config(config):
                 entries.append(
                     Entry(
                         key=f"cache:{repo}",
                         name=repo.split("/")[-1],
-                        quant=_quant(snap),
+                        quant=_quant(config),
                         size_bytes=size,
                         source="cache",
                         repo=repo,
@@ -305,7 +310,7 @@ class Library(QObject):
                 Entry(
                     key=f"folder:{folder}",
                     name=Path(folder).name,
-                    quant=_quant(folder),
+                    quant=_quant(_config(folder)),
                     size_bytes=folder_size(folder),
                     source="folder",
                     local_dir=folder,

@@ -137,10 +137,10 @@ def apply(setting: str) -> None:
     app = QGuiApplication.instance()
     dark = system_is_dark() if setting == "system" else setting == "dark"
     THEME.setting = setting
-    if app is None or (dark == THEME.dark and app.styleSheet()):
-        THEME.dark = dark
-        return
+    unchanged = dark == THEME.dark and app is not None and bool(app.styleSheet())
     THEME.dark = dark
+    if app is None or unchanged:
+        return
     if resource("style.qss").exists():
         app.setStyleSheet(style_sheet(dark))
     palette = app.palette()  # what the sheet does not reach: links in rich text, selections

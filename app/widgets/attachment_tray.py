@@ -28,7 +28,6 @@ class AttachmentTray(QWidget):
     message and empties the tray. With a `count` (the loaded model's tokenizer), each file
     is counted as the model will read it, on the same thread, and its chip says so."""
 
-    changed = Signal()
     read_done = Signal(list)  # the refusals' messages (empty: every file was taken)
     _files_read = Signal(int, list, list)  # generation, (attachment, tokens) pairs, refusals
     _recounted = Signal(int, list)  # generation, (attachment, tokens) pairs
@@ -168,7 +167,6 @@ class AttachmentTray(QWidget):
             self._layout.insertWidget(i, chip)
             chip.show()  # now, not when the layout's queued show comes round
         self.setVisible(bool(self._files))
-        self.changed.emit()
 
 
 def _counted(count: Callable[[str], int] | None, attachment: Attachment) -> int | None:

@@ -141,14 +141,12 @@ class MessageWidget(QFrame):
         top.addWidget(self.continue_button)
         top.addWidget(self.copy_button)
         layout.addLayout(top)
-        self._attachments = list(turn.attachments)
-        self.attachments_label = QLabel(
-            "Attached: " + " · ".join(a.summary() for a in self._attachments)
-        )
+        files = turn.attachments
+        self.attachments_label = QLabel("Attached: " + " · ".join(a.summary() for a in files))
         self.attachments_label.setObjectName("attachmentsLabel")
         self.attachments_label.setWordWrap(True)
-        self.attachments_label.setToolTip("\n\n".join(preview(a, 6) for a in self._attachments))
-        self.attachments_label.setVisible(bool(self._attachments))
+        self.attachments_label.setToolTip("\n\n".join(preview(a, 6) for a in files))
+        self.attachments_label.setVisible(bool(files))
         layout.addWidget(self.attachments_label)
 
         self.think_toggle = QToolButton()
@@ -177,7 +175,7 @@ class MessageWidget(QFrame):
 
     def update_text(self, text: str, done: bool = False) -> None:
         if self._role != "assistant":
-            self._source = compose(text, self._attachments)  # Copy: what the model read
+            self._source = compose(text, self.turn.attachments)  # Copy: what the model read
             self.answer_view.set_markdown(text)
             self.answer_view.setVisible(bool(text))  # a message of files alone
             return

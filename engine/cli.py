@@ -23,6 +23,7 @@ from engine.cli_plan import (
 from engine.cli_progress import load_progress, prompt_progress
 from engine.config import DRAFT_CHOICES, EngineSettings
 from engine.errors import RequestRefused, SnugError
+from engine.request_types import progress_args
 from engine.server.cli import add_serve_parser, run_serve
 
 
@@ -259,7 +260,7 @@ def _generate(engine, args: argparse.Namespace) -> int:
     params = _params(args)
     output_ids, text, stats, finish = [], [], None, None
     t0 = time.perf_counter()
-    more = {"progress": prompt_progress()} if getattr(engine, "reports_prompt_progress", 0) else {}
+    more = progress_args(engine, prompt_progress())
     for event in engine.generate(prompt_ids, params, **more):
         output_ids.append(event.token_id)
         text.append(event.text)

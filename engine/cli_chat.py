@@ -25,6 +25,7 @@ from engine.cli_progress import prompt_progress
 from engine.constraint import opens_thinking
 from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
+from engine.request_types import progress_args
 from engine.server.reply import ReplySplitter
 
 HELP = (
@@ -187,7 +188,7 @@ def _reply(
     parts: list[str] = []
     stats, reason = None, None
     shown = Shown(out, _opens_thinking(engine, ids), resumed=bool(partial))
-    extra = {"progress": prompt_progress()} if getattr(engine, "reports_prompt_progress", 0) else {}
+    extra = progress_args(engine, prompt_progress())
     try:
         for event in engine.generate(ids, params, cancel, **extra):
             if event.text:

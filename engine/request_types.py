@@ -55,3 +55,9 @@ class TokenEvent:
     finish_reason: str | None = None
     stats: GenerationStats | None = None
     logprobs: TokenLogprobs | None = None  # where the request asked (GenerationParams)
+
+
+def progress_args(engine: object, progress: object) -> dict[str, object]:
+    """`generate`'s keyword for the prompt's progress, for an engine that takes it
+    (`Engine.reports_prompt_progress`); none for another (a remote server, a stand-in)."""
+    return {"progress": progress} if getattr(engine, "reports_prompt_progress", False) else {}

@@ -23,6 +23,7 @@ from app.engine_bridge import EngineLike, Loader, LoadRequest, ReplyRequest
 from app.state.chat_history import NUMERIC_STATS
 from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
+from engine.request_types import progress_args
 
 BATCH_S = 0.03
 PROGRESS_S = 0.25  # the prompt's progress, at most this often (and its end)
@@ -118,10 +119,7 @@ class EngineWorker(QObject):
                 said[0] = now
                 self.prompt_progress.emit(request_id, done, total)
 
-        # An engine that reports its prompt's progress (engine.session.Engine) is given the
-        # callback; another (a remote server, a stand-in) is called as before.
-        reports = getattr(self._engine, "reports_prompt_progress", False)
-        more = {"progress": progress} if reports else {}
+        more = progress_args(self._engine, progress)  # not for a remote or stand-in engine
         try:
             ids, left_out = self._prompt(request)
             for event in self._engine.generate(ids, params, cancel, **more):

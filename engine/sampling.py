@@ -1,4 +1,5 @@
-"""Token sampling on the host: greedy, temperature, top-k, top-p, min-p, presence penalty.
+"""Token sampling on the host: greedy, temperature, top-k, top-p, min-p, presence and
+frequency penalties, a bias on chosen tokens' logits.
 
 Logits columns at or past `vocab_rows` are vocabulary padding (Qwen3.5 pads 248077 real ids
 to 248320 columns); they are masked before anything else so they can never be sampled.
@@ -24,6 +25,11 @@ class SamplingParams:
     top_p: float = 0.8
     min_p: float = 0.0
     presence_penalty: float = 0.0
+    # Taken off a token's logit once for each time the reply so far holds it (OpenAI's
+    # `frequency_penalty`); on the host only.
+    frequency_penalty: float = 0.0
+    # (token id, value added to its logit) pairs (OpenAI's `logit_bias`); on the host only.
+    logit_bias: tuple[tuple[int, float], ...] = ()
     seed: int | None = None
     greedy: bool = False
 
@@ -33,6 +39,10 @@ class SamplingParams:
             (self.top_k >= 0, f"top_k {self.top_k} must be >= 0 (0 = off)"),
             (0 < self.top_p <= 1, f"top_p {self.top_p} must be in (0, 1]"),
             (0 <= self.min_p < 1, f"min_p {self.min_p} must be in [0, 1)"),
+            (
+                all(t >= 0 for t, _ in self.logit_bias),
+                "logit_bias names a negative token id",
+            ),
         )
         for ok, message in checks:
             if not ok:
@@ -45,7 +55,13 @@ class SamplingParams:
     @property
     def takes_argmax(self) -> bool:
         """Greedy with nothing to take off the logits: the decode step's own argmax."""
-        return self.is_greedy and not self.presence_penalty
+        return self.is_greedy and not (self.presence_penalty or self.host_scores)
+
+    @property
+    def host_scores(self) -> bool:
+        """The logits are changed in ways only the host sampler does (frequency penalty,
+        logit bias): every pick is made there."""
+        return bool(self.frequency_penalty or self.logit_bias)
 
 
 MAX_TOP_LOGPROBS = 20  # alternatives a token's log-probabilities may list (as OpenAI's API)
@@ -118,8 +134,9 @@ class Sampler:
     @property
     def host_only(self) -> bool:
         """Every pick is made here, from the logits on the host: a grammar holds the reply,
-        or each pick's log-probabilities are asked for."""
-        return self.constraint is not None or self.logprobs is not None
+        or each pick's log-probabilities are asked for, or the logits are changed in ways
+        the device's draw does not (`SamplingParams.host_scores`)."""
+        return self.constraint is not None or self.logprobs is not None or self.params.host_scores
 
     @property
     def takes_argmax(self) -> bool:
@@ -152,8 +169,10 @@ class Sampler:
         return out
 
     def _scores(self, logits: np.ndarray, generated: Iterable[int]) -> np.ndarray:
-        """The logits over the real vocabulary, less the presence penalty."""
+        """The logits over the real vocabulary, less the penalties, plus the bias."""
         p = self.params
+        if not isinstance(generated, Sequence):  # read more than once below
+            generated = list(generated)
         # A float32 copy, padding dropped (logits arrive as float32 or narrower, so nothing is
         # rounded); the probabilities below are computed in float64 on the candidates.
         x = np.array(logits[: self.vocab_rows], dtype=np.float32)
@@ -161,6 +180,13 @@ class Sampler:
             seen = np.fromiter(set(generated), dtype=np.int64)
             seen = seen[seen < self.vocab_rows]
             x[seen] -= p.presence_penalty
+        if p.frequency_penalty:
+            ids, counts = np.unique(np.fromiter(generated, dtype=np.int64), return_counts=True)
+            inside = ids < self.vocab_rows
+            x[ids[inside]] -= (p.frequency_penalty * counts[inside]).astype(np.float32)
+        for token, bias in p.logit_bias:
+            if token < self.vocab_rows:
+                x[token] += bias
         if self.constraint is not None:
             self.constraint.mask(x, generated)  # type: ignore[arg-type]
         return x

@@ -72,6 +72,7 @@ _MODELS_IN_APP = (
 )
 ABSENT = {
     "/v1/embeddings": _NO_EMBEDDINGS,
+    "/embeddings": _NO_EMBEDDINGS,
     "/api/embed": _NO_EMBEDDINGS,
     "/api/embeddings": _NO_EMBEDDINGS,
     "/api/pull": _MODELS_IN_APP,
@@ -112,15 +113,21 @@ class OpenAIServer:
         self.api_key = api_key
         self.max_body = max_body
         self.created = int(time.time())
+        api = [
+            ("/models", self.models, "GET"),
+            ("/models/{model:path}", self.model, "GET"),
+            ("/chat/completions", self.chat, "POST"),
+            ("/completions", self.completions, "POST"),
+            ("/responses", self.responses, "POST"),
+            ("/messages", self.messages, "POST"),
+            ("/messages/count_tokens", self.count_tokens, "POST"),
+        ]
         routes = [
             Route("/health", self.health, methods=["GET"]),
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/v1/models/{model:path}", self.model, methods=["GET"]),
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
-            Route("/v1/responses", self.responses, methods=["POST"]),
-            Route("/v1/messages", self.messages, methods=["POST"]),
-            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+            *(Route("/v1" + path, call, methods=[method]) for path, call, method in api),
+            # The same without /v1, as llama.cpp's server answers them too: clients given
+            # the bare address (http://127.0.0.1:8080) append the route to it.
+            *(Route(path, call, methods=[method]) for path, call, method in api),
             *OllamaApi(self).routes(),
         ]
         handlers = {
@@ -417,7 +424,9 @@ class OpenAIServer:
         return body
 
     def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_id:
+        """`model` is the served one, by its id, or as Ollama's clients name it: with the
+        tag ":latest" (`ollama run NAME` and front-ends add it)."""
+        if model is not None and model not in (self.model_id, f"{self.model_id}:latest"):
             raise ApiError(
                 404,
                 f"the model '{model}' is not loaded here; this server serves "
@@ -476,6 +485,14 @@ class OpenAIServer:
         `fit`: a max_tokens past the room left is cut to it (Anthropic's clients send the
         most their model may write, whatever the context), not refused."""
         context, prompt = self.engine.context, len(ids)
+        vocab = self.engine.vocab_rows
+        outside = [t for t, _ in options.logit_bias if t >= vocab]
+        if outside:
+            raise bad(
+                f"'logit_bias' names token id {outside[0]}, outside the model's vocabulary "
+                f"[0, {vocab})",
+                "logit_bias",
+            )
         if prompt >= context:
             raise bad(
                 f"the prompt has {prompt} tokens but the model's context is {context} tokens "

@@ -76,7 +76,9 @@ class MessagesRequest:
         if choice is not None:
             chat["tool_choice"] = _tool_choice(choice)
         thinking = field(body, "thinking", "object", {})
-        enabled = field(thinking, "type", "string", "disabled", "thinking.") == "enabled"
+        # "adaptive": the model decides whether to think; Qwen3.5 thinks unless told not to.
+        kind = field(thinking, "type", "string", "disabled", "thinking.")
+        enabled = kind in ("enabled", "adaptive")
         chat["chat_template_kwargs"] = {"enable_thinking": enabled}
         return chat
 
@@ -216,6 +218,18 @@ def _tool_choice(choice: dict[str, Any]) -> Any:
     raise bad("'tool_choice.type' must be auto, any, tool or none", "tool_choice.type")
 
 
+def _usage(gen: Generation) -> dict[str, int]:
+    """The reply's usage as the API gives it, in the message and in the stream's
+    message_delta (whose counts clients take as the final ones: LangChain's input tokens
+    come from there); no prompt caching here, so none read or written."""
+    return {
+        "input_tokens": gen.prompt_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": gen.completion_tokens,
+    }
+
+
 class MessageOutput:
     """One reply's content blocks, built from its pieces (`add`), and the message object."""
 
@@ -260,7 +274,6 @@ class MessageOutput:
 
     def message(self, gen: Generation) -> dict[str, Any]:
         reason, sequence = self.stop(gen)
-        u = gen.usage
         return {
             "id": self.id,
             "type": "message",
@@ -269,7 +282,7 @@ class MessageOutput:
             "content": self.blocks,
             "stop_reason": reason,
             "stop_sequence": sequence,
-            "usage": {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"]},
+            "usage": _usage(gen),
         }
 
     async def events(self, gen: Generation) -> AsyncIterator[str]:
@@ -288,7 +301,7 @@ class MessageOutput:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": gen.prompt_tokens, "output_tokens": 0},
+            "usage": {**_usage(gen), "output_tokens": 0},
         }
         yield event("message_start", message=head)
         try:
@@ -319,7 +332,7 @@ class MessageOutput:
             yield event(
                 "message_delta",
                 delta={"stop_reason": reason, "stop_sequence": sequence},
-                usage={"output_tokens": gen.usage["completion_tokens"]},
+                usage=_usage(gen),
             )
             yield event("message_stop")
         except (ApiError, SnugError) as exc:  # after the head went out: an error event

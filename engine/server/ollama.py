@@ -40,6 +40,9 @@ from engine.server.reply import Piece
 if TYPE_CHECKING:
     from engine.server.app import OpenAIServer
 
+# The Ollama release whose API these routes answer as (`think` with levels, `tool_name`,
+# `truncate`, `logprobs` refused by name), as /api/version reports it.
+OLLAMA_VERSION = "0.12.6"
 # Ollama's sampling options and the chat request's names for them.
 OPTIONS = {
     "temperature": "temperature",
@@ -49,6 +52,7 @@ OPTIONS = {
     "seed": "seed",
     "stop": "stop",
     "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
 }
 
 
@@ -205,7 +209,10 @@ class OllamaApi:
         return PlainTextResponse("Ollama is running")
 
     async def version(self, request: Request) -> JSONResponse:
-        return JSONResponse({"version": __version__})
+        """The version of Ollama whose API this one answers as: clients compare it with the
+        least they need (VS Code's Copilot refuses a server below 0.6.4); Snug's own
+        version beside it."""
+        return JSONResponse({"version": OLLAMA_VERSION, "snug_version": __version__})
 
     def _model(self) -> dict[str, Any]:
         s = self.server

@@ -2,7 +2,7 @@
 
 Unknown fields are ignored (clients send many); a known field with the wrong type or out of
 range is refused with status 400 and `param` set to its name. Features this engine does not
-have (several choices, log probabilities) are refused by name rather than silently ignored.
+have (several choices, echo, a suffix) are refused by name rather than silently ignored.
 `response_format` (JSON mode, a JSON schema) and a forced `tool_choice` hold the reply to a
 grammar (engine.constraint).
 """
@@ -19,6 +19,7 @@ from engine.constraint import json_grammar, tool_call_grammar
 from engine.errors import RequestRefused
 from engine.sampling import MAX_TOP_LOGPROBS
 from engine.scheduler import QueueFull
+from engine.server.schema import RecursiveSchema, has_refs, inline_refs
 from engine.session import GenerationParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -143,6 +144,8 @@ class Options:
     grammar: str | None = None  # `response_format`'s (engine.constraint), or None: free text
     # Each token's log-probability with this many alternatives (None: not asked).
     logprobs: int | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit)
 
     def params(self, max_new_tokens: int) -> GenerationParams:
         given = {
@@ -151,6 +154,7 @@ class Options:
             "top_k": self.top_k,
             "min_p": self.min_p,
             "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
             "seed": self.seed,
         }
         chosen = {k: v for k, v in given.items() if v is not None}
@@ -158,6 +162,7 @@ class Options:
             max_new_tokens=max_new_tokens,
             grammar=self.grammar,
             logprobs=self.logprobs,
+            logit_bias=self.logit_bias,
             **chosen,
         )
 
@@ -186,6 +191,8 @@ def read_options(body: dict, max_tokens_default: int | None, chat: bool = True) 
     max_tokens = field(body, "max_completion_tokens", "integer")
     if max_tokens is None:
         max_tokens = field(body, "max_tokens", "integer", max_tokens_default)
+    if max_tokens == -1:  # "no limit", as LM Studio's clients send it: the context's room
+        max_tokens = None
     if max_tokens is not None and max_tokens < 1:
         raise bad(f"'max_tokens' = {max_tokens} must be at least 1", "max_tokens")
     top_k = field(body, "top_k", "integer")
@@ -211,14 +218,44 @@ def read_options(body: dict, max_tokens_default: int | None, chat: bool = True) 
         presence_penalty=in_range(
             "presence_penalty", field(body, "presence_penalty", "number"), -2, 2
         ),
-        seed=in_range("seed", field(body, "seed", "integer"), 0, 2**63 - 1),
+        seed=_seed(field(body, "seed", "integer")),
         stop=tuple(s for s in stops if s),
         stream=field(body, "stream", "boolean", False),
         include_usage=field(options, "include_usage", "boolean", False, "stream_options."),
         ignore_eos=field(body, "ignore_eos", "boolean", False),
         grammar=read_response_format(body),
         logprobs=read_logprobs(body, chat),
+        frequency_penalty=in_range(
+            "frequency_penalty", field(body, "frequency_penalty", "number"), -2, 2
+        ),
+        logit_bias=read_logit_bias(body),
     )
+
+
+def read_logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """`logit_bias`: {token id (as a string): a value from -100 to 100 added to its logit}
+    (-100 bars the token, 100 all but forces it); the ids are checked against the
+    vocabulary where the model is known (OpenAIServer._start)."""
+    raw = field(body, "logit_bias", "object", {})
+    out = []
+    for key, value in raw.items():
+        if not (isinstance(key, str) and key.strip().isdigit()):
+            raise bad(f"'logit_bias' key {key!r} must be a token id (a whole number)",
+                      "logit_bias")  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad(f"'logit_bias[{key}]' must be a number", "logit_bias")
+        in_range(f"logit_bias[{key}]", value, -100, 100)
+        if value:
+            out.append((int(key), float(value)))
+    return tuple(sorted(out))
+
+
+def _seed(seed: int | None) -> int | None:
+    """The sampler's seed; a negative one (-1, as llama.cpp's and Ollama's clients send
+    it) asks for none: a different draw each time."""
+    if seed is None or seed < 0:
+        return None
+    return in_range("seed", seed, 0, 2**63 - 1)
 
 
 def read_response_format(body: dict) -> str | None:
@@ -262,7 +299,7 @@ def read_chat(body: dict) -> ChatRequest:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad("'messages' must be a non-empty list of messages", "messages")
-    messages = [_message(m, i) for i, m in enumerate(raw)]
+    messages = system_first([_message(m, i) for i, m in enumerate(raw)])
     tools = field(body, "tools", "array")
     if tools is not None:
         tools = [_tool(t, i) for i, t in enumerate(tools)] or None
@@ -277,6 +314,23 @@ def read_chat(body: dict) -> ChatRequest:
     if thinking is None and field(body, "reasoning_effort", "string") in ("none", "minimal"):
         thinking = False  # OpenAI's way to ask a reasoning model not to think
     return ChatRequest(options, messages, tools, thinking)
+
+
+def system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with one system message, first, as Qwen3.5's chat template takes them
+    (it fails on any other: "System message must be at the beginning"), where clients send
+    several (a front-end's and the user's, `instructions` and a developer message) or one
+    later on (an agent's note mid-conversation): the leading ones joined into one, a later
+    one kept in its place as a user message."""
+    lead = 0
+    while lead < len(messages) and messages[lead]["role"] == "system":
+        lead += 1
+    head = messages[:lead]
+    if lead > 1:
+        texts = [m["content"] for m in head if m["content"]]
+        head = [{"role": "system", "content": "\n\n".join(texts)}]
+    rest = [{**m, "role": "user"} if m["role"] == "system" else m for m in messages[lead:]]
+    return head + rest
 
 
 def _forced_call(choice: Any, tools: list[dict[str, Any]] | None, options: Options) -> str:
@@ -304,9 +358,26 @@ def _forced_call(choice: Any, tools: list[dict[str, Any]] | None, options: Optio
         raise bad("'response_format' and a forced 'tool_choice' cannot both hold the reply",
                   "tool_choice")  # fmt: skip
     try:
-        return tool_call_grammar(tools, name, "tools")
+        return tool_call_grammar([_inlined(t) for t in tools], name, "tools")
     except RequestRefused as exc:
         raise bad(str(exc), "tools") from exc
+
+
+def _inlined(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool with its parameters' `$ref`s written out in place (engine.server.schema): the
+    call's grammar nests the parameters, where `#/$defs/...` would lead nowhere."""
+    fn = tool["function"]
+    params = fn.get("parameters")
+    if not has_refs(params):
+        return tool
+    try:
+        return {**tool, "function": {**fn, "parameters": inline_refs(params)}}
+    except RecursiveSchema as exc:
+        raise bad(
+            f"the parameters of tool {fn['name']!r} contain themselves ($ref {exc}), which "
+            "a forced 'tool_choice' cannot hold; send tool_choice 'auto' for this tool",
+            "tool_choice",
+        ) from None
 
 
 def _message(message: Any, i: int) -> dict[str, Any]:
@@ -387,13 +458,21 @@ def _history_call(call: Any, where: str) -> dict[str, Any]:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise bad(f"'{where}function.name' must be a string", f"{where}function")
-    args = fn.get("arguments", {})
+    args = fn.get("arguments")
     if isinstance(args, str):
         try:
-            parsed = json.loads(args) if args.strip() else {}
+            args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError:
-            parsed = None
-        args = parsed if isinstance(parsed, dict) else args
+            args = None
+    elif args is None:
+        args = {}
+    if not isinstance(args, dict):
+        shown = json.dumps(fn.get("arguments"), ensure_ascii=False)[:60]
+        raise bad(
+            f"'{where}function.arguments' must be a JSON object (as a string or an object), "
+            f"got {shown}: send the call's arguments as the model gave them, or {{}}",
+            f"{where}function.arguments",
+        )
     function = {"name": fn["name"], "arguments": args}
     return {"id": call.get("id", ""), "type": "function", "function": function}
 
@@ -410,13 +489,8 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
 
 
 def tool_schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """Tool name -> its parameters' `properties` (to read a call's argument values)."""
-    out = {}
-    for tool in tools or ():
-        fn = tool["function"]
-        params = fn.get("parameters") or {}
-        out[fn["name"]] = params.get("properties") or {}
-    return out
+    """Tool name -> its parameters' schema (to read a call's argument values)."""
+    return {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or ()}
 
 
 # ----- completions ----------------------------------------------------------------------------

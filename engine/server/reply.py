@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.server.schema import json_type, resolve, value_types
 from engine.tokenizer import THINK_CLOSE, THINK_OPEN
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -112,11 +113,12 @@ def parse_tool_call(block: str, schemas: dict[str, dict] | None = None) -> ToolC
     match = _FUNCTION.fullmatch(inner)
     if match:
         name = match.group(1).strip()
-        props = (schemas or {}).get(name, {})
+        params = (schemas or {}).get(name) or {}
+        props = resolve(params, params).get("properties") or {}
         args = {}
         for key, raw in _PARAMETER.findall(match.group(2)):
             key = key.strip()
-            args[key] = _argument(_trim_newline(raw), props.get(key))
+            args[key] = _argument(_trim_newline(raw), props.get(key), params)
         return ToolCall(name, json.dumps(args, ensure_ascii=False))
     try:
         obj = json.loads(inner)
@@ -134,17 +136,24 @@ def _trim_newline(raw: str) -> str:
     return raw[:-1] if raw.endswith("\n") else raw
 
 
-def _argument(raw: str, schema: Any) -> Any:
-    """A parameter's value from its text: raw for strings (or an unknown parameter), JSON
-    for the other types (the template writes Python's True/False/None for those)."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
+def _argument(raw: str, schema: Any, params: Any = None) -> Any:
+    """A parameter's value from its text: raw where the parameter takes only strings (or
+    its schema does not say), else the JSON value it reads as (the template writes
+    Python's True/False/None for those) where the schema takes that type, `$ref`s and
+    unions (pydantic's `Optional`, nested models) followed within `params`; the raw text
+    where it takes strings too and the text is no value of another type it takes."""
+    types = value_types(schema, params)
+    if types is None or types <= {"string"}:
         return raw
     text = {"True": "true", "False": "false", "None": "null"}.get(raw.strip(), raw)
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError:
         return raw
+    kind = json_type(value)
+    if kind in types or (kind == "integer" and "number" in types) or "string" not in types:
+        return value
+    return raw
 
 
 @dataclass(frozen=True)
@@ -160,7 +169,7 @@ class ReplySplitter:
     """Feeds on the reply's text; returns the pieces that are certain so far.
 
     `thinking`: the reply starts inside a `<think>` block. `tools`: parse tool calls (the
-    request offered tools); `schemas` give their parameters' types.
+    request offered tools); `schemas` give their parameters (JSON schemas, by tool name).
     """
 
     def __init__(

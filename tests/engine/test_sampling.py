@@ -74,8 +74,39 @@ def test_presence_penalty_moves_greedy_choice():
     assert sampler(x, generated=[4, 4]) == 9
 
 
+def test_frequency_penalty_counts_each_time_a_token_was_said():
+    """Unlike the presence penalty, the frequency penalty grows with each repeat; both are
+    made on the host (the decode step's argmax and the device's draw do neither)."""
+    x = np.zeros(100, np.float32)
+    x[4], x[9] = 1.0, 0.5
+    sampler = Sampler(SamplingParams(greedy=True, frequency_penalty=0.3), REAL)
+    assert sampler(x, generated=[4]) == 4  # 1.0 - 0.3 > 0.5
+    assert sampler(x, generated=iter([4, 4])) == 9  # 1.0 - 0.6 < 0.5; an iterator too
+    assert sampler(x, generated=[4, 4, 9, 9, 9]) == 4
+    assert not sampler.takes_argmax and not sampler.on_device and sampler.host_only
+
+
+def test_logit_bias_bars_and_favours_tokens():
+    x = np.zeros(100, np.float32)
+    x[4] = 3.0
+    barred = Sampler(SamplingParams(greedy=True, logit_bias=((4, -100.0),)), REAL)
+    assert barred(x) != 4 and not barred.on_device and not barred.takes_argmax
+    favoured = Sampler(SamplingParams(temperature=1.0, seed=1, logit_bias=((7, 100.0),)), REAL)
+    assert {favoured(x) for _ in range(50)} == {7}
+    # An id past the real vocabulary (padding) stays out of reach whatever its bias.
+    padded = Sampler(SamplingParams(greedy=True, logit_bias=((REAL + 1, 100.0),)), REAL)
+    assert padded(np.zeros(REAL + 8, np.float32)) < REAL
+
+
 @pytest.mark.parametrize(
-    "kwargs", [{"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"min_p": 1.5}]
+    "kwargs",
+    [
+        {"temperature": -1},
+        {"top_p": 0},
+        {"top_k": -2},
+        {"min_p": 1.5},
+        {"logit_bias": ((-1, 1.0),)},
+    ],
 )
 def test_bad_settings_are_named(kwargs):
     with pytest.raises(SnugError, match=list(kwargs)[0]):

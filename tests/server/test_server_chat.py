@@ -224,3 +224,72 @@ def test_a_drafting_engine_reports_its_drafts_in_the_timings(tmp_path):
     finally:
         server.stop()
         scheduler.close()
+
+
+def test_several_system_messages_and_a_late_one_reach_the_template_it_takes(scripted):
+    """Qwen3.5's template takes one system message, first: clients that send several (a
+    front-end's and the user's; `instructions` and a developer message) get them joined
+    into it, and one sent mid-conversation stays in its place as a user turn."""
+    client = scripted.client()
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": [{"type": "text", "text": "Use French."}]},
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Bonjour."},
+        {"role": "system", "content": "The user is now away."},
+        {"role": "user", "content": "Bye"},
+    ]
+    scripted.scheduler.say("Au revoir.")
+    reply = client.chat.completions.create(model=scripted.model, messages=messages,
+                                           extra_body=off)  # fmt: skip
+    assert reply.choices[0].message.content == "Au revoir."
+    prompt = scripted.scheduler.last_prompt()
+    assert prompt.startswith("<|im_start|>system\nBe brief.\n\nUse French.<|im_end|>\n")
+    assert prompt.count("<|im_start|>system") == 1
+    late = "<|im_start|>user\nThe user is now away.<|im_end|>\n<|im_start|>user\nBye<|im_end|>"
+    assert "<|im_start|>assistant\nBonjour.<|im_end|>\n" + late in prompt
+    # The Responses API's instructions beside a developer message in its input.
+    scripted.scheduler.say("Oui.")
+    response = client.responses.create(
+        model=scripted.model, instructions="Be brief.", reasoning={"effort": "none"},
+        input=[{"role": "developer", "content": "Use French."},
+               {"role": "user", "content": "Hello"}],
+    )  # fmt: skip
+    assert response.output_text == "Oui."
+    prompt = scripted.scheduler.last_prompt()
+    assert prompt.startswith("<|im_start|>system\nBe brief.\n\nUse French.<|im_end|>\n")
+
+
+def test_the_no_seed_and_no_limit_values_clients_send(scripted):
+    """seed -1 (llama.cpp's and Ollama's "none": a fresh draw each time) and max_tokens -1
+    (LM Studio's "no limit": the room the context leaves)."""
+    scripted.scheduler.say("Fine.")
+    body = {"messages": USER, "seed": -1, "max_tokens": -1, "temperature": 0.8}
+    headers = {"Authorization": "Bearer test-key"}
+    r = httpx.post(f"{scripted.url}/chat/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+    body = {"model": scripted.model, "messages": USER, "stream": False,
+            "options": {"seed": -1, "num_predict": -1}}  # fmt: skip
+    r = httpx.post(f"{scripted.base}/api/chat", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200 and r.json()["done_reason"] == "stop", r.text
+
+
+def test_the_routes_answer_without_v1_too(scripted):
+    """A client given the server's bare address appends the route to it (llama.cpp's
+    server answers both forms): /models, /chat/completions, /completions, /embeddings."""
+    headers = {"Authorization": "Bearer test-key"}
+    models = httpx.get(f"{scripted.base}/models", headers=headers, timeout=30)
+    assert models.json()["data"][0]["id"] == scripted.model
+    scripted.scheduler.say("Fine.")
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    r = httpx.post(f"{scripted.base}/chat/completions", json={"messages": USER, **off},
+                   headers=headers, timeout=30)  # fmt: skip
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Fine."
+    scripted.scheduler.say("Yes.")
+    r = httpx.post(f"{scripted.base}/completions", json={"prompt": "Hi"}, headers=headers,
+                   timeout=30)  # fmt: skip
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Yes."
+    r = httpx.post(f"{scripted.base}/embeddings", json={"input": "Hi"}, headers=headers)
+    assert r.status_code == 404 and "embedding" in r.json()["error"]["message"]

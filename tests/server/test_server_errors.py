@@ -34,7 +34,7 @@ CASES = [
     ("POST", "/chat/completions", chat(stop=5), 400, "stop", None, "string"),
     ("POST", "/chat/completions", b"[" * 50000 + b"]" * 50000, 400, None, "invalid_json", "JSON"),
     ("POST", "/chat/completions", chat(top_p=0), 400, "top_p", None, "(0, 1]"),
-    ("POST", "/chat/completions", chat(seed=-1), 400, "seed", None, "must be in"),
+    ("POST", "/chat/completions", chat(seed=2**64), 400, "seed", None, "must be in"),
     ("POST", "/chat/completions", chat(n=2), 400, "n", None, "one choice"),
     ("POST", "/chat/completions", chat(top_logprobs=3), 400, "top_logprobs", None, "needs"),
     (
@@ -103,6 +103,29 @@ CASES = [
         "ask for at most",
     ),
     ("POST", "/chat/completions", chat(model="gpt-4o"), 404, "model", "model_not_found", "gpt-4o"),
+    (
+        "POST",
+        "/chat/completions",
+        chat(
+            messages=[
+                *USER,
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{'x'"},
+                        }
+                    ],
+                },
+            ]
+        ),
+        400,
+        "messages[1].tool_calls[0].function.arguments",
+        None,
+        "JSON object",
+    ),  # fmt: skip
     ("POST", "/completions", {"prompt": [1, 99999]}, 400, "prompt", None, "vocabulary"),
     ("POST", "/completions", {"prompt": ""}, 400, "prompt", None, "non-empty"),
     ("POST", "/completions", {"prompt": "hi", "echo": True}, 400, "echo", None, "not supported"),

@@ -70,3 +70,29 @@ def test_completions_give_tokens_offsets_and_alternatives(served):
     for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
         assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(value)
         assert top.get(token) == pytest.approx(value)
+
+
+def test_logit_bias_and_frequency_penalty_change_the_reply(served):
+    """`logit_bias` (+100 all but forces a token, -100 bars it) and `frequency_penalty`
+    (less of a token each time the reply repeats it) reach the sampler; ids outside the
+    vocabulary and keys that are not ids are refused by name."""
+    tok = served.engine.tokenizer
+    forced = tok.encode("a")[0]
+    reply = chat(served, temperature=0, max_tokens=6, logit_bias={str(forced): 100})
+    assert reply.choices[0].message.content == tok.decode([forced] * 6)
+    plain = chat(served, temperature=0, max_tokens=24, logprobs=True, top_logprobs=2).choices[0]
+    said = [e.token for e in plain.logprobs.content]
+    assert len(set(said)) < len(said)  # greedy repeats itself: something to penalise
+    first = plain.logprobs.content[0]
+    barred = chat(served, temperature=0, max_tokens=1, logprobs=True, top_logprobs=2,
+                  logit_bias={str(tok.encode(first.token)[0]): -100})  # fmt: skip
+    assert barred.choices[0].logprobs.content[0].token == first.top_logprobs[1].token
+    penalised = chat(served, temperature=0, max_tokens=24, frequency_penalty=2.0)
+    assert penalised.choices[0].message.content != plain.message.content
+    import openai
+
+    for bias, says in (({"99999999": 5}, "outside"), ({"x": 5}, "token id"),
+                       ({"3": 500}, "must be in")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError, match=says) as err:
+            chat(served, logit_bias=bias)
+        assert err.value.body["param"].startswith("logit_bias")

@@ -6,6 +6,8 @@ Anthropic's shape, naming the Messages field."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -145,3 +147,38 @@ def test_a_max_tokens_past_the_context_is_cut_to_the_room_left(scripted):
         model=scripted.model, max_tokens=16000, messages=[{"role": "user", "content": "Hi"}]
     )
     assert reply.content[0].text == "Hello" and reply.stop_reason == "end_turn"
+
+
+def test_the_streams_last_usage_holds_the_input_tokens_too(scripted):
+    """Clients take message_delta's usage as the reply's final counts (LangChain's
+    ChatAnthropic reads its input tokens there): it holds the prompt's tokens as well."""
+    scripted.scheduler.say("Hello there!")
+    body = {"model": scripted.model, "max_tokens": 64, "stream": True,
+            "messages": [{"role": "user", "content": "Hi"}]}  # fmt: skip
+    with httpx.stream("POST", scripted.url + "/messages", json=body,
+                      headers={"x-api-key": KEY}) as r:  # fmt: skip
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    (start,) = [e for e in events if e["type"] == "message_start"]
+    (delta,) = [e for e in events if e["type"] == "message_delta"]
+    prompt = len(scripted.scheduler.prompts[-1])
+    assert start["message"]["usage"]["input_tokens"] == delta["usage"]["input_tokens"] == prompt
+    assert delta["usage"]["output_tokens"] > 0
+    with client(scripted).messages.stream(
+        model=scripted.model, max_tokens=64, messages=[{"role": "user", "content": "Hi"}]
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.usage.input_tokens == prompt and final.usage.cache_read_input_tokens == 0
+
+
+def test_adaptive_thinking_lets_the_model_think(scripted):
+    """`thinking: {"type": "adaptive"}` leaves thinking to the model: Qwen3.5 thinks."""
+    scripted.scheduler.say("Short.</think>\n\nHello!")
+    reply = client(scripted).messages.create(
+        model=scripted.model, max_tokens=64, thinking={"type": "adaptive"},
+        messages=[{"role": "user", "content": "Hi"}],
+    )  # fmt: skip
+    assert [(b.type, getattr(b, "thinking", None) or b.text) for b in reply.content] == [
+        ("thinking", "Short."),
+        ("text", "Hello!"),
+    ]
+    assert scripted.scheduler.last_prompt().endswith("<|im_start|>assistant\n<think>\n")

@@ -169,3 +169,22 @@ def test_routes_not_served_here_are_named(served):
 
     with pytest.raises(openai.NotFoundError, match="no embedding model"):
         served.client().embeddings.create(model=served.model, input="hello")
+
+
+def test_the_model_by_its_latest_tag_and_the_version_clients_check(scripted):
+    """Ollama's clients name a model with its tag (`NAME:latest`, as `ollama run NAME`
+    and front-ends do) and check the server's version against the least they need
+    (VS Code's Copilot: 0.6.4)."""
+    c = client(scripted)
+    name = scripted.model + ":latest"
+    scripted.scheduler.say("Hello.")
+    reply = c.chat(model=name, messages=[{"role": "user", "content": "Hi"}], think=False)
+    assert reply.message.content == "Hello." and reply.model == name
+    assert c.show(name).capabilities == ["completion", "tools", "thinking"]
+    scripted.scheduler.say("Hi.")
+    assert c.generate(model=name, prompt="Hi", think=False).response == "Hi."
+    with pytest.raises(ollama.ResponseError) as err:
+        c.chat(model=scripted.model + ":4b", messages=[{"role": "user", "content": "Hi"}])
+    assert err.value.status_code == 404
+    version = httpx.get(scripted.base + "/api/version").json()["version"]
+    assert tuple(int(p) for p in version.split(".")) >= (0, 6, 4)

@@ -188,3 +188,44 @@ def test_a_forced_tool_choice_that_cannot_be_met_is_refused_by_name(served, extr
     headers = {"Authorization": f"Bearer {KEY}"}
     r = httpx.post(f"{served.url}/chat/completions", json=body, headers=headers, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+
+
+def test_a_forced_call_of_a_tool_with_nested_models(served):
+    """A tool whose parameters are pydantic models inside a model (`$defs` and `$ref`, as
+    `openai.pydantic_function_tool` writes them): the forced call is held to them and
+    parses back into the model; a model that contains itself is refused by name."""
+    import openai
+    from pydantic import BaseModel, Field
+
+    class Place(BaseModel):
+        city: str = Field(max_length=6)
+        zip: str | None = Field(max_length=5)
+
+    class Trip(BaseModel):
+        start: Place
+        stops: list[Place] = Field(max_length=1)
+
+    tool = openai.pydantic_function_tool(Trip)
+    assert "$defs" in tool["function"]["parameters"]
+    reply = served.client().chat.completions.parse(
+        model=served.model, messages=[{"role": "user", "content": "Plan a trip"}],
+        tools=[tool], tool_choice={"type": "function", "function": {"name": "Trip"}},
+        temperature=0, max_tokens=230, extra_body=NO_THINKING,
+    )  # fmt: skip
+    (call,) = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert isinstance(call.function.parsed_arguments, Trip)
+
+    class Tree(BaseModel):
+        kids: list[Tree]
+
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "tools": [openai.pydantic_function_tool(Tree)],
+        "tool_choice": "required",
+    }
+    headers = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(f"{served.url}/chat/completions", json=body, headers=headers, timeout=30)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "tool_choice", error
+    assert "'Tree'" in error["message"] and "tool_choice 'auto'" in error["message"]

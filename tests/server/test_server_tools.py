@@ -85,7 +85,7 @@ def test_a_rendered_tool_call_parses_back_to_the_same_call(tools_checkpoint):
     messages = as_template_reads_it(HISTORY)[:3]
     text = ours.apply_chat_template(messages, add_generation_prompt=False, tools=TOOLS)
     reply = text.rsplit("<|im_start|>assistant\n", 1)[1].removesuffix("<|im_end|>\n")
-    schemas = {"get_weather": WEATHER["function"]["parameters"]["properties"]}
+    schemas = {"get_weather": WEATHER["function"]["parameters"]}
     splitter = ReplySplitter(thinking=False, tools=True, schemas=schemas)
     pieces = [p for ch in reply for p in splitter.feed(ch)] + splitter.finish()
     assert "".join(p.text for p in pieces if p.kind == "content") == "Let me look."
@@ -179,3 +179,54 @@ def test_tool_call_round_trip_through_the_server(scripted):
     )
     assert plain.choices[0].finish_reason == "stop" and not plain.choices[0].message.tool_calls
     assert "<tools>" not in scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
+
+
+def test_arguments_of_pydantic_models_parse_back_as_their_types(tools_checkpoint, scripted):
+    """Parameters as pydantic writes them (a model inside a model by `$ref`, Optional as
+    `anyOf` with null, a union): the template's writing of a call reads back as the same
+    values, not as their text, and the call validates as the model."""
+    import openai
+    from pydantic import BaseModel
+
+    class Place(BaseModel):
+        city: str
+        zip: str | None = None
+
+    class Trip(BaseModel):
+        start: Place
+        stops: list[Place]
+        nights: int | None = None
+        code: int | str
+
+    def untitled(schema):  # pydantic's titles out: the prompt fits the tiny context
+        if isinstance(schema, dict):
+            return {k: untitled(v) for k, v in schema.items() if k != "title"}
+        return [untitled(v) for v in schema] if isinstance(schema, list) else schema
+
+    tool = untitled(openai.pydantic_function_tool(Trip, name="plan"))
+    assert "$ref" in json.dumps(tool) and "anyOf" in json.dumps(tool)
+    args = {
+        "start": {"city": "Oz", "zip": "75"},
+        "stops": [{"city": "Ur", "zip": None}],
+        "nights": 3,
+        "code": "0042",
+    }
+    ours = Tokenizer.load(tools_checkpoint)
+    call = {"type": "function", "function": {"name": "plan", "arguments": args}}
+    messages = [{"role": "user", "content": "Plan"}, {"role": "assistant", "content": "",
+                "tool_calls": [call]}]  # fmt: skip
+    text = ours.apply_chat_template(messages, add_generation_prompt=False, tools=[tool])
+    start = text.index("<tool_call>\n<function=plan>")
+    block = text[start : text.index("</tool_call>", start) + len("</tool_call>")]
+    assert '<parameter=stops>\n[{"city": "Ur", "zip": null}]\n</parameter>' in block
+    parsed = parse_tool_call(block, {"plan": tool["function"]["parameters"]})
+    assert json.loads(parsed.arguments) == args
+    # Through the server, as `client.chat.completions.parse` reads it.
+    scripted.scheduler.say(block)
+    reply = scripted.client().chat.completions.parse(
+        model=scripted.model, messages=messages[:1], tools=[tool],
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )  # fmt: skip
+    (got,) = reply.choices[0].message.tool_calls
+    assert got.function.parsed_arguments == args
+    assert Trip.model_validate_json(got.function.arguments) == Trip(**args)

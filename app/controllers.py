@@ -231,30 +231,40 @@ class ChatController(QObject):
         has_user = chat is not None and any(t.role == "user" for t in chat.turns)
         return self.can_send() and not self.busy and has_user
 
+    def busy_notice(self) -> str:
+        """The status line while a reply is generating, said of the chat on show: that
+        chat's reply, or the other chat the reply goes to."""
+        chat = self.store.get(self._reply_chat or "")
+        if chat is None or chat.id == self._current:
+            return "Generating… (Esc stops)"
+        return f"Answering “{chat.title}”: send once it ends (Esc stops it)."
+
     # -- commands
     def select(self, chat_id: str) -> None:
         if self.store.get(chat_id) is None or chat_id == self._current:
             return
         self._current = chat_id
-        self.notice.emit("")  # the status line spoke of the chat left behind
+        # The status line spoke of the chat left behind; a reply still under way is said.
+        self.notice.emit(self.busy_notice() if self.busy else "")
         self.current_changed.emit(chat_id)
 
     def new_chat(self) -> None:
         chat = self.current
         if not chat.turns:  # reuse an empty chat instead of piling them up
-            self.notice.emit("")
+            self.notice.emit(self.busy_notice() if self.busy else "")
             self.current_changed.emit(chat.id)
             return
         self.select(self.store.create().id)
 
     def delete_chat(self, chat_id: str) -> None:
+        """Delete the chat; where it is the one on show, the newest other chat (or a new
+        one) is shown first, so that nothing ever reads the current chat while it is gone."""
         if chat_id == self._reply_chat:
             self.stop()
-        self.store.delete(chat_id)
         if chat_id == self._current:
-            chats = self.store.chats()
-            self._current = None
-            self.select(chats[0].id if chats else self.store.create().id)
+            others = [c for c in self.store.chats() if c.id != chat_id]
+            self.select(others[0].id if others else self.store.create().id)
+        self.store.delete(chat_id)
 
     def send(self, text: str, attachments: Sequence[Attachment] = ()) -> bool:
         """Ask for a reply to `text` (and the files attached, which the model reads first:
@@ -264,6 +274,9 @@ class ChatController(QObject):
             return False
         if not self.can_send():
             self.notice.emit("Load a model first (Models tab, then Load).")
+            return False
+        if self.busy:  # one reply at a time: a send never cuts the one under way
+            self.notice.emit(self.busy_notice())
             return False
         params = self._params()
         if params is None:
@@ -288,14 +301,15 @@ class ChatController(QObject):
 
     def can_continue(self) -> bool:
         """The chat's last reply was cut (the token limit, or stopped) and the model loaded
-        here can go on with it."""
+        can go on with it: one with a tokenizer here, to read the reply so far (not a
+        remote server's, nor the demo's)."""
         chat = self.store.get(self._current or "")
         if chat is None or not chat.turns or not self.can_send() or self.busy:
             return False
         last = chat.turns[-1]
         cut = last.stats.get("finish_reason") in ("length", "cancelled")
-        local = self.engine.info.get("backend") != "remote"
-        return last.role == "assistant" and bool(last.content) and cut and local
+        readable = self.engine.info.get("tokenizer") is not None
+        return last.role == "assistant" and bool(last.content) and cut and readable
 
     def continue_reply(self) -> bool:
         """Go on with the last reply where it was cut: the prompt it answered, then its text
@@ -361,7 +375,7 @@ class ChatController(QObject):
         self._tokens_before = 0
         left_out = self._left_out(chat.turns[:-1])
         self._request = self.engine.send(messages, params, thinking, left_out)
-        self.notice.emit("Generating… (Esc stops)")
+        self.notice.emit(self.busy_notice())
         self.busy_changed.emit(True)
 
     @staticmethod
@@ -393,6 +407,7 @@ class ChatController(QObject):
     def _on_finished(self, request_id: int, summary: dict) -> None:
         found = self._reply_turn(request_id)
         if found is None:
+            self._orphaned(request_id)
             return
         chat, turn = found
         if not turn.content and summary.get("finish_reason") == "cancelled":
@@ -404,6 +419,9 @@ class ChatController(QObject):
         if "new_tokens" in turn.stats:
             turn.stats["new_tokens"] += self._tokens_before  # the whole reply's count
         self._end(chat)
+        if chat.id != self._current:  # its stats are on the reply, in its own chat
+            self.notice.emit("")
+            return
         line = format_stats(turn.stats)
         used = self.context_used(turn.stats)
         self.notice.emit(f"{line} · {used}" if line and used else line or used)
@@ -420,6 +438,7 @@ class ChatController(QObject):
     def _on_failed(self, request_id: int, cls: str, msg: str) -> None:
         found = self._reply_turn(request_id)
         if found is None:
+            self._orphaned(request_id)
             return
         chat, turn = found
         if not turn.content:
@@ -427,6 +446,12 @@ class ChatController(QObject):
         chat.turns.append(Turn("error", f"{cls}: {msg}"))
         self._end(chat)
         self.notice.emit(f"The engine refused this reply ({cls}). The model stays loaded.")
+
+    def _orphaned(self, request_id: int) -> None:
+        """The reply under way ended with its chat deleted: nothing is generating now."""
+        if request_id == self._request:
+            self._request, self._reply_chat = None, None
+            self.busy_changed.emit(False)
 
     def _end(self, chat: Chat) -> None:
         self._request, self._reply_chat = None, None

@@ -16,11 +16,12 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.context import AppContext
-from app.panels.chat import ChatPanel, ChatSidebar
+from app.panels.chat import ChatPanel
 from app.panels.gauge import GaugePanel
 from app.panels.library import LibraryPanel
 from app.panels.load import LoadPanel
 from app.panels.settings import SettingsPanel
+from app.panels.sidebar import ChatSidebar
 from app.panels.welcome import DONE_KEY, WelcomePanel, welcome_done
 from app.planning import fmt_bytes
 from app.remote_engine import model_of_key
@@ -141,6 +142,9 @@ class MainWindow(QMainWindow):
         geometry = store.value("window/geometry")
         if isinstance(geometry, QByteArray) and not geometry.isEmpty():
             self.restoreGeometry(geometry)
+        columns = store.value("window/columns")  # the widths the columns were dragged to
+        if isinstance(columns, QByteArray) and not columns.isEmpty():
+            self.splitter.restoreState(columns)
         gone = self.ctx.library.bind_store(store)
         if gone:
             self.statusBar().showMessage(
@@ -202,5 +206,6 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         self.ctx.settings.store.setValue("window/geometry", self.saveGeometry())
+        self.ctx.settings.store.setValue("window/columns", self.splitter.saveState())
         self.ctx.shutdown()
         super().closeEvent(event)

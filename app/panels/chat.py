@@ -1,8 +1,8 @@
-"""Chat sidebar and chat area. Both take a ChatController and follow its signals."""
+"""The chat area: the messages of the chat on show, the composer, Stop and Regenerate; it
+takes a ChatController and follows its signals."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,10 +20,6 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
-    QListWidget,
-    QListWidgetItem,
-    QMenu,
     QPlainTextEdit,
     QPushButton,
     QScrollArea,
@@ -33,131 +29,12 @@ from PySide6.QtWidgets import (
 )
 
 from app.controllers import ChatController
-from app.state.chat_history import Chat
 from app.theme import THEME
 from app.widgets.attachment_tray import AttachmentTray, local_files
 from app.widgets.message import MessageWidget, fingerprint
 from app.widgets.system_prompt import SystemPromptDialog
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
-
-
-def matches(chat: Chat, query: str) -> bool:
-    """Whether the chat's title or one of its messages holds `query` (casefolded)."""
-    if query in chat.title.casefold():
-        return True
-    return any(query in t.content.casefold() for t in chat.turns) or any(
-        query in a.name.casefold() for t in chat.turns for a in t.attachments
-    )
-
-
-class ChatSidebar(QWidget):
-    """The list of chats, newest first, with a New chat button and a search box (titles and
-    messages)."""
-
-    def __init__(self, chats: ChatController, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("sidebar")
-        self.chats = chats
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(10, 12, 10, 12)
-        layout.setSpacing(8)
-        self.new_button = QPushButton("+  New chat")
-        self.new_button.setObjectName("newChat")
-        self.new_button.setToolTip("New chat (Ctrl+N)")
-        self.new_button.clicked.connect(chats.new_chat)
-        layout.addWidget(self.new_button)
-        self.search = QLineEdit()
-        self.search.setObjectName("chatSearch")
-        self.search.setPlaceholderText("Search chats")
-        self.search.setToolTip("Search chats by title or message (Ctrl+F)")
-        self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(lambda _text: self.refresh())
-        layout.addWidget(self.search)
-        self.list = QListWidget()
-        self.list.setObjectName("chatList")
-        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
-        self.list.customContextMenuRequested.connect(self._menu)
-        self.list.currentItemChanged.connect(self._picked)
-        self.list.itemChanged.connect(self._renamed)  # an item's title edited in place
-        self.list.setEditTriggers(
-            QListWidget.EditTrigger.DoubleClicked | QListWidget.EditTrigger.EditKeyPressed
-        )
-        layout.addWidget(self.list, 1)
-        chats.store.chats_changed.connect(self.refresh)
-        chats.store.chat_updated.connect(lambda _id: self.refresh())
-        chats.current_changed.connect(lambda _id: self.refresh())
-        self.refresh()
-
-    def refresh(self) -> None:
-        current = self.chats.current.id
-        self.list.blockSignals(True)
-        self.list.clear()
-        query = self.search.text().strip().casefold()
-        for chat in self.chats.store.chats():
-            if query and not matches(chat, query):
-                continue
-            item = QListWidgetItem(chat.title)
-            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
-            item.setData(Qt.ItemDataRole.UserRole, chat.id)
-            item.setToolTip(chat.title)
-            self.list.addItem(item)
-            if chat.id == current:
-                self.list.setCurrentItem(item)
-        self.list.blockSignals(False)
-
-    def _picked(self, item: QListWidgetItem | None, _prev: object = None) -> None:
-        if item is not None:
-            self.chats.select(item.data(Qt.ItemDataRole.UserRole))
-
-    def _menu(self, pos) -> None:
-        item = self.list.itemAt(pos)
-        if item is None:
-            return
-        menu = QMenu(self)
-        rename = menu.addAction("Rename chat")
-        export = menu.addAction("Export as Markdown…")
-        delete = menu.addAction("Delete chat")
-        chosen = menu.exec(self.list.mapToGlobal(pos))
-        if chosen is rename:
-            self.list.editItem(item)
-        elif chosen is export:
-            self.export(item.data(Qt.ItemDataRole.UserRole))
-        elif chosen is delete:
-            self.chats.delete_chat(item.data(Qt.ItemDataRole.UserRole))
-
-    def export(self, chat_id: str) -> None:
-        """Write the chat as a Markdown file the user names; the status line says where (or
-        why it could not)."""
-        chat = self.chats.store.get(chat_id)
-        if chat is None:
-            return
-        name = re.sub(r'[\\/:*?"<>|\s]+', " ", chat.title).strip() or "chat"
-        start = str(Path(QStandardPaths.writableLocation(DOCUMENTS) or Path.home()) / name)
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Export chat", start + ".md", "Markdown (*.md);;All files (*)"
-        )
-        if not path:
-            return
-        try:
-            Path(path).write_text(chat.markdown(), encoding="utf-8")
-        except OSError as exc:
-            self.chats.notice.emit(f"Could not export the chat to {path}: {exc.strerror or exc}")
-            return
-        self.chats.notice.emit(f"Chat exported to {path}")
-
-    def _renamed(self, item: QListWidgetItem) -> None:
-        """The edited title saved with the chat (blank: the old one back). The list is
-        rebuilt after the editor has let go of the item, not inside its signal."""
-        chat_id, title = item.data(Qt.ItemDataRole.UserRole), item.text()
-
-        def save() -> None:
-            if self.chats.store.rename(chat_id, title) != title:
-                self.refresh()  # nothing saved, or saved cut short: show what is kept
-
-        QTimer.singleShot(0, self, save)  # not after the sidebar is gone
 
 
 class Composer(QPlainTextEdit):
@@ -243,6 +120,9 @@ class ChatPanel(QWidget):
         status_row = QHBoxLayout()
         self.status = QLabel()
         self.status.setObjectName("chatStatus")
+        # Wrapped: a long line (a refused file, the stats) takes a second line, never the
+        # width of the window (it would clip, and push the sidebar aside).
+        self.status.setWordWrap(True)
         status_row.addWidget(self.status, 1)
         self.thinking = QCheckBox("Thinking")
         self.thinking.setToolTip("Let the model reason before it answers (shown collapsed)")
@@ -268,6 +148,7 @@ class ChatPanel(QWidget):
         self.input.setObjectName("composer")
         self.input.setPlaceholderText("Message Snug…  (Enter to send, Shift+Enter for a new line)")
         self.input.setFixedHeight(72)
+        self.input.setTabChangesFocus(True)  # Tab goes on to Send, as in any form
         self.input.submit.connect(self.send)
         self.input.regenerate.connect(chats.regenerate)
         self.input.files_given.connect(self.attach)
@@ -429,6 +310,12 @@ class ChatPanel(QWidget):
         widget.edit_button.clicked.connect(self.edit_last)
         widget.continue_button.clicked.connect(self.chats.continue_reply)
         self.body_layout.insertWidget(self.body_layout.count() - 1, widget)
+        # Tab reaches the message where it is on screen: after the one above it (or the
+        # chat's top), before the message box, not after the right column's widgets.
+        before = self._messages[-1].focus_order()[-1] if self._messages else self.scroll
+        for item in widget.focus_order():
+            QWidget.setTabOrder(before, item)
+            before = item
         self._messages.append(widget)
 
     def _update_hint(self) -> None:

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QLabel,
+    QMessageBox,
     QPlainTextEdit,
     QPushButton,
     QScrollArea,
@@ -144,9 +145,9 @@ class SettingsPanel(QScrollArea):
         hint = QLabel("⟳ applies when the model is loaded again.")
         hint.setObjectName("subtle")
         layout.addWidget(hint)
-        reset = QPushButton("Restore defaults")
-        reset.clicked.connect(settings.reset)
-        layout.addWidget(reset)
+        self.reset_button = QPushButton("Restore defaults")
+        self.reset_button.clicked.connect(self.restore_defaults)
+        layout.addWidget(self.reset_button)
         layout.addStretch(1)
         self.setWidget(body)
         self._pending: list[str] = []
@@ -154,6 +155,26 @@ class SettingsPanel(QScrollArea):
         if engine is not None:
             engine.loaded.connect(self._clear_pending)
             engine.unloaded.connect(self._clear_pending)
+
+    def restore_defaults(self) -> bool:
+        """Every setting back to its default, once the user says so (the system prompt
+        written here goes too); True if restored."""
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Icon.Question)
+        box.setWindowTitle("Restore defaults")
+        box.setText("Put every setting back to its default?")
+        box.setInformativeText(
+            "Memory, engine, sampling, chat (the system prompt too), appearance and server "
+            "settings all go back; chats and models stay."
+        )
+        yes = box.addButton("Restore defaults", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(QMessageBox.StandardButton.Cancel)
+        box.exec()
+        if box.clickedButton() is not yes:
+            return False
+        self.settings.reset()
+        return True
 
     def _server_url(self, url: str) -> None:
         self.server_status.setText(

@@ -195,6 +195,17 @@ class MessageWidget(QFrame):
         self.stats_label.setText(line)
         self.stats_label.setVisible(bool(line))
 
+    def focus_order(self) -> list[QWidget]:
+        """What Tab stops at in the message, as it is laid out (hidden ones are passed)."""
+        return [
+            self.edit_button,
+            self.continue_button,
+            self.copy_button,
+            self.think_toggle,
+            self.thinking_view,
+            self.answer_view,
+        ]
+
     def answer_text(self) -> str:
         return self.answer_view.toPlainText()
 

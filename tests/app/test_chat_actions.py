@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from fake_engine import THINKING_REPLY, FakeEngine
+from helpers import answer_next_dialog
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
@@ -220,3 +221,95 @@ def test_a_long_chat_redraws_only_its_tail(qtbot, make_window):
     qtbot.mouseClick(after[80].edit_button, Qt.MouseButton.LeftButton)
     assert panel.input.toPlainText() == "one more"
     assert panel.message_widgets() == before  # the tail went; the rest stayed as drawn
+
+
+def test_deleting_the_chat_on_show_asks_then_shows_another(qtbot, make_window, chats_dir):
+    window = make_window(loader=FakeEngine.loader())
+    _load(qtbot, window)
+    chats, sidebar = window.ctx.chats, window.sidebar
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.send("Keep this one")
+    chats.new_chat()
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.send("Delete this one")
+    doomed = chats.current.id
+    window.activateWindow()
+    sidebar.list.setFocus()
+    qtbot.waitUntil(lambda: sidebar.list.hasFocus(), timeout=1000)
+    seen: list[str] = []
+    answer_next_dialog("Cancel", seen)
+    qtbot.keyClick(sidebar.list, Qt.Key.Key_Delete)  # the Delete key asks first
+    assert "Delete the chat “Delete this one”?" in seen
+    assert chats.store.get(doomed) is not None
+    window.activateWindow()  # as the desktop does once the dialog has closed
+    qtbot.waitUntil(lambda: sidebar.list.hasFocus(), timeout=1000)
+    answer_next_dialog("Delete", seen)
+    qtbot.keyClick(sidebar.list, Qt.Key.Key_Delete)
+    assert chats.store.get(doomed) is None
+    assert chats.current.title == "Keep this one" == window.chat.title.text()
+    assert [c.title for c in chats.store.chats()] == ["Keep this one"]
+    assert len(list(chats_dir.glob("*.json"))) == 1  # no chat made in its place
+    assert sidebar.list.count() == 1 and sidebar.list.currentItem().text() == "Keep this one"
+    chats.delete_chat(chats.current.id)  # the last one: a new, empty chat takes its place
+    assert [c.title for c in chats.store.chats()] == ["New chat"]
+    assert len(list(chats_dir.glob("*.json"))) == 1
+
+
+def test_deleting_the_chat_a_reply_streams_into_frees_the_composer(qtbot, make_window):
+    window = make_window(loader=FakeEngine.loader(script=["tok "] * 400, delay=0.01))
+    _load(qtbot, window)
+    chats, panel = window.ctx.chats, window.chat
+    chats.send("A long answer, please")
+    qtbot.waitUntil(lambda: chats.busy and bool(chats.current.turns[-1].content), timeout=2000)
+    chats.delete_chat(chats.current.id)
+    qtbot.waitUntil(lambda: not chats.busy, timeout=2000)
+    assert panel.send_button.isEnabled() and not panel.stop_button.isEnabled()
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=5000):
+        assert chats.send("Another question")
+
+
+def test_the_search_box_answers_esc_and_enter(qtbot, make_window):
+    load = FakeEngine.loader()
+    window = make_window(loader=load)
+    _load(qtbot, window)
+    chats, sidebar = window.ctx.chats, window.sidebar
+    for text in ("Plan a trip to Lisbon", "Bake bread"):
+        chats.new_chat()
+        with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+            chats.send(text)
+    load.made[-1].script, load.made[-1].delay = ["tok "] * 400, 0.01  # a long reply next
+    window.activateWindow()
+    sidebar.search.setFocus()
+    qtbot.waitUntil(lambda: sidebar.search.hasFocus(), timeout=1000)
+    qtbot.keyClicks(sidebar.search, "lisbon")
+    assert chats.current.title == "Bake bread" and sidebar.list.count() == 1
+    qtbot.keyClick(sidebar.search, Qt.Key.Key_Return)  # Enter opens the chat found
+    assert chats.current.title == "Plan a trip to Lisbon" and sidebar.list.hasFocus()
+    sidebar.search.setFocus()
+    qtbot.waitUntil(lambda: sidebar.search.hasFocus(), timeout=1000)
+    chats.send("Go on")
+    qtbot.waitUntil(lambda: chats.busy, timeout=1000)
+    qtbot.keyClick(sidebar.search, Qt.Key.Key_Escape)  # clears the search, stops nothing
+    assert sidebar.search.text() == "" and sidebar.list.count() == 2
+    assert chats.busy
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=1000):
+        qtbot.keyClick(sidebar.search, Qt.Key.Key_Escape)  # nothing to clear: Esc stops
+
+
+def test_continue_is_offered_only_where_the_model_can_read_the_reply(qtbot, make_window):
+    """Going on needs the reply so far as tokens: the demo engine (`snug --demo`), like a
+    remote server, has no tokenizer here, so a reply it stopped offers no Continue."""
+    from app.demo import demo_loader
+
+    window = make_window(loader=demo_loader(delay=0.01))
+    _load(qtbot, window)
+    chats = window.ctx.chats
+    chats.send("Tell me about the reserve")
+    qtbot.waitUntil(lambda: len(chats.current.turns[-1].content) > 20, timeout=3000)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.stop()
+    qtbot.waitUntil(lambda: not chats.busy, timeout=1000)
+    assert chats.current.turns[-1].stats["finish_reason"] == "cancelled"
+    assert not chats.can_continue() and not chats.continue_reply()
+    assert window.chat.message_widgets()[-1].continue_button.isHidden()
+    assert window.chat.regen_button.isEnabled()  # asking again still works

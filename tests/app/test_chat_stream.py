@@ -136,3 +136,32 @@ def test_keyboard_shortcuts(qtbot, make_window):
     # Rebuilding the chat after a reply must keep the window active, or shortcuts stop.
     qtbot.keyClick(window.chat.input, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
     assert window.ctx.chats.current.id != first
+
+
+def test_enter_while_a_reply_streams_keeps_the_message_and_the_reply(qtbot, make_window):
+    from PySide6.QtCore import Qt
+
+    window = make_window(loader=FakeEngine.loader(script=["tok "] * 60, delay=0.01))
+    _load(qtbot, window)
+    chats, panel = window.ctx.chats, window.chat
+    window.activateWindow()
+    panel.input.setFocus()
+    qtbot.waitUntil(lambda: panel.input.hasFocus(), timeout=1000)
+    panel.input.setPlainText("First question")
+    qtbot.keyClick(panel.input, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: chats.busy and bool(chats.current.turns[-1].content), timeout=1000)
+    first = chats.current.id
+    panel.input.setPlainText("Typed while it answers")
+    qtbot.keyClick(panel.input, Qt.Key.Key_Return)  # Send is greyed out: Enter waits too
+    assert panel.input.toPlainText() == "Typed while it answers"
+    assert [t.role for t in chats.current.turns] == ["user", "assistant"]
+    assert not panel.send_button.isEnabled() and chats.busy
+    chats.new_chat()  # another chat: its status line says where the reply goes
+    assert panel.status.text() == "Answering “First question”: send once it ends (Esc stops it)."
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        pass
+    reply = chats.store.get(first).turns[-1]
+    assert reply.content == "tok " * 60 and reply.stats["finish_reason"] == "stop"
+    assert panel.status.text() == ""  # the reply's stats are not this chat's
+    chats.select(first)
+    assert "60 tokens" in panel.message_widgets()[-1].stats_label.text()

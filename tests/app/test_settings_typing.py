@@ -81,3 +81,22 @@ def test_max_rows_auto_reads_as_auto_and_reaches_the_engine_as_none(qtbot, make_
     _type(qtbot, editors["engine/max_rows"], "1024")
     assert s.max_rows == 1024 and window.load.rows_spin.value() == 1024
     assert LoadRequest("/m", s.engine_settings(), 4096, 1, s.max_rows).max_rows == 1024
+
+
+def test_restore_defaults_asks_before_it_wipes_the_settings(qtbot, make_window):
+    from helpers import answer_next_dialog
+
+    window = make_window()
+    window.tabs.setCurrentWidget(window.settings)
+    s = window.ctx.settings
+    window.settings.editors["chat/system_prompt"].setPlainText("Answer in French.")
+    window.settings.editors["sampling/temperature"].setValue(0.3)
+    seen: list[str] = []
+    answer_next_dialog("Cancel", seen)
+    window.settings.reset_button.click()
+    assert "Put every setting back to its default?" in seen
+    assert s.system_prompt == "Answer in French." and s.get("sampling/temperature") == 0.3
+    answer_next_dialog("Restore defaults", seen)
+    window.settings.reset_button.click()
+    assert s.system_prompt != "Answer in French." and s.get("sampling/temperature") == 0.7
+    assert window.settings.editors["sampling/temperature"].value() == 0.7

@@ -167,3 +167,85 @@ def test_status_bar_uses_the_library_title_of_a_folder_it_lists(qtbot, make_wind
             LoadRequest(entry.local_dir, window.ctx.settings.engine_settings(), 4096)
         )
     assert window.model_status.text().startswith(entry.title + " · ")
+
+
+def test_a_long_status_line_wraps_in_a_small_window(qtbot, make_window):
+    """At the smallest window a long line under the chat takes more lines: it is neither
+    clipped nor pushes the sidebar and the right column aside."""
+    from PySide6.QtCore import QRect, Qt
+
+    window = make_window()
+    window.close_welcome()
+    window.resize(window.minimumSize())
+    qtbot.wait(50)
+    sizes = window.splitter.sizes()
+    status = window.chat.status
+    text = (
+        "Not attached: photo.png is a PNG image, not text: the model reads text only. Attach "
+        "a text file (notes, source code, Markdown, CSV), a PDF with a text layer or a Word "
+        "document (.docx)"
+    )
+    window.ctx.chats.notice.emit(text)
+    qtbot.wait(50)
+    assert window.splitter.sizes() == sizes
+    assert status.width() <= window.chat.width() <= sizes[1]
+    wrap = Qt.TextFlag.TextWordWrap
+    needs = status.fontMetrics().boundingRect(QRect(0, 0, status.width(), 10000), wrap, text)
+    assert needs.width() <= status.width() and needs.height() <= status.height()
+
+
+def test_tab_leaves_the_message_box(qtbot, make_window):
+    from PySide6.QtCore import Qt
+
+    window = make_window(loader=FakeEngine.loader())
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+    composer = window.chat.input
+    window.activateWindow()
+    composer.setFocus()
+    qtbot.waitUntil(composer.hasFocus, timeout=1000)
+    composer.setPlainText("Hello")
+    qtbot.keyClick(composer, Qt.Key.Key_Tab)
+    assert composer.toPlainText() == "Hello" and not composer.hasFocus()
+    assert window.focusWidget() is window.chat.send_button  # the keyboard goes on to Send
+
+
+def test_the_columns_keep_their_widths_after_a_restart(qtbot, make_window, tmp_path):
+    path = str(tmp_path / "columns.ini")
+    window = make_window(store=QSettings(path, QSettings.Format.IniFormat))
+    qtbot.wait(20)
+    sizes = window.splitter.sizes()
+    dragged = [sizes[0] + 90, sizes[1] - 90, sizes[2]]  # the sidebar made wider
+    window.splitter.setSizes(dragged)
+    dragged = window.splitter.sizes()
+    window.close()
+    again = make_window(store=QSettings(path, QSettings.Format.IniFormat))
+    qtbot.wait(20)
+    assert again.splitter.sizes() == dragged
+
+
+def test_tab_goes_through_the_messages_in_their_place(qtbot, make_window):
+    """From the chat's header Tab passes the messages, top to bottom, then reaches the
+    message box's row; not the right column's widgets first."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+
+    window = make_window(loader=FakeEngine.loader())
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        window.ctx.chats.send("Hello")
+    question, reply = window.chat.message_widgets()
+    qtbot.waitUntil(reply.isVisible, timeout=1000)  # drawn on the next turn of the loop
+    window.activateWindow()
+    window.chat.system_button.setFocus()
+    qtbot.waitUntil(window.chat.system_button.hasFocus, timeout=1000)
+    visited = []
+    while len(visited) < 30 and QApplication.focusWidget() is not window.chat.attach_button:
+        qtbot.keyClick(QApplication.focusWidget(), Qt.Key.Key_Tab)
+        visited.append(QApplication.focusWidget())
+    assert visited[-1] is window.chat.attach_button
+    stops = [w for w in visited if w in (question.edit_button, question.copy_button)]
+    assert stops == [question.edit_button, question.copy_button]
+    assert reply.copy_button in visited[visited.index(question.copy_button) :]
+    assert window.library.open_button not in visited

@@ -1,0 +1,198 @@
+"""The chat list beside the chat: New chat, a search box (titles and messages), and each
+chat renamed, exported or deleted from its context menu or the keyboard."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, QObject, QStandardPaths, Qt, QTimer
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.controllers import ChatController
+from app.state.chat_history import Chat
+
+DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
+KEY_PRESS, SHORTCUT_OVERRIDE = QEvent.Type.KeyPress, QEvent.Type.ShortcutOverride
+
+
+def matches(chat: Chat, query: str) -> bool:
+    """Whether the chat's title or one of its messages holds `query` (casefolded)."""
+    if query in chat.title.casefold():
+        return True
+    return any(query in t.content.casefold() for t in chat.turns) or any(
+        query in a.name.casefold() for t in chat.turns for a in t.attachments
+    )
+
+
+class ChatSidebar(QWidget):
+    """The list of chats, newest first, with a New chat button and a search box (titles and
+    messages)."""
+
+    def __init__(self, chats: ChatController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("sidebar")
+        self.chats = chats
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 12, 10, 12)
+        layout.setSpacing(8)
+        self.new_button = QPushButton("+  New chat")
+        self.new_button.setObjectName("newChat")
+        self.new_button.setToolTip("New chat (Ctrl+N)")
+        self.new_button.clicked.connect(chats.new_chat)
+        layout.addWidget(self.new_button)
+        self.search = QLineEdit()
+        self.search.setObjectName("chatSearch")
+        self.search.setPlaceholderText("Search chats")
+        self.search.setToolTip("Search chats by title or message (Ctrl+F)")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(lambda _text: self.refresh())
+        layout.addWidget(self.search)
+        self.list = QListWidget()
+        self.list.setObjectName("chatList")
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._menu)
+        self.list.currentItemChanged.connect(self._picked)
+        self.list.itemChanged.connect(self._renamed)  # an item's title edited in place
+        self.list.setEditTriggers(
+            QListWidget.EditTrigger.DoubleClicked | QListWidget.EditTrigger.EditKeyPressed
+        )
+        layout.addWidget(self.list, 1)
+        QShortcut(
+            QKeySequence(QKeySequence.StandardKey.Delete),
+            self.list,
+            activated=self._delete_current,
+            context=Qt.ShortcutContext.WidgetShortcut,
+        )
+        self.search.installEventFilter(self)  # Esc clears it, Down and Enter go to the list
+        chats.store.chats_changed.connect(self.refresh)
+        chats.store.chat_updated.connect(lambda _id: self.refresh())
+        chats.current_changed.connect(lambda _id: self.refresh())
+        self.refresh()
+
+    def refresh(self) -> None:
+        current = self.chats.current.id
+        self.list.blockSignals(True)
+        self.list.clear()
+        query = self.search.text().strip().casefold()
+        for chat in self.chats.store.chats():
+            if query and not matches(chat, query):
+                continue
+            item = QListWidgetItem(chat.title)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
+            item.setData(Qt.ItemDataRole.UserRole, chat.id)
+            item.setToolTip(chat.title)
+            self.list.addItem(item)
+            if chat.id == current:
+                self.list.setCurrentItem(item)
+        self.list.blockSignals(False)
+
+    def _picked(self, item: QListWidgetItem | None, _prev: object = None) -> None:
+        if item is not None:
+            self.chats.select(item.data(Qt.ItemDataRole.UserRole))
+
+    def _menu(self, pos) -> None:
+        item = self.list.itemAt(pos)
+        if item is None:
+            return
+        menu = QMenu(self)
+        rename = menu.addAction("Rename chat")
+        export = menu.addAction("Export as Markdown…")
+        delete = menu.addAction("Delete chat")
+        chosen = menu.exec(self.list.mapToGlobal(pos))
+        if chosen is rename:
+            self.list.editItem(item)
+        elif chosen is export:
+            self.export(item.data(Qt.ItemDataRole.UserRole))
+        elif chosen is delete:
+            self.delete(item.data(Qt.ItemDataRole.UserRole))
+
+    def delete(self, chat_id: str) -> bool:
+        """Delete the chat once the user says so (its file goes for good); True if deleted."""
+        chat = self.chats.store.get(chat_id)
+        if chat is None:
+            return False
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Icon.Question)
+        box.setWindowTitle("Delete chat")
+        box.setText(f"Delete the chat “{chat.title}”?")
+        box.setInformativeText("Its messages are removed from this computer for good.")
+        yes = box.addButton("Delete", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(QMessageBox.StandardButton.Cancel)
+        box.exec()
+        deleted = box.clickedButton() is yes
+        if deleted:
+            self.chats.delete_chat(chat_id)
+        self.list.setFocus()  # the keyboard stays on the list (at the chat now on show)
+        return deleted
+
+    def _delete_current(self) -> None:
+        item = self.list.currentItem()
+        if item is not None:
+            self.delete(item.data(Qt.ItemDataRole.UserRole))
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt override)
+        """The search box: Esc clears it (Esc stops a reply elsewhere); Down or Enter moves
+        to the chats found, the first one shown where the chat on show is not among them."""
+        kind = event.type()
+        if watched is not self.search or kind not in (KEY_PRESS, SHORTCUT_OVERRIDE):
+            return super().eventFilter(watched, event)
+        key = event.key()
+        if key == Qt.Key.Key_Escape and self.search.text():
+            if kind == SHORTCUT_OVERRIDE:
+                event.accept()  # the key comes to the box, not to the window's Esc
+            else:
+                self.search.clear()
+            return True
+        if kind == KEY_PRESS and key in (Qt.Key.Key_Down, Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            if self.list.count():
+                if self.list.currentItem() is None:
+                    self.list.setCurrentRow(0)
+                self.list.setFocus()
+            return True
+        return super().eventFilter(watched, event)
+
+    def export(self, chat_id: str) -> None:
+        """Write the chat as a Markdown file the user names; the status line says where (or
+        why it could not)."""
+        chat = self.chats.store.get(chat_id)
+        if chat is None:
+            return
+        name = re.sub(r'[\\/:*?"<>|\s]+', " ", chat.title).strip() or "chat"
+        start = str(Path(QStandardPaths.writableLocation(DOCUMENTS) or Path.home()) / name)
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export chat", start + ".md", "Markdown (*.md);;All files (*)"
+        )
+        if not path:
+            return
+        try:
+            Path(path).write_text(chat.markdown(), encoding="utf-8")
+        except OSError as exc:
+            self.chats.notice.emit(f"Could not export the chat to {path}: {exc.strerror or exc}")
+            return
+        self.chats.notice.emit(f"Chat exported to {path}")
+
+    def _renamed(self, item: QListWidgetItem) -> None:
+        """The edited title saved with the chat (blank: the old one back). The list is
+        rebuilt after the editor has let go of the item, not inside its signal."""
+        chat_id, title = item.data(Qt.ItemDataRole.UserRole), item.text()
+
+        def save() -> None:
+            if self.chats.store.rename(chat_id, title) != title:
+                self.refresh()  # nothing saved, or saved cut short: show what is kept
+
+        QTimer.singleShot(0, self, save)  # not after the sidebar is gone

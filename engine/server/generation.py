@@ -16,6 +16,7 @@ from typing import Any
 from engine.scheduler import NO_TOKEN, Request, Scheduler
 from engine.server.reply import Piece, ReplySplitter, StopFilter
 from engine.session import GenerationParams, GenerationStats
+from engine.tokenizer import THINK_CLOSE
 
 FINISH = {"stop": "stop", "length": "length"}  # engine reason -> API reason ("cancelled": stop)
 DISCONNECT_POLL_S = 0.25
@@ -42,6 +43,11 @@ class Generation:
         self.disconnected = disconnected
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0
+        # The reply's tokens up to the one that closes its thinking (where it starts inside
+        # a `<think>` block), and the text since the last of them, to find the close in.
+        self.reasoning_tokens = 0
+        self._thinking = splitter is not None and splitter.mode == "reasoning"
+        self._think_tail = ""
         self.finish_reason = "stop"
         self.stats: GenerationStats | None = None  # the engine's, with the reply's last event
         # (token id, TokenLogprobs) of the reply's tokens not yet handed out (`take_logprobs`);
@@ -65,12 +71,23 @@ class Generation:
         self.request.cancel()
 
     @property
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
         }
+
+    def _count_thinking(self, text: str) -> None:
+        """Count a token of the reply as reasoning while its thinking is open (the token
+        that closes it too)."""
+        if not self._thinking:
+            return
+        self.reasoning_tokens += 1
+        self._think_tail = (self._think_tail + text)[-(len(THINK_CLOSE) + len(text)) :]
+        if THINK_CLOSE in self._think_tail:
+            self._thinking = False
 
     @property
     def timings(self) -> dict[str, float] | None:
@@ -140,6 +157,7 @@ class Generation:
                 raise item
             if item.token_id != NO_TOKEN:
                 self.completion_tokens += 1
+                self._count_thinking(item.text)
                 if item.logprobs is not None and item.token_id not in self._ends:
                     self._logprobs.append((item.token_id, item.logprobs))
             if item.finished:

@@ -270,7 +270,7 @@ class ResponseOutput:
                 "input_tokens": u["prompt_tokens"],
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": u["completion_tokens"],
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": u["completion_tokens_details"],
                 "total_tokens": u["total_tokens"],
             }
         return {

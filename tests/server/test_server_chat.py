@@ -293,3 +293,29 @@ def test_the_routes_answer_without_v1_too(scripted):
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Yes."
     r = httpx.post(f"{scripted.base}/embeddings", json={"input": "Hi"}, headers=headers)
     assert r.status_code == 404 and "embedding" in r.json()["error"]["message"]
+
+
+def test_usage_counts_the_thinking_tokens(scripted):
+    """`completion_tokens_details.reasoning_tokens` (chat) and the Responses API's
+    `output_tokens_details`: the reply's tokens up to the one that closes its thinking."""
+    text = "Let me see, a few words.</think>\n\nHello!"
+    tok = scripted.engine.tokenizer
+    script = tok.encode(text)
+    thought = next(i for i in range(1, len(script) + 1) if "</think>" in tok.decode(script[:i]))
+    assert 1 < thought < len(script)
+    client = scripted.client()
+    scripted.scheduler.say(text)
+    reply = client.chat.completions.create(model=scripted.model, messages=USER)
+    assert reply.choices[0].message.content == "Hello!"
+    assert reply.usage.completion_tokens_details.reasoning_tokens == thought
+    scripted.scheduler.say(text)
+    chunks = list(client.chat.completions.create(model=scripted.model, messages=USER,
+                  stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == thought
+    scripted.scheduler.say(text)
+    response = client.responses.create(model=scripted.model, input="Hi")
+    assert response.usage.output_tokens_details.reasoning_tokens == thought
+    scripted.scheduler.say("Hello!")
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    reply = client.chat.completions.create(model=scripted.model, messages=USER, extra_body=off)
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 0

@@ -207,5 +207,6 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         self.ctx.settings.store.setValue("window/geometry", self.saveGeometry())
         self.ctx.settings.store.setValue("window/columns", self.splitter.saveState())
+        self.chat.keep_draft()
         self.ctx.shutdown()
         super().closeEvent(event)

@@ -194,6 +194,13 @@ class ChatPanel(QWidget):
         if self.chats.send(self.input.toPlainText(), self.tray.files):
             self.input.clear()
             self.tray.clear()
+            self.chats.store.set_draft(self.chats.current.id, "")
+
+    def keep_draft(self) -> None:
+        """What the message box holds kept with the chat it was typed in (when another
+        chat is shown, and when the window closes), so it is there again."""
+        if self._drawn is not None:
+            self.chats.store.set_draft(self._drawn, self.input.toPlainText())
 
     def choose_files(self) -> None:
         start = QStandardPaths.writableLocation(DOCUMENTS) or str(Path.home())
@@ -285,6 +292,10 @@ class ChatPanel(QWidget):
         chat's tail, not its hundreds of messages (0.8 s for 300 of them). `whole`: every
         message (another chat, another theme)."""
         chat = self.chats.current
+        if chat.id != self._drawn:  # another chat: the message box holds its own draft
+            self.keep_draft()
+            self.input.setPlainText(chat.draft)
+            self.input.moveCursor(QTextCursor.MoveOperation.End)
         self.title.setText(chat.title)
         self._show_system_prompt()
         keep = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
 from app.planning import fmt_bytes
@@ -41,6 +42,7 @@ class GaugePanel(QFrame):
         THEME.changed.connect(self._theme_changed)  # a method: let go of when the gauge is
         self.plot.setObjectName("vramPlot")
         self.plot.setFixedHeight(96)
+        self.plot.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # nothing to do there by keyboard
         self.plot.setMouseEnabled(x=False, y=False)
         self.plot.hideButtons()
         self.plot.setMenuEnabled(False)

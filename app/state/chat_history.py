@@ -78,6 +78,7 @@ class Chat:
     updated: float = field(default_factory=time.time)
     turns: list[Turn] = field(default_factory=list)
     system_prompt: str | None = None  # this chat's own; None: the one in Settings > Chat
+    draft: str = ""  # what the message box held when the chat was left, unsent
 
     @classmethod
     def new(cls) -> Chat:
@@ -89,7 +90,7 @@ class Chat:
     @classmethod
     def from_dict(cls, raw: object) -> Chat:
         """A chat from its JSON form; ChatFileError names the first field that is wrong."""
-        keys = ("id", "title", "created", "updated", "turns", "system_prompt")
+        keys = ("id", "title", "created", "updated", "turns", "system_prompt", "draft")
         raw = _object(raw, "the file", keys)
         try:
             chat_id = check_chat_id(raw.get("id"))
@@ -110,6 +111,7 @@ class Chat:
                 if raw.get("system_prompt") is None
                 else _text(raw["system_prompt"], "system_prompt")
             ),
+            draft=_text(raw.get("draft", ""), "draft"),
         )
 
     def messages(self, system_prompt: str = "") -> list[dict[str, str]]:
@@ -328,6 +330,14 @@ class ChatStore(QObject):
         chat = self._chats.get(chat_id)
         if chat is not None and chat.system_prompt != prompt:
             chat.system_prompt = prompt
+            self._write(chat)
+
+    def set_draft(self, chat_id: str, text: str) -> None:
+        """What the chat's message box holds, unsent, kept with the chat (its place in the
+        list stays)."""
+        chat = self._chats.get(chat_id)
+        if chat is not None and chat.draft != text:
+            chat.draft = text
             self._write(chat)
 
     def _write(self, chat: Chat) -> None:

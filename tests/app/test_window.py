@@ -249,3 +249,40 @@ def test_tab_goes_through_the_messages_in_their_place(qtbot, make_window):
     assert stops == [question.edit_button, question.copy_button]
     assert reply.copy_button in visited[visited.index(question.copy_button) :]
     assert window.library.open_button not in visited
+
+
+def test_a_message_being_typed_stays_with_its_chat(qtbot, make_window, settings_store):
+    """Text typed and not sent stays in the chat it was typed in: another chat shows its
+    own (none), the first has it again, and so after a restart; a send clears it."""
+    window = make_window(loader=FakeEngine.loader())
+    first = window.ctx.chats.current.id
+    window.chat.input.setPlainText("Half a thought")
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+    window.ctx.chats.store.create()
+    second = window.ctx.chats.store.chats()[0].id
+    window.ctx.chats.select(second)
+    assert window.chat.input.toPlainText() == ""
+    window.chat.input.setPlainText("Another")
+    window.ctx.chats.select(first)
+    assert window.chat.input.toPlainText() == "Half a thought"
+    window.close()
+    again = make_window(loader=FakeEngine.loader(), store=settings_store)
+    again.ctx.chats.select(first)
+    assert again.chat.input.toPlainText() == "Half a thought"
+    again.ctx.chats.select(second)
+    assert again.chat.input.toPlainText() == "Another"
+    with qtbot.waitSignal(again.ctx.engine.loaded, timeout=3000):
+        again.ctx.engine.load(LoadRequest("/m", again.ctx.settings.engine_settings(), 4096))
+    with qtbot.waitSignal(again.ctx.engine.finished, timeout=3000):
+        again.chat.send()
+    assert again.ctx.chats.store.get(second).draft == ""
+    assert again.ctx.chats.current.turns[0].content == "Another"
+
+
+def test_the_memory_plot_is_no_tab_stop(qtbot, make_window):
+    """Tab passes over the VRAM plot (it has nothing to do by keyboard)."""
+    from PySide6.QtCore import Qt
+
+    window = make_window()
+    assert window.gauge.plot.focusPolicy() == Qt.FocusPolicy.NoFocus

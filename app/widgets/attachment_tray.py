@@ -161,6 +161,7 @@ class AttachmentTray(QWidget):
             drop.setObjectName("removeAttachment")
             drop.setText("×")
             drop.setToolTip(f"Take {attachment.name} off this message")
+            drop.setAccessibleName(f"Remove {attachment.name}")  # a screen reader's "×"
             drop.clicked.connect(lambda _=False, i=i: self.remove(i))
             row.addWidget(label)
             row.addWidget(drop)

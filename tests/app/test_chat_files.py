@@ -98,6 +98,9 @@ def test_a_file_dropped_or_pasted_on_the_composer_is_attached_not_typed(
     (tmp_path / "b.txt").write_text("two\nlines", encoding="utf-8")
     with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
         panel.input.insertFromMimeData(_files(tmp_path / "b.txt"))
+    shown = [c for c in panel.tray.findChildren(QWidget, "attachmentChip") if c.isVisibleTo(panel)]
+    names = [c.findChild(QWidget, "removeAttachment").accessibleName() for c in shown]
+    assert names == ["Remove main.py", "Remove b.txt"]  # what a screen reader says of "×"
     panel.tray.remove(0)
     assert chips(panel) == ["b.txt, 2 lines"]  # at once, not when the event loop comes round
     panel.tray.remove(0)

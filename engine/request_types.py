@@ -43,6 +43,7 @@ class GenerationStats:
     decode_tok_s: float
     drafted: int = 0  # tokens the MTP head drafted for this reply (engine/drafting.py)
     drafts_kept: int = 0  # of those, the ones the model's verify kept
+    cached_tokens: int = 0  # of the prompt's, restored from the prompt cache (not prefilled)
 
 
 @dataclass(frozen=True)

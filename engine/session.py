@@ -50,6 +50,7 @@ class _Stream:
     ids: list[int] = field(default_factory=list)  # every token now in the slot's state
     drafted: int = 0  # this request's drafts (Drafter counts them), and those kept
     drafts_kept: int = 0
+    reused: int = 0  # the prompt's tokens restored from the prompt cache, not prefilled
 
 
 def aligned_chunks(
@@ -502,6 +503,7 @@ class Engine:
         """Restore the longest saved state that the prompt extends, from whichever tier of
         the prompt cache has it; return the ids left to prefill."""
         stream.ids = list(self.prompt_cache.restore(stream.slot, prompt_ids))
+        stream.reused = len(stream.ids)
         return prompt_ids[len(stream.ids) :]
 
     def _save(self, stream: _Stream, defer_disk: bool = False) -> None:
@@ -559,6 +561,7 @@ class Engine:
             decode_tok_s=(new_tokens - 1) / decode_s if new_tokens > 1 else 0.0,
             drafted=getattr(stream, "drafted", 0),
             drafts_kept=getattr(stream, "drafts_kept", 0),
+            cached_tokens=getattr(stream, "reused", 0),
         )
 
     def unload(self) -> None:

@@ -77,7 +77,14 @@ class Generation:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt's tokens the engine restored from its prompt cache rather than read
+        again (known once the reply has ended)."""
+        return self.stats.cached_tokens if self.stats is not None else 0
 
     def _count_thinking(self, text: str) -> None:
         """Count a token of the reply as reasoning while its thinking is open (the token
@@ -92,18 +99,21 @@ class Generation:
     @property
     def timings(self) -> dict[str, float] | None:
         """The reply's timings as llama.cpp's server reports them beside the OpenAI fields
-        (clients written for it read tokens/s there): the prompt up to the first token, the
+        (clients written for it read tokens/s there): the prompt up to the first token (its
+        tokens restored from the prompt cache as `cache_n`, those read as `prompt_n`), the
         decode after it, and where the MTP head drafted, its drafts and those kept. None
         until the reply's last event has come."""
         s = self.stats
         if s is None:
             return None
         decode_ms = (s.new_tokens - 1) / s.decode_tok_s * 1e3 if s.decode_tok_s else 0.0
+        read = s.prompt_tokens - s.cached_tokens  # prompt_n: the tokens read, not restored
         out = {
-            "prompt_n": s.prompt_tokens,
+            "cache_n": s.cached_tokens,
+            "prompt_n": read,
             "prompt_ms": s.ttft_s * 1e3,
-            "prompt_per_token_ms": s.ttft_s * 1e3 / max(s.prompt_tokens, 1),
-            "prompt_per_second": s.prefill_tok_s,
+            "prompt_per_token_ms": s.ttft_s * 1e3 / max(read, 1),
+            "prompt_per_second": read / s.ttft_s if s.ttft_s > 0 else 0.0,
             "predicted_n": s.new_tokens,
             "predicted_ms": decode_ms,
             "predicted_per_token_ms": 1e3 / s.decode_tok_s if s.decode_tok_s else 0.0,

@@ -268,7 +268,7 @@ class ResponseOutput:
             u = gen.usage
             usage = {
                 "input_tokens": u["prompt_tokens"],
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": u["prompt_tokens_details"],
                 "output_tokens": u["completion_tokens"],
                 "output_tokens_details": u["completion_tokens_details"],
                 "total_tokens": u["total_tokens"],

@@ -319,3 +319,27 @@ def test_usage_counts_the_thinking_tokens(scripted):
     off = {"chat_template_kwargs": {"enable_thinking": False}}
     reply = client.chat.completions.create(model=scripted.model, messages=USER, extra_body=off)
     assert reply.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_usage_says_how_much_of_the_prompt_came_from_the_cache(served):
+    """A conversation that goes on restores its earlier prompt from the engine's prompt
+    cache: `prompt_tokens_details.cached_tokens` says how many tokens were not read again,
+    and llama.cpp's timings split the prompt into `cache_n` and `prompt_n`."""
+    client = served.client()
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    history = [{"role": "user", "content": "Tell me a story about a lighthouse keeper"}]
+    ask = {"model": served.model, "max_tokens": 8, "temperature": 0, "extra_body": off}
+    first = client.chat.completions.create(messages=history, **ask)
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And then?"},
+    ]
+    second = client.chat.completions.create(messages=history, **ask)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < second.usage.prompt_tokens
+    timings = second.model_extra["timings"]
+    assert timings["cache_n"] == cached
+    assert timings["prompt_n"] == second.usage.prompt_tokens - cached
+    response = client.responses.create(model=served.model, input=history, max_output_tokens=8,
+                                       reasoning={"effort": "none"})  # fmt: skip
+    assert response.usage.input_tokens_details.cached_tokens >= cached

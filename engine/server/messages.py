@@ -221,11 +221,14 @@ def _tool_choice(choice: dict[str, Any]) -> Any:
 def _usage(gen: Generation) -> dict[str, int]:
     """The reply's usage as the API gives it, in the message and in the stream's
     message_delta (whose counts clients take as the final ones: LangChain's input tokens
-    come from there); no prompt caching here, so none read or written."""
+    come from there): as in that API, `input_tokens` are the prompt's tokens read, and
+    those restored from the engine's prompt cache are `cache_read_input_tokens` (known
+    once the reply has ended; none before); none are written to a cache on request."""
+    cached = gen.cached_tokens
     return {
-        "input_tokens": gen.prompt_tokens,
+        "input_tokens": gen.prompt_tokens - cached,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached,
         "output_tokens": gen.completion_tokens,
     }
 

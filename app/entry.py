@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] in ("-h", "--help"):
         sys.stdout.write(
             "usage: snug [--demo]            start the desktop app\n"
-            "       snug COMMAND [ARGS...]   run an engine command (chat, generate, serve, ...)\n"
+            "       snug COMMAND [ARGS...]   run an engine command: chat, generate, serve, info,\n"
+            "                                plan, cache (`snug COMMAND --help` for its flags)\n"
             "       snug --smoke DIR [--screenshot PNG]\n"
             "                                load DIR, answer one message, exit (checks a build)\n"
             "       snug --version           print the version and exit\n"

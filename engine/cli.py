@@ -4,12 +4,14 @@ see app/entry.py.)"""
 from __future__ import annotations
 
 import argparse
+import codecs
 import dataclasses
 import json
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from engine.cli_cache import add_cache_parser
@@ -18,11 +20,12 @@ from engine.cli_plan import (
     add_plan_parser,
     finite_float,
     gib_arg,
+    int_at_least,
     with_kv_cache,
 )
-from engine.cli_progress import load_progress, prompt_progress
+from engine.cli_progress import cpu_note, load_progress, prompt_progress
 from engine.config import DRAFT_CHOICES, EngineSettings
-from engine.errors import RequestRefused, SnugError
+from engine.errors import CheckpointError, RequestRefused, SnugError
 from engine.request_types import progress_args
 from engine.server.cli import add_serve_parser, run_serve
 
@@ -38,21 +41,6 @@ def _parse_ids(text: str) -> list[int]:
     if negative:
         raise argparse.ArgumentTypeError(f"token id {negative[0]} is negative; ids are >= 0")
     return ids
-
-
-def _int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `low` ("argument --x: must be >= 1, got 0")."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
 
 
 def _utf8_text(text: str) -> str:
@@ -88,17 +76,17 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
 def _add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
     p.add_argument(
         "--max-new-tokens",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=max_new_tokens,
         help=f"at least 1 (default {max_new_tokens})",
     )
     p.add_argument("--greedy", action="store_true")
     p.add_argument("--temperature", type=finite_float, default=0.7)
-    p.add_argument("--top-k", type=_int_at_least(0), default=20, help="0 = off (default 20)")
+    p.add_argument("--top-k", type=int_at_least(0), default=20, help="0 = off (default 20)")
     p.add_argument("--top-p", type=finite_float, default=0.8)
     p.add_argument("--min-p", type=finite_float, default=0.0)
     p.add_argument("--presence-penalty", type=finite_float, default=0.0)
-    p.add_argument("--seed", type=_int_at_least(0), default=None)
+    p.add_argument("--seed", type=int_at_least(0), default=None)
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -110,14 +98,14 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--context",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=4096,
         help="tokens per stream, at least 1; capped at the model's max_position_embeddings "
         "(default 4096)",
     )
     p.add_argument(
         "--max-rows",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=None,
         help="prompt rows per forward pass, at least 1 (default: the plan's choice, 512 or "
         "wider where the card has memory left over)",
@@ -172,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parser(sub)
     add_serve_parser(sub)
     add_cache_parser(sub)
+    parser.commands = sub.choices  # type: ignore[attr-defined]
     return parser
 
 
@@ -191,6 +180,7 @@ def run_generate(args: argparse.Namespace) -> int:
         if args.prompt is None or args.raw:
             raise RequestRefused("--attach goes with --prompt, through the chat template")
         args.prompt = compose(args.prompt, [read_attachment(path) for path in args.attach])
+    _params(args)  # a sampling flag out of range is refused before the (slow) load
     engine = _load(args)
     try:
         return _generate(engine, args)
@@ -202,11 +192,14 @@ def run_chat(args: argparse.Namespace) -> int:
     from engine.checkpoint.checkpoint import model_name
     from engine.cli_chat import chat
 
+    params = _params(args)  # a sampling flag out of range is refused before the load
     engine = _load(args)
     thinking = {"on": True, "off": False}.get(args.thinking)
     name, streams = model_name(args.model), (sys.stdin, sys.stdout, sys.stderr)
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the chat, which
+        sys.stdin.reconfigure(errors="surrogateescape")  # refuses that message alone
     try:
-        return chat(engine, name, _params(args), args.system, thinking, *streams)
+        return chat(engine, name, params, args.system, thinking, *streams)
     finally:
         engine.unload()
 
@@ -214,28 +207,41 @@ def run_chat(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     from engine.session import Engine
 
-    return Engine.load(
+    settings = _settings(args)
+    engine = Engine.load(
         args.model,
-        _settings(args),
+        settings,
         context=args.context,
         max_rows=args.max_rows,
         progress=load_progress(),
     )
+    cpu_note(engine, settings)
+    return engine
 
 
 def _params(args: argparse.Namespace):
+    """The sampling flags as GenerationParams; one out of range is refused by its flag."""
     from engine.session import GenerationParams
 
-    return GenerationParams(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        presence_penalty=args.presence_penalty,
-        seed=args.seed,
-        greedy=args.greedy,
-    )
+    values = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "presence_penalty": args.presence_penalty,
+        "seed": args.seed,
+        "greedy": args.greedy,
+    }
+    try:
+        return GenerationParams(**values)
+    except SnugError as exc:
+        for key, value in values.items():  # which flag: the one refused on its own
+            try:
+                GenerationParams(**{key: value})
+            except SnugError:
+                raise SnugError(f"--{key.replace('_', '-')} {value}: {exc}") from None
+        raise
 
 
 def _prompt_ids(engine, args: argparse.Namespace) -> list[int]:
@@ -261,15 +267,24 @@ def _generate(engine, args: argparse.Namespace) -> int:
     output_ids, text, stats, finish = [], [], None, None
     t0 = time.perf_counter()
     more = progress_args(engine, prompt_progress())
-    for event in engine.generate(prompt_ids, params, **more):
-        output_ids.append(event.token_id)
-        text.append(event.text)
-        if not args.json and event.text:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
-        if event.finished:
-            stats = event.stats
-            finish = event.finish_reason
+    cancel = threading.Event()  # Ctrl+C: the reply ends at its next token, stats still said
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    try:
+        for event in engine.generate(prompt_ids, params, cancel, **more):
+            if event.token_id >= 0:  # a final event may carry no token (NO_TOKEN)
+                output_ids.append(event.token_id)
+            text.append(event.text)
+            if not args.json and event.text:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            if event.finished:
+                stats = event.stats
+                finish = event.finish_reason
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
     if args.json:
         timings = {"total_s": time.perf_counter() - t0, **(stats.__dict__ if stats else {})}
         print(
@@ -290,13 +305,18 @@ def _generate(engine, args: argparse.Namespace) -> int:
         if stats:
             sys.stderr.write(
                 f"[{engine.backend_name}] {stats.prompt_tokens} prompt tokens, "
-                f"{stats.new_tokens} new; first token {stats.ttft_s * 1000:.0f} ms; "
-                f"{stats.decode_tok_s:.1f} tokens/s\n"
+                f"{stats.new_tokens} new; first token {stats.ttft_s * 1000:.0f} ms"
+                # one token has no decode rate (it is the first token's)
+                + (f"; {stats.decode_tok_s:.1f} tokens/s\n" if stats.new_tokens > 1 else "\n")
             )
-        if engine.drafting:
+        asked = engine.drafter is not None or _settings(args).draft_tokens != "off"
+        if engine.drafting and asked:  # said when drafting was asked for, not every reply
             on = stats is not None and engine.drafter is not None
             kept = f"; {stats.drafts_kept} of {stats.drafted} drafts kept" if on else ""
             sys.stderr.write(f"[drafting] {engine.drafting}{kept}\n")
+    if finish == "cancelled":
+        sys.stderr.write("snug: stopped (Ctrl+C)\n")
+        return 130
     return 0
 
 
@@ -344,14 +364,43 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_folder(where: str) -> Path:
+    """--model's checkpoint folder: a folder, or a repository id in the HF cache."""
+    from engine.checkpoint.checkpoint import find_model
+
+    path = find_model(where)
+    if not path.exists():
+        raise CheckpointError(f"--model {where}: there is no such folder ({path.absolute()})")
+    if not path.is_dir():
+        raise CheckpointError(
+            f"--model {where} is a file; give the folder that holds the checkpoint "
+            f"({path.absolute().parent})"
+        )
+    return path
+
+
+def _tolerant_output() -> None:
+    """Where the terminal's encoding is not UTF-8 (a latin-1 locale, PYTHONIOENCODING=ascii,
+    a Windows console), text it cannot show (a reply, a path) comes out as '?' instead of
+    ending the command with a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            utf8 = codecs.lookup(stream.encoding or "").name == "utf-8"
+        except (AttributeError, LookupError, TypeError):
+            continue
+        if not utf8 and getattr(stream, "errors", "") in ("strict", "surrogateescape"):
+            stream.reconfigure(errors="replace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_output()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said with the command's own usage, which lists the flags it takes
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if getattr(args, "model", None):  # a folder, or a repository id in the HF cache
-            from engine.checkpoint.checkpoint import find_model
-
-            args.model = str(find_model(args.model))
+            args.model = str(_model_folder(args.model))
         if args.command == "generate":
             return run_generate(args)
         if args.command == "chat":
@@ -372,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:  # Ctrl+C while the model loads (a reply stops by itself)
+        sys.stderr.write("\nsnug: interrupted\n")
+        return 130
     parser.error(f"unknown command {args.command}")
     return 2
 

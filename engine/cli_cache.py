@@ -5,16 +5,20 @@
     snug cache clear --model DIR    only those of one checkpoint (any engine version)
 
 The folder is SNUG_PROMPT_CACHE_DIR, else `prompt-cache` in the app's data folder
-(~/.local/share/Snug/Snug on Linux); `--dir` names another.
+(~/.local/share/Snug/Snug on Linux); `--dir` names another. `clear` refuses a folder that
+holds *.json or *.safetensors files no saved state is named like (a model's folder
+given by mistake), and removes nothing there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
-from engine.config import default_prompt_cache_dir
+from engine.config import ENV_PROMPT_CACHE, default_prompt_cache_dir
+from engine.errors import ConfigError
 
 
 def add_cache_parser(subparsers) -> argparse.ArgumentParser:
@@ -34,10 +38,31 @@ def add_cache_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def others(folder: Path) -> list[str]:
+    """The *.json, *.safetensors and *.tmp files in `folder` that are no saved state's
+    (engine.snapshot_store.is_state_file): a model's config.json and weights, say."""
+    from engine.snapshot_store import is_state_file
+
+    if not folder.is_dir():
+        return []
+    found = (*folder.glob("*.json"), *folder.glob("*.safetensors"), *folder.glob("*.tmp"))
+    return sorted(p.name for p in found if not is_state_file(p.name))
+
+
 def run_cache(args: argparse.Namespace) -> int:
     from engine.snapshot_store import clear_folder, model_fingerprint
 
-    folder = Path(args.dir).expanduser() if args.dir else default_prompt_cache_dir()
+    folder = Path(args.dir) if args.dir else default_prompt_cache_dir()
+    folder = folder.expanduser()  # as the engine reads SNUG_PROMPT_CACHE_DIR
+    foreign = others(folder)
+    if args.cache_command == "clear" and foreign:
+        setting = "--dir" if args.dir else ENV_PROMPT_CACHE
+        if not args.dir and not os.environ.get(ENV_PROMPT_CACHE, "").strip():
+            setting = "the app's data folder"  # the default folder holds something else
+        raise ConfigError(
+            f"{folder} is not a prompt cache folder: it holds {_some(foreign)}, which are no "
+            f"saved prompt states; nothing was removed. Check {setting}"
+        )
     if args.cache_command == "clear":
         model = None
         if args.model:
@@ -52,6 +77,8 @@ def run_cache(args: argparse.Namespace) -> int:
     entries, nbytes = 0, 0
     kinds: dict[str, int] = {}
     for meta_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if meta_path.name in foreign:
+            continue
         data = meta_path.with_suffix(".safetensors")
         nbytes += meta_path.stat().st_size + (data.stat().st_size if data.exists() else 0)
         entries += 1
@@ -64,7 +91,14 @@ def run_cache(args: argparse.Namespace) -> int:
     print(f"{folder}: {entries} saved prompt states, {_mib(nbytes)}")
     for kind, count in sorted(kinds.items()):
         print(f"  {count:5d}  {kind}")
+    if foreign:
+        print(f"  and {_some(foreign)}, which are no saved prompt states")
     return 0
+
+
+def _some(names: list[str]) -> str:
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
 
 
 def _mib(nbytes: int) -> str:

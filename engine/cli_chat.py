@@ -5,7 +5,8 @@ conversation is kept for the next one (its oldest turns left out of the prompt o
 outgrows the context: engine/context_fit.py). A line ending in a backslash goes on to the
 next. Commands: /continue goes on with a reply cut by the token limit or by Ctrl+C, /attach
 FILE puts a text file, PDF or Word document before the next message (engine/attachments.py), /reset
-starts a new conversation, /exit (or Ctrl+D) ends, /help. Ctrl+C stops a reply (what it
+starts a new conversation, /exit (or Ctrl+D) ends, /help; a line that starts like a
+command but is none of them (/rest), or is not UTF-8, is not sent. Ctrl+C stops a reply (what it
 said so far is kept); at the prompt it ends the chat. A request the
 engine refuses (a message longer than the context, say) is reported, and the conversation
 stays as it was. A reply's thinking shows between "Thinking…" and "…done thinking." (dimmed
@@ -14,6 +15,7 @@ on a terminal). Reads lines from a pipe as well, one message a line.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -33,7 +35,7 @@ HELP = (
     "  /continue  go on with a reply cut by the token limit or by Ctrl+C\n"
     "  /attach F  give the model file F (text, PDF, Word) with the next message\n"
     "  /reset     start a new conversation\n"
-    "  /exit      end (or Ctrl+D); Ctrl+C stops a reply\n"
+    "  /exit      end (or Ctrl+D, or Ctrl+C at the prompt); Ctrl+C during a reply stops it\n"
 )
 
 
@@ -73,6 +75,14 @@ def chat(
         if text in ("/help", "/?"):
             err.write(HELP)
             continue
+        unknown = _unknown_command(text)
+        if unknown:
+            err.write(f"(unknown command {unknown}: /help lists them; nothing was sent)\n")
+            continue
+        invalid = _not_utf8(text)
+        if invalid:
+            err.write(f"snug: {invalid}; nothing was sent\n")
+            continue
         going_on = text == "/continue"
         if going_on and not cut:
             err.write("(nothing to continue: no reply was cut short)\n")
@@ -101,6 +111,32 @@ def chat(
             history.append({"role": "assistant", "content": reply})
             files = []  # they went with this message (a refused one keeps them)
         err.write(f"[{note}]\n")
+
+
+COMMANDS = ("/continue", "/attach", "/reset", "/exit", "/quit", "/bye", "/help", "/?")
+
+
+def _unknown_command(text: str) -> str | None:
+    """The first word of a message that starts like a command (`/rest`, `/atach notes.txt`)
+    but is none of them, or None. One that starts with a path (`/usr/bin/env ...`) is a
+    message."""
+    word = text.split(maxsplit=1)[0]
+    return None if word in COMMANDS or not re.fullmatch(r"/[A-Za-z]+", word) else word
+
+
+def _not_utf8(text: str) -> str | None:
+    """Why a typed message cannot be sent (bytes that are not UTF-8 reach it as lone
+    surrogates: a terminal in another encoding, a file piped in), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raw = text.encode("utf-8", "surrogateescape")
+        where = len(text[: exc.start].encode("utf-8", "surrogateescape"))
+        return (
+            f"the message is not UTF-8 text (byte 0x{raw[where]:02x} at offset {where}); "
+            "set the terminal to UTF-8 (LANG=C.UTF-8) or convert the input to UTF-8"
+        )
+    return None
 
 
 def _attach(arg: str, files: list[Attachment], err: TextIO) -> None:

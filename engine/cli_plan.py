@@ -15,7 +15,7 @@ import dataclasses
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from engine.config import GIB, KV_CACHES, MAX_GIB, EngineSettings, ModelConfig
@@ -25,7 +25,14 @@ from engine.memory import Card, Decision, TensorSpec, checkpoint_specs, decide
 from engine.memory.shapes import FORMATS, SHAPES, shape_config, shape_tensor_specs
 from engine.memory.speed import DEFAULT_SMALL_CARD, REFERENCE_CARDS, CardSpeed
 
-__all__ = ["add_kv_cache_flag", "add_plan_parser", "card_table", "run_plan", "with_kv_cache"]
+__all__ = [
+    "add_kv_cache_flag",
+    "add_plan_parser",
+    "card_table",
+    "int_at_least",
+    "run_plan",
+    "with_kv_cache",
+]
 
 
 def finite_float(text: str) -> float:
@@ -37,6 +44,21 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text[:40]!r}")
     return value
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low` ("argument --x: must be >= 1, got 0")."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
 
 
 def gib_arg(text: str) -> float:
@@ -81,12 +103,24 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     src.add_argument("--model", help="checkpoint folder (config.json + *.safetensors)")
     src.add_argument("--shape", choices=(*SHAPES, "all"), help="a Qwen3.5 size, no files needed")
     p.add_argument("--format", choices=FORMATS, default="mlx4", help="storage format for --shape")
-    p.add_argument("--context", type=int, default=4096, help="tokens per stream (default 4096)")
-    p.add_argument("--streams", type=int, default=1, help="concurrent conversations")
     p.add_argument(
-        "--max-rows", type=int, default=None, help="rows per forward (default: the plan's choice)"
+        "--context", type=int_at_least(1), default=4096, help="tokens per stream (default 4096)"
     )
-    p.add_argument("--prompt-cache", type=int, default=None, help="saved states (default: streams)")
+    p.add_argument(
+        "--streams", type=int_at_least(1), default=1, help="concurrent conversations (default 1)"
+    )
+    p.add_argument(
+        "--max-rows",
+        type=int_at_least(1),
+        default=None,
+        help="rows per forward (default: the plan's choice)",
+    )
+    p.add_argument(
+        "--prompt-cache",
+        type=int_at_least(0),
+        default=None,
+        help="saved states (default: streams)",
+    )
     p.add_argument("--limit-gib", type=gib_arg, default=None, help="cap on engine memory (0: none)")
     p.add_argument(
         "--reserve-gib", type=gib_arg, default=None, help="GiB left free for other programs"

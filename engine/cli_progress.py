@@ -5,10 +5,11 @@ would otherwise look like a hang; later loads read them from the cache in a mome
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 COMPILING = "compiling kernels"
 QUIET_S = 1.0  # a compile stage that is over sooner says nothing
@@ -64,7 +65,34 @@ def prompt_progress(
             return
         if clock() - start >= QUIET_S:
             shown = True
-            out.write(f"\r(reading the prompt: {done:,} of {total:,} tokens)")
+            text = f"(reading the prompt: {done:,} of {total:,} tokens)"
+            width = _columns(out)
+            if len(text) >= width:  # a wrapped line is not drawn again in place by "\r"
+                text = f"({done:,}/{total:,} tokens)"[: max(width - 1, 1)]
+            out.write(f"\r{text}")
             out.flush()
 
     return report
+
+
+def _columns(out: TextIO) -> int:
+    """The width of the terminal `out` writes to (80 where it cannot be read)."""
+    try:
+        return os.get_terminal_size(out.fileno()).columns or 80
+    except (AttributeError, OSError, ValueError):
+        return 80
+
+
+def cpu_note(engine: Any, settings: Any, out: TextIO | None = None) -> None:
+    """One line on `out` (stderr) when the backend was left to choose (auto) and the model
+    runs on the CPU: why there is no GPU to run on, and that replies are slow there. (The
+    backend's own log line says why a GPU that is there cannot run the model.)"""
+    if getattr(settings, "backend", "auto") != "auto" or engine.backend_name != "numpy":
+        return
+    from engine.backend_choice import cuda_unavailable_reason
+
+    reason = cuda_unavailable_reason()
+    if reason:
+        (out or sys.stderr).write(
+            f"snug: running on the CPU (numpy), far slower than a GPU: {reason}\n"
+        )

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import queue
+import re
 import tempfile
 import threading
 import time
@@ -108,6 +109,22 @@ class _Entry:
 
 def ids_hash(ids: tuple[int, ...] | list[int]) -> str:
     return hashlib.sha256(np.asarray(ids, np.int64).tobytes()).hexdigest()[:32]
+
+
+# The only files a store reads, evicts or removes: a state's <32 hex digits>.json and
+# .safetensors, and what an interrupted save leaves (mkstemp's tmp*.json.tmp and
+# tmp*.safetensors.tmp). Nothing else in the folder is touched (a model's folder given as
+# the cache folder by mistake keeps its config.json and weights).
+_STATE_FILE = re.compile(r"[0-9a-f]{32}\.(json|safetensors)|tmp\w*\.(json|safetensors)\.tmp")
+
+
+def is_state_file(name: str) -> bool:
+    return _STATE_FILE.fullmatch(name) is not None
+
+
+def state_files(folder: Path, pattern: str) -> list[Path]:
+    """The files in `folder` matching `pattern` that a store owns (`is_state_file`)."""
+    return [p for p in folder.glob(pattern) if is_state_file(p.name)]
 
 
 def entry_name(key: StoreKey, ids: tuple[int, ...] | list[int]) -> str:
@@ -259,12 +276,12 @@ class SnapshotStore:
     def _scan(self) -> None:
         """Index every entry (this key's, and others' for the budget); remove what an
         interrupted save left (temporary files, data without its index)."""
-        for leftover in self.folder.glob("*.tmp"):
+        for leftover in state_files(self.folder, "*.tmp"):
             leftover.unlink(missing_ok=True)
-        for data in self.folder.glob("*.safetensors"):
+        for data in state_files(self.folder, "*.safetensors"):
             if not data.with_suffix(".json").exists():
                 data.unlink(missing_ok=True)
-        for meta_path in self.folder.glob("*.json"):
+        for meta_path in state_files(self.folder, "*.json"):
             name = meta_path.stem
             try:
                 meta = json.loads(meta_path.read_text())
@@ -476,7 +493,7 @@ def clear_folder(folder: str | os.PathLike[str], model: str | None = None) -> tu
     if not folder.is_dir():
         return 0, 0
     count = removed = 0
-    for meta_path in folder.glob("*.json"):
+    for meta_path in state_files(folder, "*.json"):
         if model is not None:
             try:
                 if json.loads(meta_path.read_text()).get("model") != model:
@@ -488,7 +505,7 @@ def clear_folder(folder: str | os.PathLike[str], model: str | None = None) -> tu
         for suffix in (".json", ".safetensors"):
             (folder / f"{meta_path.stem}{suffix}").unlink(missing_ok=True)
     if model is None:
-        for leftover in (*folder.glob("*.tmp"), *folder.glob("*.safetensors")):
+        for leftover in (*state_files(folder, "*.tmp"), *state_files(folder, "*.safetensors")):
             removed += leftover.stat().st_size
             leftover.unlink(missing_ok=True)
     return count, removed

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
+import socket
 import sys
 
 from engine.cli_plan import add_kv_cache_flag, gib_arg, with_kv_cache
 from engine.config import ENV_BATCH_INVARIANT, EngineSettings, env_switch
+from engine.errors import SnugError
 
 __all__ = ["add_serve_parser", "run_serve"]
 
@@ -37,12 +40,54 @@ def _count(text: str) -> int:
     return _whole(text, 0)
 
 
+def _port(text: str) -> int:
+    value = _whole(text, 0)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: ports go from 0 to 65535")
+    return value
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` (port 0: a free one), to take before the model loads:
+    an address that cannot be had is said at once, not after the load. uvicorn listens on
+    it once the model is ready."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise SnugError(
+            f"--host {host}: not an address or a name this machine resolves ({exc.strerror}); "
+            "use an address of this machine such as 127.0.0.1 or 0.0.0.0"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        hint = {
+            errno.EADDRINUSE: "another program listens on that port: choose another with "
+            "--port (0: any free one)",
+            errno.EACCES: "ports below 1024 need administrator rights: choose one from 1024 "
+            "with --port",
+            errno.EADDRNOTAVAIL: f"{host} is not an address of this machine: change --host",
+        }.get(exc.errno or 0, "change --host or --port")
+        raise SnugError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); {hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, sock: socket.socket) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{sock.getsockname()[1]}/v1"
+
+
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     """Register `serve` on an argparse subparsers object."""
     p = subparsers.add_parser("serve", help="serve a model over the OpenAI API (HTTP)")
     p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free one)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: any free one)")
     p.add_argument(
         "--api-key",
         default=None,
@@ -108,7 +153,7 @@ def with_batch_invariant(settings: EngineSettings, args: argparse.Namespace) -> 
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from engine.cli_progress import load_progress
+    from engine.cli_progress import cpu_note, load_progress
     from engine.scheduler import Scheduler
     from engine.server.app import MAX_BODY, create_app
     from engine.server.runner import check_bind, uvicorn_config
@@ -119,14 +164,20 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.backend:
         settings = dataclasses.replace(settings, backend=args.backend)
     settings = with_batch_invariant(with_kv_cache(settings, args), args)
-    engine = Engine.load(
-        args.model,
-        settings,
-        context=args.context,
-        streams=args.streams,
-        max_rows=args.max_rows,
-        progress=load_progress(),
-    )
+    sock = listen_socket(args.host, args.port)  # the address taken before the load too
+    try:
+        engine = Engine.load(
+            args.model,
+            settings,
+            context=args.context,
+            streams=args.streams,
+            max_rows=args.max_rows,
+            progress=load_progress(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    cpu_note(engine, settings)
     import uvicorn
 
     scheduler = Scheduler(engine, queue_size=args.queue, prefill_chunk=args.prefill_chunk)
@@ -138,15 +189,21 @@ def run_serve(args: argparse.Namespace) -> int:
         max_body=body,
         cors_origins=args.cors_origin,
     )
-    server = uvicorn.Server(uvicorn_config(app, args.host, args.port, log_level="info"))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn_config(app, args.host, port, log_level="info"))
     sys.stderr.write(
-        f"snug: serving {app.state.server.model_id} on http://{args.host}:{args.port}/v1 "
+        f"snug: serving {app.state.server.model_id} on {_url(args.host, sock)} "
         f"({engine.backend_name}, context {engine.context}, {engine.streams} streams, "
-        f"queue {args.queue}, batch-invariant {'on' if settings.batch_invariant else 'off'})\n"
+        f"queue {args.queue}, batch-invariant {'on' if settings.batch_invariant else 'off'}); "
+        "Ctrl+C stops it\n"
     )
     try:
-        server.run()
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shut down cleanly on Ctrl+C, then raised it again
+        sys.stderr.write("snug: the server stopped (Ctrl+C)\n")
+        return 130
     finally:
+        sock.close()
         scheduler.close()
         engine.unload()
     return 0

@@ -1,4 +1,7 @@
 import json
+import os
+import signal
+from types import SimpleNamespace
 
 import pytest
 
@@ -127,3 +130,174 @@ def test_generate_reads_attached_files_before_the_prompt(tiny_checkpoint, tmp_pa
     assert "snug: AttachmentRefused: cat.png is a PNG image, not text" in capsys.readouterr().err
     assert main([*args[:5], "--raw", "--attach", str(notes), *flags]) == 2
     assert "--attach goes with --prompt" in capsys.readouterr().err
+
+
+class Ticking:
+    """An engine that streams a token at a time until its cancel event is set; the third
+    token sends this process a SIGINT (Ctrl+C); the last event carries no token."""
+
+    backend_name, vocab_rows, drafting, drafter = "numpy", 100, "", None
+
+    def generate(self, ids, params, cancel=None):
+        for i in range(1000):
+            if cancel is not None and cancel.is_set():
+                break
+            if i == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+            yield SimpleNamespace(token_id=i, text=f"t{i} ", finished=False)
+        stats = SimpleNamespace(new_tokens=i, decode_tok_s=1.0, ttft_s=0.0, prompt_tokens=len(ids))
+        yield SimpleNamespace(
+            token_id=-1, text="", finished=True, finish_reason="cancelled", stats=stats
+        )
+
+
+def test_ctrl_c_stops_a_generate_reply_and_says_so(capsys):
+    from engine.cli import _generate, build_parser
+
+    before = signal.getsignal(signal.SIGINT)
+    for json_out in (["--json"], []):
+        args = build_parser().parse_args(["generate", "--model", "m", "--prompt-ids", "1,2"])
+        args.json = bool(json_out)
+        assert _generate(Ticking(), args) == 130  # as a shell reports a Ctrl+C
+        got = capsys.readouterr()
+        assert "snug: stopped (Ctrl+C)" in got.err and "Traceback" not in got.err
+        if json_out:
+            reply = json.loads(got.out)
+            assert reply["finish_reason"] == "cancelled"
+            assert 2 <= len(reply["output_ids"]) < 10 and -1 not in reply["output_ids"]
+        else:
+            assert got.out.startswith("t0 t1 ") and "[numpy] 2 prompt tokens" in got.err
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_while_the_model_loads_exits_quietly(tiny_checkpoint, monkeypatch, capsys):
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("engine.session.Engine.load", interrupted)
+    model = str(tiny_checkpoint("tied-l4-r1", "mlx4-g64"))
+    assert main(["chat", "--model", model, "--backend", "numpy"]) == 130
+    assert capsys.readouterr().err.endswith("snug: interrupted\n")
+
+
+def test_output_the_terminal_cannot_encode_is_replaced(tiny_checkpoint, tmp_path, monkeypatch):
+    """Under a locale that is not UTF-8 (PYTHONIOENCODING=ascii, latin-1, a Windows console)
+    a path or a reply it cannot show comes out as '?' instead of a UnicodeEncodeError."""
+    import io
+    import shutil
+
+    model = tmp_path / "modèle ☃"
+    shutil.copytree(tiny_checkpoint("tied-l4-r1", "mlx4-g64"), model)
+    raw = io.BytesIO()
+    monkeypatch.setattr("sys.stdout", io.TextIOWrapper(raw, encoding="ascii"))
+    assert main(["info", "--model", str(model)]) == 0
+    import sys
+
+    sys.stdout.flush()
+    assert raw.getvalue().startswith(str(tmp_path / "mod?le ?").encode() + b"\n")
+
+
+def test_a_model_path_that_is_no_folder_is_named(tmp_path, capsys):
+    assert main(["info", "--model", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert f"--model {tmp_path / 'nowhere'}: there is no such folder" in err
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["plan", "--model", str(tmp_path / "config.json"), "--card-gib", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "config.json is a file; give the folder that holds the checkpoint" in err
+    assert f"({tmp_path})" in err
+
+
+def test_a_sampling_flag_out_of_range_is_refused_by_name_before_the_load(
+    tiny_checkpoint, monkeypatch, capsys
+):
+    def no_load(*_args, **_kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("engine.session.Engine.load", no_load)
+    model = str(tiny_checkpoint("tied-l4-r1", "mlx4-g64"))
+    for command, flag, value in (("generate", "--top-p", "2"), ("chat", "--min-p", "1")):
+        extra = ["--prompt", "hi"] if command == "generate" else []
+        assert main([command, "--model", model, *extra, flag, value]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} {float(value)}: sampling setting out of range" in err
+
+
+def test_the_drafting_line_comes_only_when_drafting_was_asked(tiny_checkpoint, capsys):
+    model = str(tiny_checkpoint("tied-l4-r1", "mlx4-g64"))
+    base = ["generate", "--model", model, "--prompt-ids", "1,2", "--backend", "numpy"]
+    assert main([*base, "--max-new-tokens", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "[drafting]" not in err and "tokens/s" not in err  # one token: no decode rate
+    assert main([*base, "--draft-tokens", "1"]) == 0
+    assert (
+        "[drafting] drafting is unavailable: the checkpoint has no mtp" in capsys.readouterr().err
+    )
+
+
+@pytest.mark.skipif(probe_gpu() is not None, reason="an NVIDIA GPU is present")
+def test_without_a_gpu_the_cpu_backend_says_why(tiny_checkpoint, monkeypatch, capsys):
+    monkeypatch.delenv("SNUG_BACKEND", raising=False)
+    model = str(tiny_checkpoint("tied-l4-r1", "mlx4-g64"))
+    base = ["generate", "--model", model, "--prompt-ids", "1", "--max-new-tokens", "1"]
+    assert main(base) == 0
+    err = capsys.readouterr().err
+    assert "snug: running on the CPU (numpy), far slower than a GPU: No NVIDIA GPU" in err
+    assert main([*base, "--backend", "numpy"]) == 0  # asked for: nothing to explain
+    assert "running on the CPU" not in capsys.readouterr().err
+
+
+def test_plan_refuses_counts_out_of_range_by_flag(capsys):
+    for flag, value, least in (
+        ("--max-rows", "0", 1),
+        ("--context", "-5", 1),
+        ("--streams", "0", 1),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["plan", "--shape", "4B", "--card-gib", "4", flag, value])
+        assert exit_info.value.code == 2
+        assert f"argument {flag}: must be >= {least}, got {value}" in capsys.readouterr().err
+
+
+def test_cache_clear_leaves_a_folder_that_is_no_prompt_cache(
+    tiny_checkpoint, tmp_path, monkeypatch, capsys
+):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint("tied-l4-r1", "mlx4-g64"), model)
+    files = sorted(p.name for p in model.iterdir())
+    assert main(["cache", "clear", "--dir", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert f"{model} is not a prompt cache folder: it holds config.json" in err
+    assert "nothing was removed. Check --dir" in err
+    monkeypatch.setenv("SNUG_PROMPT_CACHE_DIR", str(model))
+    assert main(["cache", "clear"]) == 2
+    assert "Check SNUG_PROMPT_CACHE_DIR" in capsys.readouterr().err
+    assert sorted(p.name for p in model.iterdir()) == files  # the model is whole
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert f"{model}: 0 saved prompt states" in out and "which are no saved prompt states" in out
+
+
+def test_cache_reads_a_folder_named_with_a_tilde_as_the_engine_does(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "states").mkdir()
+    state = tmp_path / "states" / ("0123456789abcdef" * 2)
+    state.with_suffix(".json").write_text('{"engine": "0.1.0", "precision": "numpy:float32"}')
+    state.with_suffix(".safetensors").write_bytes(bytes(2048))
+    monkeypatch.setenv("SNUG_PROMPT_CACHE_DIR", "~/states")
+    assert main(["cache", "info"]) == 0
+    assert f"{tmp_path / 'states'}: 1 saved prompt states" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1 saved prompt states" in capsys.readouterr().out
+    assert list((tmp_path / "states").iterdir()) == []
+
+
+def test_a_misspelled_flag_is_refused_with_the_commands_own_usage(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--model", "m", "--prompt", "hi", "--max-tokens", "5"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: snug generate" in err and "--max-new-tokens" in err
+    assert err.endswith("snug generate: error: unrecognized arguments: --max-tokens 5\n")

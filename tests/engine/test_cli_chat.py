@@ -265,3 +265,28 @@ def test_ctrl_c_while_the_prompt_runs_leaves_the_conversation_as_it_was():
     assert "(stopped before the reply began)" in err.getvalue()
     assert engine.asked == [["first"], ["second"]]  # the stopped message left no trace
     assert "nothing to continue" in err.getvalue()
+
+
+def test_a_message_not_in_utf8_or_an_unknown_command_is_not_sent():
+    class Quick(Ticking):
+        def __init__(self):
+            self.asked = []
+
+        def chat_ids(self, messages, enable_thinking=None):
+            self.asked.append(messages[-1]["content"])
+            return [0] * 4
+
+        def generate(self, ids, params, cancel=None):
+            stats = SimpleNamespace(new_tokens=1, decode_tok_s=1.0, ttft_s=0.0, prompt_tokens=4)
+            yield SimpleNamespace(text="ok", finished=True, finish_reason="stop", stats=stats)
+
+    # "caf\xe9" from a latin-1 terminal reaches the chat as a lone surrogate (surrogateescape)
+    lines = ["caf\udce9", "/rest", "/atach notes.txt", "/usr/bin holds programs", "hi"]
+    engine, err = Quick(), io.StringIO()
+    stdin = io.StringIO("".join(f"{line}\n" for line in lines))
+    params = SimpleNamespace(max_new_tokens=8)
+    assert chat(engine, "fake", params, None, None, stdin, io.StringIO(), err) == 0
+    assert engine.asked == ["/usr/bin holds programs", "hi"]
+    assert "the message is not UTF-8 text (byte 0xe9 at offset 3)" in err.getvalue()
+    assert "(unknown command /rest: /help lists them" in err.getvalue()
+    assert "(unknown command /atach: /help lists them" in err.getvalue()

@@ -55,3 +55,22 @@ def test_a_long_prompt_draws_its_line_in_place_on_a_terminal():
     quick = [(0.1, 1000), (0.2, 2000), (0.3, 3000)]
     assert run_prompt(Terminal(), quick) == ""  # over before it was worth a line
     assert run_prompt(io.StringIO(), slow) == ""  # a log or a pipe gets nothing
+
+
+def test_on_a_narrow_terminal_the_prompt_line_fits_on_one_row(monkeypatch):
+    """A line longer than the terminal wraps, and "\r" then draws the next one on a row of
+    its own: each version would stay on the screen."""
+    import os
+
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd=None: os.terminal_size((24, 10)))
+
+    class Narrow(Terminal):
+        def fileno(self):
+            return 2
+
+    now, out = [0.0], Narrow()
+    report = prompt_progress(out, clock=lambda: now[0])
+    now[0] = QUIET_S + 0.5
+    report(12_000, 34_000)
+    drawn = out.getvalue()
+    assert drawn == "\r(12,000/34,000 tokens)" and len(drawn) - 1 < 24

@@ -274,3 +274,28 @@ def test_a_restore_reads_into_the_buffer_it_is_given(tmp_path, small_blocks):
         assert np.shares_memory(back.arrays[k], given[:size]) and np.array_equal(back.arrays[k], v)
     own = SnapshotStore(tmp_path, KEY, 1 << 30).load(tuple(ids), lambda nbytes: None)
     assert not any(np.shares_memory(a, given) for a in own.arrays.values())  # its own buffer
+
+
+def test_files_that_are_no_saved_state_are_never_touched(tmp_path):
+    """A folder that holds other files (a model's, given as the cache folder by mistake):
+    opening a store there, saving past its budget and clearing it remove only the saved
+    states and what interrupted saves left."""
+    foreign = {
+        "config.json": "{}",
+        "tokenizer_config.json": '{"x": 1}',
+        "model.safetensors": "weights",
+        "notes.tmp": "mine",
+    }
+    for name, text in foreign.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "tmpab12_x.safetensors.tmp").write_text("half a save")
+    one = _snapshot(40).nbytes
+    store = SnapshotStore(tmp_path, KEY, one + one // 2)
+    assert not (tmp_path / "tmpab12_x.safetensors.tmp").exists()
+    for start in (0, 1000, 2000):  # past the budget: the oldest states are evicted
+        store.save(list(range(start, start + 40)), _snapshot(40))
+    assert store.lookup(list(range(2000, 2041)))
+    assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.name in foreign} == foreign
+    count, _ = snapshot_store.clear_folder(tmp_path)
+    assert count == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(foreign)

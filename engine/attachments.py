@@ -95,7 +95,8 @@ def read_attachment(path: str | Path) -> Attachment:
             limit = MAX_PDF_BYTES if document else MAX_FILE_BYTES
             data = head + f.read(limit + 1 - len(head))
     except OSError as exc:
-        raise AttachmentRefused(f"{name} could not be read: {exc.strerror or exc}") from None
+        # The whole path: the name alone does not say where it was looked for.
+        raise AttachmentRefused(f"{path} could not be read: {exc.strerror or exc}") from None
     return Attachment(name, file_text(name, data))
 
 

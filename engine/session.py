@@ -264,7 +264,8 @@ class Engine:
         if len(stream.ids) + new_rows > self.context:
             raise RequestRefused(
                 f"the conversation needs {len(stream.ids) + new_rows} tokens but the context "
-                f"is {self.context}; raise the context length setting or start a new chat"
+                f"is {self.context}; raise the context (the load panel's Context, or "
+                "--context) or start a new chat"
             )
 
     def turn_start(self, prompt: list[int]) -> int | None:

@@ -76,8 +76,8 @@ class Batch:
             if seg.start + seg.rows > context:
                 raise RequestRefused(
                     f"stream {seg.slot} would reach {seg.start + seg.rows} tokens but the "
-                    f"admitted context is {context}; raise the context length setting "
-                    "or start a new chat"
+                    f"admitted context is {context}; raise the context (the load panel's "
+                    "Context, or --context) or start a new chat"
                 )
 
     def last_rows(self) -> np.ndarray:

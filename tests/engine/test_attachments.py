@@ -57,8 +57,9 @@ def test_files_the_model_cannot_read_are_refused_by_name(tmp_path):
         read_attachment(huge)  # read no further than the limit
     with pytest.raises(AttachmentRefused, match="folder"):
         read_attachment(tmp_path)
-    with pytest.raises(AttachmentRefused, match="missing.txt could not be read"):
+    with pytest.raises(AttachmentRefused, match="missing.txt could not be read") as err:
         read_attachment(tmp_path / "missing.txt")
+    assert str(tmp_path / "missing.txt") in str(err.value)  # where it was looked for
 
 
 def test_a_pdf_gives_its_text_layer_page_by_page():

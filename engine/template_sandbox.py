@@ -35,7 +35,8 @@ import jinja2
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.runtime import Namespace
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.utils import generate_lorem_ipsum
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class TemplateLimits:
     max_size: int = 8 << 20  # characters (or list items) of any value, and of the output
     max_int_bits: int = 1 << 14  # 4932 decimal digits: past what Python prints by default
     max_template_chars: int = 256 << 10  # Qwen3.5's template is 7.8 KB
-    max_depth: int = 64  # lists in lists in ...
+    max_depth: int = 512  # lists in lists in ...: past what json.dumps of a tool call takes
 
 
 class LimitHit(Exception):
@@ -58,11 +59,18 @@ _WIDTH_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "
 _FORMAT_DIGITS = re.compile(r"\d+")
 
 
-def measure(value: Any, limits: TemplateLimits) -> int:
+def measure(
+    value: Any,
+    limits: TemplateLimits,
+    known: Mapping[int, int] | None = None,
+    memo: dict[int, int] | None = None,
+) -> int:
     """About how many characters `str(value)` prints, computed without building it; stops
     counting a little past `limits.max_size`. Shared references count once per occurrence
-    (as str() prints them) but are walked once."""
-    memo: dict[int, int] = {}
+    (as str() prints them) but are walked once. `known`: sizes already measured, by id, of
+    values that stay alive and unchanged meanwhile; `memo` collects the sizes measured."""
+    memo = {} if memo is None else memo
+    known = known or {}
     cap = limits.max_size
 
     def size(v: Any, depth: int) -> int:
@@ -75,6 +83,8 @@ def measure(value: Any, limits: TemplateLimits) -> int:
         key = id(v)
         if key in memo:
             return memo[key]
+        if key in known:
+            return known[key]
         if isinstance(v, Namespace):
             v = object.__getattribute__(v, "_Namespace__attrs")
         if isinstance(v, Mapping):
@@ -154,6 +164,42 @@ class _Paced:
         return len(self._items)
 
 
+class TemplateDict:
+    """The `dict` global as transformers gives it to chat templates: `dict(...)` and
+    `dict.fromkeys(...)`. jinja's own is the builtin type, whose unbound methods would let
+    `dict.update(message, ...)` or `dict.clear(tool)` change the caller's data, past the
+    immutable sandbox's check (which looks at the object a method is bound to)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class TemplateNamespace(Namespace):
+    """The `namespace` global as transformers gives it: a name that starts with an
+    underscore is refused (SecurityError), when the namespace is made and when it is set."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 (jinja's signature)
+        self, args = args[0], args[1:]  # so that `namespace(self=...)` works, as in jinja
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            TemplateNamespace.check_name(name)
+        Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        TemplateNamespace.check_name(name)
+        Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def check_name(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(
+                f"a namespace cannot hold the underscore-prefixed attribute {name!r}"
+            )
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox with the time, size and output budgets of `TemplateLimits`."""
 
@@ -164,9 +210,12 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         super().__init__(finalize=self.checked, **options)
         self.limits = limits or TemplateLimits()
         self._clock = threading.local()  # the deadline of the render on this thread
-        self.globals.pop("lipsum", None)  # lorem ipsum of any length: no chat template uses it
-        for name in _FILTER_CHECKS:
-            self.filters[name] = self.guard_filter(self.filters[name], name)
+        self.globals.update(dict=TemplateDict(), namespace=TemplateNamespace, lipsum=self.lipsum)
+        for name, func in self.filters.items():
+            guard = self.guard_filter if name in _FILTER_CHECKS else self.guard_arguments
+            self.filters[name] = guard(func, name)
+        for name, func in self.tests.items():
+            self.tests[name] = self.guard_arguments(func, name)
 
     # -- entry points --------------------------------------------------------------------
 
@@ -184,14 +233,25 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         """`template.render(**variables)` within the time and output budgets."""
         limit = self.limits.max_size
         self._clock.deadline = time.monotonic() + self.limits.seconds
-        parts, total = [], 0
-        for chunk in template.generate(**variables):
-            total += len(chunk)
-            if total > limit:
-                raise LimitHit(f"rendered more than {limit:,} characters")
-            self.tick()
-            parts.append(chunk)
-        return "".join(parts)
+        # The variables are measured once, here: they live through the render and the
+        # immutable sandbox keeps the template from changing them, so the checks on every
+        # `message.content` and `tool_call.arguments` look their sizes up instead of walking
+        # them again (a long agent history would otherwise spend its time budget on that).
+        known: dict[int, int] = {}
+        for value in variables.values():
+            measure(value, self.limits, memo=known)
+        self._clock.known = known
+        try:
+            parts, total = [], 0
+            for chunk in template.generate(**variables):
+                total += len(chunk)
+                if total > limit:
+                    raise LimitHit(f"rendered more than {limit:,} characters")
+                self.tick()
+                parts.append(chunk)
+            return "".join(parts)
+        finally:
+            self._clock.known = None
 
     # -- time ----------------------------------------------------------------------------
 
@@ -204,6 +264,14 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         """A loop's iterable, checking the deadline as the loop goes (see the codegen)."""
         return _Paced(items, self.tick)
 
+    def lipsum(self, n: Any = 5, html: Any = True, min: Any = 20, max: Any = 100) -> Any:  # noqa: A002
+        """jinja's `lipsum` global: `n` paragraphs of fewer than `max` random words, refused
+        past the size budget (a word is at most 12 characters, 16 with its punctuation)."""
+        if isinstance(n, int) and n > 0:
+            words = max if isinstance(max, int | float) and max > 0 else 0
+            self._refuse_size(n * (words * 16 + 16), "asks lipsum for")
+        return generate_lorem_ipsum(n, html, min, max)
+
     # -- size checks ---------------------------------------------------------------------
 
     def checked(self, value: Any) -> Any:
@@ -214,7 +282,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             if len(value) > self.limits.max_size:
                 self._refuse_size(len(value), "builds a value of")
         elif not (kind is int or kind is bool or kind is float or value is None):
-            self._refuse_size(measure(value, self.limits), "builds a value of")
+            known = getattr(self._clock, "known", None)
+            self._refuse_size(measure(value, self.limits, known), "builds a value of")
         return value
 
     def _refuse_size(self, size: int, what: str) -> None:
@@ -299,6 +368,24 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def getitem(self, obj: Any, argument: Any) -> Any:
         return self.checked(super().getitem(obj, argument))
+
+    def guard_arguments(self, func: Callable[..., Any], name: str) -> Callable[..., Any]:
+        """The filter or test `func` behind the size check of each of its arguments: most
+        print their value (`trim`, `upper`, `e`, `safe`, `urlize`, ...) or compare values
+        (`eq`, `in`), which for a value of shared references grows without bound. jinja's
+        context, eval context or environment, passed first to some, is not checked."""
+        skip = int(hasattr(func, "jinja_pass_arg"))
+        checked = self.checked
+
+        @functools.wraps(func)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            for value in args[skip:]:
+                checked(value)
+            for value in kwargs.values():
+                checked(value)
+            return func(*args, **kwargs)
+
+        return guarded
 
     def guard_filter(self, func: Callable[..., Any], name: str) -> Callable[..., Any]:
         """The filter `func` behind the size check registered for filter `name`, which

@@ -176,6 +176,7 @@ class Tokenizer:
         model only, and a picture's placeholder tokens without the picture mislead it.
         """
         chat = _chat_messages(messages)
+        tools = None if tools is None else _tool_specs(tools)
         template = self._get_template("tool_use" if tools is not None else "default")
         variables: dict[str, Any] = {
             **self._special,
@@ -397,6 +398,8 @@ def _chat_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
             f"messages must be a list of {{'role': ..., 'content': ...}} objects, got "
             f"{quoted(messages)}"
         )
+    if not messages:
+        raise TemplateError("messages is empty: a chat needs at least one message")
     chat = []
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping):
@@ -412,6 +415,25 @@ def _chat_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     return chat
 
 
+def _tool_specs(tools: Any) -> list[Any]:
+    """`tools` as a list of function specs, as transformers takes them: any iterable of
+    objects (a JSON schema each); anything else is refused rather than shown to the model."""
+    try:
+        specs = list(tools)
+    except TypeError:
+        specs = None
+    if specs is None or specs and isinstance(tools, str | bytes | Mapping):
+        raise TemplateError(f"tools must be a list of function specs, got {quoted(tools)}")
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, Mapping):
+            hint = ": send its JSON schema instead" if callable(spec) else ""
+            raise TemplateError(
+                f"tools[{i}] must be a function spec object ({{'type': 'function', "
+                f"'function': {{'name': ..., 'parameters': ...}}}}), got {quoted(spec)}{hint}"
+            )
+    return specs
+
+
 def _refuse_media(content: Any, index: int) -> None:
     """Raise a TemplateError naming the first image, video or audio part of `content`."""
     if not isinstance(content, Sequence) or isinstance(content, str | bytes):
@@ -420,9 +442,10 @@ def _refuse_media(content: Any, index: int) -> None:
         if not isinstance(part, Mapping):
             continue
         kind = part.get("type")
+        media = isinstance(kind, str) and kind in MEDIA_KEYS  # a type may be any JSON value
         keys = MEDIA_KEYS.intersection(k for k in part if isinstance(k, str))
-        if kind in MEDIA_KEYS or keys:
-            what = kind if kind in MEDIA_KEYS else sorted(keys)[0]
+        if media or keys:
+            what = kind if media else sorted(keys)[0]
             raise TemplateError(
                 f"messages[{index}].content[{j}] is a {quoted(what)} part: Snug runs the text "
                 "part of the model only and cannot see images, video or audio. Send the text "

@@ -19,6 +19,14 @@ from engine.tokenizer import Tokenizer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
+
+def _tower(name: str, height: int) -> str:
+    """Sets `{name}{height}`: a list of two references to a list of two ... (small in
+    memory, 2**height leaves when printed or compared)."""
+    levels = (f"{{% set {name}{i + 1} = [{name}{i}, {name}{i}] %}}" for i in range(height))
+    return f"{{% set {name}0 = [1, 1] %}}" + "".join(levels)
+
+
 # (template, what the error says). Each ran for minutes or took gigabytes unbounded.
 HOSTILE = {
     "nested_range": (
@@ -44,6 +52,8 @@ HOSTILE = {
     "join": ("{{ range(100000)|join('x' * 1000000) }}", "join filter"),
     "replace": ("{{ ('x' * 1000)|replace('', 'y' * 100000) }}", "replace filter"),
     "batch": ("{{ [1]|batch(1000000000, 0)|list }}", "batch filter"),
+    "lipsum": ("{{ lipsum(100000, false, 100, 1000) }}", "asks lipsum for"),
+    "lipsum_empty_paragraphs": ("{{ lipsum(10**9, false, -5, 0) }}", "asks lipsum for"),
     "doubling": (
         "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
         "{% endfor %}{{ ns.s|length }}",
@@ -55,6 +65,8 @@ HOSTILE = {
         + "{{ a40 ~ '' }}",
         "builds a value",
     ),
+    "tower_filter": (_tower("a", 24) + "{{ a24|trim }}", "builds a value"),
+    "tower_test": (_tower("a", 24) + _tower("b", 24) + "{{ a24 is eq b24 }}", "builds a value"),
     "output": ("{% for i in range(1000) %}{{ 'x' * 9000 }}{% endfor %}", "rendered more than"),
     "parentheses": ("{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", "nests too deeply"),
     "nested_ifs": ("{% if 1 %}" * 3000 + "x" + "{% endif %}" * 3000, "nests too deeply"),

@@ -329,3 +329,74 @@ def test_named_tool_use_template_is_chosen_for_tools(tmp_path) -> None:
     for kwargs in ({}, {"tools": [WEATHER]}):
         got, want = _render(snug, hf, [USER], kwargs)
         assert got == want and got[:2] == ("T:" if kwargs else "D:")
+
+
+# Templates transformers refuses to render: its `namespace` takes no underscore names and its
+# `dict` offers only `dict(...)` and `dict.fromkeys` (the builtin type's unbound methods would
+# change the caller's messages and tools); an empty chat is refused before any template runs.
+ENV_REFUSALS = {
+    "namespace-underscore": "{% set ns = namespace(_hidden=1) %}ok",
+    "namespace-set-underscore": "{% set ns = namespace(a=1) %}{% set ns._b = 2 %}{{ ns.a }}",
+    "dict-update": "{{ dict.update(messages[0].content[0], {'text': 'edited'}) }}ok",
+    "dict-clear": "{{ dict.clear(tools[0]) }}{{ tools[0] | length }}",
+    "dict-items": "{{ dict.items(messages[0]) | list | length }}",
+    "dict-mro": "{{ dict.mro() }}",
+}
+PART_MESSAGES = [{"role": "user", "content": [{"type": "text", "text": "kept"}]}]
+
+
+@pytest.mark.parametrize("name", sorted(ENV_REFUSALS))
+def test_template_environment_refuses_as_transformers(tmp_path, name) -> None:
+    folder = _folder(tmp_path, ENV_REFUSALS[name])
+    snug = Tokenizer.load(folder)
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    messages, tools = json.loads(json.dumps([PART_MESSAGES, [WEATHER]]))
+    with pytest.raises(jinja2.TemplateError):
+        hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    with pytest.raises(TemplateError, match="chat_template.jinja"):
+        snug.apply_chat_template(messages, False, None, tools)
+    assert messages == PART_MESSAGES and tools == [WEATHER]  # the caller's data untouched
+
+
+def test_template_environment_builds_dicts_as_transformers(tmp_path) -> None:
+    template = (
+        "{{ dict(a=1, b=[2]) | tojson }}{{ dict([('x', messages[0].role)]) }}"
+        "{{ dict.fromkeys(['k', 'l'], 0) }}{% set ns = namespace({'n': 1}, m=2) %}"
+        "{% set ns.n = ns.n + ns.m %}{{ ns.n }}"
+    )
+    folder = _folder(tmp_path, template)
+    got, want = _render(Tokenizer.load(folder), hf_tokenizer(folder), [USER], {})
+    assert got == want == "{\"a\": 1, \"b\": [2]}{'x': 'user'}{'k': 0, 'l': 0}3"
+
+
+def test_lipsum_renders_as_in_transformers(tmp_path) -> None:
+    """jinja's `lipsum` (random words) is there, as in transformers: same shape of text."""
+    template = "{% set t = lipsum(3, false, 5, 9) %}{{ t.split('\\n\\n') | length }}|{{ t[-1] }}"
+    folder = _folder(tmp_path, template)
+    got, want = _render(Tokenizer.load(folder), hf_tokenizer(folder), [USER], {})
+    assert got == want == "3|."
+
+
+def test_empty_chat_is_refused_as_transformers_refuses(tmp_path) -> None:
+    folder = _folder(tmp_path, "{{ messages | length }} messages")
+    with pytest.raises(ValueError, match="empty"):
+        hf_tokenizer(folder).apply_chat_template([], tokenize=False)
+    with pytest.raises(TemplateError, match="empty"):
+        Tokenizer.load(folder).apply_chat_template([])
+
+
+def hf_tokenizer(folder: Path):
+    return transformers.AutoTokenizer.from_pretrained(str(folder))
+
+
+def test_template_environment_has_the_names_transformers_gives(tmp_path) -> None:
+    """The same globals, filters and tests (by name) as transformers' template environment."""
+    utils = pytest.importorskip("transformers.utils.chat_template_utils")
+    compile_template = getattr(utils, "_compile_jinja_template", None)
+    if compile_template is None:
+        pytest.skip("this transformers compiles chat templates elsewhere")
+    theirs = compile_template("{{ messages }}").environment
+    snug = Tokenizer.load(_folder(tmp_path, "{{ messages }}"))
+    ours = snug._get_template().environment
+    for table in ("globals", "filters", "tests"):
+        assert sorted(getattr(ours, table)) == sorted(getattr(theirs, table)), table

@@ -104,7 +104,7 @@ def test_chatml_rendering(model_dir):
 def test_template_from_tokenizer_config_and_helpers(tmp_path):
     build_tokenizer(tmp_path)
     template = (
-        "{% if messages | length == 0 %}{{ raise_exception('no messages') }}{% endif %}"
+        "{% if messages[0].role != 'user' %}{{ raise_exception('no user message') }}{% endif %}"
         "{% generation %}{{ messages[0] | tojson }}{% endgeneration %}"
     )
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
@@ -112,9 +112,9 @@ def test_template_from_tokenizer_config_and_helpers(tmp_path):
     out = tok.apply_chat_template([{"role": "user", "content": "你好"}])
     assert json.loads(out) == {"role": "user", "content": "你好"} and "你好" in out
     with pytest.raises(
-        TemplateError, match=r"tokenizer_config\.json \[chat_template\].*no messages"
+        TemplateError, match=r"tokenizer_config\.json \[chat_template\].*no user message"
     ):
-        tok.apply_chat_template([])
+        tok.apply_chat_template([{"role": "system", "content": "only"}])
 
 
 def test_stream_decoder_multibyte(model_dir):

@@ -23,6 +23,7 @@ from engine.server.schema import RecursiveSchema, has_refs, inline_refs
 from engine.session import GenerationParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+TEXT_PARTS = ("text", "input_text", "output_text")
 
 
 class ApiError(Exception):
@@ -419,7 +420,9 @@ def _content(content: Any, where: str) -> str:
     texts, files = [], []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        if kind == "text":
+        # Text parts as chat requests write them, as the Responses API's items do (clients
+        # that share one message builder send those here too), or with no type at all.
+        if kind in TEXT_PARTS or (kind is None and "text" in part):
             texts.append(field(part, "text", "string", "", f"{where}content."))
         elif kind == "file":
             files.append(sent_file_part(part, f"{where}content[{i}]"))

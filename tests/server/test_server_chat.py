@@ -343,3 +343,26 @@ def test_usage_says_how_much_of_the_prompt_came_from_the_cache(served):
     response = client.responses.create(model=served.model, input=history, max_output_tokens=8,
                                        reasoning={"effort": "none"})  # fmt: skip
     assert response.usage.input_tokens_details.cached_tokens >= cached
+
+
+def test_text_parts_in_the_shapes_clients_send(scripted):
+    """Text parts typed "text", typed as the Responses API's ("input_text",
+    "output_text"), or not typed at all, read as the same message; an image is refused."""
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    parts = [{"type": "text", "text": "Hel"}, {"type": "input_text", "text": "lo"},
+             {"text": " there"}]  # fmt: skip
+    history = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": [{"type": "output_text", "text": "Yes?"}]},
+               {"role": "user", "content": parts}]  # fmt: skip
+    scripted.scheduler.say("Fine.")
+    reply = scripted.client().chat.completions.create(
+        model=scripted.model, messages=history, extra_body=off
+    )
+    assert reply.choices[0].message.content == "Fine."
+    prompt = scripted.scheduler.last_prompt()
+    assert "assistant\nYes?<|im_end|>" in prompt and "user\nHello there<|im_end|>" in prompt
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"messages": [{"role": "user", "content": [image]}]}
+    r = httpx.post(f"{scripted.url}/chat/completions", json=body,
+                   headers={"Authorization": "Bearer test-key"}, timeout=30)  # fmt: skip
+    assert r.status_code == 400 and "image_url" in r.json()["error"]["message"]

@@ -84,10 +84,14 @@ class EntryCard(QFrame):
             "cache": "In the Hugging Face cache",
             "folder": "Local folder",
         }[entry.source]
+        if entry.problem:  # files in the cache that cannot be loaded yet
+            where = f"{entry.repo} · " if entry.source == "hub" else ""
+            where += f"Incomplete download: {entry.problem}"
         exact = entry.downloaded or entry.source == "hub"  # the Hub's own file sizes
         size = ("" if exact else "≈ ") + fmt_bytes(entry.size_bytes)
         self.meta = QLabel(f"{size} · {where}")
         self.meta.setObjectName("subtle")
+        self.meta.setWordWrap(bool(entry.problem))
         layout.addWidget(self.meta)
         self.reason = QLabel()
         self.reason.setObjectName("reason")

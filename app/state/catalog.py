@@ -35,6 +35,7 @@ class Entry:
     group_size: int = 64
     local_dir: str | None = None
     revisions: tuple[str, ...] = ()
+    problem: str = ""  # why the files in the cache cannot be loaded (an interrupted download)
 
     @property
     def downloaded(self) -> bool:
@@ -64,15 +65,87 @@ def load_catalog(path: Path | None = None) -> tuple[list[Entry], dict[str, dict]
     return entries, dict(raw.get("shapes", {}))
 
 
-def _complete_snapshot(folder: Path) -> bool:
-    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+MAX_HEADER = 100_000_000  # the safetensors format's limit on its header's length
+FINISH = "Download finishes it, keeping what is there."
 
 
-def scan_cache(cache_dir: str | None = None) -> tuple[dict[str, tuple[str, int, tuple]], str]:
-    """{repo: (snapshot dir, bytes on disk, revision hashes)} of complete model snapshots.
+def snapshot_problem(folder: Path) -> str:
+    """'' when a snapshot holds a whole model; else what is missing or cut short, and what
+    to do. Weights are checked against their safetensors header (a truncated file is short
+    of the bytes its header announces) and the shards an index names must all be there."""
+    if not (folder / "config.json").is_file():
+        return f"config.json is missing from {folder}. {FINISH}"
+    for link in sorted(folder.iterdir()):
+        if not link.exists():  # a link whose blob was deleted
+            return f"{link.name} is missing (its file in the cache was deleted). {FINISH}"
+    weights = sorted(folder.glob("*.safetensors"))
+    for index in folder.glob("*.safetensors.index.json"):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return f"{index.name} cannot be read. {FINISH}"
+        absent = sorted(str(n) for n in shards if not (folder / str(n)).is_file())
+        if absent:
+            return f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} missing. {FINISH}"
+    if not weights:
+        return f"No *.safetensors weights in {folder}. {FINISH}"
+    for path in weights:
+        short = _short_by(path)
+        if short:
+            return f"{path.name} is cut short by {short:,} bytes (a download stopped). {FINISH}"
+    return ""
 
-    Returns an error sentence instead of raising when the cache cannot be read.
-    """
+
+def _short_by(path: Path) -> int:
+    """Bytes a safetensors file lacks of what its header announces (0: none, or a header
+    that is not one; the loader says what is wrong with those)."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return 8 - len(head)
+            n = int.from_bytes(head, "little")
+            if n > MAX_HEADER or f.read(1) != b"{":
+                return 0
+            if 8 + n > size:
+                return 8 + n - size
+            f.seek(8)
+            header = json.loads(f.read(n))
+        ends = [
+            v["data_offsets"][1]
+            for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict)
+        ]
+        end = 8 + n + max((e for e in ends if isinstance(e, int)), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return 0
+    return max(end - size, 0)
+
+
+def _broken_repos(cache_dir: str | None, warnings: list) -> dict[str, Path]:
+    """{repo: its newest snapshot} of repos huggingface_hub skipped as corrupted (a link
+    whose blob is gone)."""
+    from huggingface_hub import constants
+
+    root = Path(cache_dir or constants.HF_HUB_CACHE)
+    found: dict[str, Path] = {}
+    for warning in warnings:
+        folder = next((p for p in Path(str(warning)).parts if p.startswith("models--")), None)
+        snaps = root / folder / "snapshots" if folder else None
+        if snaps is None or not snaps.is_dir():
+            continue
+        newest = max(snaps.iterdir(), key=lambda p: p.stat().st_mtime, default=None)
+        if newest is not None:
+            found[folder.removeprefix("models--").replace("--", "/", 1)] = newest
+    return found
+
+
+def scan_cache(cache_dir: str | None = None) -> tuple[dict[str, tuple], str]:
+    """{repo: (snapshot dir, bytes on disk, revision hashes, problem)}: each repo's newest
+    complete snapshot (problem ''), or, where none is complete, its newest one and what it
+    lacks (snapshot_problem). Returns an error sentence instead of raising when the cache
+    cannot be read."""
     try:
         from huggingface_hub import scan_cache_dir
 
@@ -81,16 +154,20 @@ def scan_cache(cache_dir: str | None = None) -> tuple[dict[str, tuple[str, int, 
         if type(exc).__name__ == "CacheNotFound":
             return {}, ""  # nothing downloaded yet
         return {}, f"{type(exc).__name__}: {exc}"
-    found: dict[str, tuple[str, int, tuple]] = {}
+    found: dict[str, tuple] = {}
     for repo in info.repos:
         if repo.repo_type != "model":
             continue
         revs = sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True)
+        hashes = tuple(r.commit_hash for r in repo.revisions)
         for rev in revs:
-            if _complete_snapshot(Path(rev.snapshot_path)):
-                hashes = tuple(r.commit_hash for r in repo.revisions)
-                found[repo.repo_id] = (str(rev.snapshot_path), repo.size_on_disk, hashes)
+            problem = snapshot_problem(Path(rev.snapshot_path))
+            if not problem or repo.repo_id not in found:
+                found[repo.repo_id] = (str(rev.snapshot_path), repo.size_on_disk, hashes, problem)
+            if not problem:
                 break
+    for repo_id, snap in _broken_repos(cache_dir, info.warnings).items():
+        found.setdefault(repo_id, (str(snap), 0, (), snapshot_problem(snap)))
     return found, ""
 
 
@@ -287,10 +364,12 @@ class Library(QObject):
         entries: list[Entry] = []
         for entry in [*self._catalog, *self._repos]:
             hit = cached.pop(entry.repo or "", None)
-            if hit is not None:
+            if hit is not None and hit[3]:  # not loadable: Download finishes it
+                entry = replace(entry, problem=hit[3])
+            elif hit is not None:
                 entry = replace(entry, local_dir=hit[0], revisions=hit[2])
             entries.append(entry)
-        for repo, (snap, size, hashes) in sorted(cached.items()):
+        for repo, (snap, size, hashes, problem) in sorted(cached.items()):
             config = _config(snap)  # read once: the check and the title both need it
             if _qwen35_config(config):
                 entries.append(
@@ -301,8 +380,9 @@ class Library(QObject):
                         size_bytes=size,
                         source="cache",
                         repo=repo,
-                        local_dir=snap,
+                        local_dir=None if problem else snap,
                         revisions=hashes,
+                        problem=problem,
                     )
                 )
         for folder in self._folders:

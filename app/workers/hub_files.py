@@ -12,7 +12,8 @@ atomic rename once size and hash match; a body that does not match is deleted.
         blobs/<hash>.incomplete      the part downloaded so far (resumed next time)
         snapshots/<commit>/<name>    -> ../../blobs/<hash> (a hard link or copy if no links)
         refs/main                    <commit>
-    <cache>/.locks/models--org--name/snug-download.lock
+    <cache>/.locks/models--org--name/snug-download.lock   one download of the repo at a time
+    <cache>/.locks/models--org--name/<hash>.lock          huggingface_hub's lock on one blob
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import hashlib
 import os
 import re
 import shutil
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +52,10 @@ class CorruptDownload(HubFileError):
 
 class IncompleteDownload(HubFileError):
     """The body stopped short of the announced size (part kept, resumed next time)."""
+
+
+class SinkClosed(ValueError):
+    """A write into a BlobSink that was closed (a download left behind after a Cancel)."""
 
 
 def commit_hash(repo: str, value: object) -> str:
@@ -174,11 +180,13 @@ class BlobSink:
 
     It refuses bytes past the announced size, calls `on_write(size)` after every chunk (the
     downloader's progress and Cancel), and `commit()` renames it to its blob name only when
-    size and hash match; otherwise the part is deleted so that a retry starts clean.
+    size and hash match; otherwise the part is deleted so that a retry starts clean. Writes
+    and `close()` take turns: once closed (from any thread) no byte more reaches the part.
     """
 
     def __init__(self, path: Path, file: RemoteFile, on_write: Callable[[int], None]) -> None:
         self.path, self.file, self.on_write = path, file, on_write
+        self._gate = threading.RLock()
         if path.exists() and path.stat().st_size > file.size:
             path.unlink()
         self._out = path.open("ab")
@@ -200,16 +208,20 @@ class BlobSink:
     # The file-object calls http_get makes: write, and tell/seek/truncate when it restarts a
     # download whose Range request the server ignored.
     def write(self, data: bytes) -> int:
-        if self.size + len(data) > self.file.size:
-            self.close()
-            self.path.unlink(missing_ok=True)
-            raise CorruptDownload(
-                f"{self.file.repo}/{self.file.name}: the Hub sent more than the "
-                f"{self.file.size} bytes it announced; the part was removed, try again."
-            )
-        self._out.write(data)
-        self._hash.update(data)
-        self.on_write(self.size)
+        with self._gate:
+            if self._out.closed:
+                raise SinkClosed(f"{self.file.repo}/{self.file.name}: the download was left")
+            if self.size + len(data) > self.file.size:
+                self.close()
+                self.path.unlink(missing_ok=True)
+                raise CorruptDownload(
+                    f"{self.file.repo}/{self.file.name}: the Hub sent more than the "
+                    f"{self.file.size} bytes it announced; the part was removed, try again."
+                )
+            self._out.write(data)
+            self._hash.update(data)
+            size = self.size
+        self.on_write(size)
         return len(data)
 
     def tell(self) -> int:
@@ -229,8 +241,9 @@ class BlobSink:
         self._out.flush()
 
     def close(self) -> None:
-        if not self._out.closed:
-            self._out.close()
+        with self._gate:
+            if not self._out.closed:
+                self._out.close()
 
     def __enter__(self) -> BlobSink:
         return self
@@ -269,6 +282,19 @@ class RepoCache:
         self.folder = self.root / folder
         self.blobs = self.folder / "blobs"
         self.lock_path = self.root / ".locks" / folder / "snug-download.lock"
+
+    def blob_lock_path(self, file: RemoteFile) -> Path:
+        """huggingface_hub's lock on one blob, so that its own downloads take turns with ours."""
+        return self.lock_path.with_name(f"{content_hash(self.repo, file.name, file.digest)}.lock")
+
+    def stale_parts(self, keep: set[str]) -> list[Path]:
+        """`.incomplete` parts of blobs not in `keep` (files since changed on the Hub)."""
+        if not self.blobs.is_dir():
+            return []
+        digests = ((p, p.name.removesuffix(".incomplete")) for p in self.blobs.glob("*.incomplete"))
+        return [
+            p for p, d in digests if (HEX40.fullmatch(d) or HEX64.fullmatch(d)) and d not in keep
+        ]
 
     def _inside(self, path: Path) -> Path:
         base = os.path.realpath(self.folder)

@@ -14,6 +14,10 @@ It can also misbehave, one switch per lie (set them after construction):
     extra         more siblings for the listing, as raw dicts
     sha           the commit the listing names
     stall_s       a pause before each GET body (widens races between two clients)
+    info_stall_s  a pause before the repo info answers (a Hub that stops answering)
+    refuse        repo -> (status, X-Error-Code) for its files: 401 GatedRepo, 403 ...
+    cdn_ttl_s     LFS files redirect to a signed link on another host (localhost) that
+                  answers 403 once it is this many seconds old, as the Hub's CDN links do
 It answers at most `max_requests` requests (then 503) and shuts itself down after
 `lifetime_s`, so a test that forgets it cannot leave it running.
 """
@@ -61,6 +65,9 @@ class FakeHub:
         self.sha = SHA
         self.stall_s = 0.0
         self.delay_s = 0.0
+        self.info_stall_s = 0.0
+        self.refuse: dict[str, tuple[int, str]] = {}
+        self.cdn_ttl_s: float | None = None
         self.max_requests = max_requests
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Range
         self._lock = threading.Lock()
@@ -156,11 +163,19 @@ class FakeHub:
                     over = len(hub.requests) > hub.max_requests
                 if over:
                     return self._empty(503, {})
+                m = re.match(r"^/cdn/([0-9.]+)/(.+?/.+?)/(.+)$", self.path)
+                if m:  # a signed link: good until its deadline
+                    files = hub.repos.get(m.group(2), {})
+                    if time.time() > float(m.group(1)) or m.group(3) not in files:
+                        return self._empty(403, {})
+                    return self._file(files[m.group(3)], m.group(3), body)
                 kind, repo, name = self._lookup()
                 files = hub.repos.get(repo or "")
                 if files is None:
                     return self._not_found()
                 if kind == "info":
+                    if hub.info_stall_s:
+                        time.sleep(hub.info_stall_s)
                     siblings = [hub._sibling(n, b) for n, b in files.items()] + hub.extra
                     data = {"id": repo, "modelId": repo, "sha": hub.sha, "private": False}
                     raw = json.dumps({**data, "siblings": siblings}).encode()
@@ -171,9 +186,29 @@ class FakeHub:
                     if body:
                         self.wfile.write(raw)
                     return
+                if repo in hub.refuse:
+                    status, code = hub.refuse[repo]
+                    return self._empty(status, {"X-Error-Code": code, "X-Error-Message": code})
                 if name not in files:
                     return self._not_found("EntryNotFound")
+                if hub.cdn_ttl_s is not None and is_lfs(name):
+                    return self._redirect(files[name], repo, name)
                 self._file(files[name], name, body)
+
+            def _redirect(self, data: bytes, repo: str, name: str):
+                port = hub._server.server_address[1]
+                deadline = time.time() + hub.cdn_ttl_s
+                where = f"http://localhost:{port}/cdn/{deadline:.3f}/{repo}/{name}"
+                etag = hub.etags.get(name, content_etag(name, data))
+                self._empty(
+                    302,
+                    {
+                        "Location": where,
+                        "X-Linked-Etag": f'"{etag}"',
+                        "X-Linked-Size": str(len(data)),
+                        "X-Repo-Commit": hub.sha,
+                    },
+                )
 
             def _file(self, data: bytes, name: str, body: bool):
                 start = 0

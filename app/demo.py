@@ -17,7 +17,7 @@ from PySide6.QtCore import QSettings
 from app.context import AppContext, build_context
 from app.engine_bridge import Loader, LoadRequest, Progress
 from engine.memory.speed import REFERENCE_CARDS
-from engine.session import GenerationStats, TokenEvent
+from engine.request_types import GenerationStats, TokenEvent
 
 GIB = 1 << 30
 REPLY = """<think>

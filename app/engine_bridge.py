@@ -95,6 +95,13 @@ def load_engine(request: LoadRequest, progress: Progress | None = None) -> Engin
     )
 
 
+def is_local(engine: Any) -> bool:
+    """Whether `engine` is the engine's own Engine (not a remote server's, nor a fake)."""
+    from engine.session import Engine
+
+    return isinstance(engine, Engine)
+
+
 def make_params(sampling: dict[str, Any]) -> Any:
     """GenerationParams from the settings' sampling dict (unknown keys are dropped)."""
     from engine.session import GenerationParams

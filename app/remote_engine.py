@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import EngineSettings
 
 if TYPE_CHECKING:
-    from engine.session import GenerationStats
+    from engine.request_types import GenerationStats
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 
@@ -210,7 +210,7 @@ def _stats(
 ) -> GenerationStats | None:
     """The reply's stats in the shape a local reply carries them: times as this client saw
     them; the drafts from the server's llama.cpp-style `timings`, where it sends them."""
-    from engine.session import GenerationStats
+    from engine.request_types import GenerationStats
 
     if usage is None:
         return None

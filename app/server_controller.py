@@ -52,12 +52,12 @@ class ServerController(QObject):
         reply loop (each step launched before the host reads the token before it)."""
 
         def load(request: Any, progress: Any = None) -> Any:
+            from app.engine_bridge import is_local
             from engine.scheduler import ScheduledEngine
-            from engine.session import Engine
 
             engine = base(request, progress)
             scheduled = None
-            if isinstance(engine, Engine) and serving():
+            if is_local(engine) and serving():
                 engine = scheduled = ScheduledEngine(engine, self.queue_size)
             with self._lock:
                 self._engine = scheduled

@@ -1,6 +1,6 @@
 """A model's kernels compiled on worker threads while its weights upload.
 
-On a machine whose kernel cache (CUPY_CACHE_DIR, under Snug's cache folder) does not hold
+On a machine whose kernel cache (CuPy's: CUPY_CACHE_DIR, see README.md) does not hold
 them yet, the first load of a model compiles every kernel its requests can use, nearly all
 of the time in the `gemv4` modules (2 to 3 s each: one per row count, SwiGLU and
 prologue). Warm-up compiled them one after another: the 4B's first load took 138 s on the

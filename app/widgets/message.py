@@ -32,6 +32,12 @@ from app.thinking import split_reply
 from app.widgets.attachment_tray import preview
 from engine.attachments import compose
 
+MARKDOWN = QTextDocument.MarkdownFeature(
+    QTextDocument.MarkdownFeature.MarkdownDialectGitHub.value
+    | QTextDocument.MarkdownFeature.MarkdownNoHTML.value
+)
+OPENED_SCHEMES = ("http", "https", "mailto")
+
 
 class AutoHeightBrowser(QTextBrowser):
     """A read-only markdown view that is exactly as tall as its text (no inner scrollbar).
@@ -58,13 +64,21 @@ class AutoHeightBrowser(QTextBrowser):
             self._markdown = text
             if self.copy_links:
                 text, self.codes = with_copy_links(text)
-            self.setMarkdown(text)
+            # HTML in a message is shown as the text it is: `std::vector<int>` or `the <div>
+            # tag` outside a code block would otherwise vanish as unknown tags (and an
+            # <img> could pull in a local file).
+            self.document().setMarkdown(text, MARKDOWN)
             _wrap_code_blocks(self.document())
             self._fit()
 
     def _clicked(self, url: QUrl) -> None:
         if url.scheme() != SCHEME:
-            QDesktopServices.openUrl(url)
+            # Only web and mail links go to the desktop: a model's `file:` link could name
+            # a program or a script that the desktop would open.
+            if url.scheme().lower() in OPENED_SCHEMES:
+                QDesktopServices.openUrl(url)
+            else:
+                QToolTip.showText(QCursor.pos(), f"Not opened: {url.toString()[:80]}", self)
             return
         n = int(url.path()) if url.path().isdigit() else -1
         if 0 <= n < len(self.codes):

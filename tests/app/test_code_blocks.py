@@ -53,3 +53,22 @@ def test_copy_code_puts_one_blocks_code_on_the_clipboard(qtbot, make_window, mon
     monkeypatch.setattr(QDesktopServices, "openUrl", lambda url: opened.append(url.toString()))
     view.anchorClicked.emit(QUrl("https://example.com/docs"))
     assert opened == ["https://example.com/docs"]  # other links still open in the browser
+    view.anchorClicked.emit(QUrl("file:///usr/bin/xterm"))
+    view.anchorClicked.emit(QUrl("smb://host/share"))
+    assert opened == ["https://example.com/docs"]  # a model's file: link opens nothing
+
+
+def test_html_in_a_message_is_shown_as_text(qtbot, make_window):
+    """Angle brackets outside code are text, not HTML: a reply about `std::vector<int>`
+    or `the <div> tag` keeps those words, and an <img> shows as written."""
+    script = ["Use std::vector<int> here; the <div> tag; <b>not bold</b> ", '<img src="x.png">']
+    window = make_window(loader=FakeEngine.loader(script=script))
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        window.ctx.chats.send("What is List<String>?")
+    question, reply = window.chat.message_widgets()
+    assert "List<String>" in question.answer_view.toPlainText()
+    shown = reply.answer_view.toPlainText()
+    assert "std::vector<int> here; the <div> tag; <b>not bold</b>" in shown
+    assert '<img src="x.png">' in shown

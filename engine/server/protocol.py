@@ -394,7 +394,7 @@ def _message(message: Any, i: int) -> dict[str, Any]:
     }
     if role == "assistant":
         reasoning = message.get("reasoning_content", message.get("reasoning"))
-        if isinstance(reasoning, str) and reasoning:
+        if isinstance(reasoning, str):  # "" too: the template then leaves the content whole
             out["reasoning_content"] = reasoning
         calls = field(message, "tool_calls", "array", None, where)
         if calls:

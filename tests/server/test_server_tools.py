@@ -230,3 +230,16 @@ def test_arguments_of_pydantic_models_parse_back_as_their_types(tools_checkpoint
     (got,) = reply.choices[0].message.tool_calls
     assert got.function.parsed_arguments == args
     assert Trip.model_validate_json(got.function.arguments) == Trip(**args)
+
+
+def test_an_empty_reasoning_is_passed_on_as_given():
+    """`reasoning_content: ""` reaches the template as given (as transformers passes it):
+    Qwen3.5's template then takes the content whole rather than looking in it for a
+    thinking block."""
+    said = {"role": "assistant", "content": "a </think> b", "reasoning_content": ""}
+    chat = read_chat({"messages": [{"role": "user", "content": "Hi"}, said]})
+    assert chat.messages[1]["reasoning_content"] == ""
+    chat = read_chat(
+        {"messages": [{"role": "user", "content": "Hi"}, {**said, "reasoning_content": None}]}
+    )
+    assert "reasoning_content" not in chat.messages[1]

@@ -21,8 +21,8 @@ from engine.memory.speed import CardSpeed
 
 VERDICT_LABELS = {
     "fits": "Fits",
-    "fits with lazy scratch": "Fits with lazy scratch",
-    "fits with host embeddings": "Host embeddings",
+    "fits with lazy scratch": "Fits, slower prompts",
+    "fits with host embeddings": "Fits, part in RAM",
     "does not fit": "Does not fit",
 }
 BAR_PARTS = (  # (breakdown key, label, colour) in the order the stacked bar draws them

@@ -110,6 +110,9 @@ class EntryCard(QFrame):
             self.badge.setProperty("kind", kind)
             restyle(self.badge)
         reason = str(getattr(decision, "reason", "") or "")
+        tips = tuple(getattr(decision, "suggestions", ()) or ())
+        if tips:  # what to change, as the load panel lists it
+            reason = f"{reason.rstrip('.')}. To make it fit: {', or '.join(tips)}."
         self.reason.setText(reason)
         # CPU mode is said once by the gauge and the list's hint; the cards keep the badge.
         self.reason.setVisible(bool(reason) and kind not in ("good", "cpu", "unknown"))

@@ -22,6 +22,7 @@ from app.panels.library import restyle, verdict_kind
 from app.state import host_fit
 from app.state.catalog import Entry
 from app.state.fit import CHECKING, FitAdvisor, verdict_label
+from app.state.settings import BY_KEY
 from app.widgets.stacked_bar import Legend, StackedBar
 from engine.memory.decision import streams_text
 
@@ -56,7 +57,9 @@ class LoadPanel(QWidget):
         self.context_slider = QSlider(Qt.Orientation.Horizontal)
         self.context_slider.setRange(0, len(CONTEXT_STEPS) - 1)
         self.context_spin = QSpinBox()
-        self.context_spin.setRange(256, 262144)
+        # The settings' own ranges, so the panel plans what the Models tab plans (a context
+        # past the model's own limit is planned at that limit by both).
+        self.context_spin.setRange(int(BY_KEY["engine/context"].lo or 1), CONTEXT_STEPS[-1])
         self.context_spin.setSingleStep(1024)
         self.context_spin.setSuffix(" tokens")
         self.context_spin.setMinimumWidth(112)
@@ -64,7 +67,7 @@ class LoadPanel(QWidget):
         ctx_row.addWidget(self.context_spin)
         form.addRow("Context", ctx_row)
         self.streams_spin = QSpinBox()
-        self.streams_spin.setRange(1, 16)
+        self.streams_spin.setRange(1, int(BY_KEY["engine/streams"].hi or 1))
         self.streams_spin.setMaximumWidth(112)
         form.addRow("Streams", self.streams_spin)
         self.rows_spin = QSpinBox()
@@ -241,8 +244,8 @@ class LoadPanel(QWidget):
         if streams and each:
             lines.append(
                 f"{streams_text(streams)} × {planning.fmt_bytes(each)} of state at "
-                f"{context:,} tokens · scratch "
-                + ("allocated at warm-up" if getattr(decision, "eager", False) else "lazy")
+                f"{context:,} tokens · working memory "
+                + ("set aside at load" if getattr(decision, "eager", False) else "grows as needed")
             )
         prediction = getattr(decision, "prediction", None)
         if prediction is not None:  # the plan's cost model, scaled to this card
@@ -252,7 +255,8 @@ class LoadPanel(QWidget):
         if drafting:  # drafting with the MTP head, or why it is unavailable
             lines.append(drafting[0].upper() + drafting[1:] + ".")
         if marker is not None:
-            lines.append("The red line is what this card can give; the rest is missing.")
+            cap = "the memory limit allows" if limit and limit < card else "this card can give"
+            lines.append(f"The red line is what {cap}; the rest is missing.")
         self.detail.setText("\n".join(lines))
         self.detail.setVisible(bool(lines))
 

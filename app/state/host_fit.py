@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.config import EngineSettings, ModelConfig
+from engine.config import EngineSettings, ModelConfig, QuantConfig, QuantSpec
 from engine.memory import TensorSpec, stream_state_bytes
+from engine.memory.admission import CONTEXT_STEP
+from engine.memory.decision import streams_text
 from engine.memory.draft import draft_choice
+from engine.memory.shapes import shape_tensor_specs
 
 HOST_MARGIN_BYTES = 512 << 20
 FITS_IN_RAM = "fits in RAM"
@@ -105,8 +108,8 @@ def host_decide(
     kv = settings.kv_cache
     each = stream_state_bytes(config, context, 4, kv, draft).total
     state = each * streams
-    margin = HOST_MARGIN_BYTES + (weights + state) // 10
-    need = weights + state + margin
+    need = _need(weights, state)
+    margin = need - weights - state
     breakdown = {
         "weights": weights,
         "stream_state_each": each,
@@ -118,16 +121,13 @@ def host_decide(
     }
     how = (
         f"about {gib(need)} of RAM: weights {gib(weights)} as the CPU backend holds them, "
-        f"state {gib(state)} at {context:,} tokens x {streams}, margin {gib(margin)}; "
-        f"{gib(available)} available"
+        f"state {gib(state)} for {streams_text(streams)} at {context:,} tokens, margin "
+        f"{gib(margin)}; {gib(available)} available"
     )
     if need <= available:
         return HostDecision(
             FITS_IN_RAM, f"Runs on the CPU: needs {how}.", context, streams, available, breakdown
         )
-    tips = ["a 4-bit model of the same size", "a smaller model"]
-    if state > weights // 4 or streams > 1:
-        tips.insert(0, "a shorter context or fewer streams")
     return HostDecision(
         TOO_LARGE_FOR_RAM,
         f"Too large for this machine's memory: needs {how}.",
@@ -135,8 +135,65 @@ def host_decide(
         streams,
         available,
         breakdown,
-        tuple(f"try {t}" for t in tips),
+        _changes(specs, config, settings, available, context, streams),
     )
+
+
+def _need(weights: int, state: int) -> int:
+    return weights + state + HOST_MARGIN_BYTES + (weights + state) // 10
+
+
+def _changes(
+    specs: Mapping[str, TensorSpec],
+    config: ModelConfig,
+    settings: EngineSettings,
+    available: int,
+    context: int,
+    streams: int,
+) -> tuple[str, ...]:
+    """Changes that each make the model fit in `available` on their own (each checked)."""
+    draft = draft_choice(specs, config, settings).tokens
+    weights = host_weight_bytes(specs, mtp=draft > 0)
+
+    def fits(weights: int, ctx: int, n: int, kv: str = settings.kv_cache) -> bool:
+        each = stream_state_bytes(config, ctx, 4, kv, draft).total
+        return _need(weights, each * n) <= available
+
+    out = []
+    ctx = _largest(lambda c: fits(weights, c, streams), context)
+    if ctx:
+        out.append(f"shorten the context to {ctx:,} tokens")
+    fewer = max((n for n in range(1, streams) if fits(weights, context, n)), default=0)
+    if fewer:
+        out.append(f"use {streams_text(fewer)} instead of {streams}")
+    if (
+        settings.kv_cache != "int8"
+        and config.full_layers
+        and fits(weights, context, streams, "int8")
+    ):
+        out.append("use the 8-bit KV cache, int8")
+    if all(spec.quant is None for spec in specs.values()):
+        q_config = replace(config, quantization=QuantConfig(QuantSpec(4, 64)))
+        q_weights = host_weight_bytes(shape_tensor_specs(q_config, "mlx4"))
+        q_ctx = _largest(lambda c: fits(q_weights, c, streams), context)
+        if q_ctx:
+            shorter = f" with a context of {q_ctx:,} tokens" if q_ctx < context else ""
+            out.append(f"use the MLX 4-bit build (weights {gib(q_weights)} in RAM){shorter}")
+    if not out:
+        out.append("choose a smaller model")
+    return tuple(out)
+
+
+def _largest(fits: Callable[[int], bool], context: int) -> int:
+    """The largest context, `context` itself or a multiple of 256 below it, that fits; 0
+    when not even 256 tokens do (the state grows with the context)."""
+    if fits(context):
+        return context
+    lo, hi = 0, (context - 1) // CONTEXT_STEP
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid * CONTEXT_STEP) else (lo, mid - 1)
+    return lo * CONTEXT_STEP
 
 
 def plan_on_host(

@@ -65,8 +65,8 @@ def recommend(
     best = fitting[0]
     larger = [e for e in catalog if _rank(e) > _rank(best)]
     why = (
-        f"Snug planned every catalog model at a {WELCOME_CONTEXT:,}-token context with one "
-        f"stream (the check the Models tab makes). The largest that fits is {best.title}: "
+        f"Snug planned every catalog model with a context of {WELCOME_CONTEXT:,} tokens and "
+        f"one stream (the check the Models tab makes). The largest that fits is {best.title}: "
         f"{_needs(verdicts[best.key])}"
     )
     if larger:

@@ -218,11 +218,11 @@ def _gib(n: int) -> str:
 
 def _suggest(
     plan: Plan, card_free: int, card_total: int, held: int, s: EngineSettings
-) -> tuple[tuple[str, ...], tuple[tuple[str, int | float | str], ...]]:
+) -> tuple[tuple[str, ...], tuple[tuple[str | int | float, ...], ...]]:
     """Concrete changes that each make the plan fit on their own (each one was checked)."""
     args = (card_free, card_total, held, s)
     texts: list[str] = []
-    fixes: list[tuple[str, int | float | str]] = []
+    fixes: list[tuple[str | int | float, ...]] = []
     ctx = largest_context(plan, *args)
     if ctx >= CONTEXT_STEP:
         texts.append(f"shorten the context to {ctx:,} tokens")
@@ -251,14 +251,10 @@ def _suggest(
             f"{plan.prompt_cache_states}"
         )
         fixes.append(("prompt_cache", kept))
-    if not plan.config.quantized:
-        q_config = replace(plan.config, quantization=_MLX4, source=plan.config.source)
-        q_bytes = arena_bytes(shape_tensor_specs(q_config, "mlx4"), plan.dtype_bytes)
-        q_weights = WeightBytes.from_tensors(q_bytes, q_config)
-        if _fits(plan.with_weights(q_weights, q_config), *args):
-            total = q_weights.required_on_card + q_weights.movable_to_host
-            texts.append(f"use the MLX 4-bit build (about {total / 1e9:.1f} GB of weights)")
-            fixes.append(("format", "mlx4"))
+    four_bit = None if plan.config.quantized else _four_bit(plan)
+    if four_bit is not None and _fits(four_bit, *args):
+        texts.append(f"use the MLX 4-bit build ({_weights_text(four_bit)})")
+        fixes.append(("format", "mlx4"))
     zero = replace(s, reserve_bytes=0)
     if s.reserve_bytes > 0 and _fits(plan, card_free, card_total, held, zero):
         attempt = _best(plan, card_free, card_total, held, zero)
@@ -274,7 +270,62 @@ def _suggest(
             if _fits(plan, card_free, card_total, held, replace(s, limit_bytes=need)):
                 texts.append(f"raise the memory limit from {_gib(s.limit_bytes)} to {_gib(need)}")
                 fixes.append(("limit_gib", need / GIB))
+    if not texts:  # no one change is enough
+        text, fix = _combined(plan, four_bit, *args)
+        texts.append(text)
+        fixes.append(fix)
     return tuple(texts), tuple(fixes)
+
+
+def _four_bit(plan: Plan) -> Plan:
+    """The same choices with the weights of the model's MLX 4-bit build."""
+    q_config = replace(plan.config, quantization=_MLX4, source=plan.config.source)
+    q_bytes = arena_bytes(shape_tensor_specs(q_config, "mlx4"), plan.dtype_bytes)
+    return plan.with_weights(WeightBytes.from_tensors(q_bytes, q_config), q_config)
+
+
+def _weights_text(plan: Plan) -> str:
+    w = plan.weights
+    return f"about {_gib(w.required_on_card + w.movable_to_host)} of weights"
+
+
+def _combined(
+    plan: Plan, four_bit: Plan | None, card_free: int, card_total: int, held: int, s: EngineSettings
+) -> tuple[str, tuple[str | int | float, ...]]:
+    """The suggestion when no single change makes the plan fit: the 4-bit build with fewer
+    streams or a shorter context where that fits (checked), else a smaller model. Its fix
+    names every setting it changes: (setting, value, setting, value, ...)."""
+    args = (card_free, card_total, held, s)
+    for n in range(plan.streams, 0, -1) if four_bit is not None else ():
+        ctx = min(largest_context(four_bit.resized(streams=n), *args), plan.context)
+        if ctx < CONTEXT_STEP and ctx < plan.context:
+            continue
+        fix: tuple[str | int | float, ...] = ("format", "mlx4")
+        parts = []
+        if n < plan.streams:
+            parts.append(streams_text(n))
+            fix += ("streams", n)
+        if ctx < plan.context:
+            parts.append(f"a context of {ctx:,} tokens")
+            fix += ("context", ctx)
+        if not parts:
+            continue
+        text = f"use the MLX 4-bit build ({_weights_text(four_bit)}) with {' and '.join(parts)}"
+        return text, fix
+    least = plan.resized(context=min(plan.context, CONTEXT_STEP), streams=1, prompt_cache_states=0)
+    short = -_best(least, *args).breakdown.free_after
+    return (
+        f"choose a smaller model: even at {least.context:,} tokens with 1 stream this one "
+        f"needs {_gib(short)} more than {_can_give(s, held, card_free)}",
+        ("model", "smaller"),
+    )
+
+
+def _can_give(s: EngineSettings, held: int, card_free: int) -> str:
+    """What caps the room: the memory limit where it is below the card's free bytes."""
+    if s.limit_bytes is not None and s.limit_bytes - held < card_free:
+        return f"the {_gib(s.limit_bytes)} memory limit allows"
+    return "this card can give"
 
 
 def admit(
@@ -311,33 +362,41 @@ def admit(
             kv_cache=plan.kv_cache,
             suggestions=texts,
             fixes=fixes,
-            reason=f"{plan.config.source} needs {_gib(short)} more than this card can give "
+            reason=f"the model needs {_gib(short)} more than {_can_give(s, held, card_free)} "
             f"({streams_text(plan.streams)} at {plan.context:,} tokens)",
         )
     if best.eager and not best.host_embeddings:
-        verdict, reason = Verdict.FITS, "everything fits; scratch allocated at warm-up"
+        verdict = Verdict.FITS
+        reason = (
+            "the model fits on the card" if best.cache_on_host else "everything fits on the card"
+        )
     elif best.eager:
         verdict = Verdict.FITS_HOST_EMBEDDINGS
         reason = (
-            f"the {_gib(b.embeddings_on_host)} embedding table lives in host memory; "
-            "the rest fits on the card"
+            f"the {_gib(b.embeddings_on_host)} embedding table stays in the computer's RAM "
+            "and is read from there; the rest of the model fits on the card"
         )
     else:
         verdict = Verdict.FITS_LAZY
         reason = (
-            f"the {plan.max_rows}-row scratch does not fit whole; prompts run in chunks of "
-            f"{best.plan.max_rows} rows and the scratch grows on demand"
+            f"prompts are read in chunks of {best.plan.max_rows:,} tokens, as chunks of "
+            f"{plan.max_rows:,} do not fit (their working memory grows as needed)"
         )
         if best.host_embeddings:
-            reason += "; the embedding table lives in host memory"
+            reason += "; the embedding table stays in the computer's RAM"
     if best.plan.max_rows > plan.max_rows:
-        reason += f"; prompts run in {best.plan.max_rows}-row chunks, in memory left over"
+        reason += (
+            f"; prompts are read in chunks of {best.plan.max_rows:,} tokens, in memory left over"
+        )
     if best.cache_on_host:
-        reason += f"; saved prompt states ({_gib(b.prompt_cache_on_host)}) live in host memory"
+        reason += (
+            f"; saved conversation states ({_gib(b.prompt_cache_on_host)}) are kept in the "
+            "computer's RAM"
+        )
     if best.plan.max_rows < min(FAST_ROWS, plan.max_rows):
         shorter = largest_context(plan.resized(context=CONTEXT_STEP), *args_of(b, s))
         if shorter:
-            reason += f"; a context of {shorter:,} tokens keeps {FAST_ROWS}-row chunks"
+            reason += f"; a context of {shorter:,} tokens keeps chunks of {FAST_ROWS} tokens"
     return Decision(
         verdict=verdict,
         breakdown=b,

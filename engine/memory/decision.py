@@ -48,7 +48,9 @@ class Breakdown:
 
 @dataclass(frozen=True)
 class Decision:
-    """What admission decided. `fixes` pairs each suggestion with (setting, value)."""
+    """What admission decided. `fixes` pairs each suggestion with the settings it changes:
+    (setting, value), or (setting, value, setting, value, ...) where one suggestion changes
+    several together (the 4-bit build with a shorter context)."""
 
     verdict: Verdict
     breakdown: Breakdown
@@ -59,7 +61,7 @@ class Decision:
     host_embeddings: bool
     suggestions: tuple[str, ...]
     reason: str
-    fixes: tuple[tuple[str, int | float | str], ...] = ()
+    fixes: tuple[tuple[str | int | float, ...], ...] = ()
     prompt_cache_on_host: bool = False  # saved prompt states in pinned host memory
     prediction: Prediction | None = None  # the speed it will give, where the card is known
     score_rows: int = ATTN_QUERY_ROWS  # prefill attention query rows the workspace holds

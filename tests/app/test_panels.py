@@ -215,3 +215,97 @@ def test_the_settings_fit_their_column_without_scrolling_sideways(qtbot, make_wi
     for editor in window.settings.editors.values():  # no field cut off at the right
         right = editor.mapTo(body, editor.rect().topRight()).x()
         assert right <= window.settings.viewport().width(), editor
+
+
+def test_what_a_verdict_says_is_plain_english():
+    """Every verdict's badge, reason and suggestions on small simulated cards, as the views
+    show them: in GiB, without the planner's own words (scratch, rows, host memory, mlx4),
+    and never "everything fits on the card" where part of it is kept in RAM."""
+    from itertools import product
+
+    from app import planning
+    from engine.config import EngineSettings
+    from engine.memory import Verdict
+    from engine.memory.shapes import FORMATS, SHAPES, shape_config
+
+    jargon = ("scratch", "-row", " rows", "host memory", "mlx4", " GB", "lazy", "embeddings")
+    seen = set()
+    for gib, name, fmt, (context, streams) in product(
+        (2, 4, 5.5), SHAPES, FORMATS, ((8192, 1), (262144, 1), (65536, 4))
+    ):
+        gpu = planning.Gpu("Sim", int(gib * (1 << 30)), int(gib * (1 << 30)), capability=86)
+        d = planning.plan(
+            gpu=gpu,
+            settings=EngineSettings(),
+            context=context,
+            streams=streams,
+            max_rows=None,
+            shape=(shape_config(name, fmt), fmt, 64),
+        )
+        seen.add(d.verdict)
+        for text in (planning.verdict_label(d), d.reason, *d.suggestions):
+            assert not any(word in text for word in jargon), text
+        if "everything" in d.reason:
+            assert d.verdict is Verdict.FITS and "RAM" not in d.reason, d.reason
+        assert d.fits or d.suggestions, d.reason
+    assert seen == set(Verdict)
+
+
+def test_the_library_says_what_to_change_for_a_model_that_does_not_fit(qtbot, make_window):
+    window = make_window(gpu_source=FakeGpu, planner=fake_planner([]))
+    qtbot.waitUntil(lambda: window.ctx.machine.gpu is not None, timeout=3000)
+    window.ctx.settings.set("engine/streams", 4)  # 4 x 8192 > 16384: does not fit
+
+    def card():
+        return window.library.card("qwen3.5-0.8b-4bit")
+
+    qtbot.waitUntil(lambda: card().badge.text() == "Does not fit", timeout=5000)
+    assert card().reason.text() == (
+        "needs 1.00 GiB more than this card can give. "
+        "To make it fit: use a context of 16,384 tokens or less."
+    )
+    assert not card().reason.isHidden()
+
+
+def test_the_red_line_is_the_memory_limit_where_the_limit_is_lower(qtbot, make_window):
+    def plan(**kw):
+        bd = {
+            "weights": 3 << 30,
+            "reserve": 512 << 20,
+            "free_after": -(3 << 29),
+            "card_total": 8 << 30,
+            "limit": 2 << 30,
+        }
+        return FakeDecision(
+            FakeVerdict("does not fit"),
+            bd,
+            0,
+            kw["context"],
+            True,
+            ("raise the memory limit from 2 GiB to 3.55 GiB",),
+            "the model needs 1.5 GiB more than the 2 GiB memory limit allows",
+        )
+
+    window = make_window(gpu_source=FakeGpu, planner=plan)
+    qtbot.waitUntil(lambda: window.ctx.machine.gpu is not None, timeout=3000)
+    window.choose(Entry("folder:/m", "my-model", "", 1 << 30, "folder", local_dir="/m"))
+    panel = window.load
+    qtbot.waitUntil(lambda: panel.badge.text() == "Does not fit", timeout=3000)
+    assert "The red line is what the memory limit allows" in panel.detail.text()
+
+
+def test_the_load_panel_plans_the_sizes_the_settings_hold(qtbot, make_window):
+    """A context or a stream count the settings allow but the panel's controls did not
+    (a short context, many streams for the server): the panel plans what the Models tab
+    plans, not a value its control clamped."""
+    calls: list = []
+    window = make_window(gpu_source=FakeGpu, planner=fake_planner(calls))
+    qtbot.waitUntil(lambda: window.ctx.machine.gpu is not None, timeout=3000)
+    window.ctx.settings.set("engine/context", 100)
+    window.ctx.settings.set("engine/streams", 32)
+    window.choose(Entry("folder:/m", "my-model", "", 1 << 30, "folder", local_dir="/m"))
+    panel = window.load
+    qtbot.waitUntil(lambda: panel.badge.text() == "Fits", timeout=3000)  # 3,200 <= 16,384
+    asked = {(c["context"], c["streams"]) for c in calls if c.get("model_dir") == "/m"}
+    assert asked == {(100, 32)}
+    assert (panel.context_spin.value(), panel.streams_spin.value()) == (100, 32)

@@ -25,6 +25,9 @@ def test_first_run_recommends_what_fits_and_gets_it_in_one_click(qtbot, make_win
     assert rec is not None and rec.source == "catalog"
     # The largest that fits at 8K: nothing with more parameters fits (same planning).
     assert "8,192" in welcome.why.text() and rec.title in welcome.model_label.text()
+    # in words a reader knows: "a context of 8,192 tokens", the catalog's names for models
+    assert "a context of 8,192 tokens" in welcome.why.text()
+    assert "(mlx4)" not in welcome.why.text() and "(bf16)" not in welcome.why.text()
     from app.state.fit import verdict_fits
     from app.state.recommend import params_of
 

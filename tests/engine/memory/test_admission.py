@@ -8,9 +8,17 @@ import pytest
 
 from engine.config import GIB, EngineSettings
 from engine.errors import DeviceOutOfMemory, ScratchGrowFailed
-from engine.memory import SimulatedPool, Verdict, admit, available_bytes, largest_context
+from engine.memory import (
+    Card,
+    SimulatedPool,
+    Verdict,
+    admit,
+    available_bytes,
+    decide,
+    largest_context,
+)
 from engine.memory.growth import ladder_below
-from engine.memory.shapes import shape_config, shape_tensor_nbytes
+from engine.memory.shapes import shape_config, shape_tensor_nbytes, shape_tensor_specs
 from tests.engine.memory.conftest import commit, shape_plan
 
 
@@ -56,7 +64,7 @@ def test_chunks_widen_only_into_memory_left_over(small_plan):
         card = _need(wide) + s.reserve_bytes
         d = admit(plan, card, card, settings=s, widen=True)
         assert d.max_rows == rows and d.eager and d.breakdown.free_after == 0
-        assert f"{rows}-row chunks" in d.reason and d.context == plan.context
+        assert f"chunks of {rows:,} tokens" in d.reason and d.context == plan.context
         assert admit(plan, card, card, settings=s).max_rows == 512  # not asked: as planned
         assert admit(plan, card - 1, card, settings=s, widen=True).max_rows < rows
     # Where the saved states had to leave the card, they stay in host memory: widening
@@ -84,7 +92,7 @@ def test_saved_states_leave_the_card_before_the_chunks_shrink(small_plan):
     short = card - small_plan.prompt_cache_bytes - 1
     lazy = admit(small_plan, short, card, settings=s)
     assert lazy.verdict is Verdict.FITS_LAZY and lazy.max_rows == 256
-    assert lazy.prompt_cache_on_host and "host memory" in lazy.reason
+    assert lazy.prompt_cache_on_host and "kept in the computer's RAM" in lazy.reason
 
 
 @pytest.mark.parametrize("limit", [False, True])
@@ -176,7 +184,7 @@ def test_does_not_fit_suggestions_fit_when_applied(shape, fmt, context, streams,
     d = admit(plan, card, card, settings=s)
     assert d.verdict is Verdict.DOES_NOT_FIT and not d.fits
     assert d.streams == 0 and d.suggestions and len(d.suggestions) == len(d.fixes)
-    assert d.breakdown.free_after < 0 and "more than this card" in d.reason
+    assert d.breakdown.free_after < 0 and "more than" in d.reason
     for (setting, value), text in zip(d.fixes, d.suggestions, strict=True):
         assert (
             str(value).split(".")[0].replace(",", "") in text.replace(",", "")
@@ -193,7 +201,9 @@ def test_suggestion_texts_carry_numbers():
         t.startswith("shorten the context to ") and t.endswith(" tokens") for t in d.suggestions
     )
     bf16 = admit(shape_plan("2B", "bf16", context=4096, max_rows=512), 4 * GIB, 4 * GIB)
-    assert any("MLX 4-bit build (about 1.1 GB" in t for t in bf16.suggestions)
+    four_bit = shape_plan("2B", "mlx4", context=4096, max_rows=512).weights
+    gib = f"{four_bit.required_on_card / GIB:.2f}".rstrip("0").rstrip(".")
+    assert f"use the MLX 4-bit build (about {gib} GiB of weights)" in bf16.suggestions
 
 
 def test_largest_context_is_admitted_and_the_next_step_is_not(small_plan):
@@ -260,3 +270,77 @@ def test_a_card_with_room_gets_the_large_attention_workspace():
     tight = admit(big.resized(context=16384), 4 * GIB, 4 * GIB, 0, EngineSettings())
     assert tight.fits and tight.score_rows == ATTN_QUERY_ROWS
     assert tight.breakdown.workspace_peak < roomy.breakdown.workspace_peak
+
+
+def _decide(shape, fmt, card_gib, context, streams=1, **settings):
+    """The decision the app's views and `snug plan --card-gib` show for a catalog shape."""
+    config = shape_config(shape, fmt)
+    card = Card(int(card_gib * GIB), int(card_gib * GIB), fused_attention=True)
+    return decide(
+        shape_tensor_specs(config, fmt),
+        config,
+        EngineSettings(**settings),
+        card,
+        context=context,
+        streams=streams,
+    )
+
+
+def _apply_all(fix, shape, fmt, context, streams, settings):
+    """A suggestion's settings (setting, value, setting, value, ...) applied to the inputs."""
+    settings = dict(settings)
+    for setting, value in zip(fix[::2], fix[1::2], strict=True):
+        if setting == "format":
+            fmt = value
+        elif setting == "context":
+            context = value
+        elif setting == "streams":
+            streams = value
+        else:
+            raise AssertionError(setting)
+    return shape, fmt, context, streams, settings
+
+
+@pytest.mark.parametrize(
+    ("shape", "fmt", "card_gib", "context", "streams", "settings", "changes"),
+    [
+        # the 4-bit build fits, but only with a shorter context and fewer streams
+        ("4B", "bf16", 4, 65536, 3, {}, {"format", "context"}),
+        ("9B", "bf16", 6, 262144, 4, {}, {"format", "context"}),
+        ("2B", "bf16", 2, 32768, 4, {"kv_cache": "int8"}, {"format", "context"}),
+        # nothing of this model fits: a smaller one, with the bytes it lacks
+        ("9B", "mlx4", 4, 8192, 1, {}, {"model"}),
+        ("0.8B", "mlx4", 0.4, 4096, 1, {}, {"model"}),  # a card smaller than the reserve
+    ],
+)
+def test_a_model_that_fits_no_single_change_is_told_what_to_change(
+    shape, fmt, card_gib, context, streams, settings, changes
+):
+    d = _decide(shape, fmt, card_gib, context, streams, **settings)
+    assert not d.fits and len(d.suggestions) == len(d.fixes) == 1
+    (text,), (fix,) = d.suggestions, d.fixes
+    assert set(fix[::2]) == changes, (text, fix)
+    if changes == {"model"}:
+        assert text.startswith("choose a smaller model") and "GiB more than" in text
+        return
+    for setting, value in zip(fix[::2], fix[1::2], strict=True):
+        assert str(value) in text.replace(",", "") or setting == "format", text
+    shape, fmt, context, streams, settings = _apply_all(fix, shape, fmt, context, streams, settings)
+    assert _decide(shape, fmt, card_gib, context, streams, **settings).fits, text
+
+
+def test_the_shortfall_names_the_memory_limit_where_the_limit_is_what_binds():
+    tight = _decide("4B", "mlx4", 4, 8192, limit_bytes=2 * GIB)
+    assert "more than the 2 GiB memory limit allows" in tight.reason
+    assert any(t.startswith("raise the memory limit") for t in tight.suggestions)
+    loose = _decide("4B", "mlx4", 4, 65536, limit_bytes=8 * GIB)  # above the card: no cap
+    assert "more than this card can give" in loose.reason and "limit" not in loose.reason
+
+
+def test_a_fit_with_saved_states_in_ram_does_not_say_everything_is_on_the_card():
+    """The 4B 4-bit at 16K on a 4 GiB card: the saved state moves to the computer's RAM."""
+    d = _decide("4B", "mlx4", 4, 16384)
+    assert d.verdict is Verdict.FITS and d.prompt_cache_on_host
+    assert "everything" not in d.reason and "kept in the computer's RAM" in d.reason
+    alone = _decide("0.8B", "mlx4", 4, 8192)
+    assert not alone.prompt_cache_on_host and alone.reason.startswith("everything fits")

@@ -5,9 +5,11 @@
     POST /v1/chat/completions    chat template (tools included), thinking apart, tool calls
     POST /v1/completions         a prompt string or token ids, as is
 
-Every error is answered in OpenAI's shape with its status: 400 bad request, 401 bad key,
-404 unknown model or route, 405 wrong method, 413 body too large, 503 queue full. A refused
-or malformed request never reaches the engine, so it cannot disturb other streams.
+Every error is answered in its API's shape (errors.py) with its status: 400 bad request,
+401 bad key, 404 unknown model or route, 405 wrong method, 413 body too large, 415 unknown
+Content-Encoding, 503 queue full or shutting down. A refused or malformed request never
+reaches the engine, so it cannot disturb other streams. When the server stops, each reply
+still under way ends with a 503 error in its API's shape (`OpenAIServer.shutdown`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hmac
 import json
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from types import SimpleNamespace
@@ -35,10 +38,16 @@ from engine.checkpoint.checkpoint import model_name
 from engine.context_fit import fit_prompt
 from engine.errors import SnugError, TemplateError
 from engine.scheduler import QueueFull, Scheduler
+from engine.server.body import read_json
+from engine.server.errors import (
+    api_error,
+    error_response,
+    http_error,
+    shutting_down,
+)
 from engine.server.generation import Generation
 from engine.server.logprobs import LogprobFormat
 from engine.server.messages import MessageOutput, MessagesRequest
-from engine.server.messages import error_body as messages_error
 from engine.server.ollama import OllamaApi
 from engine.server.protocol import (
     ApiError,
@@ -49,6 +58,7 @@ from engine.server.protocol import (
     error_of,
     read_chat,
     read_completion,
+    streamed_error,
     tool_schemas,
 )
 from engine.server.reply import ReplySplitter, prompt_opens_thinking
@@ -60,27 +70,6 @@ MAX_BODY = 32 << 20  # bytes of one request body (files sent in a request: base6
 # visits could otherwise spend the model (and read what it says): `--cors-origin` adds one.
 LOCAL_ORIGINS = r"(https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?|(app|tauri)://[^/]*)"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-# Routes of the APIs served here that this server does not have, said by name: a front-end
-# shows the message where a bare 404 would leave its user guessing.
-_NO_EMBEDDINGS = (
-    "this server runs one chat model and no embedding model: point the embedding setting "
-    "at a server that runs one"
-)
-_MODELS_IN_APP = (
-    "models are not added or removed over the API here: download them in Snug's Models tab "
-    "(or with `hf download REPO`) and serve another with `snug serve --model`"
-)
-ABSENT = {
-    "/v1/embeddings": _NO_EMBEDDINGS,
-    "/embeddings": _NO_EMBEDDINGS,
-    "/api/embed": _NO_EMBEDDINGS,
-    "/api/embeddings": _NO_EMBEDDINGS,
-    "/api/pull": _MODELS_IN_APP,
-    "/api/push": _MODELS_IN_APP,
-    "/api/create": _MODELS_IN_APP,
-    "/api/copy": _MODELS_IN_APP,
-    "/api/delete": _MODELS_IN_APP,
-}
 
 
 def create_app(
@@ -113,6 +102,8 @@ class OpenAIServer:
         self.api_key = api_key
         self.max_body = max_body
         self.created = int(time.time())
+        self.live: weakref.WeakSet[Generation] = weakref.WeakSet()  # replies under way
+        self.closing = False
         api = [
             ("/models", self.models, "GET"),
             ("/models/{model:path}", self.model, "GET"),
@@ -131,10 +122,10 @@ class OpenAIServer:
             *OllamaApi(self).routes(),
         ]
         handlers = {
-            ApiError: _api_error,
-            HTTPException: _http_error,
-            SnugError: _api_error,
-            Exception: _api_error,  # a bug: still answered in the API's shape (500)
+            ApiError: api_error,
+            HTTPException: http_error,
+            SnugError: api_error,
+            Exception: api_error,  # a bug: still answered in the API's shape (500)
         }
         cors = Middleware(
             CORSMiddleware,
@@ -149,6 +140,15 @@ class OpenAIServer:
             middleware=[cors],
         )
         self.app.state.server = self
+
+    def shutdown(self) -> None:
+        """The server is stopping (on its event loop, before uvicorn waits for connections
+        to close): every reply under way ends with a 503 in its API's shape, after the
+        tokens it already has, its request cancelled; requests that arrive now are refused
+        the same way."""
+        self.closing = True
+        for gen in list(self.live):
+            gen.abort(shutting_down())
 
     # ----- routes ---------------------------------------------------------------------------
     async def health(self, request: Request) -> JSONResponse:
@@ -254,7 +254,7 @@ class OpenAIServer:
         except (ApiError, SnugError) as exc:
             err = error_of(exc)
             err = asked.rename(err) if asked is not None else err
-            return JSONResponse(messages_error(err), status_code=err.status)
+            return error_response(err, "anthropic")
         out = MessageOutput(chat.options.model or self.model_id)
         if chat.options.stream:
             return _sse(out.events(gen), gen)
@@ -278,7 +278,7 @@ class OpenAIServer:
         except (ApiError, SnugError) as exc:
             err = error_of(exc)
             err = asked.rename(err) if asked is not None else err
-            return JSONResponse(messages_error(err), status_code=err.status)
+            return error_response(err, "anthropic")
         return JSONResponse({"input_tokens": len(ids)})
 
     async def _submit_completion(self, request: Request, req: CompletionRequest) -> Generation:
@@ -342,8 +342,8 @@ class OpenAIServer:
                 yield _data(
                     {**head, "object": "chat.completion.chunk", "choices": [], "usage": gen.usage}
                 )
-        except (ApiError, SnugError) as exc:
-            yield _data(error_of(exc).body())
+        except Exception as exc:  # the reply failed after it started: its error, then [DONE]
+            yield _data(streamed_error(exc).body())
         yield "data: [DONE]\n\n"
 
     async def _completion_events(
@@ -366,8 +366,8 @@ class OpenAIServer:
                 yield _data(
                     {**head, "object": "text_completion", "choices": [], "usage": gen.usage}
                 )
-        except (ApiError, SnugError) as exc:
-            yield _data(error_of(exc).body())
+        except Exception as exc:  # the reply failed after it started: its error, then [DONE]
+            yield _data(streamed_error(exc).body())
         yield "data: [DONE]\n\n"
 
     # ----- helpers --------------------------------------------------------------------------
@@ -400,28 +400,8 @@ class OpenAIServer:
             )
 
     async def _body(self, request: Request) -> dict[str, Any]:
-        """The JSON object of the body, read up to `max_body` bytes (413 past it)."""
-        too_large = ApiError(
-            413,
-            f"the request body is larger than {self.max_body} bytes; send a shorter request "
-            "(snug serve --max-body-mib raises the limit)",
-            code="request_too_large",
-        )
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body:
-            raise too_large
-        raw = bytearray()
-        async for part in request.stream():
-            raw += part
-            if len(raw) > self.max_body:
-                raise too_large
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise bad(f"the body is not valid JSON ({exc})", code="invalid_json") from exc
-        if not isinstance(body, dict):
-            raise bad("the body must be a JSON object", code="invalid_json")
-        return body
+        """The JSON object of the body, read up to `max_body` bytes (body.py)."""
+        return await read_json(request, self.max_body)
 
     def _check_model(self, model: str | None) -> None:
         """`model` is the served one, by its id, or as Ollama's clients name it: with the
@@ -511,9 +491,11 @@ class OpenAIServer:
                 "max_tokens",
                 "context_length_exceeded",
             )
+        if self.closing:
+            raise shutting_down()
         try:
             params = options.params(options.max_tokens or room)
-            return Generation(
+            gen = Generation(
                 self.scheduler,
                 ids,
                 params,
@@ -526,6 +508,8 @@ class OpenAIServer:
             raise ApiError(503, str(exc), "server_overloaded", code="queue_full") from exc
         except SnugError as exc:  # RequestRefused, a sampling setting out of range
             raise bad(str(exc)) from exc
+        self.live.add(gen)
+        return gen
 
     def _head(self, prefix: str, options: Options) -> dict[str, Any]:
         return {
@@ -555,25 +539,3 @@ def _sse(events: AsyncIterator[str], gen: Generation) -> StreamingResponse:
         headers=SSE_HEADERS,
         background=BackgroundTask(gen.cancel),
     )
-
-
-async def _api_error(request: Request, exc: Exception) -> JSONResponse:
-    err = error_of(exc)
-    headers = {"Retry-After": "1"} if err.status == 503 else None
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
-
-
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        path = request.url.path.rstrip("/")
-        message = ABSENT.get(path) or f"no route {request.method} {path}; see GET /v1/models"
-        if path.startswith("/api/"):  # Ollama's routes answer in Ollama's shape
-            return JSONResponse({"error": message}, status_code=404)
-        err = ApiError(404, message, code="not_found")
-    elif exc.status_code == 405:
-        message = f"{request.method} is not allowed on {request.url.path}"
-        err = ApiError(405, message, code="method_not_allowed")
-    else:
-        err = ApiError(exc.status_code, str(exc.detail))
-    return JSONResponse(err.body(), status_code=err.status)

@@ -156,7 +156,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.cli_progress import cpu_note, load_progress
     from engine.scheduler import Scheduler
     from engine.server.app import MAX_BODY, create_app
-    from engine.server.runner import check_bind, uvicorn_config
+    from engine.server.runner import check_bind, uvicorn_server
     from engine.session import Engine
 
     check_bind(args.host, args.api_key)  # before the (slow) load
@@ -178,8 +178,6 @@ def run_serve(args: argparse.Namespace) -> int:
         sock.close()
         raise
     cpu_note(engine, settings)
-    import uvicorn
-
     scheduler = Scheduler(engine, queue_size=args.queue, prefill_chunk=args.prefill_chunk)
     body = args.max_body_mib << 20 if args.max_body_mib else MAX_BODY
     app = create_app(
@@ -190,7 +188,7 @@ def run_serve(args: argparse.Namespace) -> int:
         cors_origins=args.cors_origin,
     )
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(app, args.host, port, log_level="info"))
+    server = uvicorn_server(app, args.host, port, log_level="info")
     sys.stderr.write(
         f"snug: serving {app.state.server.model_id} on {_url(args.host, sock)} "
         f"({engine.backend_name}, context {engine.context}, {engine.streams} streams, "

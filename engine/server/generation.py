@@ -70,6 +70,12 @@ class Generation:
     def cancel(self) -> None:
         self.request.cancel()
 
+    def abort(self, exc: Exception) -> None:
+        """End the reply with `exc` (any thread): `pieces()` gives the tokens that came
+        before it, then raises it; the request is cancelled, its slot freed within a step."""
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, exc)  # before the final event
+        self.request.cancel()
+
     @property
     def usage(self) -> dict[str, Any]:
         return {

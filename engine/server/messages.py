@@ -16,16 +16,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.attachments import Attachment, AttachmentRefused, compose, file_text, sent_file
-from engine.errors import SnugError
 from engine.server.generation import Generation
-from engine.server.protocol import ApiError, bad, field, renamed
+from engine.server.protocol import ApiError, bad, field, renamed, streamed_error
 from engine.server.reply import Piece
 
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     503: "overloaded_error",
 }
 
@@ -84,8 +85,11 @@ class MessagesRequest:
 
     def rename(self, exc: ApiError) -> ApiError:
         """`exc` with the chat request's `messages[i]` put back as the Messages field it came
-        from (the system prompt, or the message of that index)."""
-        return renamed(exc, self.origin)
+        from (the system prompt, or the message of that index), and `stop` as
+        `stop_sequences`."""
+        return renamed(
+            exc, self.origin, {r"'stop'": "'stop_sequences'", r"^stop$": "stop_sequences"}
+        )
 
 
 def _texts(blocks: Any, where: str) -> str:
@@ -338,6 +342,5 @@ class MessageOutput:
                 usage=_usage(gen),
             )
             yield event("message_stop")
-        except (ApiError, SnugError) as exc:  # after the head went out: an error event
-            err = exc if isinstance(exc, ApiError) else ApiError(500, str(exc), "server_error")
-            yield event("error", error=error_body(err)["error"])
+        except Exception as exc:  # after the head went out: an error event
+            yield event("error", error=error_body(streamed_error(exc))["error"])

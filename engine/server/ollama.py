@@ -21,19 +21,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine import __version__
 from engine.errors import SnugError
+from engine.server.errors import error_response
 from engine.server.generation import Generation
 from engine.server.protocol import (
     ApiError,
     bad,
-    error_of,
     field,
     read_chat,
     read_completion,
+    streamed_error,
 )
 from engine.server.reply import Piece
 
@@ -356,10 +357,9 @@ async def _lines(reply: Reply, gen: Generation) -> AsyncIterator[str]:
             if piece.kind == "tool_call" or piece.text:
                 yield json.dumps(reply.line(reply.add(piece)), ensure_ascii=False) + "\n"
         yield json.dumps(reply.final(gen, whole=False), ensure_ascii=False) + "\n"
-    except (ApiError, SnugError) as exc:
-        yield json.dumps({"error": str(exc)}, ensure_ascii=False) + "\n"
+    except Exception as exc:  # the reply failed after it started: its error, as a line
+        yield json.dumps({"error": streamed_error(exc).message}, ensure_ascii=False) + "\n"
 
 
-def _error(exc: Exception) -> JSONResponse:
-    err = error_of(exc)
-    return JSONResponse({"error": err.message}, status_code=err.status)
+def _error(exc: Exception) -> Response:
+    return error_response(exc, "ollama")

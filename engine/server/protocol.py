@@ -10,6 +10,7 @@ grammar (engine.constraint).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,6 +23,7 @@ from engine.scheduler import QueueFull
 from engine.server.schema import RecursiveSchema, has_refs, inline_refs
 from engine.session import GenerationParams
 
+log = logging.getLogger("snug.server")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TEXT_PARTS = ("text", "input_text", "output_text")
 
@@ -83,6 +85,15 @@ def error_of(exc: Exception) -> ApiError:
     return ApiError(500, f"{type(exc).__name__}: {exc}", "server_error")
 
 
+def streamed_error(exc: Exception) -> ApiError:
+    """The API error that ends a stream already under way; the server's own failures (500)
+    are logged, as uvicorn logs them for a reply that had not started."""
+    err = error_of(exc)
+    if err.status >= 500 and not isinstance(exc, ApiError):
+        log.error("a streamed reply failed", exc_info=exc)
+    return err
+
+
 def renamed(exc: ApiError, origin: list[str], words: dict[str, str] | None = None) -> ApiError:
     """`exc`, raised reading a chat body made from another API's request, with that API's
     names put back: `messages[i]` as `origin[i]` (the field chat message i came from), and
@@ -119,7 +130,7 @@ def field(body: dict, name: str, kind: str, default: Any = None, where: str = ""
 def in_range(name: str, value: Any, low: float, high: float, low_open: bool = False) -> Any:
     if value is None:
         return None
-    if value < low or value > high or (low_open and value == low):
+    if not low <= value <= high or (low_open and value == low):  # NaN too
         left = "(" if low_open else "["
         raise bad(f"'{name}' = {value} must be in {left}{low}, {high}]", name)
     return value

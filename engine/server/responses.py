@@ -15,9 +15,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine.errors import SnugError
 from engine.server.generation import Generation
-from engine.server.protocol import ApiError, bad, field, renamed
+from engine.server.protocol import ApiError, bad, field, renamed, streamed_error
 from engine.server.reply import Piece
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -362,10 +361,9 @@ class ResponseOutput:
                     yield event(kind, **data)
             final = self.response(gen)
             yield event(f"response.{final['status']}", response=final)
-        except (ApiError, SnugError) as exc:  # after the head went out: an error event
-            code = exc.code if isinstance(exc, ApiError) else None
-            param = exc.param if isinstance(exc, ApiError) else None
-            yield event("error", code=code, message=str(exc), param=param)
+        except Exception as exc:  # after the head went out: an error event
+            err = streamed_error(exc)
+            yield event("error", code=err.code, message=err.message, param=err.param)
 
 
 def _emptied(item: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,8 @@ import threading
 import time
 from typing import Any
 
+import uvicorn
+
 from engine.errors import SnugError
 
 
@@ -34,8 +36,6 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 
 def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -> Any:
-    import uvicorn
-
     return uvicorn.Config(
         app,
         host=host,
@@ -47,16 +47,31 @@ def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -
     )
 
 
+class Server(uvicorn.Server):
+    """uvicorn's server that, when it stops (Ctrl+C, `ServerThread.stop`), first ends the
+    replies under way (`OpenAIServer.shutdown`: a 503 in each API's shape), so that their
+    clients get a whole response at once rather than a connection cut after uvicorn's grace
+    time."""
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        owner = getattr(getattr(self.config.app, "state", None), "server", None)
+        if owner is not None and hasattr(owner, "shutdown"):
+            owner.shutdown()
+        await super().shutdown(sockets)
+
+
+def uvicorn_server(app: Any, host: str, port: int, log_level: str = "warning") -> Server:
+    return Server(uvicorn_config(app, host, port, log_level))
+
+
 class ServerThread:
     """`start()` returns once the server listens (port 0: a free port, read back in
     `port`); `stop()` ends it and waits for the thread."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
-        import uvicorn
-
         self.host = host
         self.port = port
-        self._server = uvicorn.Server(uvicorn_config(app, host, port))
+        self._server = uvicorn_server(app, host, port)
         self._thread = threading.Thread(target=self._server.run, name="snug-http", daemon=True)
 
     @property

@@ -1,18 +1,24 @@
 """Bad requests get a 4xx in OpenAI's error shape, with a message, while a stream that is
 running goes on undisturbed; the server refuses to listen on the network without a key."""
 
+import asyncio
+import gzip
+import json
 import socket
 import subprocess
 import sys
 import threading
 import time
+import zlib
 
 import httpx
 import openai
 import pytest
 
 from engine.cli import main as cli_main
-from engine.server.app import MAX_BODY
+from engine.scheduler import Scheduler
+from engine.server.app import MAX_BODY, create_app
+from tests.server.conftest import serve
 
 KEY_HEADER = {"Authorization": "Bearer test-key"}
 USER = [{"role": "user", "content": "Hello"}]
@@ -34,6 +40,15 @@ CASES = [
     ("POST", "/chat/completions", chat(stop=5), 400, "stop", None, "string"),
     ("POST", "/chat/completions", b"[" * 50000 + b"]" * 50000, 400, None, "invalid_json", "JSON"),
     ("POST", "/chat/completions", chat(top_p=0), 400, "top_p", None, "(0, 1]"),
+    (
+        "POST",
+        "/chat/completions",
+        b'{"messages": [{"role": "user", "content": "Hi"}], "temperature": NaN}',
+        400,
+        "temperature",
+        None,
+        "must be in",
+    ),  # fmt: skip
     ("POST", "/chat/completions", chat(seed=2**64), 400, "seed", None, "must be in"),
     ("POST", "/chat/completions", chat(n=2), 400, "n", None, "one choice"),
     ("POST", "/chat/completions", chat(top_logprobs=3), 400, "top_logprobs", None, "needs"),
@@ -230,3 +245,130 @@ def test_snug_serve_runs_as_a_command(tiny_checkpoint):
         process.terminate()
         output = process.communicate(timeout=30)[0]
     assert f"serving {model.name} on http://127.0.0.1:{port}/v1" in output
+
+
+class Failing(Scheduler):
+    """A decode step that fails as a bug or the card's own allocator would (not a SnugError)
+    once its request has three tokens."""
+
+    def _next_tokens(self, batch):
+        if any(len(r.generated) >= 3 for r in batch):
+            raise RuntimeError("the step failed")
+        return super()._next_tokens(batch)
+
+
+@pytest.fixture(scope="module")
+def failing(light_checkpoint):
+    s = serve(light_checkpoint, Failing, streams=2, queue=2)
+    yield s
+    s.server.stop()
+    s.scheduler.close()
+
+
+def test_a_reply_that_fails_mid_stream_ends_with_an_error_in_its_apis_shape(failing):
+    """The stream is not cut: its API's error event (500, the exception's type), then its
+    terminator; a whole reply's 500 comes in its API's shape too."""
+    user = [{"role": "user", "content": "Hi"}]
+    ask = {"max_tokens": 20, "ignore_eos": True}
+    with httpx.Client(base_url=failing.base, headers=KEY_HEADER, timeout=30) as http:
+        text = http.post("/v1/chat/completions", json={**ask, "messages": user, "stream": True})
+        events = [line[6:] for line in text.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert (
+            error["type"] == "server_error" and "RuntimeError: the step failed" in error["message"]
+        )
+        text = http.post("/v1/messages", json={**ask, "messages": user, "stream": True}).text
+        lines = text.rstrip().splitlines()
+        assert lines[-2] == "event: error"
+        assert json.loads(lines[-1][6:])["error"]["type"] == "api_error"
+        text = http.post("/api/generate", json={**ask, "prompt": "Hi"}).text
+        assert "RuntimeError" in json.loads(text.splitlines()[-1])["error"]
+        whole = http.post("/v1/messages", json={**ask, "messages": user})
+        assert whole.status_code == 500 and whole.json()["type"] == "error"
+        assert "RuntimeError" in whole.json()["error"]["message"]
+    failing.wait_idle()
+    assert sorted(failing.engine._free_slots) == [0, 1]
+
+
+def test_compressed_and_mislabelled_bodies(served):
+    """gzip and deflate bodies are read (within the size limit, counted inflated); another
+    encoding, a broken gzip, a form body are refused saying what was sent."""
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2, "ignore_eos": True}).encode()
+    with httpx.Client(base_url=served.url, headers=KEY_HEADER, timeout=30) as http:
+        for encoding, data in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+            r = http.post("/completions", content=data, headers={"Content-Encoding": encoding})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+        r = http.post("/completions", content=body, headers={"Content-Encoding": "br"})
+        assert r.status_code == 415 and "'br' is not supported" in r.json()["error"]["message"]
+        r = http.post("/completions", content=body, headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_encoding"
+        bomb = gzip.compress(b" " * (MAX_BODY + 1))  # 32 KiB that inflate past the limit
+        r = http.post("/completions", content=bomb, headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        r = http.post("/completions", data={"prompt": "Hi"})
+        assert r.status_code == 400
+        assert "sent as application/x-www-form-urlencoded" in r.json()["error"]["message"]
+
+
+def test_a_body_cut_short_is_a_400_not_a_server_error(served):
+    """A client that hangs up before its body is whole: the app answers 400 (no exception
+    escapes it for the server to log as a crash)."""
+    app = create_app(served.scheduler, api_key="test-key")
+    sent: list[dict] = []
+    parts = [
+        {"type": "http.request", "body": b'{"messages"', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> dict:
+        return parts.pop(0)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"authorization", b"Bearer test-key"), (b"content-length", b"100")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 400
+    assert json.loads(sent[1]["body"])["error"]["code"] == "incomplete_body"
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed", "shape"),
+    [
+        ("/v1/chat/completions", "POST", "openai"),
+        ("/v1/messages", "POST", "anthropic"),
+        ("/api/chat", "POST", "ollama"),
+        ("/v1/models", "GET, HEAD", "openai"),
+        ("/health", "GET, HEAD", "openai"),
+    ],
+)
+def test_methods_a_route_does_not_take(served, path, allowed, shape):
+    """405 names the methods in `Allow` and in its message, in the route's API's shape;
+    OPTIONS answers 204 with them; HEAD answers as GET without a body, or 405."""
+    with httpx.Client(base_url=served.base, headers=KEY_HEADER, timeout=30) as http:
+        r = http.put(path)
+        assert r.status_code == 405 and r.headers["allow"] == allowed
+        got = r.json()
+        message = {"openai": lambda: got["error"]["message"], "ollama": lambda: got["error"],
+                   "anthropic": lambda: got["error"]["message"]}[shape]()  # fmt: skip
+        assert f"use {allowed}" in message and (got.get("type") == "error") == (
+            shape == "anthropic"
+        )
+        r = http.options(path)
+        assert r.status_code == 204 and r.headers["allow"] == f"{allowed}, OPTIONS"
+        r = http.head(path)
+        assert r.content == b"" and r.status_code == (200 if "HEAD" in allowed else 405)

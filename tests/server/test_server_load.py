@@ -1,12 +1,17 @@
 """Many clients against two admitted streams: all answered in order of the queue, a full
-queue refused with 503, a client that goes away frees its slot."""
+queue refused with 503 in each API's shape, a client that goes away frees its slot, a server
+stopped mid-reply ends each reply with an error at once."""
 
+import json
 import threading
 import time
 
 import httpx
 import openai
 import pytest
+
+from engine.scheduler import Scheduler
+from tests.server.conftest import serve
 
 KEY_HEADER = {"Authorization": "Bearer test-key"}
 THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -74,6 +79,21 @@ def test_a_full_queue_is_refused_with_503_and_the_setting(served):
             error = refused.json()["error"]
             assert error["code"] == "queue_full" and error["type"] == "server_overloaded"
             assert "queue size 6" in error["message"] and "--queue" in error["message"]
+            # Anthropic's and Ollama's routes: the same refusal in their shapes, Retry-After too
+            user = [{"role": "user", "content": "Hi"}]
+            for path, ask, shape in [
+                ("/messages", {"messages": user, "max_tokens": 4}, "anthropic"),
+                ("/api/chat", {"messages": user, "stream": False}, "ollama"),
+                ("/api/generate", {"prompt": "Hi"}, "ollama"),
+            ]:
+                refused = http.post(served.base + path if "api" in path else path, json=ask)
+                assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+                got = refused.json()
+                if shape == "anthropic":
+                    assert got["type"] == "error" and got["error"]["type"] == "overloaded_error"
+                    assert "--queue" in got["error"]["message"]
+                else:
+                    assert set(got) == {"error"} and "--queue" in got["error"]
         finally:
             for response in opened:
                 response.close()
@@ -140,3 +160,79 @@ def test_a_client_that_gives_up_on_a_whole_reply_frees_its_slot(served):
     served.wait_idle(5)
     assert time.monotonic() - t < 1.0
     assert sorted(served.engine._free_slots) == [0, 1]
+
+
+class Gated(Scheduler):
+    """Holds every decode step once a request has two tokens, until `gate` opens: replies
+    stay in flight for as long as a test needs."""
+
+    def __init__(self, engine, **kwargs) -> None:
+        super().__init__(engine, **kwargs)
+        self.gate = threading.Event()
+        self.held = threading.Event()
+
+    def _next_tokens(self, batch):
+        if any(len(r.generated) >= 2 for r in batch):
+            self.held.set()
+            self.gate.wait(30)
+        return super()._next_tokens(batch)
+
+
+def test_a_server_stopped_mid_reply_ends_each_reply_in_its_apis_shape(light_checkpoint):
+    """Three streams and a whole reply, decoding or waiting for a slot: stopping the server
+    ends each at once (not after uvicorn's 3 s grace) with a 503 in its API's shape, each
+    stream whole to its terminator; the slots come back."""
+    s = serve(light_checkpoint, Gated, streams=2, queue=2)
+    user = [{"role": "user", "content": "Hi"}]
+    asks = {
+        "openai": ("/v1/chat/completions", {"messages": user, "max_tokens": 50, "stream": True}),
+        "anthropic": ("/v1/messages", {"messages": user, "max_tokens": 50, "stream": True}),
+        "ollama": ("/api/chat", {"messages": user, "options": {"num_predict": 50}}),
+        "whole": ("/v1/completions", {"prompt": "Hi", "max_tokens": 50}),
+    }
+    got: dict[str, tuple[int, dict, str]] = {}
+
+    def client(name: str) -> None:
+        path, body = asks[name]
+        body = {**body, "ignore_eos": True}
+        try:
+            with httpx.stream("POST", s.base + path, json=body, headers=KEY_HEADER) as r:
+                got[name] = (r.status_code, dict(r.headers), r.read().decode())
+        except httpx.HTTPError as exc:  # reported by the asserts below
+            got[name] = (0, {}, repr(exc))
+
+    threads = {name: threading.Thread(target=client, args=(name,)) for name in asks}
+    try:
+        for thread in threads.values():
+            thread.start()
+        assert s.scheduler.held.wait(30)
+        deadline = time.monotonic() + 30
+        while s.scheduler.running + s.scheduler.waiting < 4:
+            assert time.monotonic() < deadline, "the requests did not reach the scheduler"
+            time.sleep(0.01)
+        t = time.monotonic()
+        s.server.stop()
+        stopped_after = time.monotonic() - t
+        for thread in threads.values():
+            thread.join(30)
+        assert stopped_after < 2.0, stopped_after
+        status, _, text = got["openai"]
+        events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        assert status == 200 and events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "server_shutting_down" and "shutting down" in error["message"]
+        status, _, text = got["anthropic"]
+        assert status == 200 and text.rstrip().splitlines()[-2] == "event: error", text
+        error = json.loads(text.rstrip().splitlines()[-1][6:])["error"]
+        assert error["type"] == "overloaded_error" and "shutting down" in error["message"]
+        status, _, text = got["ollama"]
+        assert status == 200 and "shutting down" in json.loads(text.splitlines()[-1])["error"]
+        status, headers, text = got["whole"]
+        assert status == 503 and headers["retry-after"] == "1"
+        assert json.loads(text)["error"]["code"] == "server_shutting_down"
+    finally:
+        s.scheduler.gate.set()
+        s.server.stop()
+        s.wait_idle()
+        assert sorted(s.engine._free_slots) == [0, 1]
+        s.scheduler.close()

@@ -112,6 +112,7 @@ def test_a_stop_sequence_is_named(scripted):
          "messages[0].content[0]"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "tools[0]"),
         ({"messages": []}, 400, "non-empty"),
+        ({"stop_sequences": 5}, 400, "'stop_sequences' must be"),
     ],
 )  # fmt: skip
 def test_errors_come_in_anthropics_shape(served, extra, status, words):

@@ -1,0 +1,97 @@
+"""Errors as each API answers them, whatever raised them: OpenAI's `{"error": {message, type,
+param, code}}`, Anthropic's `{"type": "error", "error": {type, message}}` on its Messages
+routes, Ollama's `{"error": message}` on /api routes. A 503 (queue full, shutting down)
+carries `Retry-After`; a 405 names the methods the route takes (`Allow`), and OPTIONS on a
+route answers 204 with them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine.server.messages import error_body as messages_body
+from engine.server.protocol import ApiError, error_of
+
+# Routes of the APIs served here that this server does not have, said by name: a front-end
+# shows the message where a bare 404 would leave its user guessing.
+_NO_EMBEDDINGS = (
+    "this server runs one chat model and no embedding model: point the embedding setting "
+    "at a server that runs one"
+)
+_MODELS_IN_APP = (
+    "models are not added or removed over the API here: download them in Snug's Models tab "
+    "(or with `hf download REPO`) and serve another with `snug serve --model`"
+)
+ABSENT = {
+    "/v1/embeddings": _NO_EMBEDDINGS,
+    "/embeddings": _NO_EMBEDDINGS,
+    "/api/embed": _NO_EMBEDDINGS,
+    "/api/embeddings": _NO_EMBEDDINGS,
+    "/api/pull": _MODELS_IN_APP,
+    "/api/push": _MODELS_IN_APP,
+    "/api/create": _MODELS_IN_APP,
+    "/api/copy": _MODELS_IN_APP,
+    "/api/delete": _MODELS_IN_APP,
+}
+
+
+def shutting_down() -> ApiError:
+    return ApiError(
+        503,
+        "the server is shutting down, so this reply was not finished; send the request again "
+        "once the server is back",
+        "server_overloaded",
+        code="server_shutting_down",
+    )
+
+
+def shape_of(path: str) -> str:
+    """The API whose error shape a route answers in: "ollama", "anthropic" or "openai"."""
+    if path == "/api" or path.startswith("/api/"):
+        return "ollama"
+    if path.rstrip("/") in ("/v1/messages", "/messages") or "/messages/" in path:
+        return "anthropic"
+    return "openai"
+
+
+def error_body(err: ApiError, shape: str) -> dict[str, Any]:
+    if shape == "ollama":
+        return {"error": err.message}
+    if shape == "anthropic":
+        return messages_body(err)
+    return err.body()
+
+
+def error_response(exc: Exception, shape: str = "openai", headers: dict | None = None) -> Response:
+    """The error response for `exc` in `shape`'s form."""
+    err = error_of(exc)
+    headers = {**(headers or {}), **({"Retry-After": "1"} if err.status == 503 else {})}
+    return JSONResponse(error_body(err, shape), status_code=err.status, headers=headers or None)
+
+
+async def api_error(request: Request, exc: Exception) -> Response:
+    return error_response(exc, shape_of(request.url.path))
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's routing errors (no such route, a method the route does not take)."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path.rstrip("/") or "/"
+    if exc.status_code == 404:
+        message = ABSENT.get(path) or f"no route {request.method} {path}; see GET /v1/models"
+        err = ApiError(404, message, code="not_found")
+        return error_response(err, shape_of(path))
+    if exc.status_code == 405:
+        methods = (exc.headers or {}).get("Allow", "").split(",")
+        allowed = ", ".join(sorted(m.strip() for m in methods if m.strip()))
+        if request.method == "OPTIONS":  # what the route takes, as HTTP's OPTIONS asks
+            return Response(status_code=204, headers={"Allow": f"{allowed}, OPTIONS"})
+        message = f"{request.method} is not allowed on {path}; use {allowed}"
+        err = ApiError(405, message, code="method_not_allowed")
+        return error_response(err, shape_of(path), {"Allow": allowed})
+    err = ApiError(exc.status_code, str(exc.detail))
+    return error_response(err, shape_of(path), exc.headers)

@@ -206,6 +206,7 @@ class ChatController(QObject):
         engine.prompt_progress.connect(self._on_prompt_progress)
         engine.finished.connect(self._on_finished)
         engine.failed.connect(self._on_failed)
+        store.save_failed.connect(lambda _id, message: self.notice.emit(message))
         chats = store.chats()
         self.select(chats[0].id if chats else store.create().id)
 
@@ -264,7 +265,7 @@ class ChatController(QObject):
         if chat_id == self._current:
             others = [c for c in self.store.chats() if c.id != chat_id]
             self.select(others[0].id if others else self.store.create().id)
-        self.store.delete(chat_id)
+        self.store.delete(chat_id)  # where it cannot be, the chat stays and `notice` says
 
     def send(self, text: str, attachments: Sequence[Attachment] = ()) -> bool:
         """Ask for a reply to `text` (and the files attached, which the model reads first:
@@ -345,9 +346,10 @@ class ChatController(QObject):
             return None
         turn = chat.turns[last]
         del chat.turns[last:]
-        self.store.save(chat)
+        saved = self.store.save(chat)
         self.turns_changed.emit(chat.id)
-        self.notice.emit("")
+        if saved:  # else the status line says the save failed
+            self.notice.emit("")
         return turn
 
     def stop(self) -> None:
@@ -369,13 +371,14 @@ class ChatController(QObject):
         thinking = self.settings.thinking
         messages = chat.messages(self.settings.system_prompt)
         chat.turns.append(Turn("assistant", "", thinking_enabled=thinking))
-        self.store.save(chat)
+        saved = self.store.save(chat)
         self.turns_changed.emit(chat.id)
         self._reply_chat = chat.id
         self._tokens_before = 0
         left_out = self._left_out(chat.turns[:-1])
         self._request = self.engine.send(messages, params, thinking, left_out)
-        self.notice.emit(self.busy_notice())
+        if saved:  # else the status line says the save failed
+            self.notice.emit(self.busy_notice())
         self.busy_changed.emit(True)
 
     @staticmethod
@@ -412,13 +415,14 @@ class ChatController(QObject):
         chat, turn = found
         if not turn.content and summary.get("finish_reason") == "cancelled":
             chat.turns.pop()  # stopped before the reply began: no empty reply stays
-            self._end(chat)
-            self.notice.emit("Stopped before the reply began (Regenerate asks again).")
+            if self._end(chat):
+                self.notice.emit("Stopped before the reply began (Regenerate asks again).")
             return
         turn.stats = {k: v for k, v in summary.items() if v is not None}
         if "new_tokens" in turn.stats:
             turn.stats["new_tokens"] += self._tokens_before  # the whole reply's count
-        self._end(chat)
+        if not self._end(chat):
+            return  # the status line says the save failed, and what to do
         if chat.id != self._current:  # its stats are on the reply, in its own chat
             self.notice.emit("")
             return
@@ -444,8 +448,8 @@ class ChatController(QObject):
         if not turn.content:
             chat.turns.pop()
         chat.turns.append(Turn("error", f"{cls}: {msg}"))
-        self._end(chat)
-        self.notice.emit(f"The engine refused this reply ({cls}). The model stays loaded.")
+        if self._end(chat):
+            self.notice.emit(f"The engine refused this reply ({cls}). The model stays loaded.")
 
     def _orphaned(self, request_id: int) -> None:
         """The reply under way ended with its chat deleted: nothing is generating now."""
@@ -453,11 +457,14 @@ class ChatController(QObject):
             self._request, self._reply_chat = None, None
             self.busy_changed.emit(False)
 
-    def _end(self, chat: Chat) -> None:
+    def _end(self, chat: Chat) -> bool:
+        """The reply is over: the chat saved and redrawn. False where the save failed (the
+        status line says so)."""
         self._request, self._reply_chat = None, None
-        self.store.save(chat)
+        saved = self.store.save(chat)
         self.turns_changed.emit(chat.id)
         self.busy_changed.emit(False)
+        return saved
 
 
 def format_stats(stats: dict) -> str:

@@ -3,6 +3,7 @@ takes a ChatController and follows its signals."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +36,8 @@ from app.widgets.message import MessageWidget, fingerprint
 from app.widgets.system_prompt import SystemPromptDialog
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
+GROW_MS = 50  # the least time between two redraws of a streamed reply
+PAGE = 20  # messages drawn when a chat is shown, and added by "Show earlier messages"
 
 
 class Composer(QPlainTextEdit):
@@ -76,6 +79,12 @@ class ChatPanel(QWidget):
         self.chats = chats
         self._messages: list[MessageWidget] = []
         self._drawn: str | None = None  # the chat whose messages are drawn
+        self._first = 0  # the index in its turns of the first message drawn
+        self._pending: str | None = None  # a streamed reply's text not drawn yet
+        self._grow_timer = QTimer(self)  # draws it: at most one redraw per interval
+        self._grow_timer.setSingleShot(True)
+        self._grow_timer.timeout.connect(self._draw_reply)
+        self.redraws = 0  # how many times a streamed reply was drawn
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.setSpacing(0)
@@ -103,6 +112,10 @@ class ChatPanel(QWidget):
         self.body_layout = QVBoxLayout(body)
         self.body_layout.setContentsMargins(24, 16, 24, 16)
         self.body_layout.setSpacing(12)
+        self.earlier_button = QPushButton()
+        self.earlier_button.setObjectName("earlierMessages")
+        self.earlier_button.clicked.connect(self.show_earlier)
+        self.body_layout.addWidget(self.earlier_button, 0, Qt.AlignmentFlag.AlignHCenter)
         self.empty_hint = QLabel()
         self.empty_hint.setObjectName("emptyHint")
         self.empty_hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -287,20 +300,25 @@ class ChatPanel(QWidget):
 
     # -- view
     def rebuild(self, whole: bool = False) -> None:
-        """Draw the current chat. The messages already drawn for it, unchanged, stay; those
-        after the first that changed are drawn again: a send or a reply's end redraws the
-        chat's tail, not its hundreds of messages (0.8 s for 300 of them). `whole`: every
-        message (another chat, another theme)."""
+        """Draw the current chat: its last PAGE messages (Show earlier messages adds more).
+        The messages already drawn for it, unchanged, stay; those after the first that
+        changed are drawn again: a send or a reply's end redraws the chat's tail, not its
+        hundreds of messages. `whole`: every message drawn again (another theme)."""
         chat = self.chats.current
-        if chat.id != self._drawn:  # another chat: the message box holds its own draft
+        self._grow_timer.stop()
+        self._pending = None
+        other = chat.id != self._drawn
+        if other:  # another chat: the message box holds its own draft
             self.keep_draft()
             self.input.setPlainText(chat.draft)
             self.input.moveCursor(QTextCursor.MoveOperation.End)
         self.title.setText(chat.title)
         self._show_system_prompt()
+        if other or self._first >= len(chat.turns):
+            self._first, whole = max(0, len(chat.turns) - PAGE), True
         keep = 0
-        if chat.id == self._drawn and not whole:
-            for widget, turn in zip(self._messages, chat.turns, strict=False):
+        if not whole:
+            for widget, turn in zip(self._messages, chat.turns[self._first :], strict=False):
                 if widget.turn is not turn or widget.fingerprint != fingerprint(turn):
                     break
                 keep += 1
@@ -309,17 +327,57 @@ class ChatPanel(QWidget):
             widget.hide()
             widget.deleteLater()
         self._messages = self._messages[:keep]
-        for turn in chat.turns[keep:]:
+        for turn in chat.turns[self._first + keep :]:
             self._add(MessageWidget(turn))
         self._drawn = chat.id
+        self._show_earlier_button()
         self._update_hint()
         self._scroll_to_end()
 
-    def _add(self, widget: MessageWidget) -> None:
+    def show_earlier(self) -> None:
+        """Draw the PAGE messages before the first one drawn, above it; the messages on
+        screen stay where they are."""
+        chat = self.chats.current
+        start = max(0, self._first - PAGE)
+        if chat.id != self._drawn or start == self._first:
+            return
+        bar = self.scroll.verticalScrollBar()
+        from_end = bar.maximum() - bar.value()
+        widgets = [MessageWidget(turn) for turn in chat.turns[start : self._first]]
+        at = self.body_layout.count() - 1  # before the stretch, where no message is drawn
+        if self._messages:
+            at = self.body_layout.indexOf(self._messages[0])
+        for i, widget in enumerate(widgets):
+            self._connect(widget)
+            self.body_layout.insertWidget(at + i, widget)
+        self._messages[:0] = widgets
+        self._first = start
+        before: QWidget = self.scroll
+        for widget in self._messages:  # Tab goes through them in their order on screen
+            for item in widget.focus_order():
+                QWidget.setTabOrder(before, item)
+                before = item
+        self._show_earlier_button()
+        self._busy(self.chats.busy)
+        QTimer.singleShot(0, self, lambda: bar.setValue(bar.maximum() - from_end))
+
+    def _show_earlier_button(self) -> None:
+        shown = min(self._first, PAGE)
+        self.earlier_button.setText(
+            f"Show {shown} earlier messages ({self._first:,} not shown)"
+            if shown > 1
+            else "Show the earlier message"
+        )
+        self.earlier_button.setVisible(self._first > 0)
+
+    def _connect(self, widget: MessageWidget) -> None:
         # Edit and Continue act on the chat's last message and reply (`_busy` shows them
         # there only), so every message's buttons can be connected once, as it is drawn.
         widget.edit_button.clicked.connect(self.edit_last)
         widget.continue_button.clicked.connect(self.chats.continue_reply)
+
+    def _add(self, widget: MessageWidget) -> None:
+        self._connect(widget)
         self.body_layout.insertWidget(self.body_layout.count() - 1, widget)
         # Tab reaches the message where it is on screen: after the one above it (or the
         # chat's top), before the message box, not after the right column's widgets.
@@ -355,11 +413,27 @@ class ChatPanel(QWidget):
             self._busy(self.chats.busy)
 
     def _reply_grew(self, chat_id: str, text: str) -> None:
+        """The reply's text so far, drawn at most once per interval: a redraw lays out the
+        whole reply again, so the interval grows with what the last one took (a long
+        reply's redraws would otherwise take the GUI thread's every moment)."""
         if chat_id != self.chats.current.id or not self._messages:
+            return
+        self._pending = text
+        if not self._grow_timer.isActive():  # none drawn lately: this one now
+            self._draw_reply()
+
+    def _draw_reply(self) -> None:
+        """The pending text drawn, and the next redraw held back for the interval."""
+        text, self._pending = self._pending, None
+        if text is None or not self._messages:
             return
         bar = self.scroll.verticalScrollBar()
         at_end = bar.value() >= bar.maximum() - 40
+        start = time.perf_counter()
         self._messages[-1].update_text(text)
+        self.redraws += 1
+        took_ms = (time.perf_counter() - start) * 1000
+        self._grow_timer.start(int(min(max(GROW_MS, 3 * took_ms), 1000)))
         if at_end:
             self._scroll_to_end()
 

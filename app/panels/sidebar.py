@@ -24,6 +24,7 @@ from app.controllers import ChatController
 from app.state.chat_history import Chat
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
+SEARCH_MS = 200  # the pause in typing after which the search runs
 KEY_PRESS, SHORTCUT_OVERRIDE = QEvent.Type.KeyPress, QEvent.Type.ShortcutOverride
 
 
@@ -57,7 +58,12 @@ class ChatSidebar(QWidget):
         self.search.setPlaceholderText("Search chats")
         self.search.setToolTip("Search chats by title or message (Ctrl+F)")
         self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(lambda _text: self.refresh())
+        # Searched once typing pauses, not at each key: a search reads every message.
+        self._search_timer = QTimer(self)
+        self._search_timer.setSingleShot(True)
+        self._search_timer.setInterval(SEARCH_MS)
+        self._search_timer.timeout.connect(self.refresh)
+        self.search.textChanged.connect(self._search_typed)
         layout.addWidget(self.search)
         self.list = QListWidget()
         self.list.setObjectName("chatList")
@@ -78,27 +84,75 @@ class ChatSidebar(QWidget):
             context=Qt.ShortcutContext.WidgetShortcut,
         )
         self.search.installEventFilter(self)  # Esc clears it, Down and Enter go to the list
+        self._items: dict[str, QListWidgetItem] = {}  # the chats listed, by id
         chats.store.chats_changed.connect(self.refresh)
-        chats.store.chat_updated.connect(lambda _id: self.refresh())
-        chats.current_changed.connect(lambda _id: self.refresh())
+        chats.store.chat_updated.connect(self._chat_updated)
+        chats.current_changed.connect(lambda _id: self._show_current())
         self.refresh()
 
+    def _search_typed(self, text: str) -> None:
+        if text.strip():
+            self._search_timer.start()  # again from the start at each key
+        else:  # cleared: every chat, at once
+            self._search_timer.stop()
+            self.refresh()
+
+    def _query(self) -> str:
+        return self.search.text().strip().casefold()
+
     def refresh(self) -> None:
-        current = self.chats.current.id
+        """The whole list again: the chats (those the search finds), newest first."""
+        self._search_timer.stop()
         self.list.blockSignals(True)
         self.list.clear()
-        query = self.search.text().strip().casefold()
+        self._items = {}
+        query = self._query()
         for chat in self.chats.store.chats():
-            if query and not matches(chat, query):
-                continue
-            item = QListWidgetItem(chat.title)
-            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
-            item.setData(Qt.ItemDataRole.UserRole, chat.id)
-            item.setToolTip(chat.title)
-            self.list.addItem(item)
-            if chat.id == current:
-                self.list.setCurrentItem(item)
+            if not query or matches(chat, query):
+                self.list.addItem(self._item(chat))
         self.list.blockSignals(False)
+        self._show_current()
+
+    def _item(self, chat: Chat) -> QListWidgetItem:
+        item = QListWidgetItem(chat.title)
+        item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
+        item.setData(Qt.ItemDataRole.UserRole, chat.id)
+        item.setToolTip(chat.title)
+        self._items[chat.id] = item
+        return item
+
+    def _show_current(self) -> None:
+        item = self._items.get(self.chats.current.id)
+        self.list.blockSignals(True)
+        if item is None:  # not among the chats the search found
+            self.list.setCurrentRow(-1)
+        else:
+            self.list.setCurrentItem(item)
+        self.list.blockSignals(False)
+
+    def _chat_updated(self, chat_id: str) -> None:
+        """One chat saved: its item alone is changed, and moved where its last message puts
+        it (a save during a reply must not rebuild a list of a thousand chats)."""
+        chat = self.chats.store.get(chat_id)
+        item = self._items.get(chat_id)
+        if chat is None:
+            return
+        query = self._query()
+        found = not query or matches(chat, query)
+        self.list.blockSignals(True)
+        if item is not None:
+            self.list.takeItem(self.list.row(item))
+            del self._items[chat_id]
+        if found:
+            row = 0  # before the first chat older than this one
+            while row < self.list.count():
+                other = self.chats.store.get(self.list.item(row).data(Qt.ItemDataRole.UserRole))
+                if other is None or other.updated < chat.updated:
+                    break
+                row += 1
+            self.list.insertItem(row, self._item(chat))
+        self.list.blockSignals(False)
+        self._show_current()
 
     def _picked(self, item: QListWidgetItem | None, _prev: object = None) -> None:
         if item is not None:
@@ -159,6 +213,8 @@ class ChatSidebar(QWidget):
                 self.search.clear()
             return True
         if kind == KEY_PRESS and key in (Qt.Key.Key_Down, Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            if self._search_timer.isActive():  # typed a moment ago: searched now
+                self.refresh()
             if self.list.count():
                 if self.list.currentItem() is None:
                     self.list.setCurrentRow(0)

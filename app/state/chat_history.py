@@ -3,7 +3,13 @@
 A chat's id is its file name (`<id>.json`), so ids are checked against CHAT_ID before any
 path is built, and every path is checked to lie inside the chats folder. A file that does
 not hold a valid chat (bad JSON, wrong shape, an id that is not its file name) is reported
-in `ChatStore.problems` and the log, skipped, and never written over.
+in `ChatStore.problems` and the log, skipped, and never written over. Fields this version
+does not know (a newer version's) are kept and written back as they were.
+
+A save writes `<id>.tmp` and renames it over `<id>.json`, so a save cut short leaves the
+previous file whole; the next start finishes or drops the `.tmp` it left. A save that fails
+(a full or read-only disk) keeps the chat in memory, says so (`save_failed`), and is tried
+again with the next save.
 """
 
 from __future__ import annotations
@@ -11,11 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import reprlib
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QStandardPaths, Signal
@@ -46,6 +53,17 @@ class Turn:
     thinking_enabled: bool = False
     stats: dict = field(default_factory=dict)
     attachments: list[Attachment] = field(default_factory=list)  # a user's files
+    extra: dict = field(default_factory=dict, compare=False)  # fields of a newer version
+
+    def to_dict(self) -> dict:
+        return {
+            **self.extra,
+            "role": self.role,
+            "content": self.content,
+            "thinking_enabled": self.thinking_enabled,
+            "stats": dict(self.stats),
+            "attachments": [{"name": a.name, "text": a.text} for a in self.attachments],
+        }
 
     @property
     def prompt(self) -> str:
@@ -54,7 +72,8 @@ class Turn:
 
     @classmethod
     def from_dict(cls, raw: object, where: str) -> Turn:
-        raw = _object(raw, where, ("role", "content", "thinking_enabled", "stats", "attachments"))
+        keys = ("role", "content", "thinking_enabled", "stats", "attachments")
+        raw = _object(raw, where, keys)
         role = _text(raw.get("role"), f"{where}.role")
         if role not in ROLES:
             raise ChatFileError(f"{where}.role is {_short(role)}, not one of {', '.join(ROLES)}")
@@ -67,6 +86,7 @@ class Turn:
             thinking_enabled=thinking,
             stats=_stats(raw.get("stats", {}), f"{where}.stats"),
             attachments=_attachments(raw.get("attachments", []), f"{where}.attachments"),
+            extra=_extra(raw, keys, where),
         )
 
 
@@ -79,13 +99,23 @@ class Chat:
     turns: list[Turn] = field(default_factory=list)
     system_prompt: str | None = None  # this chat's own; None: the one in Settings > Chat
     draft: str = ""  # what the message box held when the chat was left, unsent
+    extra: dict = field(default_factory=dict, compare=False)  # fields of a newer version
 
     @classmethod
     def new(cls) -> Chat:
         return cls(id=uuid.uuid4().hex[:12])
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {
+            **self.extra,
+            "id": self.id,
+            "title": self.title,
+            "created": self.created,
+            "updated": self.updated,
+            "turns": [t.to_dict() for t in self.turns],
+            "system_prompt": self.system_prompt,
+            "draft": self.draft,
+        }
 
     @classmethod
     def from_dict(cls, raw: object) -> Chat:
@@ -112,6 +142,7 @@ class Chat:
                 else _text(raw["system_prompt"], "system_prompt")
             ),
             draft=_text(raw.get("draft", ""), "draft"),
+            extra=_extra(raw, keys, "the file"),
         )
 
     def messages(self, system_prompt: str = "") -> list[dict[str, str]]:
@@ -166,10 +197,18 @@ def _short(value: object) -> str:
 def _object(raw: object, where: str, keys: tuple[str, ...]) -> dict:
     if not isinstance(raw, dict):
         raise ChatFileError(f"{where} is {_short(raw)}, not an object")
-    unknown = [k for k in raw if k not in keys]
-    if unknown:
-        raise ChatFileError(f"{where} has unknown field {_short(unknown[0])}")
     return raw
+
+
+def _extra(raw: dict, keys: tuple[str, ...], where: str) -> dict:
+    """The fields of `raw` not in `keys` (a newer version's), kept to be written back; they
+    must be writable as they are."""
+    extra = {k: v for k, v in raw.items() if k not in keys}
+    try:
+        json.dumps(extra, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError):  # a lone surrogate, nesting too deep to write
+        raise ChatFileError(f"{where} has a field that cannot be saved again") from None
+    return extra
 
 
 def _text(value: object, where: str) -> str:
@@ -216,24 +255,44 @@ def _attachments(raw: object, where: str) -> list[Attachment]:
     out = []
     for i, item in enumerate(raw):
         item = _object(item, f"{where}[{i}]", ("name", "text"))
+        unknown = [k for k in item if k not in ("name", "text")]
+        if unknown:
+            raise ChatFileError(f"{where}[{i}] has unknown field {_short(unknown[0])}")
         name = _text(item.get("name"), f"{where}[{i}].name")
         out.append(Attachment(name, _text(item.get("text"), f"{where}[{i}].text")))
     return out
 
 
-def read_chat(path: Path) -> Chat:
-    """The chat stored in `path`; ChatFileError, naming the file, for anything else."""
+def read_chat(path: Path, expect_id: str | None = None) -> Chat:
+    """The chat stored in `path` (whose id is `expect_id`, else the file's name);
+    ChatFileError, naming the file and what is wrong with it, for anything else."""
     try:
+        if path.is_dir():
+            raise ChatFileError("it is a folder, not a file")
         size = path.stat().st_size
         if size > MAX_CHAT_BYTES:
-            raise ChatFileError(f"{size} bytes is more than a chat file holds")
+            raise ChatFileError(
+                f"it is {size / 2**20:,.0f} MB, more than the {MAX_CHAT_BYTES >> 20} MB "
+                "a chat file may hold"
+            )
+        if size == 0:
+            raise ChatFileError("it is empty (a save cut short?)")
         chat = Chat.from_dict(json.loads(path.read_bytes()))
     except ChatFileError as exc:
         raise ChatFileError(f"{path.name}: {exc}") from None
-    except (OSError, ValueError, RecursionError) as exc:  # unreadable, not JSON, too deep
+    except FileNotFoundError:  # a link to a file that is gone
+        raise ChatFileError(f"{path.name}: it leads to a file that is not there") from None
+    except OSError as exc:
+        raise ChatFileError(f"{path.name}: it cannot be read ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ChatFileError(
+            f"{path.name}: it is cut short or damaged, not a whole chat ({exc.msg} at "
+            f"character {exc.pos:,})"
+        ) from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, nested too deep
         text = str(exc)[:120]
         raise ChatFileError(f"{path.name}: {type(exc).__name__}: {text}") from None
-    if chat.id != path.stem:
+    if chat.id != (expect_id or path.stem):
         raise ChatFileError(f"{path.name}: the id {chat.id!r} is not the file's name")
     return chat
 
@@ -247,32 +306,92 @@ class ChatStore(QObject):
     """All chats, newest first; saves a chat's file whenever it changes.
 
     Files that hold no valid chat are listed in `problems` (and logged) and left alone.
+    Chats whose last save failed are in `unsaved`: each save tries them again.
     """
 
     chats_changed = Signal()
     chat_updated = Signal(str)
+    save_failed = Signal(str, str)  # chat id; what went wrong and what to do
 
     def __init__(self, folder: Path | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.folder = Path(folder) if folder is not None else default_chats_dir()
-        self.folder.mkdir(parents=True, exist_ok=True)
         self._chats: dict[str, Chat] = {}
         self.problems: list[str] = []
+        self.unsaved: set[str] = set()
+        self.writes = 0  # chat files written (saves are counted, not timed, by the tests)
         self.load_all()
 
     def load_all(self) -> None:
         self._chats.clear()
         self.problems = []
-        for path in sorted(self.folder.glob("*.json")):
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._problem(
+                f"The chats folder {self.folder} cannot be made ({exc.strerror or exc}): "
+                "chats are not saved until it can. Check that its parent folder is writable."
+            )
+        for tmp in sorted(self._listed("*.tmp")):
+            self._leftover(tmp)
+        for path in sorted(self._listed("*.json")):
             try:
                 self.path(path.stem)  # a plain name that stays inside the folder
                 chat = read_chat(path)
             except ChatFileError as exc:
-                self.problems.append(f"Skipped chat file {exc} (the file is kept as it is)")
-                log.warning("%s", self.problems[-1])
+                self._problem(
+                    f"Skipped chat file {exc}. It is kept as it is in {self.folder}: "
+                    "restore it from a backup, or move it out of that folder."
+                )
                 continue
             self._chats[chat.id] = chat
         self.chats_changed.emit()
+
+    def _listed(self, pattern: str) -> list[Path]:
+        try:
+            return list(self.folder.glob(pattern))
+        except OSError as exc:  # the folder cannot be read
+            self._problem(f"The chats folder {self.folder} cannot be read: {exc.strerror}")
+            return []
+
+    def _problem(self, text: str) -> None:
+        if text not in self.problems:
+            self.problems.append(text)
+            log.warning("%s", text)
+
+    def _leftover(self, tmp: Path) -> None:
+        """A `<id>.tmp` that a save cut short left behind (a crash, a full disk): where it
+        holds the whole chat and is newer than `<id>.json` (or that is missing), the save is
+        finished; where it is cut short or older, it goes (`<id>.json` is the last whole
+        save). Next to an unreadable `<id>.json` both stay, and the problem says so."""
+        try:
+            path = self.path(tmp.stem)
+        except ChatFileError:
+            return  # not one of ours
+        try:
+            saved = read_chat(tmp, expect_id=tmp.stem)
+        except ChatFileError:
+            saved = None
+        try:
+            if saved is None:
+                tmp.unlink()
+                log.info("Removed %s, a save cut short (%s is the last whole one)", tmp, path)
+                return
+            if path.exists():
+                try:
+                    if read_chat(path).updated >= saved.updated:
+                        tmp.unlink()
+                        return
+                except ChatFileError:
+                    self._problem(
+                        f"{tmp.name} holds a whole copy of the chat in {path.name}, which "
+                        f"cannot be read: rename {tmp.name} to {path.name} to use it"
+                    )
+                    return
+            tmp.replace(path)
+            log.info("Finished a save cut short: %s is now %s", tmp.name, path.name)
+        except OSError as exc:
+            log.warning("Could not clear up %s: %s", tmp, exc)
 
     def path(self, chat_id: str) -> Path:
         """`<folder>/<id>.json`; ChatFileError for an id that is not a plain name."""
@@ -292,25 +411,46 @@ class ChatStore(QObject):
 
     def create(self) -> Chat:
         chat = Chat.new()
-        while chat.id in self._chats or self.path(chat.id).exists():  # never reuse a file
+        while chat.id in self._chats or self._taken(chat.id):  # never reuse a file
             chat = Chat.new()
         self._chats[chat.id] = chat
         self.save(chat)
         self.chats_changed.emit()
         return chat
 
-    def delete(self, chat_id: str) -> None:
-        if self._chats.pop(chat_id, None) is not None:
-            self.path(chat_id).unlink(missing_ok=True)
-            self.chats_changed.emit()
+    def _taken(self, chat_id: str) -> bool:
+        path = self.path(chat_id)
+        return path.exists() or path.is_symlink() or path.with_suffix(".tmp").exists()
 
-    def save(self, chat: Chat) -> None:
+    def delete(self, chat_id: str) -> bool:
+        """Delete the chat and its file; False, with the chat kept and the reason said
+        (`save_failed`), where the file cannot be removed."""
+        chat = self._chats.get(chat_id)
+        if chat is None:
+            return False
+        path = self.path(chat_id)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            self.save_failed.emit(
+                chat_id,
+                f"Could not delete the chat “{chat.title}”: {path} cannot be removed "
+                f"({exc.strerror or exc}). Check that {self.folder} is writable.",
+            )
+            return False
+        del self._chats[chat_id]
+        self.unsaved.discard(chat_id)
+        self.chats_changed.emit()
+        return True
+
+    def save(self, chat: Chat) -> bool:
+        """Write the chat (and any whose last save failed); False where it could not be."""
         chat.updated = time.time()
         if chat.title == "New chat":
             first = next((_named(t) for t in chat.turns if t.role == "user"), "")
             if first.strip():
-                chat.title = _title(first, 40)
-        self._write(chat)
+                chat.title = _title(first, TITLE_MAX_AUTO)
+        return self._write(chat)
 
     def rename(self, chat_id: str, title: str) -> str:
         """Give the chat `title` (on one line, at most TITLE_MAX characters; its place in
@@ -340,17 +480,51 @@ class ChatStore(QObject):
             chat.draft = text
             self._write(chat)
 
-    def _write(self, chat: Chat) -> None:
+    def _write(self, chat: Chat) -> bool:
+        saved = self._write_file(chat)
+        self.chat_updated.emit(chat.id)
+        if saved:
+            for other in sorted(self.unsaved):  # the disk has room again
+                if other in self._chats and not self._write_file(self._chats[other]):
+                    break
+        return saved
+
+    def _write_file(self, chat: Chat) -> bool:
+        """Write `<id>.tmp` and rename it over `<id>.json`. Where that fails, the file on
+        disk stays as it was, the chat stays in memory (in `unsaved`), and `save_failed`
+        says what to do."""
         path = self.path(chat.id)
         if self._chats.get(chat.id) is not chat and path.exists():
             raise ChatFileError(f"{path.name} belongs to another chat; it is not written over")
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(chat.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
-        tmp.replace(path)
-        self.chat_updated.emit(chat.id)
+        data = json.dumps(chat.to_dict(), ensure_ascii=False, indent=1).encode("utf-8")
+        self.writes += 1
+        try:
+            with open(tmp, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())  # on disk before it takes the file's place
+            tmp.replace(path)
+        except OSError as exc:
+            try:
+                tmp.unlink(missing_ok=True)  # a part-written file would only take room
+            except OSError:
+                pass
+            self.unsaved.add(chat.id)
+            message = (
+                f"Could not save the chat “{chat.title}” to {path} ({exc.strerror or exc}). "
+                f"It stays open here: free some disk space, or make {self.folder} writable; "
+                "it is saved again with your next message."
+            )
+            log.warning("%s", message)
+            self.save_failed.emit(chat.id, message)
+            return False
+        self.unsaved.discard(chat.id)
+        return True
 
 
 TITLE_MAX = 80  # characters of a title given by hand
+TITLE_MAX_AUTO = 40  # characters of a title taken from the first message
 
 
 def _named(turn: Turn) -> str:

@@ -97,14 +97,18 @@ class AutoHeightBrowser(QTextBrowser):
 
 def _wrap_code_blocks(doc: QTextDocument) -> None:
     """Markdown code blocks come in as non-breakable lines; let them wrap instead of clip."""
+    cursor = QTextCursor(doc)
+    cursor.beginEditBlock()  # one layout pass at the end, not one a line (a 500-line reply)
     block = doc.begin()
     while block.isValid():
         fmt = block.blockFormat()
         if fmt.nonBreakableLines():
             fmt.setNonBreakableLines(False)
             fmt.setBackground(QColor(colour("#f3f5f8")))
-            QTextCursor(block).setBlockFormat(fmt)
+            cursor.setPosition(block.position())
+            cursor.setBlockFormat(fmt)
         block = block.next()
+    cursor.endEditBlock()
 
 
 def fingerprint(turn: Turn) -> tuple:

@@ -70,7 +70,7 @@ def test_files_go_before_the_message_and_stay_with_the_chat(qtbot, make_window, 
     assert [a["name"] for a in first["attachments"]] == ["notes.md", "report.pdf"]
     assert "Quarterly totals: 42" in chats.current.markdown()
     window.sidebar.search.setText("REPORT.PDF")  # found by a file's name
-    assert window.sidebar.list.count() == 1
+    qtbot.waitUntil(lambda: window.sidebar.list.count() == 1, timeout=2000)
     window.close()
     again = make_window(loader=FakeEngine.loader())
     shown = again.chat.message_widgets()[0]

@@ -211,3 +211,100 @@ def test_new_chats_never_take_the_name_of_a_skipped_file(chats_dir, monkeypatch)
     store = ChatStore(chats_dir)
     assert store.create().id == "bbbbbbbbbbbb"
     assert (chats_dir / "aaaaaaaaaaaa.json").read_text(encoding="utf-8") == "null"
+
+
+# --- a long-time user's files: cut short, a folder, a dead link, a newer version's -------
+
+
+def test_unusable_chat_files_are_named_with_what_to_do_and_the_rest_load(chats_dir):
+    whole = _valid("cut")
+    (chats_dir / "cut.json").write_text(whole[: len(whole) // 2], encoding="utf-8")
+    (chats_dir / "empty.json").write_bytes(b"")
+    (chats_dir / "folder.json").mkdir()
+    (chats_dir / "gone.json").symlink_to(chats_dir / "nowhere.json")
+    (chats_dir / "good.json").write_text(_valid("good"), encoding="utf-8")
+    store = ChatStore(chats_dir)
+    assert [c.id for c in store.chats()] == ["good"]
+    said = {p.split(":")[0].removeprefix("Skipped chat file "): p for p in store.problems}
+    assert sorted(said) == ["cut.json", "empty.json", "folder.json", "gone.json"]
+    assert "cut short" in said["cut.json"] and "empty" in said["empty.json"]
+    assert "folder" in said["folder.json"] and "not there" in said["gone.json"]
+    for problem in said.values():
+        assert str(chats_dir) in problem and "move it out" in problem  # what to do
+    store.create()
+    assert (chats_dir / "cut.json").read_text(encoding="utf-8") == whole[: len(whole) // 2]
+    assert (chats_dir / "gone.json").is_symlink() and (chats_dir / "folder.json").is_dir()
+
+
+def test_a_newer_versions_fields_are_kept_when_the_chat_is_saved(chats_dir):
+    raw = json.loads(_valid("newer"))
+    raw["pinned"] = True
+    raw["turns"][0]["reactions"] = ["+1"]
+    (chats_dir / "newer.json").write_text(json.dumps(raw), encoding="utf-8")
+    store = ChatStore(chats_dir)
+    chat = store.get("newer")
+    assert store.problems == [] and chat is not None and chat.turns[0].content == "hi"
+    store.save(chat)
+    saved = json.loads((chats_dir / "newer.json").read_text(encoding="utf-8"))
+    assert saved["pinned"] is True and saved["turns"][0]["reactions"] == ["+1"]
+
+
+def test_a_save_cut_short_leaves_the_last_whole_file_and_is_cleared_up(chats_dir):
+    (chats_dir / "good.json").write_text(_valid("good"), encoding="utf-8")
+    (chats_dir / "good.tmp").write_text(_valid("good")[:20], encoding="utf-8")  # cut short
+    newer = json.loads(_valid("later"))
+    (chats_dir / "later.json").write_text(json.dumps({**newer, "updated": 1.0}), "utf-8")
+    (chats_dir / "later.tmp").write_text(json.dumps({**newer, "updated": 2.0}), "utf-8")
+    (chats_dir / "first.tmp").write_text(_valid("first"), encoding="utf-8")  # never renamed
+    store = ChatStore(chats_dir)
+    assert sorted(c.id for c in store.chats()) == ["first", "good", "later"]
+    assert store.get("later").updated == 2.0  # the whole newer save, finished
+    assert store.problems == [] and not list(chats_dir.glob("*.tmp"))
+
+
+def test_a_full_disk_keeps_the_chat_says_what_to_do_and_saves_once_there_is_room(
+    qtbot, make_window, chats_dir, monkeypatch
+):
+    import errno
+    import os
+
+    from fake_engine import FakeEngine
+
+    from app.engine_bridge import LoadRequest
+
+    window = make_window(loader=FakeEngine.loader())
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+    chats = window.ctx.chats
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.send("First question")
+    path = chats_dir / f"{chats.current.id}.json"
+    before = path.read_bytes()
+    real_replace = os.replace
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "replace", full)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.send("Second question")
+    qtbot.waitUntil(lambda: not chats.busy, timeout=3000)
+    status = window.chat.status.text()
+    assert str(path) in status and "No space left" in status and "free some disk" in status
+    assert [t.content for t in chats.current.turns if t.role == "user"] == [
+        "First question",
+        "Second question",
+    ]  # the chat on screen is whole
+    assert len(window.chat.message_widgets()) == 4
+    assert path.read_bytes() == before and not list(chats_dir.glob("*.tmp"))
+    assert window.chat.send_button.isEnabled()  # not stuck generating
+    monkeypatch.setattr(os, "replace", real_replace)  # room again
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.send("Third question")
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    assert [t["content"] for t in saved["turns"] if t["role"] == "user"] == [
+        "First question",
+        "Second question",
+        "Third question",
+    ]
+    assert chats.store.unsaved == set()

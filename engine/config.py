@@ -45,17 +45,19 @@ class QuantSpec:
     def __post_init__(self) -> None:
         if self.mode != "affine":
             raise ConfigError(
-                f"quantization mode {quoted(self.mode)} is not supported "
-                "(only 'affine', as mlx-lm writes)"
+                f"quantization mode {quoted(self.mode)} is not supported: Snug reads MLX affine "
+                "quantization only; convert the model again with mlx_lm.convert's default "
+                "q_mode 'affine' and q_bits 4 or 8"
             )
         if self.bits not in (4, 8):
             raise ConfigError(
                 f"quantization bits = {self.bits} is not supported: Snug reads 4- and 8-bit "
-                "MLX checkpoints; convert the model again with bits 4 or 8"
+                "MLX checkpoints; convert the model again with q_bits 4 or 8"
             )
         if self.group_size not in (32, 64, 128):
             raise ConfigError(
-                f"quantization group_size = {self.group_size} is not supported (32, 64 or 128)"
+                f"quantization group_size = {self.group_size} is not supported: convert the "
+                "model again with q_group_size 32, 64 or 128"
             )
 
 
@@ -188,13 +190,29 @@ def _layer_schedule(text: Mapping[str, Any], n_layers: int, source: str) -> tupl
     return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(n_layers))
 
 
-def _quant_spec(raw: Any, where: str) -> QuantSpec:
+# What mlx quantizes with when an entry leaves bits or group_size out or null (mlx.nn's
+# per-mode defaults): mlx-lm's mixed-bit recipes run without --q-group-size write
+# `"group_size": null` into every per-module entry.
+MODE_DEFAULTS = {"affine": (4, 64), "mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}
+MIXED_HINT = (
+    "; such per-module entries come from mixed-bit conversions (mlx_lm.convert --quant-predicate "
+    "mixed_2_6, mixed_3_4, mixed_3_6 or mixed_4_6; mlx_lm.dynamic_quant's default --high-bits "
+    "5): convert without --quant-predicate, or with dynamic_quant --low-bits 4 --high-bits 8"
+)
+
+
+def _quant_spec(raw: Any, where: str, per_module: bool = False) -> QuantSpec:
     bits, group, mode = (
-        (raw.get("bits"), raw.get("group_size"), raw.get("mode", "affine"))
+        (raw.get("bits"), raw.get("group_size"), raw.get("mode"))
         if isinstance(raw, Mapping)
-        else (None, None, None)
+        else (False, False, False)
     )
-    if not (is_int(bits) and is_int(group) and isinstance(mode, str)):
+    mode = "affine" if mode is None else mode
+    if isinstance(mode, str):  # an unknown mode is refused by name in QuantSpec
+        default_bits, default_group = MODE_DEFAULTS.get(mode, (0, 0))
+        bits = default_bits if bits is None else bits
+        group = default_group if group is None else group
+    if not (isinstance(mode, str) and is_int(bits) and is_int(group)):
         raise ConfigError(
             f"{where}: quantization entry {quoted(raw)} needs integer bits and group_size "
             "(and a string mode, if any)"
@@ -202,7 +220,8 @@ def _quant_spec(raw: Any, where: str) -> QuantSpec:
     try:
         return QuantSpec(bits=bits, group_size=group, mode=mode)
     except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        hint = MIXED_HINT if per_module and mode == "affine" and bits not in (4, 8) else ""
+        raise ConfigError(f"{where}: {exc}{hint}") from None
 
 
 def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], source: str):
@@ -213,6 +232,14 @@ def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], source: str):
         return None
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source}: quantization must be an object, got {quoted(raw)}")
+    method = raw.get("quant_method", "mlx")
+    if method != "mlx":
+        raise ConfigError(
+            f"{source}: quantization with quant_method = {quoted(method)} is not supported: "
+            "Snug reads unquantized Qwen3.5 weights (bf16, fp16, fp32) and MLX affine 4- and "
+            "8-bit conversions (mlx_lm.convert -q); use the original bf16 model or such a "
+            "conversion of it"
+        )
     default = _quant_spec(raw, source)
     overrides: dict[str, QuantSpec | None] = {}
     for key, value in raw.items():
@@ -221,7 +248,8 @@ def _quantization(top: Mapping[str, Any], text: Mapping[str, Any], source: str):
         if value is False:
             overrides[key] = None
         elif isinstance(value, Mapping):
-            overrides[key] = _quant_spec(value, f"{source} [quantization.{quoted(key)}]")
+            where = f"{source} [quantization.{quoted(key)}]"
+            overrides[key] = _quant_spec(value, where, per_module=True)
     return QuantConfig(default=default, overrides=overrides)
 
 

@@ -28,7 +28,7 @@ from engine.checkpoint.names import (
 from engine.checkpoint.quantized import QuantizedTensor
 from engine.checkpoint.safetensors_file import READABLE, SafetensorsFile, WeightFiles, find_weights
 from engine.config import ModelConfig, QuantSpec, load_config
-from engine.errors import CheckpointError, quoted
+from engine.errors import CheckpointError, ConfigError, quoted
 
 FLOAT_DTYPES = ("bf16", "f16", "f32")
 
@@ -254,6 +254,7 @@ def _collect(
         sources[info.name] = src
 
     # Quantization is decided per module by the presence of `X.scales` (as mlx-lm loads).
+    widths = {n: s[1] for n, s in expected_tensors(cfg).items() if len(s) == 2}
     for key in files.by_key:
         if not key.endswith(".scales"):
             continue
@@ -261,7 +262,7 @@ def _collect(
         name = internal_name(module + ".weight")
         if name is None:
             continue
-        info, src = _quantized(files, module, name, cfg)
+        info, src = _quantized(files, module, name, cfg, widths.get(name))
         consumed.update((src.key, key, module + ".biases"))
         add(info, src)
 
@@ -291,9 +292,14 @@ def _collect(
 
 
 def _quantized(
-    files: WeightFiles, module: str, name: str, cfg: ModelConfig
+    files: WeightFiles, module: str, name: str, cfg: ModelConfig, width: int | None
 ) -> tuple[TensorInfo, _Source]:
-    """One MLX quantized module: check the triple against config.json's quantization."""
+    """One MLX quantized module: check the triple against config.json's quantization.
+
+    `width`: the module's input width as config.json implies it (None: not a tensor the
+    model reads), from which the bits and group size of a module config.json does not name
+    are read off its shapes.
+    """
     scales_key, weight_key, biases_key = module + ".scales", module + ".weight", module + ".biases"
     f = files.by_key[scales_key]
     for key in (weight_key, biases_key):
@@ -315,6 +321,8 @@ def _quantized(
             f"{wf.path}: quantized weight {quoted(weight_key)} is {packed.dtype} "
             f"{list(packed.shape)}; expected U32 [out, in*bits/32]"
         )
+    if module not in cfg.quantization.overrides:
+        spec = _stored_spec(wf.path, module, packed.shape, scales.shape, width, spec)
     out, words = packed.shape
     cols = words * 32 // spec.bits
     groups = cols // spec.group_size
@@ -340,3 +348,36 @@ def _quantized(
         file=wf.path.name,
     )
     return info, _Source(wf, weight_key, (f, scales_key), (bf, biases_key))
+
+
+def _stored_spec(
+    path: Path,
+    module: str,
+    packed: tuple[int, ...],
+    scales: tuple[int, ...],
+    width: int | None,
+    default: QuantSpec,
+) -> QuantSpec:
+    """The bits and group size a module config.json does not name was packed with, read off
+    its shapes against its input width: bits = 32 * words / width, group = width / groups.
+
+    mlx-lm's loader does the same for such modules, so a file whose top-level entry is not
+    what every module holds (an 8-bit embedding in a 4-bit model, per-module entries lost)
+    loads as it does there. Shapes that give no whole bits and group size leave `default`,
+    which the caller's shape checks then report against.
+    """
+    if width is None or len(scales) != 2 or not scales[1]:
+        return default
+    words, groups = packed[1], scales[1]
+    if (words * 32) % width or width % groups:
+        return default
+    bits, group = words * 32 // width, width // groups
+    if (bits, group) == (default.bits, default.group_size):
+        return default
+    try:
+        return QuantSpec(bits, group)
+    except ConfigError as exc:
+        raise CheckpointError(
+            f"{path}: {module} is stored as {bits}-bit codes in groups of {group} (read off its "
+            f"shapes; config.json names no quantization for it): {exc}"
+        ) from None

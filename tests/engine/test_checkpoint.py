@@ -15,7 +15,7 @@ from engine.checkpoint import Checkpoint, QuantizedTensor
 from engine.checkpoint.names import expected_tensors, is_conv, is_zero_centred
 from engine.checkpoint.quantized import quantize
 from engine.checkpoint.safetensors_file import SafetensorsFile
-from engine.config import parse_config
+from engine.config import QuantSpec, parse_config
 from engine.errors import CheckpointError, ConfigError
 
 TEXT = {
@@ -407,12 +407,50 @@ def test_index_refuses_paths(tmp_path):
         Checkpoint.open(tmp_path)
 
 
-def test_scales_do_not_match_group_size(tmp_path):
+def test_scales_do_not_match_a_named_group_size(tmp_path):
+    """A module config.json names explicitly must hold what the entry says."""
     text = {**TEXT, "tie_word_embeddings": True}
     tensors, _ = mlx_tensors(logical_weights(text), {"group_size": 32, "bits": 4})
+    up = "language_model.model.layers.0.mlp.up_proj"
+    write_config(
+        tmp_path,
+        text,
+        quantization={"group_size": 32, "bits": 4, up: {"bits": 4, "group_size": 64}},
+    )
+    write_st(tmp_path / "model.safetensors", tensors, {"format": "mlx"})
+    with pytest.raises(
+        CheckpointError, match=r"up_proj.*group_size = 64 .*do not match the weights"
+    ):
+        Checkpoint.open(tmp_path)
+
+
+def test_unnamed_modules_take_bits_and_group_size_from_their_shapes(tmp_path):
+    """As mlx-lm's loader: a module config.json does not name is read with the bits and
+    group size its shapes imply, whatever the top-level entry says; one whose shapes imply
+    an unsupported width is refused by name."""
+    text = {**TEXT, "tie_word_embeddings": True}
+    weights = logical_weights(text, seed=5)
+    embed = "language_model.model.embed_tokens"
+    tensors, expect = mlx_tensors(
+        weights, {"group_size": 32, "bits": 4, embed: {"group_size": 64, "bits": 8}}
+    )
     write_config(tmp_path, text, quantization={"group_size": 64, "bits": 4})
     write_st(tmp_path / "model.safetensors", tensors, {"format": "mlx"})
-    with pytest.raises(CheckpointError, match=r"group_size = 64 .*do not match the weights"):
+    ckpt = Checkpoint.open(tmp_path)
+    assert ckpt.tensors["embed_tokens"].quant == QuantSpec(8, 64)
+    assert ckpt.tensors["layers.0.mlp.up_proj"].quant == QuantSpec(4, 32)
+    for name in ("embed_tokens", "layers.0.mlp.up_proj", "layers.3.self_attn.o_proj"):
+        got = ckpt.read(name).dequantize()
+        np.testing.assert_allclose(got, expect[name], rtol=0, atol=1e-6, err_msg=name)
+
+    # A quarter of the words: 2-bit codes for the embedding's 64 columns.
+    packed = tensors[embed + ".weight"][1]
+    tensors[embed + ".weight"] = ("U32", packed[:, : packed.shape[1] // 4])
+    write_st(tmp_path / "model.safetensors", tensors, {"format": "mlx"})
+    with pytest.raises(
+        CheckpointError,
+        match=r"embed_tokens is stored as 2-bit codes in groups of 64.*bits = 2 is not supported",
+    ):
         Checkpoint.open(tmp_path)
 
 

@@ -15,33 +15,18 @@ import errno
 import socket
 import sys
 
-from engine.cli_plan import add_kv_cache_flag, gib_arg, with_kv_cache
+from engine.cli_plan import add_kv_cache_flag, gib_arg, int_at_least, with_kv_cache
 from engine.config import ENV_BATCH_INVARIANT, EngineSettings, env_switch
 from engine.errors import SnugError
 
 __all__ = ["add_serve_parser", "run_serve"]
 
 
-def _whole(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"{value} must be at least {least}")
-    return value
-
-
-def _positive(text: str) -> int:
-    return _whole(text, 1)
-
-
-def _count(text: str) -> int:
-    return _whole(text, 0)
+_positive, _count = int_at_least(1), int_at_least(0)
 
 
 def _port(text: str) -> int:
-    value = _whole(text, 0)
+    value = _count(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a port: ports go from 0 to 65535")
     return value

@@ -12,6 +12,7 @@ worker or the engine. EngineController and DownloadManager start their worker's 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -26,6 +27,8 @@ from app.workers.downloader import DownloadWorker
 from app.workers.engine_worker import EngineWorker
 from engine.attachments import Attachment
 from engine.errors import SnugError
+
+SAVE_EVERY_S = 5.0  # a streaming reply is saved this often, so that a crash keeps it
 
 
 class EngineController(QObject):
@@ -202,6 +205,7 @@ class ChatController(QObject):
         self._request: int | None = None
         self._reply_chat: str | None = None
         self._tokens_before = 0  # a continued reply's tokens before it went on
+        self._saved_at = 0.0  # when the reply under way was last saved (time.monotonic)
         engine.tokens.connect(self._on_tokens)
         engine.prompt_progress.connect(self._on_prompt_progress)
         engine.finished.connect(self._on_finished)
@@ -325,6 +329,7 @@ class ChatController(QObject):
         messages = chat.messages(self.settings.system_prompt)[:-1]
         self._tokens_before = int(turn.stats.get("new_tokens") or 0)
         self._reply_chat = chat.id
+        self._saved_at = time.monotonic()
         left_out = self._left_out(chat.turns[:-1])
         self._request = self.engine.send(
             messages, params, turn.thinking_enabled, left_out, partial=turn.content
@@ -375,6 +380,7 @@ class ChatController(QObject):
         self.turns_changed.emit(chat.id)
         self._reply_chat = chat.id
         self._tokens_before = 0
+        self._saved_at = time.monotonic()
         left_out = self._left_out(chat.turns[:-1])
         self._request = self.engine.send(messages, params, thinking, left_out)
         if saved:  # else the status line says the save failed
@@ -406,6 +412,10 @@ class ChatController(QObject):
             chat, turn = found
             turn.content += text
             self.reply_grew.emit(chat.id, turn.content)
+            now = time.monotonic()
+            if now - self._saved_at >= SAVE_EVERY_S:  # a crash keeps what came so far
+                self._saved_at = now
+                self.store.save(chat)
 
     def _on_finished(self, request_id: int, summary: dict) -> None:
         found = self._reply_turn(request_id)

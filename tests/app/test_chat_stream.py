@@ -165,3 +165,27 @@ def test_enter_while_a_reply_streams_keeps_the_message_and_the_reply(qtbot, make
     assert panel.status.text() == ""  # the reply's stats are not this chat's
     chats.select(first)
     assert "60 tokens" in panel.message_widgets()[-1].stats_label.text()
+
+
+def test_a_streaming_reply_is_saved_as_it_goes(qtbot, make_window, monkeypatch):
+    """While a reply streams its chat file is written every SAVE_EVERY_S: a crash keeps
+    what came so far (the file is otherwise written only at the reply's start and end)."""
+    import json
+
+    import app.controllers
+
+    monkeypatch.setattr(app.controllers, "SAVE_EVERY_S", 0.05)
+    window = make_window(loader=FakeEngine.loader(script=["word "] * 200, delay=0.01))
+    _load(qtbot, window)
+    chats = window.ctx.chats
+    chats.send("Tell me a long story")
+    path = chats.store.path(chats.current.id)
+
+    def saved_reply() -> str:
+        turns = json.loads(path.read_text(encoding="utf-8"))["turns"]
+        return turns[-1]["content"] if turns[-1]["role"] == "assistant" else ""
+
+    qtbot.waitUntil(lambda: saved_reply().startswith("word word"), timeout=3000)
+    assert chats.busy  # saved mid-stream, not at the end
+    chats.stop()
+    qtbot.waitUntil(lambda: not chats.busy, timeout=3000)

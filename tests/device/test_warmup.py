@@ -190,6 +190,7 @@ def test_a_load_compiles_on_its_threads_every_program_warm_up_meets(model_dir, m
     warm-up the threads' ones; a key that differed would compile or read the program again,
     one after another). What the upload asks for while the threads still run is theirs
     too, with the same key."""
+    from cupy import _util as cupy_util
     from cupy.cuda import compiler
 
     from engine.backends.cuda.catalog import FILES
@@ -218,6 +219,9 @@ def test_a_load_compiles_on_its_threads_every_program_warm_up_meets(model_dir, m
 
     monkeypatch.setattr(compiler, "_compile_module_with_cache", keyed)
     monkeypatch.setattr(Prebuild, "wait", waited)
+    # CuPy's memo of this process's modules forgets those earlier tests made (the same
+    # model's programs): the threads then make them again, as in a fresh process.
+    cupy_util.clear_memo()
     made0 = modules.built()
     engine = Engine.load(model_dir, EngineSettings(backend="cuda"), context=CONTEXT, streams=2)
     try:

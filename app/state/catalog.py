@@ -10,6 +10,7 @@ from PySide6.QtCore import QObject, QSettings, Signal
 
 from app.paths import resource
 from engine.checkpoint.checkpoint import model_name
+from engine.checkpoint.header import MAX_HEADER_BYTES
 from engine.config import parse_config
 
 FOLDERS_KEY = "library/folders"  # the local folders the user added (a JSON list)
@@ -65,7 +66,6 @@ def load_catalog(path: Path | None = None) -> tuple[list[Entry], dict[str, dict]
     return entries, dict(raw.get("shapes", {}))
 
 
-MAX_HEADER = 100_000_000  # the safetensors format's limit on its header's length
 FINISH = "Download finishes it, keeping what is there."
 
 
@@ -106,7 +106,7 @@ def _short_by(path: Path) -> int:
             if len(head) < 8:
                 return 8 - len(head)
             n = int.from_bytes(head, "little")
-            if n > MAX_HEADER or f.read(1) != b"{":
+            if n > MAX_HEADER_BYTES or f.read(1) != b"{":
                 return 0
             if 8 + n > size:
                 return 8 + n - size

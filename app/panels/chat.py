@@ -352,11 +352,7 @@ class ChatPanel(QWidget):
             self.body_layout.insertWidget(at + i, widget)
         self._messages[:0] = widgets
         self._first = start
-        before: QWidget = self.scroll
-        for widget in self._messages:  # Tab goes through them in their order on screen
-            for item in widget.focus_order():
-                QWidget.setTabOrder(before, item)
-                before = item
+        _tab_after(self.scroll, self._messages)  # Tab goes through them in their order
         self._show_earlier_button()
         self._busy(self.chats.busy)
         QTimer.singleShot(0, self, lambda: bar.setValue(bar.maximum() - from_end))
@@ -381,10 +377,9 @@ class ChatPanel(QWidget):
         self.body_layout.insertWidget(self.body_layout.count() - 1, widget)
         # Tab reaches the message where it is on screen: after the one above it (or the
         # chat's top), before the message box, not after the right column's widgets.
-        before = self._messages[-1].focus_order()[-1] if self._messages else self.scroll
-        for item in widget.focus_order():
-            QWidget.setTabOrder(before, item)
-            before = item
+        _tab_after(
+            self._messages[-1].focus_order()[-1] if self._messages else self.scroll, [widget]
+        )
         self._messages.append(widget)
 
     def _update_hint(self) -> None:
@@ -456,3 +451,11 @@ class ChatPanel(QWidget):
 
     def message_widgets(self) -> list[MessageWidget]:
         return list(self._messages)
+
+
+def _tab_after(before: QWidget, messages: list[MessageWidget]) -> None:
+    """Tab goes from `before` through the messages' stops, in their order."""
+    for widget in messages:
+        for item in widget.focus_order():
+            QWidget.setTabOrder(before, item)
+            before = item

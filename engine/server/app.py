@@ -46,6 +46,7 @@ from engine.server.errors import (
     shutting_down,
 )
 from engine.server.generation import Generation
+from engine.server.legacy import as_function_call, finish, read_legacy
 from engine.server.logprobs import LogprobFormat
 from engine.server.messages import MessageOutput, MessagesRequest
 from engine.server.ollama import OllamaApi
@@ -175,12 +176,14 @@ class OpenAIServer:
 
     async def chat(self, request: Request) -> Any:
         self._authorize(request)
-        chat = read_chat(await self._body(request))
+        body, legacy = read_legacy(await self._body(request))
+        chat = read_chat(body)
         self._check_model(chat.options.model)
         gen = await self._submit(request, chat, "messages")
         head = self._head("chatcmpl", chat.options)
         if chat.options.stream:
-            return _sse(self._chat_events(gen, head, chat.options.include_usage), gen)
+            events = self._chat_events(gen, head, chat.options.include_usage, legacy)
+            return _sse(events, gen)
         reasoning, content, calls = [], [], []
         async for piece in gen.pieces():
             if piece.kind == "tool_call":
@@ -197,9 +200,9 @@ class OpenAIServer:
             message["tool_calls"] = calls
         choice = {
             "index": 0,
-            "message": message,
+            "message": as_function_call(message) if legacy else message,
             "logprobs": self._logprobs(gen, True),
-            "finish_reason": gen.finish_reason,
+            "finish_reason": finish(gen.finish_reason) if legacy else gen.finish_reason,
         }
         body = {**head, "object": "chat.completion", "choices": [choice], "usage": gen.usage}
         return JSONResponse(_with_timings(body, gen))
@@ -316,7 +319,10 @@ class OpenAIServer:
         return self._start(request, ids, chat.options, splitter, fit)
 
     # ----- streaming ------------------------------------------------------------------------
-    async def _chat_events(self, gen: Generation, head: dict, usage: bool) -> AsyncIterator[str]:
+    async def _chat_events(
+        self, gen: Generation, head: dict, usage: bool, legacy: bool = False
+    ) -> AsyncIterator[str]:
+        """A chat reply's chunks (`legacy`: its call as the older API's `function_call`)."""
         fmt = LogprobFormat(self.tokenizer)
 
         def chunk(delta: dict, finish: str | None = None) -> str:
@@ -334,10 +340,13 @@ class OpenAIServer:
                     yield chunk({"reasoning_content": piece.text, "reasoning": piece.text})
                 elif piece.kind == "content":
                     yield chunk({"content": piece.text})
-                else:
+                elif not legacy:
                     yield chunk({"tool_calls": [piece.call.as_dict(calls)]})  # type: ignore[union-attr]
                     calls += 1
-            yield chunk({}, gen.finish_reason)
+                elif not calls:  # the older API held one call a reply
+                    yield chunk({"function_call": piece.call.as_dict()["function"]})  # type: ignore[union-attr]
+                    calls += 1
+            yield chunk({}, finish(gen.finish_reason) if legacy else gen.finish_reason)
             if usage:
                 yield _data(
                     {**head, "object": "chat.completion.chunk", "choices": [], "usage": gen.usage}

@@ -112,6 +112,53 @@ def test_presence_penalty_on_the_device_matches_numpy(model_dir):
     engine.unload()
 
 
+def test_frequency_penalty_and_logit_bias_pick_on_the_host_as_numpy(model_dir):
+    """A frequency penalty or a logit bias is applied by the host sampler only, so such a
+    request's steps hand their logits to the host: fp32 greedy picks what the numpy engine
+    picks, and a bias of +100 makes its token every pick."""
+    ids = prompt(60, seed=8)
+    freq = GenerationParams(max_new_tokens=24, greedy=True, frequency_penalty=1.5)
+    bias = GenerationParams(max_new_tokens=8, greedy=True, logit_bias=((321, 100.0),))
+    host = Engine.load(model_dir, EngineSettings(backend="numpy"), context=1024)
+    want = tokens(host, ids, freq)
+    engine = Engine.load(model_dir, cuda(), context=1024, max_rows=128)
+    assert tokens(engine, ids, freq) == want
+    assert tokens(engine, ids, bias) == [321] * 8
+    plain = tokens(engine, ids)
+    if len(set(plain)) < len(plain):  # plain greedy repeats itself: the penalty must bite
+        assert want != plain
+    engine.unload()
+
+
+def test_a_host_scored_request_beside_a_device_drawn_one(model_dir):
+    """The scheduler batches a request whose picks are made on the host (frequency
+    penalty) with one drawn on the device (top-k / top-p, seeded): in batch-invariant mode
+    each gets the tokens it gets alone."""
+    from engine.scheduler import Scheduler
+
+    engine = Engine.load(
+        model_dir, cuda("bfloat16", batch_invariant=True), context=1024, streams=2, max_rows=128
+    )
+    freq = GenerationParams(max_new_tokens=20, greedy=True, frequency_penalty=1.5)
+    drawn = GenerationParams(max_new_tokens=20, temperature=0.8, top_k=20, top_p=0.9, seed=3)
+    jobs = [(prompt(40, seed=5), freq), (prompt(25, seed=6), drawn)]
+
+    def serve(chosen):
+        engine.prompt_cache.clear()
+        sched = Scheduler(engine, queue_size=4)
+        requests = [sched.submit(ids, p, ignore_eos=True) for ids, p in chosen]
+        for _ in range(5_000):
+            if all(r.done.is_set() for r in requests):
+                break
+            sched.run_once()
+        assert all(r.finish_reason == "length" for r in requests)
+        return [list(r.generated) for r in requests]
+
+    together = serve(jobs)
+    assert together == [serve([job])[0] for job in jobs]
+    engine.unload()
+
+
 def test_pipelined_replies_equal_waiting_ones_on_the_gpu(model_dir, monkeypatch):
     """Each step launched before the host reads the token before it (`launch_step`): the
     same greedy and seeded sampled replies (presence penalty on the device) as the loop

@@ -1,0 +1,90 @@
+"""The HTTP server on the GPU under a 4 GiB memory limit (as `SNUG_MEMORY_LIMIT_GIB=4 snug
+serve` runs it): the OpenAI-compatible route with the sampling settings the host applies
+(`frequency_penalty`, `logit_bias`) beside ones drawn on the device, streamed and whole."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from engine.config import EngineSettings
+from engine.scheduler import Scheduler
+from engine.server.app import create_app
+from engine.server.runner import ServerThread
+from engine.session import Engine
+
+KEY = "device-key"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from engine.testing.synth import write_checkpoint
+    from engine.testing.tiny import write_tokenizer
+
+    path = write_checkpoint(tmp_path_factory.mktemp("served") / "tiny", "tiny", "mlx4", seed=5)
+    write_tokenizer(path)
+    settings = EngineSettings(backend="cuda").with_gib(limit=4)
+    engine = Engine.load(path, settings, context=1024, streams=2, max_rows=128)
+    scheduler = Scheduler(engine, queue_size=4).start()
+    server = ServerThread(create_app(scheduler, api_key=KEY)).start()
+    yield engine, server.url
+    server.stop()
+    scheduler.close()
+    engine.unload()
+
+
+def chat(url: str, stream: bool = False, **body) -> httpx.Response:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Say something."}], **body}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    return httpx.post(f"{url}/chat/completions", json={**body, "stream": stream},
+                      headers=headers, timeout=120)  # fmt: skip
+
+
+def streamed_text(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    parts = []
+    for line in response.text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            for choice in json.loads(line[6:]).get("choices", []):
+                parts.append(choice["delta"].get("content") or "")
+    return "".join(parts)
+
+
+def test_a_logit_bias_is_every_pick_of_a_served_reply(served):
+    engine, url = served
+    letter = engine.tokenizer.encode("a")[0]
+    body = {"max_tokens": 6, "temperature": 0, "logit_bias": {str(letter): 100}}
+    reply = chat(url, **body)
+    assert reply.status_code == 200, reply.text
+    out = reply.json()
+    assert out["usage"]["completion_tokens"] == 6
+    text = out["choices"][0]["message"]["content"]
+    assert text == engine.tokenizer.decode([letter] * 6)
+    assert streamed_text(chat(url, stream=True, **body)) == text
+
+
+def test_a_frequency_penalty_reply_streams_as_it_answers_whole(served):
+    _, url = served
+    body = {"max_tokens": 24, "temperature": 0, "frequency_penalty": 2.0}
+    whole = chat(url, **body)
+    assert whole.status_code == 200, whole.text
+    text = whole.json()["choices"][0]["message"]["content"]
+    assert streamed_text(chat(url, stream=True, **body)) == text
+
+
+def test_host_and_device_picks_are_served_side_by_side(served):
+    """A request picked on the host and one drawn on the device, sent together: one batch
+    of two streams, both answered in full."""
+    _, url = served
+    bodies = [
+        {"max_tokens": 24, "temperature": 0.7, "frequency_penalty": 1.0, "seed": 1},
+        {"max_tokens": 24, "temperature": 0.8, "top_p": 0.9, "seed": 2},
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda b: chat(url, ignore_eos=True, **b), bodies))
+    for reply in replies:
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 24

@@ -303,15 +303,18 @@ class OpenAIServer:
         where: str,
         fit: bool = False,
         truncate: bool = False,
+        prefix: Sequence[int] = (),
     ) -> Generation:
         """Render a chat request, ready its grammar, and submit it (`where`: the field a
         template error names; `fit`: as `_start`; `truncate`: a chat too long for the
-        context loses its oldest turns, as Ollama's API does)."""
+        context loses its oldest turns, as Ollama's API does; `prefix`: ids the prompt
+        goes on from, Ollama's `context`)."""
         render = self._truncated if truncate else self._render
         try:
             prompt_text, ids = await run_in_threadpool(render, chat)
         except TemplateError as exc:
             raise bad(str(exc), where, "template_error") from exc
+        ids = [*prefix, *ids]
         splitter = ReplySplitter(
             prompt_opens_thinking(prompt_text), bool(chat.tools), tool_schemas(chat.tools)
         )

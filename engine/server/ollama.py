@@ -7,7 +7,9 @@ thinking in `thinking` when `think` is on, tool calls with their arguments as ob
 the counts and durations (nanoseconds) at the end. It streams unless `stream` is false, as
 newline-delimited JSON. Errors are `{"error": message}`. As Ollama does, a chat longer than
 the context loses its oldest turns (engine/context_fit.py; `"truncate": false` refuses it
-instead), and `num_predict` past the room left is cut to it.
+instead), and `num_predict` past the room left is cut to it. `/api/generate` answers with
+the conversation's token ids as `context`, which a client sends back with its next prompt
+to go on from there (the older way to keep a conversation, before `/api/chat`).
 """
 
 from __future__ import annotations
@@ -123,8 +125,9 @@ class Reply:
     """One Ollama reply: its pieces gathered (`add`) into content, thinking and tool calls,
     and the objects the API answers with."""
 
-    def __init__(self, model: str, generate: bool) -> None:
+    def __init__(self, model: str, generate: bool, keeps_context: bool = False) -> None:
         self.model, self.generate = model, generate
+        self.keeps_context = keeps_context  # a templated generate: `context` at the end
         self.t0 = time.perf_counter_ns()
         self.content, self.thinking = "", ""
         self.calls: list[dict[str, Any]] = []
@@ -183,6 +186,8 @@ class Reply:
             "eval_count": gen.completion_tokens,
             "eval_duration": total - prompt,
         }
+        if self.keeps_context:  # the prompt and the reply, to send back as `context`
+            out["context"] = [*gen.request.prompt_ids, *gen.request.generated]
         return out
 
 
@@ -288,17 +293,21 @@ class OllamaApi:
                 s._check_model(body.get("model"))
                 reply = Reply(body.get("model") or s.model_id, generate)
                 return JSONResponse({**reply.line({}, done=True), "done_reason": "load"})
-            if generate and body.get("raw"):
-                gen, stream = await self._raw(request, body)
+            earlier = context_ids(body, s.engine.vocab_rows) if generate else []
+            raw = generate and bool(body.get("raw"))
+            if raw:
+                gen, stream = await self._raw(request, body, earlier)
             else:
                 chat = read_chat(chat_body(body, generate))
                 s._check_model(chat.options.model)
                 truncate = not generate and body.get("truncate", True) is not False
-                gen = await s._submit(request, chat, "messages", fit=True, truncate=truncate)
+                gen = await s._submit(
+                    request, chat, "messages", fit=True, truncate=truncate, prefix=earlier
+                )
                 stream = chat.options.stream
         except (ApiError, SnugError) as exc:
             return _error(exc)
-        reply = Reply(body.get("model") or s.model_id, generate)
+        reply = Reply(body.get("model") or s.model_id, generate, generate and not raw)
         if stream:
             return StreamingResponse(
                 _lines(reply, gen),
@@ -313,13 +322,19 @@ class OllamaApi:
             return _error(exc)
         return JSONResponse(reply.final(gen, whole=True))
 
-    async def _raw(self, request: Request, body: dict[str, Any]) -> tuple[Generation, bool]:
-        """generate with `raw`: the prompt as it is, no template (a completion)."""
+    async def _raw(
+        self, request: Request, body: dict[str, Any], earlier: list[int]
+    ) -> tuple[Generation, bool]:
+        """generate with `raw`: the prompt as it is, no template (a completion), after the
+        `context` ids where they are sent."""
         s = self.server
         chat = chat_body({**body, "raw": False}, generate=True)  # its options, read once
         dropped = ("messages", "tools", "chat_template_kwargs")
         completion = {k: v for k, v in chat.items() if k not in dropped}
-        req = read_completion({**completion, "prompt": field(body, "prompt", "string", "")})
+        prompt: Any = field(body, "prompt", "string", "")
+        if earlier:
+            prompt = earlier + s.tokenizer.encode(prompt)
+        req = read_completion({**completion, "prompt": prompt})
         s._check_model(req.options.model)
         return await s._submit_completion(request, req), req.options.stream
 
@@ -341,6 +356,18 @@ def quantization_level(tensors: Any) -> str:
         return f"Q{quant.bits}_G{quant.group_size}"
     dtypes = {t.dtype for t in tensors if len(t.shape) == 2}
     return next(iter(dtypes)).upper() if len(dtypes) == 1 else "/".join(sorted(dtypes)).upper()
+
+
+def context_ids(body: dict[str, Any], vocab: int) -> list[int]:
+    """`context`: the token ids an earlier /api/generate answered with."""
+    ids = field(body, "context", "array", [])
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+        raise bad(
+            f"'context' must be the token ids an earlier reply gave (whole numbers in "
+            f"[0, {vocab})); send it back unchanged, or leave it out to start afresh",
+            "context",
+        )
+    return ids
 
 
 def _loads_only(body: dict[str, Any], generate: bool) -> bool:

@@ -188,3 +188,33 @@ def test_the_model_by_its_latest_tag_and_the_version_clients_check(scripted):
     assert err.value.status_code == 404
     version = httpx.get(scripted.base + "/api/version").json()["version"]
     assert tuple(int(p) for p in version.split(".")) >= (0, 6, 4)
+
+
+def test_generate_goes_on_from_the_context_it_gave(scripted):
+    """/api/generate answers with the conversation's ids as `context`; sent back with the
+    next prompt, that prompt goes on from them (templated, or raw)."""
+    c = client(scripted)
+    scripted.scheduler.say("Hello there!")
+    first = c.generate(model=scripted.model, prompt="Hi", think=False)
+    said = scripted.scheduler.prompts[-1]
+    reply_ids = scripted.engine.tokenizer.encode("Hello there!") + [min(scripted.engine.eos_ids)]
+    assert list(first.context) == said + reply_ids
+    scripted.scheduler.say("Fine.")
+    second = c.generate(model=scripted.model, prompt="How are you?", think=False,
+                        context=first.context)  # fmt: skip
+    prompt = scripted.scheduler.prompts[-1]
+    assert prompt[: len(first.context)] == list(first.context)
+    assert scripted.engine.tokenizer.decode(prompt[len(first.context) :]).startswith(
+        "<|im_start|>user\nHow are you?<|im_end|>"
+    )
+    assert list(second.context)[: len(prompt)] == prompt
+    scripted.scheduler.say("!")
+    raw = c.generate(model=scripted.model, prompt=" And then", raw=True, context=first.context)
+    assert scripted.scheduler.prompts[-1] == [
+        *first.context,
+        *scripted.engine.tokenizer.encode(" And then"),
+    ]
+    assert raw.context is None  # as Ollama: a raw prompt gives none back
+    bad = httpx.post(f"{scripted.base}/api/generate", headers={"Authorization": f"Bearer {KEY}"},
+                     json={"model": scripted.model, "prompt": "x", "context": [1, -2]})  # fmt: skip
+    assert bad.status_code == 400 and "'context'" in bad.json()["error"]

@@ -373,19 +373,24 @@ class Engine:
         plain = [s.takes_argmax for s in samplers]
         if greedy is not None and all(plain):
             return [int(t) for t in greedy.get()]
-        if greedy is not None and self.backend.samples_on_device:
-            if all(p or s.on_device for p, s in zip(plain, samplers, strict=True)):
-                # Top-k / top-p draws on the device too: 4 bytes per row come back, not the
-                # logits (a 248K vocabulary costs milliseconds on the host).
-                rows = [
-                    self._draw(s, out, st)
-                    for s, out, st in zip(samplers, outputs, streams, strict=True)
-                ]
-                picks = self.backend.sample_rows(logits, greedy, rows)
-                return [int(t) for t in picks.get()]
+        drawn = [p or s.on_device for p, s in zip(plain, samplers, strict=True)]
+        picks: list[int | None] = [None] * len(samplers)
+        if greedy is not None and self.backend.samples_on_device and any(drawn):
+            # Top-k / top-p draws on the device too: 4 bytes per row come back, not the
+            # logits (a 248K vocabulary costs milliseconds on the host). Each row's draw is
+            # the one it gets alone, beside rows picked on the host or not.
+            rows = [
+                self._draw(s, out, st) if d else None
+                for s, out, st, d in zip(samplers, outputs, streams, drawn, strict=True)
+            ]
+            got = self.backend.sample_rows(logits, greedy, rows).get()
+            picks = [int(t) if d else None for t, d in zip(got, drawn, strict=True)]
+            if all(drawn):
+                return picks  # type: ignore[return-value]
         host = np.asarray(self.backend.to_host(logits), dtype=np.float32)
         return [
-            sampler(row, out) for sampler, row, out in zip(samplers, host, outputs, strict=True)
+            sampler(row, out) if pick is None else pick
+            for sampler, row, out, pick in zip(samplers, host, outputs, picks, strict=True)
         ]
 
     # ----- generation ---------------------------------------------------------------------

@@ -4,7 +4,7 @@
 # A lent machine starts bare and returns at most a few files from $OUT, so one call runs
 # every step a session needs and packs the logs into $OUT/logs.tgz. Each argument is one
 # step, "SECONDS COMMAND...", run from the repository root with its own time limit; a step
-# that fails or runs out of time does not stop the next. Carried wheels (../.whl/*.whl) are
+# that fails or runs out of time does not stop the next. Carried wheels (.whl/*.whl) are
 # installed into /tmp/site first, and a carried .kernel-cache.tgz is unpacked into CuPy's
 # cache (device_check.sh does the same for its own runs).
 #
@@ -17,8 +17,8 @@ set -u
 OUT=${OUT:-./device_out}
 logs="$OUT/logs"
 mkdir -p "$logs"
-if compgen -G "../.whl/*.whl" > /dev/null; then
-  pip install -q --no-index --no-deps --target /tmp/site ../.whl/*.whl > "$logs/wheels.log" 2>&1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$logs/wheels.log" 2>&1
   export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 else
   export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"

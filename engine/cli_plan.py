@@ -165,8 +165,10 @@ def card_table(
     fused_attention: bool = True,
 ) -> list[dict]:
     """One row per shape and format: weights, verdict at `context` (with the settings' KV
-    cache), the largest context with the KV cache in bf16 and with the 8-bit one.
-    `fused_attention`: the card runs the fused prefill attention (every card from sm_80)."""
+    cache), the largest context with the KV cache in bf16 and with the 8-bit one (at any
+    prefill chunks), and the largest that keeps the fastest chunks (what a load without a
+    context takes). `fused_attention`: the card runs the fused prefill attention (every
+    card from sm_80)."""
     rows = []
     card = Card(total=card_total, free=card_free, fused_attention=fused_attention)
     for name in SHAPES:
@@ -178,8 +180,9 @@ def card_table(
             largest = {}
             for kv in KV_CACHES:
                 s = dataclasses.replace(settings, kv_cache=kv)
-                most = decide(specs, config, s, card, context=None, **kw)
+                most = decide(specs, config, s, card, context=None, any_chunks=True, **kw)
                 largest[kv] = most.context if most.fits else 0
+            auto = decide(specs, config, settings, card, context=None, **kw)
             b = d.breakdown
             rows.append(
                 {
@@ -189,6 +192,7 @@ def card_table(
                     "verdict": d.verdict.value,
                     "largest_context": largest["bf16"],
                     "largest_context_int8": largest["int8"],
+                    "fastest_chunks_context": auto.context if auto.fits else 0,
                 }
             )
     return rows
@@ -196,15 +200,17 @@ def card_table(
 
 def _format_card_table(rows: list[dict], card_total: int, context: int) -> str:
     at = f"at {context:,} tokens"
-    head = f"{'shape':<6} {'format':<6} {'weights':>9}  {at:<28} {'largest context':<17} int8 KV"
+    head = (
+        f"{'shape':<6} {'format':<6} {'weights':>9}  {at:<28} {'largest context':<17} "
+        f"{'int8 KV':<9} fastest prefill to"
+    )
     lines = [f"card: {card_total / GIB:.2f} GiB", head]
+    keys = ("largest_context", "largest_context_int8", "fastest_chunks_context")
     for r in rows:
-        ctx, ctx8 = (
-            f"{r[key]:,}" if r[key] else "-" for key in ("largest_context", "largest_context_int8")
-        )
+        ctx, ctx8, fast = (f"{r[key]:,}" if r[key] else "-" for key in keys)
         lines.append(
             f"{r['shape']:<6} {r['format']:<6} {r['weights_gb']:>6.2f} GB  {r['verdict']:<28} "
-            f"{ctx:<17} {ctx8}"
+            f"{ctx:<17} {ctx8:<9} {fast}"
         )
     return "\n".join(lines)
 

@@ -187,14 +187,16 @@ def largest_context(
     card_total: int,
     held: int = 0,
     settings: EngineSettings | None = None,
+    any_chunks: bool = False,
 ) -> int:
     """Largest context (a multiple of 256, at most max_position_embeddings) admitted for the
-    plan's streams; 0 when not even 256 tokens fit."""
+    plan's streams; 0 when not even 256 tokens fit. `any_chunks`: the largest with prefill
+    chunks of any size, not the largest that keeps the fastest chunks any context keeps."""
     s = settings or EngineSettings()
     args = (card_free, card_total, held, s)
     # A shorter context before smaller or lazy chunks (invariant 8): the whole scratch at
     # max rows where any context allows it, else chunks of at least FAST_ROWS.
-    for min_rows in (plan.max_rows, FAST_ROWS, 1):
+    for min_rows in (1,) if any_chunks else (plan.max_rows, FAST_ROWS, 1):
         lo, hi = 0, plan.config.max_position_embeddings // CONTEXT_STEP
         while lo < hi:  # largest k with context k*256 fitting; fitting shrinks as context grows
             mid = (lo + hi + 1) // 2
@@ -438,6 +440,7 @@ def decide(
     streams: int = 1,
     max_rows: int | None = None,
     prompt_cache_states: int | None = None,
+    any_chunks: bool = False,
 ) -> Decision:
     """The admission decision for a model on a card: the one route every caller takes.
 
@@ -445,7 +448,8 @@ def decide(
     checkpoint on disk, `engine.memory.shapes.shape_tensor_specs` for a catalog shape); the
     weights are planned at the bytes the CUDA backend's arena will carve for them.
     context: tokens per stream, at most the model's max_position_embeddings; None asks for
-    the largest context the card admits. max_rows: the most rows a prefill window holds;
+    the largest context the card admits at the fastest prefill chunks any context keeps
+    (with `any_chunks`, at any chunks). max_rows: the most rows a prefill window holds;
     None admits the plan at BASE_ROWS and widens it where memory is left over. Never raises
     for "does not fit".
     """
@@ -470,7 +474,7 @@ def decide(
         draft_tokens=draft.tokens,
     )
     if context is None:
-        best = largest_context(plan, card.free, card.total, card.held, settings)
+        best = largest_context(plan, card.free, card.total, card.held, settings, any_chunks)
         plan = plan.resized(context=max(best, SMALLEST_CONTEXT))
     decision = admit(plan, card.free, card.total, card.held, settings, widen=not max_rows)
     decision = replace(decision, draft_tokens=draft.tokens, drafting=draft.reason)

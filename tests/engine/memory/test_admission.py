@@ -232,6 +232,18 @@ def test_the_whole_scratch_comes_before_the_last_tokens_of_context():
     assert lazy.fits and not lazy.eager  # more context was there, in smaller chunks
 
 
+def test_the_largest_context_at_any_chunks_fits_and_the_next_step_does_not():
+    """The 4B on a 3 GiB card keeps its 512-row chunks only to 1,280 tokens, and fits 4,096
+    in lazy ones: the largest context at any chunks is past both, and 256 more do not fit."""
+    plan = shape_plan("4B", "mlx4", context=4096, max_rows=512)
+    card = 3 * GIB
+    fastest = largest_context(plan, card, card)
+    most = largest_context(plan, card, card, any_chunks=True)
+    assert admit(plan, card, card).fits and most >= 4096 > fastest
+    assert admit(plan.resized(context=most), card, card).fits
+    assert not admit(plan.resized(context=most + 256), card, card).fits
+
+
 def test_failure_at_every_commit_site_is_named_and_leaves_the_rest(small_plan):
     card = 4 * GIB
     decision = admit(small_plan, card, card)

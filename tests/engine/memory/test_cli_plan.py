@@ -23,6 +23,17 @@ def test_four_gib_table_has_a_verdict_for_every_shape(capsys):
     assert "4B     mlx4" in out and out.count("\n") >= 9
 
 
+def test_a_context_that_fits_is_never_past_the_largest():
+    """At 3 GiB the 4B fits 4,096 tokens only in lazy chunks: the largest context says so,
+    and the fastest chunks' context is the shorter one a load without a context takes."""
+    for row in card_table(3 * GIB, 3 * GIB, EngineSettings()):
+        if row["verdict"] != "does not fit":
+            assert row["largest_context"] >= 4096, row
+            assert row["largest_context"] >= row["fastest_chunks_context"] > 0, row
+    four = next(r for r in card_table(3 * GIB, 3 * GIB, EngineSettings()) if r["shape"] == "4B")
+    assert four["fastest_chunks_context"] < 4096 <= four["largest_context"]
+
+
 def test_plan_shape_json(capsys):
     assert main(["plan", "--shape", "2B", "--format", "bf16", "--card-gib", "4", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)

@@ -333,14 +333,7 @@ def run_info(args: argparse.Namespace) -> int:
         "model": str(ckpt.dir),
         "format": ckpt.format,
         "total_bytes": ckpt.total_bytes,
-        "quantization": (
-            None
-            if c.quantization is None
-            else {
-                "bits": c.quantization.default.bits,
-                "group_size": c.quantization.default.group_size,
-            }
-        ),
+        "quantization": _quantization(ckpt),
         "config": {
             "hidden_size": c.hidden_size,
             "layers": c.num_hidden_layers,
@@ -357,11 +350,51 @@ def run_info(args: argparse.Namespace) -> int:
         print(json.dumps({**summary, "tensors": tensors}, indent=1))
         return 0
     print(f"{summary['model']}\n  format {ckpt.format}, {ckpt.total_bytes / 2**20:.1f} MiB")
+    if summary["quantization"] is not None:
+        print(f"  quantization: {_quantization_text(summary['quantization'])}")
     for key, value in summary["config"].items():
         print(f"  {key}: {value}")
     for name, t in tensors.items():
         print(f"  {name:48s} {t['dtype']:5s} {str(t['shape']):18s} {t['nbytes']:>12,d} B")
     return 0
+
+
+def _quantization(ckpt) -> dict | None:
+    """The checkpoint's quantization: the default bits and group size, and where matrices
+    are stored otherwise (per-module entries, or none), by tensor name."""
+    quant = ckpt.config.quantization
+    if quant is None:
+        return None
+    out: dict = {"bits": quant.default.bits, "group_size": quant.default.group_size}
+    other: dict[tuple[int, int], list[str]] = {}
+    plain = []
+    for name, t in sorted(ckpt.tensors.items()):
+        if t.quant is None:
+            if len(t.shape) == 2 and not name.endswith("conv1d"):  # a Linear or Embedding
+                plain.append(name)
+        elif t.quant != quant.default:
+            other.setdefault((t.quant.bits, t.quant.group_size), []).append(name)
+    if other:
+        out["other"] = [
+            {"bits": bits, "group_size": group, "tensors": names}
+            for (bits, group), names in sorted(other.items())
+        ]
+    if plain:
+        out["not_quantized"] = plain
+    return out
+
+
+def _quantization_text(q: dict) -> str:
+    parts = [f"{q['bits']}-bit in groups of {q['group_size']}"]
+    for o in q.get("other", []):
+        names = o["tensors"]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{o['bits']}-bit in groups of {o['group_size']} for {shown}")
+    plain = q.get("not_quantized", [])
+    if plain:
+        shown = ", ".join(plain[:3]) + (f" and {len(plain) - 3} more" if len(plain) > 3 else "")
+        parts.append(f"not quantized: {shown}")
+    return "; ".join(parts)
 
 
 def _model_folder(where: str) -> Path:

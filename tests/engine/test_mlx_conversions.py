@@ -83,6 +83,23 @@ def test_per_module_entries_with_null_group_size(convert):
     assert_matches_mlx_lm(folder)
 
 
+def test_info_names_the_modules_stored_otherwise(convert, capsys):
+    """`snug info` gives the default bits and every module stored otherwise."""
+    folder = convert("info-mixed", quantize=True, q_bits=4, quant_predicate=eight_bit_some(32))
+    assert snug(["info", "--model", str(folder), "--json"]) == 0
+    q = json.loads(capsys.readouterr().out)["quantization"]
+    assert (q["bits"], q["group_size"]) == (4, 64)
+    (eight,) = q["other"]
+    assert (eight["bits"], eight["group_size"]) == (8, 32)
+    assert "embed_tokens" in eight["tensors"] and "layers.0.mlp.down_proj" in eight["tensors"]
+    assert all(n.endswith(EIGHT_BIT) for n in eight["tensors"])
+    assert "layers.0.linear_attn.in_proj_a" in q["not_quantized"]
+    assert snug(["info", "--model", str(folder)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "quantization:" in x)
+    assert "4-bit in groups of 64; 8-bit in groups of 32 for " in line
+    assert "not quantized: layers.0.linear_attn.in_proj_a" in line
+
+
 def test_modules_config_json_does_not_name(convert):
     """A file whose config.json lost its per-module entries (only the top-level 4-bit one
     left) loads as mlx-lm loads it: bits and group size read off each module's shapes."""

@@ -316,7 +316,10 @@ class OpenAIServer:
             raise bad(str(exc), where, "template_error") from exc
         ids = [*prefix, *ids]
         splitter = ReplySplitter(
-            prompt_opens_thinking(prompt_text), bool(chat.tools), tool_schemas(chat.tools)
+            prompt_opens_thinking(prompt_text),
+            bool(chat.tools),
+            tool_schemas(chat.tools),
+            one_call=chat.one_call,
         )
         await self._grammar_ready(chat.options)
         return self._start(request, ids, chat.options, splitter, fit)

@@ -136,9 +136,13 @@ class Generation:
                 kept = self.stop.feed(text)
                 if self.stop.hit or final:
                     kept += "" if self.stop.hit else self.stop.flush()
+                one_call = False
                 for piece in self._split(kept, end=self.stop.hit or final):
                     yield piece
-                if self.stop.hit:
+                    one_call = piece.kind == "tool_call" and self.splitter.one_call  # type: ignore[union-attr]
+                    if one_call:
+                        break  # the client takes one call: the rest is not decoded
+                if self.stop.hit or one_call:
                     self.finish_reason = "stop"
                     break
             if self.splitter is not None and self.splitter.calls and self.finish_reason == "stop":

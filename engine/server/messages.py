@@ -76,6 +76,8 @@ class MessagesRequest:
         choice = field(body, "tool_choice", "object")
         if choice is not None:
             chat["tool_choice"] = _tool_choice(choice)
+            parallel = field(choice, "disable_parallel_tool_use", "boolean", False, "tool_choice.")
+            chat["parallel_tool_calls"] = not parallel
         thinking = field(body, "thinking", "object", {})
         # "adaptive": the model decides whether to think; Qwen3.5 thinks unless told not to.
         kind = field(thinking, "type", "string", "disabled", "thinking.")

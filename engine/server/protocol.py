@@ -305,6 +305,7 @@ class ChatRequest:
     messages: list[dict[str, Any]]  # as the chat template reads them
     tools: list[dict[str, Any]] | None
     enable_thinking: bool | None
+    one_call: bool = False  # `parallel_tool_calls: false`: the reply ends at its first call
 
 
 def read_chat(body: dict) -> ChatRequest:
@@ -325,7 +326,8 @@ def read_chat(body: dict) -> ChatRequest:
     thinking = field(kwargs, "enable_thinking", "boolean", None, "chat_template_kwargs.")
     if thinking is None and field(body, "reasoning_effort", "string") in ("none", "minimal"):
         thinking = False  # OpenAI's way to ask a reasoning model not to think
-    return ChatRequest(options, messages, tools, thinking)
+    one_call = not field(body, "parallel_tool_calls", "boolean", True)
+    return ChatRequest(options, messages, tools, thinking, one_call)
 
 
 def system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

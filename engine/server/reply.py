@@ -170,13 +170,19 @@ class ReplySplitter:
 
     `thinking`: the reply starts inside a `<think>` block. `tools`: parse tool calls (the
     request offered tools); `schemas` give their parameters (JSON schemas, by tool name).
+    `one_call`: the client takes one call a reply (`parallel_tool_calls: false`): the reply
+    ends at its first (Generation.pieces).
     """
 
     def __init__(
-        self, thinking: bool, tools: bool = False, schemas: dict[str, dict] | None = None
+        self,
+        thinking: bool,
+        tools: bool = False,
+        schemas: dict[str, dict] | None = None,
+        one_call: bool = False,
     ) -> None:
         self.mode = "reasoning" if thinking else "content"
-        self.tools, self.schemas = tools, schemas or {}
+        self.tools, self.schemas, self.one_call = tools, schemas or {}, one_call
         self.calls: list[ToolCall] = []
         self._buf = ""
         self._lead = True  # at the start of a section: leading newlines are dropped

@@ -131,6 +131,8 @@ class ResponsesRequest:
             choice = {"type": "function", "function": {"name": choice.get("name")}}
         if choice is not None:
             chat["tool_choice"] = choice
+        if body.get("parallel_tool_calls") is not None:
+            chat["parallel_tool_calls"] = body["parallel_tool_calls"]
         fmt = field(field(body, "text", "object", {}), "format", "object", None, "text.")
         if fmt is not None:
             chat["response_format"] = _format(fmt)

@@ -1,6 +1,7 @@
-"""OpenAI's older function calling (`functions`, `function_call`, `function` messages), as
-clients written before `tools` send it, through the official client: the same prompt as the
-tools request it stands for, the call given back as `function_call`."""
+"""Function calling as clients ask for it beyond plain `tools`: OpenAI's older form
+(`functions`, `function_call`, `function` messages) through the official client, read as the
+tools request it stands for with the call given back as `function_call`; and one call a
+reply (`parallel_tool_calls: false`, Anthropic's `disable_parallel_tool_use`)."""
 
 import json
 
@@ -90,3 +91,58 @@ def test_malformed_function_requests_are_refused_by_name(served, body, param):
                        headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == param
+
+
+TWO_CALLS = PARIS_CALL + (
+    "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+    "</function>\n</tool_call>"
+)
+
+
+def test_parallel_tool_calls_false_ends_the_reply_at_its_first_call(scripted):
+    """OpenAI's `parallel_tool_calls: false` (and the Responses API's), Anthropic's
+    `disable_parallel_tool_use`: one call a reply, the rest not decoded."""
+    client = scripted.client()
+    tools = [{"type": "function", "function": WEATHER_FN}]
+    cities = []
+    for parallel in (True, False):
+        scripted.scheduler.say(TWO_CALLS)
+        reply = client.chat.completions.create(
+            model=scripted.model, messages=ASK, tools=tools, parallel_tool_calls=parallel,
+            extra_body=OFF,
+        )  # fmt: skip
+        assert reply.choices[0].finish_reason == "tool_calls"
+        cities.append([json.loads(c.function.arguments)["city"]
+                       for c in reply.choices[0].message.tool_calls])  # fmt: skip
+    assert cities == [["Paris", "Rome"], ["Paris"]]
+    assert reply.usage.completion_tokens < len(scripted.engine.tokenizer.encode(TWO_CALLS))
+    scripted.scheduler.say(TWO_CALLS)
+    chunks = list(
+        client.chat.completions.create(
+            model=scripted.model,
+            messages=ASK,
+            tools=tools,
+            parallel_tool_calls=False,
+            extra_body=OFF,
+            stream=True,
+        )  # fmt: skip
+    )
+    calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices[0].delta.tool_calls]
+    assert len(calls) == 1 and chunks[-1].choices[0].finish_reason == "tool_calls"
+    scripted.scheduler.say(TWO_CALLS)
+    response = client.responses.create(
+        model=scripted.model, input="Weather in Paris?", parallel_tool_calls=False,
+        tools=[{"type": "function", **WEATHER_FN}], reasoning={"effort": "none"},
+    )  # fmt: skip
+    assert [item.type for item in response.output].count("function_call") == 1
+    import anthropic
+
+    messages = anthropic.Anthropic(base_url=scripted.base, api_key=KEY, max_retries=0)
+    scripted.scheduler.say(TWO_CALLS)
+    answer = messages.messages.create(
+        model=scripted.model, max_tokens=200, messages=ASK,
+        tools=[{"name": "get_weather", "input_schema": WEATHER_PARAMETERS}],
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+    )  # fmt: skip
+    assert [b.type for b in answer.content].count("tool_use") == 1
+    assert answer.stop_reason == "tool_use"

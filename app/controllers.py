@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, QThread, Signal
 
 from app import engine_bridge
 from app.engine_bridge import Loader, LoadRequest
-from app.state.chat_history import Chat, ChatStore, Turn
+from app.state.chat_history import MAX_CHAT_BYTES, Chat, ChatStore, Turn
 from app.state.settings import AppSettings
 from app.workers.downloader import DownloadWorker
 from app.workers.engine_worker import EngineWorker
@@ -29,6 +29,10 @@ from engine.attachments import Attachment
 from engine.errors import SnugError
 
 SAVE_EVERY_S = 5.0  # a streaming reply is saved this often, so that a crash keeps it
+# ... or less often where a save takes long (a chat of many attached files: about 10 ms a
+# MB, on this thread): its interval is at least this many times the last save's time, so
+# that saving takes at most 2% of the thread the tokens are shown on.
+SAVE_SHARE = 50
 
 
 class EngineController(QObject):
@@ -206,6 +210,7 @@ class ChatController(QObject):
         self._reply_chat: str | None = None
         self._tokens_before = 0  # a continued reply's tokens before it went on
         self._saved_at = 0.0  # when the reply under way was last saved (time.monotonic)
+        self._save_every = 0.0  # SAVE_SHARE times the last save's seconds
         engine.tokens.connect(self._on_tokens)
         engine.prompt_progress.connect(self._on_prompt_progress)
         engine.finished.connect(self._on_finished)
@@ -286,8 +291,15 @@ class ChatController(QObject):
         params = self._params()
         if params is None:
             return False
-        chat = self.current
-        chat.turns.append(Turn("user", text, attachments=list(attachments)))
+        chat, turn = self.current, Turn("user", text, attachments=list(attachments))
+        if not self.store.takes(chat.id, turn):
+            self.notice.emit(
+                f"This chat is too long to take the message: its file would pass the "
+                f"{MAX_CHAT_BYTES >> 20} MB a chat may hold. Start a new chat for it "
+                "(the message stays in the box)."
+            )
+            return False
+        chat.turns.append(turn)
         self._start_reply(chat, params)
         return True
 
@@ -329,7 +341,7 @@ class ChatController(QObject):
         messages = chat.messages(self.settings.system_prompt)[:-1]
         self._tokens_before = int(turn.stats.get("new_tokens") or 0)
         self._reply_chat = chat.id
-        self._saved_at = time.monotonic()
+        self._saved_at, self._save_every = time.monotonic(), 0.0
         left_out = self._left_out(chat.turns[:-1])
         self._request = self.engine.send(
             messages, params, turn.thinking_enabled, left_out, partial=turn.content
@@ -376,11 +388,10 @@ class ChatController(QObject):
         thinking = self.settings.thinking
         messages = chat.messages(self.settings.system_prompt)
         chat.turns.append(Turn("assistant", "", thinking_enabled=thinking))
-        saved = self.store.save(chat)
+        saved = self._timed_save(chat)
         self.turns_changed.emit(chat.id)
         self._reply_chat = chat.id
         self._tokens_before = 0
-        self._saved_at = time.monotonic()
         left_out = self._left_out(chat.turns[:-1])
         self._request = self.engine.send(messages, params, thinking, left_out)
         if saved:  # else the status line says the save failed
@@ -412,10 +423,17 @@ class ChatController(QObject):
             chat, turn = found
             turn.content += text
             self.reply_grew.emit(chat.id, turn.content)
-            now = time.monotonic()
-            if now - self._saved_at >= SAVE_EVERY_S:  # a crash keeps what came so far
-                self._saved_at = now
-                self.store.save(chat)
+            if time.monotonic() - self._saved_at >= max(SAVE_EVERY_S, self._save_every):
+                self._timed_save(chat)  # a crash keeps what came so far
+
+    def _timed_save(self, chat: Chat) -> bool:
+        """Save the chat of the reply under way; the next save while it streams waits
+        SAVE_EVERY_S, or SAVE_SHARE times as long as this one took."""
+        start = time.monotonic()
+        saved = self.store.save(chat)
+        self._saved_at = time.monotonic()
+        self._save_every = SAVE_SHARE * (self._saved_at - start)
+        return saved
 
     def _on_finished(self, request_id: int, summary: dict) -> None:
         found = self._reply_turn(request_id)

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 CHAT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ROLES = ("user", "assistant", "error")
 MAX_CHAT_BYTES = 64 << 20  # far above any real conversation; bounds the time a load takes
+# Room kept in a chat's file for the reply to a message: one at the models' largest context
+# (262,144 tokens, about 1 MB of text, its thinking too) with room to spare.
+REPLY_BYTES = 8 << 20
 
 
 class ChatFileError(ValueError):
@@ -320,7 +323,14 @@ class ChatStore(QObject):
         self.problems: list[str] = []
         self.unsaved: set[str] = set()
         self.writes = 0  # chat files written (saves are counted, not timed, by the tests)
+        self._sizes: dict[str, int] = {}  # each chat file's bytes, as last read or written
         self.load_all()
+
+    def takes(self, chat_id: str, turn: Turn) -> bool:
+        """Whether the chat's file can take `turn` and a reply to it within MAX_CHAT_BYTES,
+        the most a chat file is read back at start-up."""
+        added = len(json.dumps(turn.to_dict(), ensure_ascii=False, indent=1).encode("utf-8"))
+        return self._sizes.get(chat_id, 0) + added + REPLY_BYTES <= MAX_CHAT_BYTES
 
     def load_all(self) -> None:
         self._chats.clear()
@@ -345,6 +355,7 @@ class ChatStore(QObject):
                 )
                 continue
             self._chats[chat.id] = chat
+            self._sizes[chat.id] = path.stat().st_size
         self.chats_changed.emit()
 
     def _listed(self, pattern: str) -> list[Path]:
@@ -505,6 +516,7 @@ class ChatStore(QObject):
                 file.flush()
                 os.fsync(file.fileno())  # on disk before it takes the file's place
             tmp.replace(path)
+            self._sizes[chat.id] = len(data)
         except OSError as exc:
             try:
                 tmp.unlink(missing_ok=True)  # a part-written file would only take room

@@ -189,3 +189,55 @@ def test_a_streaming_reply_is_saved_as_it_goes(qtbot, make_window, monkeypatch):
     assert chats.busy  # saved mid-stream, not at the end
     chats.stop()
     qtbot.waitUntil(lambda: not chats.busy, timeout=3000)
+
+
+def test_a_slow_save_is_made_less_often_while_a_reply_streams(qtbot, make_window, monkeypatch):
+    """Where a chat takes long to save (many attached files), the saves while a reply
+    streams are spaced SAVE_SHARE times a save's time apart, so they take at most 2% of the
+    thread the tokens are shown on; the reply is still saved whole at its end."""
+    import app.controllers
+
+    monkeypatch.setattr(app.controllers, "SAVE_EVERY_S", 0.0)
+    window = make_window(loader=FakeEngine.loader(script=["word "] * 150, delay=0.01))
+    _load(qtbot, window)
+    chats = window.ctx.chats
+    saves, real = [], chats.store.save
+
+    def slow_save(chat):
+        time.sleep(0.01)
+        saves.append(time.monotonic())
+        return real(chat)
+
+    monkeypatch.setattr(chats.store, "save", slow_save)
+    chats.send("Tell me a long story")
+    qtbot.waitUntil(lambda: not chats.busy, timeout=10_000)
+    mid = saves[:-1]  # the reply's start and the saves while it streamed, not its end
+    gaps = [b - a for a, b in zip(mid, mid[1:], strict=False)]
+    assert gaps and min(gaps) >= app.controllers.SAVE_SHARE * 0.01 * 0.9, gaps
+    assert chats.current.turns[-1].content == "word " * 150
+
+
+def test_a_message_the_chat_file_cannot_take_is_refused_and_kept(qtbot, make_window, monkeypatch):
+    """A chat file is read back at start-up up to MAX_CHAT_BYTES: a message (its files
+    too) that would take the file past it, with room for its reply, is not sent; the
+    status line says to start a new chat, and the message stays in the box."""
+    import app.state.chat_history as history
+
+    window = make_window(loader=FakeEngine.loader(script=["Fine."]))
+    _load(qtbot, window)
+    chats, panel = window.ctx.chats, window.chat
+    panel.input.setPlainText("hello")
+    panel.send()
+    qtbot.waitUntil(lambda: not chats.busy, timeout=3000)
+    size = chats.store.path(chats.current.id).stat().st_size
+    monkeypatch.setattr(history, "REPLY_BYTES", 1000)
+    monkeypatch.setattr(history, "MAX_CHAT_BYTES", size + 1000 + 500)
+    turns = len(chats.current.turns)
+    panel.input.setPlainText("x" * 1000)
+    panel.send()
+    assert len(chats.current.turns) == turns and not chats.busy
+    assert panel.input.toPlainText() == "x" * 1000
+    assert "too long to take the message" in panel.status.text()
+    panel.input.setPlainText("short")
+    panel.send()
+    assert len(chats.current.turns) == turns + 2  # a smaller one still fits

@@ -34,22 +34,29 @@ WHITESPACE = r"(\n[ \t]{0,20}|[ ])?"
 LEAD = r"[ \t\n]{0,4}"
 
 
-def json_grammar(schema: dict[str, Any] | None, where: str) -> str:
+def json_grammar(schema: dict[str, Any] | None, where: str, strict: bool = True) -> str:
     """The grammar of JSON text matching `schema` (None: any JSON object). Raises
-    RequestRefused naming `where` (the request's field) when the schema cannot be compiled."""
-    return _grammar("", {"type": "object"} if schema is None else schema, "", where)
+    RequestRefused naming `where` (the request's field) when the schema cannot be compiled.
+    Not `strict` (OpenAI's `strict: false`, its default): keywords and string formats the
+    grammar cannot hold (`uniqueItems`, pydantic's `set`; `format: binary`) are left to the
+    client's own validation rather than refused; the rest of the schema still holds."""
+    return _grammar("", {"type": "object"} if schema is None else schema, "", where, strict)
 
 
 def tool_call_grammar(tools: list[dict[str, Any]], name: str | None, where: str) -> str:
     """The grammar of one tool call (`tool_choice` "required", or the tool `name`): a
     `<tool_call>` block holding `{"name": ..., "arguments": {...}}`, the arguments held to
     the tool's parameters. This is the JSON form of Qwen's tool calls (Qwen2.5 and Qwen3
-    write it; engine.server.reply reads it beside Qwen3.5's own form)."""
+    write it; engine.server.reply reads it beside Qwen3.5's own form). A tool marked
+    `strict: true` must compile whole (as `json_grammar` with `strict`); the others' parameters
+    are held as far as the grammar can hold them."""
     calls = []
     for tool in tools:
         fn = tool["function"]
         if name is None or fn["name"] == name:
             arguments = fn.get("parameters") or {"type": "object"}
+            if fn.get("strict") is True:
+                _grammar("", arguments, "", where, strict=True)  # refused here if it cannot
             calls.append(
                 {
                     "type": "object",
@@ -59,15 +66,18 @@ def tool_call_grammar(tools: list[dict[str, Any]], name: str | None, where: str)
                 }
             )
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    return _grammar('"<tool_call>\\n"', schema, '"\\n</tool_call>"', where)
+    return _grammar('"<tool_call>\\n"', schema, '"\\n</tool_call>"', where, strict=False)
 
 
-def _grammar(before: str, schema: dict[str, Any], after: str, where: str) -> str:
-    """llguidance's grammar of `before` (lark), JSON text matching `schema`, `after`."""
+def _grammar(before: str, schema: dict[str, Any], after: str, where: str, strict: bool) -> str:
+    """llguidance's grammar of `before` (lark), JSON text matching `schema`, `after`; not
+    `strict`: llguidance's `lenient` (keywords it does not implement, and unknown formats,
+    are passed over; a schema that is wrong is still refused)."""
     from llguidance import LLMatcher
 
     given = schema.get("x-guidance")  # llguidance's own options, where a client sets them
-    options = {"whitespace_pattern": WHITESPACE, **(given if isinstance(given, dict) else {})}
+    options = {"whitespace_pattern": WHITESPACE, **({} if strict else {"lenient": True})}
+    options |= given if isinstance(given, dict) else {}
     try:
         text = json.dumps({**schema, "x-guidance": options})
     except (TypeError, ValueError) as exc:

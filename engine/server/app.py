@@ -4,6 +4,8 @@
     GET  /v1/models              the one loaded model
     POST /v1/chat/completions    chat template (tools included), thinking apart, tool calls
     POST /v1/completions         a prompt string or token ids, as is
+    POST /v1/responses           the Responses API (GET, DELETE /v1/responses/{id}: kept ones)
+    POST /v1/messages            Anthropic's Messages API (and /v1/messages/count_tokens)
 
 Every error is answered in its API's shape (errors.py) with its status: 400 bad request,
 401 bad key, 404 unknown model or route, 405 wrong method, 413 body too large, 415 unknown
@@ -15,7 +17,6 @@ still under way ends with a 503 error in its API's shape (`OpenAIServer.shutdown
 from __future__ import annotations
 
 import hmac
-import json
 import time
 import uuid
 import weakref
@@ -25,13 +26,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from engine.checkpoint.checkpoint import model_name
@@ -63,14 +63,14 @@ from engine.server.protocol import (
     tool_schemas,
 )
 from engine.server.reply import ReplySplitter, prompt_opens_thinking
-from engine.server.responses import ResponseOutput, ResponsesRequest
+from engine.server.response_store import ResponsesApi
+from engine.server.sse import data, sse
 
 MAX_BODY = 32 << 20  # bytes of one request body (files sent in a request: base64 PDFs)
 # Web pages that may call the server from a browser (CORS), as Ollama allows by default:
 # those served from this machine, and desktop shells' own pages. Any other site the user
 # visits could otherwise spend the model (and read what it says): `--cors-origin` adds one.
 LOCAL_ORIGINS = r"(https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?|(app|tauri)://[^/]*)"
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def create_app(
@@ -110,7 +110,7 @@ class OpenAIServer:
             ("/models/{model:path}", self.model, "GET"),
             ("/chat/completions", self.chat, "POST"),
             ("/completions", self.completions, "POST"),
-            ("/responses", self.responses, "POST"),
+            *ResponsesApi(self).routes(),
             ("/messages", self.messages, "POST"),
             ("/messages/count_tokens", self.count_tokens, "POST"),
         ]
@@ -132,7 +132,7 @@ class OpenAIServer:
             CORSMiddleware,
             allow_origins=list(cors_origins),
             allow_origin_regex=LOCAL_ORIGINS,
-            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
             allow_headers=["*"],
         )
         self.app = Starlette(
@@ -183,7 +183,7 @@ class OpenAIServer:
         head = self._head("chatcmpl", chat.options)
         if chat.options.stream:
             events = self._chat_events(gen, head, chat.options.include_usage, legacy)
-            return _sse(events, gen)
+            return sse(events, gen)
         reasoning, content, calls = [], [], []
         async for piece in gen.pieces():
             if piece.kind == "tool_call":
@@ -214,7 +214,7 @@ class OpenAIServer:
         gen = await self._submit_completion(request, req)
         head = self._head("cmpl", req.options)
         if req.options.stream:
-            return _sse(self._completion_events(gen, head, req.options.include_usage), gen)
+            return sse(self._completion_events(gen, head, req.options.include_usage), gen)
         text = "".join([piece.text async for piece in gen.pieces()])
         choice = {
             "index": 0,
@@ -224,25 +224,6 @@ class OpenAIServer:
         }
         body = {**head, "object": "text_completion", "choices": [choice], "usage": gen.usage}
         return JSONResponse(_with_timings(body, gen))
-
-    async def responses(self, request: Request) -> Any:
-        """The Responses API, read as the chat request it stands for (responses.py)."""
-        self._authorize(request)
-        body = await self._body(request)
-        asked = ResponsesRequest(body)
-        try:
-            chat = read_chat(asked.chat)
-            self._check_model(chat.options.model)
-            gen = await self._submit(request, chat, "input")
-        except ApiError as exc:
-            raise asked.rename(exc) from exc
-        out = ResponseOutput(body, chat.options.model or self.model_id)
-        if chat.options.stream:
-            return _sse(out.events(gen), gen)
-        async for piece in gen.pieces():
-            if piece.kind != "content" or piece.text:
-                out.add(piece)
-        return JSONResponse(out.response(gen))
 
     async def messages(self, request: Request) -> Any:
         """Anthropic's Messages API, read as the chat request it stands for (messages.py);
@@ -260,7 +241,7 @@ class OpenAIServer:
             return error_response(err, "anthropic")
         out = MessageOutput(chat.options.model or self.model_id)
         if chat.options.stream:
-            return _sse(out.events(gen), gen)
+            return sse(out.events(gen), gen)
         async for piece in gen.pieces():
             if piece.kind == "tool_call" or piece.text:
                 out.add(piece)
@@ -336,7 +317,7 @@ class OpenAIServer:
             choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
             body = {**head, "object": "chat.completion.chunk", "choices": [choice]}
             body = _with_timings(body, gen) if finish is not None else body
-            return _data({**body, "usage": None} if usage else body)
+            return data({**body, "usage": None} if usage else body)
 
         calls = 0
         try:
@@ -354,11 +335,11 @@ class OpenAIServer:
                     calls += 1
             yield chunk({}, finish(gen.finish_reason) if legacy else gen.finish_reason)
             if usage:
-                yield _data(
+                yield data(
                     {**head, "object": "chat.completion.chunk", "choices": [], "usage": gen.usage}
                 )
         except Exception as exc:  # the reply failed after it started: its error, then [DONE]
-            yield _data(streamed_error(exc).body())
+            yield data(streamed_error(exc).body())
         yield "data: [DONE]\n\n"
 
     async def _completion_events(
@@ -371,18 +352,16 @@ class OpenAIServer:
             choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
             body = {**head, "object": "text_completion", "choices": [choice]}
             body = _with_timings(body, gen) if finish is not None else body
-            return _data({**body, "usage": None} if usage else body)
+            return data({**body, "usage": None} if usage else body)
 
         try:
             async for piece in gen.pieces():
                 yield chunk(piece.text)
             yield chunk("", gen.finish_reason)
             if usage:
-                yield _data(
-                    {**head, "object": "text_completion", "choices": [], "usage": gen.usage}
-                )
+                yield data({**head, "object": "text_completion", "choices": [], "usage": gen.usage})
         except Exception as exc:  # the reply failed after it started: its error, then [DONE]
-            yield _data(streamed_error(exc).body())
+            yield data(streamed_error(exc).body())
         yield "data: [DONE]\n\n"
 
     # ----- helpers --------------------------------------------------------------------------
@@ -539,18 +518,3 @@ def _with_timings(body: dict, gen: Generation) -> dict:
     them: OpenAI clients ignore the field, llama.cpp's clients read tokens/s from it."""
     timings = gen.timings
     return body if timings is None else {**body, "timings": timings}
-
-
-def _data(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def _sse(events: AsyncIterator[str], gen: Generation) -> StreamingResponse:
-    # The background task runs however the response ends (a client gone before the first
-    # chunk included), so the request never outlives its response.
-    return StreamingResponse(
-        events,
-        media_type="text/event-stream",
-        headers=SSE_HEADERS,
-        background=BackgroundTask(gen.cancel),
-    )

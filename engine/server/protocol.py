@@ -272,11 +272,13 @@ def _seed(seed: int | None) -> int | None:
 
 def read_response_format(body: dict) -> str | None:
     """`response_format` -> the grammar the reply is held to: none for text, any JSON object
-    for `json_object`, the schema's JSON for `json_schema` (engine.constraint)."""
+    for `json_object`, the schema's JSON for `json_schema` (engine.constraint; whole where it
+    is `strict`, else as far as the grammar can hold it)."""
     fmt = field(body, "response_format", "object", {})
     kind = field(fmt, "type", "string", "text", "response_format.")
     if kind == "text":
         return None
+    strict = False
     if kind == "json_object":
         schema, where = None, "response_format"
     elif kind == "json_schema":
@@ -286,6 +288,7 @@ def read_response_format(body: dict) -> str | None:
                       "response_format.json_schema")  # fmt: skip
         where = "response_format.json_schema.schema"
         schema = field(spec, "schema", "object", None, "response_format.json_schema.")
+        strict = field(spec, "strict", "boolean", False, "response_format.json_schema.")
     else:
         raise bad(
             f"'response_format.type' = {json.dumps(kind)[:40]}: use text, json_object or "
@@ -293,7 +296,7 @@ def read_response_format(body: dict) -> str | None:
             "response_format.type",
         )
     try:
-        return json_grammar(schema, where)
+        return json_grammar(schema, where, strict)
     except RequestRefused as exc:
         raise bad(str(exc), where) from exc
 
@@ -321,7 +324,7 @@ def read_chat(body: dict) -> ChatRequest:
     if choice == "none":
         tools = None
     elif choice not in ("auto", None):
-        options = replace(options, grammar=_forced_call(choice, tools, options))
+        options = replace(options, grammar=_forced_call(choice, tools))
     kwargs = field(body, "chat_template_kwargs", "object", {})
     thinking = field(kwargs, "enable_thinking", "boolean", None, "chat_template_kwargs.")
     if thinking is None and field(body, "reasoning_effort", "string") in ("none", "minimal"):
@@ -347,9 +350,11 @@ def system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return head + rest
 
 
-def _forced_call(choice: Any, tools: list[dict[str, Any]] | None, options: Options) -> str:
+def _forced_call(choice: Any, tools: list[dict[str, Any]] | None) -> str:
     """`tool_choice` "required" or {"type": "function", "function": {"name": ...}}: the
-    grammar that holds the reply to one call (of that tool)."""
+    grammar that holds the reply to one call (of that tool). It takes the place of any
+    `response_format`, as the OpenAI API does: the format shapes a text reply, and this
+    reply is a call (agents send both: the final answer's format with a forced first call)."""
     name = None
     if isinstance(choice, dict):
         fn = choice.get("function")
@@ -368,9 +373,6 @@ def _forced_call(choice: Any, tools: list[dict[str, Any]] | None, options: Optio
                   "tool_choice")  # fmt: skip
     if name is not None and name not in {t["function"]["name"] for t in tools}:
         raise bad(f"'tool_choice' names {name!r}, which is not in 'tools'", "tool_choice")
-    if options.grammar is not None:
-        raise bad("'response_format' and a forced 'tool_choice' cannot both hold the reply",
-                  "tool_choice")  # fmt: skip
     try:
         return tool_call_grammar([_inlined(t) for t in tools], name, "tools")
     except RequestRefused as exc:

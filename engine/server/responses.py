@@ -2,9 +2,11 @@
 the agents built on it send it. A request is read as the chat request it stands for (the
 same checks, chat template, grammar, reply splitting and scheduler), and the reply's pieces
 become output items: a `reasoning` item for the thinking, a `message` with `output_text`,
-a `function_call` per tool call. The server keeps no responses, so `previous_response_id`
-is refused: the conversation comes whole in `input`, its earlier calls and their outputs
-as `function_call` and `function_call_output` items.
+a `function_call` per tool call. The conversation comes whole in `input` (its earlier
+calls and their outputs as `function_call` and `function_call_output` items), or goes on
+from a response the server keeps (`previous_response_id`: engine/server/response_store.py).
+With `include: ["message.output_text.logprobs"]` (and `top_logprobs`), each output text
+carries its tokens' log-probabilities, as chat's `logprobs` gives them.
 """
 
 from __future__ import annotations
@@ -12,59 +14,57 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from engine.server.generation import Generation
+from engine.server.logprobs import LogprobFormat
 from engine.server.protocol import ApiError, bad, field, renamed, streamed_error
 from engine.server.reply import Piece
+from engine.tokenizer import THINK_CLOSE
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
-# Requests for state this server does not keep, and what to send instead.
-STATEFUL = {
-    "previous_response_id": "this server keeps no responses: send the whole conversation "
-    "in 'input' (earlier replies as assistant messages and function_call items)",
-    "conversation": "this server keeps no conversations: send the whole conversation in 'input'",
-}
+LOGPROBS = "message.output_text.logprobs"  # the `include` entry that asks for them
 
 
 class ResponsesRequest:
     """A Responses body read as a chat body (`chat`), with where each chat message came from
-    in `input` (`origin`), so that an error about `messages[i]` names the input item."""
+    in `input` (`origin`), so that an error about `messages[i]` names the input item.
+    `earlier`: the items of the conversation `previous_response_id` goes on from."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], earlier: Sequence[dict[str, Any]] = ()) -> None:
         self.body = body
-        for name, why in STATEFUL.items():
-            if body.get(name) is not None:
-                raise bad(f"'{name}' is not supported: {why}", name)
+        if body.get("conversation") is not None:
+            raise bad(
+                "'conversation' is not supported: this server keeps no conversations; send "
+                "the whole conversation in 'input', or go on from a response with "
+                "'previous_response_id'",
+                "conversation",
+            )
         if body.get("background"):
             raise bad(
                 "'background' is not supported: this server answers while you wait", "background"
             )
-        if body.get("top_logprobs"):
-            raise bad(
-                "'top_logprobs' is not supported on /v1/responses; "
-                "/v1/chat/completions returns them",
-                "top_logprobs",
-            )
+        raw = body.get("input")
+        if isinstance(raw, str):
+            raw = [{"type": "message", "role": "user", "content": raw}]
+        elif not isinstance(raw, list) or not raw:
+            raise bad("'input' must be a string or a non-empty list of items", "input")
+        self.items: list[Any] = raw  # this request's own input items (kept with its response)
         self.origin: list[str] = []
-        self.chat = self._chat_body()
+        self.chat = self._chat_body(list(earlier))
 
-    def _chat_body(self) -> dict[str, Any]:
+    def _chat_body(self, earlier: list[dict[str, Any]]) -> dict[str, Any]:
         body = self.body
         messages: list[dict[str, Any]] = []
         instructions = field(body, "instructions", "string")
         if instructions:
             messages.append({"role": "system", "content": instructions})
             self.origin.append("instructions")
-        raw = body.get("input")
-        if isinstance(raw, str):
-            raw = [{"role": "user", "content": raw}]
-        elif not isinstance(raw, list) or not raw:
-            raise bad("'input' must be a string or a non-empty list of items", "input")
+        named = [("previous_response_id", item) for item in earlier]
+        named += [(f"input[{i}]", item) for i, item in enumerate(self.items)]
         reasoning = None  # a reasoning item's text, for the assistant turn after it
-        for i, item in enumerate(raw):
-            where = f"input[{i}]"
+        for where, item in named:
             if not isinstance(item, dict):
                 raise bad(f"'{where}' must be an object", where)
             kind = item.get("type", "message")
@@ -133,6 +133,10 @@ class ResponsesRequest:
             chat["tool_choice"] = choice
         if body.get("parallel_tool_calls") is not None:
             chat["parallel_tool_calls"] = body["parallel_tool_calls"]
+        include = field(body, "include", "array", [])
+        if LOGPROBS in include:
+            chat["logprobs"] = True
+            chat["top_logprobs"] = body.get("top_logprobs")
         fmt = field(field(body, "text", "object", {}), "format", "object", None, "text.")
         if fmt is not None:
             chat["response_format"] = _format(fmt)
@@ -207,14 +211,20 @@ def _format(fmt: dict[str, Any]) -> dict[str, Any]:
 
 
 class ResponseOutput:
-    """One reply's output items, built from its pieces (`add`), and the response object."""
+    """One reply's output items, built from its pieces (`add`), and the response object.
+    `logprobs`: the format of the tokens' log-probabilities where the request asked for them
+    (each output text then has its tokens', and each streamed text delta the delta's)."""
 
-    def __init__(self, body: dict[str, Any], model: str) -> None:
+    def __init__(
+        self, body: dict[str, Any], model: str, logprobs: LogprobFormat | None = None
+    ) -> None:
         self.body = body
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.items: list[dict[str, Any]] = []
+        self.logprobs = logprobs
+        self.stored = False  # kept for `previous_response_id` (response_store.py)
 
     def _open(self, kind: str) -> dict[str, Any]:
         """The item that a piece of `kind` continues: the last one if it is of that kind."""
@@ -229,18 +239,47 @@ class ResponseOutput:
                 "content": [{"type": "reasoning_text", "text": ""}],
             }
         else:
+            part: dict[str, Any] = {"type": "output_text", "text": "", "annotations": []}
+            if self.logprobs is not None:
+                part["logprobs"] = []
             item = {
                 "type": "message",
                 "id": f"msg_{uuid.uuid4().hex}",
                 "role": "assistant",
                 "status": "completed",
-                "content": [{"type": "output_text", "text": "", "annotations": []}],
+                "content": [part],
             }
         self.items.append(item)
         return item
 
-    def add(self, piece: Piece) -> tuple[dict[str, Any], bool]:
-        """Take one piece; (the item it went to, whether that item is new)."""
+    def take_logprobs(self, gen: Generation, piece: Piece) -> list[dict[str, Any]]:
+        """The log-probabilities of the tokens `gen` received since the last call, where the
+        request asked for them and `piece` is answer text (a thinking or a call: none). The
+        answer's first text comes after the tokens that closed the thinking (`</think>` and
+        the line breaks after it), which are not the answer's."""
+        if self.logprobs is None or not gen.wants_logprobs:
+            return []
+        entries = gen.take_logprobs()
+        if piece.kind != "content":
+            return []
+        last = self.items[-1] if self.items else None
+        if last is None or last["type"] != "message" or not last["content"][0]["text"]:
+            tokenizer = self.logprobs.tokenizer
+            ids = [token for token, _ in entries]
+            close = tokenizer.token_to_id(THINK_CLOSE)
+            if close in ids:
+                entries = entries[len(ids) - ids[::-1].index(close) :]
+            while entries and not piece.text[:1].isspace():
+                if tokenizer.token_bytes(entries[0][0]).strip():
+                    break
+                entries = entries[1:]
+        return self.logprobs.chat(entries)["content"]
+
+    def add(
+        self, piece: Piece, logprobs: Sequence[dict[str, Any]] = ()
+    ) -> tuple[dict[str, Any], bool]:
+        """Take one piece (and its text's token `logprobs`); (the item it went to, whether
+        that item is new)."""
         if piece.kind == "tool_call":
             call = piece.call
             assert call is not None
@@ -257,6 +296,8 @@ class ResponseOutput:
         count = len(self.items)
         item = self._open(piece.kind)
         item["content"][0]["text"] += piece.text
+        if logprobs:
+            item["content"][0]["logprobs"].extend(logprobs)
         return item, len(self.items) > count
 
     def response(self, gen: Generation | None, status: str = "completed") -> dict[str, Any]:
@@ -290,18 +331,21 @@ class ResponseOutput:
             "temperature": body.get("temperature"),
             "top_p": body.get("top_p"),
             "max_output_tokens": body.get("max_output_tokens"),
-            "previous_response_id": None,
+            "previous_response_id": body.get("previous_response_id"),
             "reasoning": body.get("reasoning") or {"effort": None, "summary": None},
             "text": body.get("text") or {"format": {"type": "text"}},
+            "top_logprobs": body.get("top_logprobs"),
             "truncation": "disabled",
-            "store": False,
+            "store": self.stored,
             "metadata": body.get("metadata") or {},
             "usage": usage,
         }
 
-    async def events(self, gen: Generation) -> AsyncIterator[str]:
+    async def events(
+        self, gen: Generation, keep: Callable[[dict[str, Any]], None] | None = None
+    ) -> AsyncIterator[str]:
         """The stream: response.created, each item's added / delta / done events, then
-        response.completed (or .incomplete)."""
+        response.completed (or .incomplete); `keep` takes the final response first."""
         seq = 0
 
         def event(kind: str, **data: Any) -> str:
@@ -317,8 +361,9 @@ class ResponseOutput:
             async for piece in gen.pieces():
                 if piece.kind == "content" and not piece.text:
                     continue
+                logprobs = self.take_logprobs(gen, piece)
                 before = self.items[-1] if self.items else None
-                item, new = self.add(piece)
+                item, new = self.add(piece, logprobs)
                 index = len(self.items) - 1
                 if new and before is not None:
                     for kind, data in _item_done(before, index - 1):
@@ -349,7 +394,7 @@ class ResponseOutput:
                 delta = "response.output_text.delta"
                 if item["type"] == "reasoning":
                     delta = "response.reasoning_text.delta"
-                extra = {"logprobs": []} if item["type"] == "message" else {}
+                extra = {"logprobs": logprobs} if item["type"] == "message" else {}
                 yield event(
                     delta,
                     item_id=item["id"],
@@ -362,6 +407,8 @@ class ResponseOutput:
                 for kind, data in _item_done(self.items[-1], len(self.items) - 1):
                     yield event(kind, **data)
             final = self.response(gen)
+            if keep is not None:
+                keep(final)
             yield event(f"response.{final['status']}", response=final)
         except Exception as exc:  # after the head went out: an error event
             err = streamed_error(exc)
@@ -371,6 +418,8 @@ class ResponseOutput:
 def _emptied(item: dict[str, Any]) -> dict[str, Any]:
     """An item as first announced: its text not yet there."""
     part = {**item["content"][0], "text": ""}
+    if "logprobs" in part:
+        part["logprobs"] = []
     return {**item, "content": [part], **({"status": "in_progress"} if "status" in item else {})}
 
 
@@ -396,7 +445,7 @@ def _item_done(item: dict[str, Any], index: int) -> list[tuple]:
         else ("response.reasoning_text.done")
     )
     ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
-    extra = {"logprobs": []} if item["type"] == "message" else {}
+    extra = {"logprobs": part.get("logprobs", [])} if item["type"] == "message" else {}
     return [
         (done, {**ids, "text": part["text"], **extra}),
         ("response.content_part.done", {**ids, "part": part}),

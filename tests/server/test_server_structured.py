@@ -180,7 +180,6 @@ def test_a_forced_tool_choice_gets_a_call_of_that_tool(served, choice):
     [
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tool_choice": "always"}, "tool_choice"),
-        ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
     ],
 )
 def test_a_forced_tool_choice_that_cannot_be_met_is_refused_by_name(served, extra, param):

@@ -1,0 +1,170 @@
+"""The Responses API's routes: `POST /v1/responses` (responses.py reads the request and
+builds the reply) and the responses the server keeps, as OpenAI keeps them unless a request
+says `store: false`: `GET` and `DELETE /v1/responses/{id}`, and `previous_response_id`, which
+goes on from a kept response's conversation (its input, the conversation that input went on
+from, and its output) with only the new items sent, as agents send their tool results.
+Neither `instructions` nor `tools` carry over, as in OpenAI's API.
+
+The server keeps the most recent responses in memory (RESPONSES of them, KEPT_BYTES of
+text at most), each with its own input and output only: a long conversation costs what it
+says once, not once per turn. A response that is no longer kept is answered as not found,
+by name; the conversation can then be sent whole in `input`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from engine.server.logprobs import LogprobFormat
+from engine.server.protocol import ApiError, bad, read_chat
+from engine.server.responses import ResponseOutput, ResponsesRequest
+from engine.server.sse import sse
+
+if TYPE_CHECKING:
+    from engine.server.app import OpenAIServer
+
+RESPONSES = 512
+KEPT_BYTES = 64 << 20
+
+
+@dataclass
+class Kept:
+    previous: str | None  # the response this one went on from
+    items: list[Any]  # its own input items
+    response: dict[str, Any]
+    size: int
+
+
+class ResponseStore:
+    """The responses kept, most recently used last; the oldest go past RESPONSES of them or
+    KEPT_BYTES of their JSON."""
+
+    def __init__(self, most: int = RESPONSES, most_bytes: int = KEPT_BYTES) -> None:
+        self.most, self.most_bytes = most, most_bytes
+        self._kept: OrderedDict[str, Kept] = OrderedDict()
+        self._bytes = 0
+
+    def put(self, previous: str | None, items: list[Any], response: dict[str, Any]) -> None:
+        size = len(json.dumps([items, response], ensure_ascii=False))
+        self._kept[response["id"]] = Kept(previous, items, response, size)
+        self._bytes += size
+        while self._kept and (len(self._kept) > self.most or self._bytes > self.most_bytes):
+            _, old = self._kept.popitem(last=False)
+            self._bytes -= old.size
+
+    def get(self, response_id: str) -> dict[str, Any] | None:
+        kept = self._kept.get(response_id)
+        return None if kept is None else kept.response
+
+    def delete(self, response_id: str) -> bool:
+        kept = self._kept.pop(response_id, None)
+        if kept is not None:
+            self._bytes -= kept.size
+        return kept is not None
+
+    def conversation(self, response_id: str) -> list[dict[str, Any]]:
+        """The items of the conversation up to and with `response_id`'s output, oldest
+        first (each response on the way marked recently used); a 400 naming
+        `previous_response_id` where one of them is not kept."""
+        chain: list[Kept] = []
+        at: str | None = response_id
+        while at is not None:
+            kept = self._kept.get(at)
+            if kept is None:
+                went = "" if at == response_id else f" (the conversation went on from {at!r})"
+                raise bad(
+                    f"'previous_response_id': the response {at!r}{went} is not kept here: "
+                    "it was sent with store false, deleted, or is older than the "
+                    f"{self.most} most recent responses the server keeps; send the whole "
+                    "conversation in 'input'",
+                    "previous_response_id",
+                    "previous_response_not_found",
+                )
+            self._kept.move_to_end(at)
+            chain.append(kept)
+            at = kept.previous
+        out: list[dict[str, Any]] = []
+        for kept in reversed(chain):
+            out += kept.items
+            out += kept.response["output"]
+        return out
+
+
+class ResponsesApi:
+    """The routes, over the server's path (`OpenAIServer`): auth, body, model check and
+    submission are the server's."""
+
+    def __init__(self, server: OpenAIServer) -> None:
+        self.server = server
+        self.store = ResponseStore()
+
+    def routes(self) -> list[tuple[str, Any, str]]:
+        return [
+            ("/responses", self.create, "POST"),
+            ("/responses/{response_id}", self.retrieve, "GET"),
+            ("/responses/{response_id}", self.delete, "DELETE"),
+        ]
+
+    async def create(self, request: Request) -> Any:
+        """A response: the chat request it stands for, run on the server's path."""
+        s = self.server
+        s._authorize(request)
+        body = await s._body(request)
+        previous = body.get("previous_response_id")
+        if previous is not None and not isinstance(previous, str):
+            raise bad("'previous_response_id' must be a string", "previous_response_id")
+        earlier = self.store.conversation(previous) if previous else []
+        asked = ResponsesRequest(body, earlier)
+        try:
+            chat = read_chat(asked.chat)
+            s._check_model(chat.options.model)
+            gen = await s._submit(request, chat, "input")
+        except ApiError as exc:
+            raise asked.rename(exc) from exc
+        fmt = LogprobFormat(s.tokenizer) if chat.options.logprobs is not None else None
+        out = ResponseOutput(body, chat.options.model or s.model_id, fmt)
+        out.stored = body.get("store") is not False
+
+        def keep(response: dict[str, Any]) -> None:
+            if out.stored:
+                self.store.put(previous, asked.items, response)
+
+        if chat.options.stream:
+            return sse(out.events(gen, keep), gen)
+        async for piece in gen.pieces():
+            if piece.kind != "content" or piece.text:
+                out.add(piece, out.take_logprobs(gen, piece))
+        response = out.response(gen)
+        keep(response)
+        return JSONResponse(response)
+
+    async def retrieve(self, request: Request) -> JSONResponse:
+        self.server._authorize(request)
+        response_id = request.path_params["response_id"]
+        response = self.store.get(response_id)
+        if response is None:
+            raise _not_found(response_id)
+        return JSONResponse(response)
+
+    async def delete(self, request: Request) -> JSONResponse:
+        self.server._authorize(request)
+        response_id = request.path_params["response_id"]
+        if not self.store.delete(response_id):
+            raise _not_found(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(
+        404,
+        f"no response {response_id!r} is kept here (sent with store false, deleted, or older "
+        "than the responses the server keeps)",
+        param="response_id",
+        code="response_not_found",
+    )

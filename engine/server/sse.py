@@ -1,0 +1,29 @@
+"""Server-sent events: a streamed reply's response, its events each a `data:` line (and
+an `event:` line where the API names them)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from starlette.background import BackgroundTask
+from starlette.responses import StreamingResponse
+
+from engine.server.generation import Generation
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def sse(events: AsyncIterator[str], gen: Generation) -> StreamingResponse:
+    # The background task runs however the response ends (a client gone before the first
+    # chunk included), so the request never outlives its response.
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+        background=BackgroundTask(gen.cancel),
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
@@ -24,10 +26,16 @@ from app.panels.settings import SettingsPanel
 from app.panels.sidebar import ChatSidebar
 from app.panels.welcome import DONE_KEY, WelcomePanel, welcome_done
 from app.planning import fmt_bytes
-from app.remote_engine import model_of_key
+from app.remote_engine import DEFAULT_URL, RemoteTarget, model_of_key
+from app.remote_wire import public
 from app.state.catalog import Entry
 
+if TYPE_CHECKING:
+    from app.panels.connect import ConnectDialog
+
 LOADED_KEY = "model/loaded_dir"  # the model loaded when Snug last closed (Unload clears it)
+REMOTE_URL_KEY, REMOTE_MODEL_KEY = "remote/url", "remote/model"  # the server connected to last
+NAME_CHARS = 48  # the most of a model's name the status bar shows
 
 
 class MainWindow(QMainWindow):
@@ -76,6 +84,7 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([220, 640, 420])
         self.setCentralWidget(self.splitter)
 
+        self.connect_dialog: ConnectDialog | None = None  # made on first use (_connect)
         self.model_status = QLabel("No model loaded")
         self.model_status.setObjectName("statusModel")
         self.statusBar().addPermanentWidget(self.model_status)
@@ -124,14 +133,25 @@ class MainWindow(QMainWindow):
         self.ctx.settings.store.sync()
 
     def _connect(self) -> None:
-        """Chat with a model on an OpenAI-compatible server, through the engine worker."""
+        """Chat with a model on an OpenAI-compatible server, through the engine worker. The
+        dialog is made once and kept, so that what was typed in it stays; the address and
+        model connected to last are remembered (not the key), unless the address holds a
+        password."""
         from app.panels.connect import ConnectDialog
 
-        dialog = ConnectDialog(self)
-        dialog.target_chosen.connect(
-            lambda target: self.ctx.engine.load(self.ctx.remote.request_for(target))
-        )
-        dialog.open()
+        if self.connect_dialog is None:
+            store = self.ctx.settings.store
+            url = str(store.value(REMOTE_URL_KEY, "") or "") or DEFAULT_URL
+            model = str(store.value(REMOTE_MODEL_KEY, "") or "")
+            self.connect_dialog = ConnectDialog(self, url=url, model=model)
+            self.connect_dialog.target_chosen.connect(self._connect_to)
+        self.connect_dialog.open()
+
+    def _connect_to(self, target: RemoteTarget) -> None:
+        if public(target.url) == target.url:  # no password in it
+            self.ctx.settings.store.setValue(REMOTE_URL_KEY, target.url)
+            self.ctx.settings.store.setValue(REMOTE_MODEL_KEY, target.model)
+        self.ctx.engine.load(self.ctx.remote.request_for(target))
 
     def _browse(self) -> None:
         self.close_welcome()
@@ -190,11 +210,15 @@ class MainWindow(QMainWindow):
     def _engine_state(self, *_args: object) -> None:
         engine = self.ctx.engine
         info = engine.info
+        self.model_status.setToolTip("")
         if engine.state == "loading":
             text = "Loading model…"
         elif info:
             where = str(info.get("model_dir", ""))
             name = model_of_key(where) or self.ctx.library.title_of(where)
+            self.model_status.setToolTip(name)
+            if len(name) > NAME_CHARS:  # a server's model id can be long: its middle goes
+                name = name[: NAME_CHARS // 2 - 1] + "…" + name[-(NAME_CHARS // 2) :]
             backend = info.get("backend")
             mode = {"cuda": "GPU", "remote": "runs on a remote server"}.get(backend, "CPU mode")
             text = f"{name} · {mode} · {fmt_bytes(self.ctx.machine.engine_held)}"

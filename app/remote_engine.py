@@ -6,7 +6,8 @@ the template), `generate` streams chat completions and yields events with `text`
 `finished`, `finish_reason` and `stats`. The server's thinking (`reasoning_content` or
 `reasoning`) comes back wrapped in <think>...</think>, as a local model writes it, so the chat
 shows it the same way. It holds no memory here: `held_bytes()` is 0 and `backend_name` is
-"remote", so the gauge can say the model runs elsewhere.
+"remote", so the gauge can say the model runs elsewhere. What goes over the wire, and how
+each failure is said: app/remote_wire.py.
 
 `RemoteLoader` plugs it into the app's load path: a Loader that loads the targets it was
 given (`request_for`) as RemoteEngines and passes every other request to the local loader.
@@ -20,16 +21,32 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.remote_wire import (
+    DEFAULT_URL,
+    Events,
+    RemoteError,
+    StreamedReply,
+    base_url,
+    explain,
+    pick_model,
+    public,
+    read_models,
+)
 from engine.config import EngineSettings
 
 if TYPE_CHECKING:
     from engine.request_types import GenerationStats
 
-DEFAULT_URL = "http://127.0.0.1:8000/v1"
-
-
-class RemoteError(Exception):
-    """The server could not be reached or refused the request (its message is kept)."""
+__all__ = [
+    "DEFAULT_URL",
+    "RemoteEngine",
+    "RemoteError",
+    "RemoteLoader",
+    "RemoteTarget",
+    "list_models",
+    "model_of_key",
+]
+CONNECT_S = 10.0  # the most a connection to the server may take to be made
 
 
 @dataclass(frozen=True)
@@ -75,54 +92,51 @@ class RemoteEvent:
 
 def _client(url: str, api_key: str, timeout: float) -> Any:
     try:
-        from openai import OpenAI
+        from openai import OpenAI, Timeout
     except ImportError as exc:
         raise RemoteError(
             "talking to a server needs the `openai` package: pip install openai"
         ) from exc
-    return OpenAI(base_url=url, api_key=api_key or "none", max_retries=0, timeout=timeout)
-
-
-def _explain(exc: Exception, url: str) -> RemoteError:
-    import openai
-
-    if isinstance(exc, openai.APIStatusError):
-        body = exc.body if isinstance(exc.body, dict) else {}
-        message = body.get("message") or str(exc)
-        return RemoteError(f"the server at {url} answered {exc.status_code}: {message}")
-    if isinstance(exc, openai.APIConnectionError):
-        return RemoteError(f"cannot reach {url} ({exc}); is the server running?")
-    return RemoteError(f"{type(exc).__name__}: {exc}")
+    limit = Timeout(timeout, connect=min(timeout, CONNECT_S))
+    return OpenAI(base_url=url, api_key=api_key or "none", max_retries=0, timeout=limit)
 
 
 def list_models(url: str, api_key: str = "", timeout: float = 10.0) -> list[dict[str, Any]]:
-    """The server's models: [{"id", "context"}] (context None when the server does not say)."""
-    client = _client(url, api_key, timeout)
+    """The server's models: [{"id", "context"}] (context None when the server does not say).
+    `url` as typed: app/remote_wire.py's base_url makes it the API's base."""
+    url = base_url(url)
+    client, shown = _client(url, api_key, timeout), public(url)
     try:
-        models = client.models.list().data
+        return read_models(client.models.with_raw_response.list().http_response, shown)
     except Exception as exc:
-        raise _explain(exc, url) from exc
+        raise explain(exc, shown, key=api_key) from exc
     finally:
         client.close()
-    return [{"id": m.id, "context": (m.model_extra or {}).get("max_model_len")} for m in models]
 
 
 class RemoteEngine:
-    """Streams chat completions from `target`'s server; see the module docstring."""
+    """Streams chat completions from `target`'s server; see the module docstring. Making one
+    asks the server for its models: a wrong address or key fails here, by name, rather than
+    at the first message."""
 
     backend_name = "remote"
     decision = None
 
     def __init__(self, target: RemoteTarget, timeout: float = 600.0) -> None:
         self.target = target
-        self.client = _client(target.url, target.api_key, timeout)
-        self.model = target.model or self._first_model()
-
-    def _first_model(self) -> str:
-        models = list_models(self.target.url, self.target.api_key)
-        if not models:
-            raise RemoteError(f"the server at {self.target.url} lists no models")
-        return models[0]["id"]
+        self.url = base_url(target.url)
+        self.shown = public(self.url)  # the address as messages say it
+        models = list_models(self.url, target.api_key)
+        if not models and not target.model:
+            raise RemoteError(
+                f"the server at {self.shown} lists no models: load or pull one there first "
+                "(as `ollama pull NAME`), or name the model in Connect to a server…"
+            )
+        self.model = target.model or pick_model(models)
+        listed = {m["id"]: m["context"] for m in models}
+        # The context the server runs the model with, where it says (None: unknown).
+        self.served_context = target.context or listed.get(self.model)
+        self.client = _client(self.url, target.api_key, timeout)
 
     def held_bytes(self) -> int:
         return 0
@@ -136,30 +150,33 @@ class RemoteEngine:
         self, prompt: RemotePrompt, params: Any = None, cancel: threading.Event | None = None
     ) -> Iterator[RemoteEvent]:
         """Stream one reply. `params`: the app's GenerationParams (None: server defaults).
-        Setting `cancel` closes the connection, which frees the server's slot."""
+        Setting `cancel` ends it at once and closes the connection, which frees the
+        server's slot."""
         t0 = time.perf_counter()
-        try:
-            stream = self.client.chat.completions.create(
+        reply = StreamedReply(
+            self.shown,
+            lambda: self.client.chat.completions.with_streaming_response.create(
                 model=self.model,
                 messages=list(prompt.messages),
                 stream=True,
                 stream_options={"include_usage": True},
                 **_sampling(params, prompt.enable_thinking),
-            )
-        except Exception as exc:
-            raise _explain(exc, self.target.url) from exc
+            ),
+        )
         thinking, reason, usage, t_first, timings = False, None, None, None, {}
+        stream = Events(reply.lines(cancel), self.shown)
         try:
             for chunk in stream:
-                if cancel is not None and cancel.is_set():
-                    reason = "cancelled"
-                    break
-                usage = chunk.usage or usage
-                timings = (chunk.model_extra or {}).get("timings") or timings  # Snug, llama.cpp
-                for choice in chunk.choices:
-                    extra = choice.delta.model_extra or {}
-                    reasoning = extra.get("reasoning_content") or extra.get("reasoning") or ""
-                    content = choice.delta.content or ""
+                usage = chunk.get("usage") or usage
+                timings = chunk.get("timings") or timings  # Snug, llama.cpp
+                choices = chunk.get("choices")
+                for choice in choices if isinstance(choices, list) else ():
+                    if not isinstance(choice, dict):
+                        continue
+                    delta = choice.get("delta")
+                    delta = delta if isinstance(delta, dict) else {}
+                    reasoning = _text(delta, "reasoning_content") or _text(delta, "reasoning")
+                    content = _text(delta, "content")
                     text = ""
                     if reasoning:
                         text += ("" if thinking else "<think>\n") + reasoning
@@ -167,20 +184,32 @@ class RemoteEngine:
                     if content:
                         text += ("\n</think>\n\n" if thinking else "") + content
                         thinking = False
-                    reason = choice.finish_reason or reason
+                    reason = choice.get("finish_reason") or reason
                     if text:
                         t_first = t_first or time.perf_counter()
                         yield RemoteEvent(text)
+            if cancel is not None and cancel.is_set():
+                reason = "cancelled"
+            elif reason is None and not stream.done:
+                raise RemoteError(
+                    f"the server at {self.shown} ended the reply before it was finished; the "
+                    "text so far is kept. Is the server still running? (Regenerate asks again.)"
+                )
         except Exception as exc:
-            raise _explain(exc, self.target.url) from exc
+            raise explain(exc, self.shown, self.model, self.target.api_key, reply.began) from exc
         finally:
-            stream.close()
+            reply.close()
         tail = "\n</think>" if thinking else ""
         stats = _stats(usage, t0, t_first, timings)
         yield RemoteEvent(tail, True, reason or "stop", stats)
 
     def unload(self) -> None:
         self.client.close()
+
+
+def _text(delta: dict[str, Any], key: str) -> str:
+    value = delta.get(key)
+    return value if isinstance(value, str) else ""
 
 
 def _sampling(params: Any, enable_thinking: bool | None) -> dict[str, Any]:
@@ -209,28 +238,33 @@ def _stats(
     usage: Any, t0: float, t_first: float | None, timings: dict | None = None
 ) -> GenerationStats | None:
     """The reply's stats in the shape a local reply carries them: times as this client saw
-    them; the drafts from the server's llama.cpp-style `timings`, where it sends them."""
+    them; the token counts from `usage`, else from llama.cpp-style `timings` (prompt_n,
+    predicted_n); the drafts from `timings`, where the server sends them."""
     from engine.request_types import GenerationStats
 
-    if usage is None:
+    prompt = _count(usage, "prompt_tokens", _count(timings, "prompt_n", None))
+    new = _count(usage, "completion_tokens", _count(timings, "predicted_n", None))
+    if prompt is None or new is None:
         return None
-    now, first = time.perf_counter(), t_first or time.perf_counter()
-    new = usage.completion_tokens
+    now = time.perf_counter()
+    first = t_first or now  # no text came: no rate of it either
     return GenerationStats(
-        prompt_tokens=usage.prompt_tokens,
+        prompt_tokens=prompt,
         new_tokens=new,
         ttft_s=first - t0,
-        prefill_tok_s=usage.prompt_tokens / max(first - t0, 1e-9),
-        decode_tok_s=(new - 1) / max(now - first, 1e-9) if new > 1 else 0.0,
-        drafted=_count(timings, "draft_n"),
-        drafts_kept=_count(timings, "draft_n_accepted"),
+        prefill_tok_s=prompt / max(first - t0, 1e-9),
+        decode_tok_s=(new - 1) / max(now - first, 1e-9) if new > 1 and t_first else 0.0,
+        drafted=_count(timings, "draft_n") or 0,
+        drafts_kept=_count(timings, "draft_n_accepted") or 0,
     )
 
 
-def _count(timings: dict | None, key: str) -> int:
-    """A non-negative count from a server's `timings` (0 where it is absent or not one)."""
-    value = (timings or {}).get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+def _count(source: Any, key: str, default: int | None = 0) -> int | None:
+    """A non-negative count from a server's `usage` or `timings` (a dict or an object), or
+    `default` where it is absent or not one."""
+    value = source.get(key) if isinstance(source, dict) else getattr(source, key, None)
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if ok else default
 
 
 class RemoteLoader:
@@ -261,7 +295,7 @@ class RemoteLoader:
         if target is None:
             return self.base(request, progress)
         if progress is not None:
-            progress(f"connecting to {target.url}", 0.0)
+            progress(f"connecting to {public(base_url(target.url))}", 0.0)
         engine = RemoteEngine(target)
         if progress is not None:
             progress("ready", 1.0)

@@ -83,7 +83,8 @@ class EngineWorker(QObject):
                 "decision": getattr(engine, "decision", None),
                 "held": self._held(),
                 "drafting": getattr(engine, "drafting", ""),
-                "context": request.context,
+                # a server's model: the context it says it runs with (None: it does not say)
+                "context": getattr(engine, "served_context", request.context),
                 "streams": request.streams,
                 # what attached files cost, counted before they are sent (thread-safe)
                 "tokenizer": getattr(engine, "tokenizer", None),

@@ -477,7 +477,10 @@ class ChatController(QObject):
             chat.turns.pop()
         chat.turns.append(Turn("error", f"{cls}: {msg}"))
         if self._end(chat):
-            self.notice.emit(f"The engine refused this reply ({cls}). The model stays loaded.")
+            if cls == "RemoteError":  # a model served elsewhere (app/remote_wire.py)
+                self.notice.emit("The server did not finish this reply: the chat says why.")
+            else:
+                self.notice.emit(f"The engine refused this reply ({cls}). The model stays loaded.")
 
     def _orphaned(self, request_id: int) -> None:
         """The reply under way ended with its chat deleted: nothing is generating now."""

@@ -144,6 +144,7 @@ def test_a_reply_the_server_ends_too_soon_keeps_the_text_and_says_so(qtbot, make
         assert (user.role, user.content) == ("user", "Hello")
         assert (partial.role, partial.content) == ("assistant", "Hello ")
         assert error.role == "error" and "ended the reply before it was finished" in error.content
+        assert window.chat.status.text().startswith("The server did not finish this reply")
 
 
 def test_stop_and_closing_the_app_do_not_wait_for_a_silent_server(qtbot, make_window):

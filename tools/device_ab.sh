@@ -15,8 +15,8 @@
 #     a 512-token prompt); the product's speed, and the projection variants each cell ran;
 #   decode: tools/bench_decode.py with BENCH_FLAGS (graph replays: kernel-level figures).
 # AB_TESTS='pytest -k expression' runs that part of tests/device in every tree first, A too
-# (a line each: passed / failed; a new test, overlaid, shows the tree before failing it). The kernel cache is packed into $OUT/kernel-cache.tgz at the
-# end (under 16 MiB), to carry as .kernel-cache.tgz into the next call. WARM_TIMEOUT and
+# (a line each: passed / failed; a new test, overlaid, shows the tree before failing it). The kernel cache is packed into $OUT/kernel-cache.txz at the
+# end (under 16 MiB), to carry as .kernel-cache.txz into the next call. WARM_TIMEOUT and
 # BENCH_TIMEOUT (seconds) bound the kernels' compile and each benchmark.
 set -o pipefail
 overlay_from() {  # overlay_from REV DIR: the files REV changed against HEAD
@@ -59,7 +59,7 @@ fi
 OUT=${OUT:-./device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-. tools/kernel_cache.sh  # a carried .kernel-cache.tgz unpacked into CuPy's cache
+. tools/kernel_cache.sh  # a carried .kernel-cache.txz unpacked into CuPy's cache
 flags=${BENCH_FLAGS:---runs 4B:mlx4 --prefill 512 --hf= --decode-tokens 128}  # split on spaces
 trees=("$PWD")
 names=(A)

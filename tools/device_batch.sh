@@ -5,7 +5,7 @@
 # every step a session needs and packs the logs into $OUT/logs.tgz. Each argument is one
 # step, "SECONDS COMMAND...", run from the repository root with its own time limit; a step
 # that fails or runs out of time does not stop the next. Carried wheels (.whl/*.whl) are
-# installed into /tmp/site first, and a carried .kernel-cache.tgz is unpacked into CuPy's
+# installed into /tmp/site first, and a carried .kernel-cache.txz is unpacked into CuPy's
 # cache (device_check.sh does the same for its own runs).
 #
 #   tools/device_batch.sh "200 python3 -m pytest tests/device/test_mtp.py -q -s" \
@@ -24,7 +24,7 @@ else
   export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
-. tools/kernel_cache.sh  # a carried .kernel-cache.tgz unpacked into CuPy's cache
+. tools/kernel_cache.sh  # a carried .kernel-cache.txz unpacked into CuPy's cache
 pack() { tar -czf "$OUT/logs.tgz" -C "$OUT" logs; }
 trap pack EXIT
 i=0

@@ -23,7 +23,7 @@ mode=${1:-all}
 shift || true
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # carried wheels may be on it
 export PYTHONUNBUFFERED=1
-# The kernel cache: a carried .kernel-cache.tgz unpacked now, $OUT/kernel-cache.tgz at exit.
+# The kernel cache: a carried .kernel-cache.txz unpacked now, $OUT/kernel-cache.txz at exit.
 . tools/kernel_cache.sh
 trap pack_kernel_cache EXIT
 # The projection kernels compiled in parallel first (tests and benchmarks compile one by one).

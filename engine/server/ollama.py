@@ -1,26 +1,30 @@
 """Ollama's API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`, `/api/show`,
-`/api/version`),
-for the front-ends and the `ollama` client that speak it rather than OpenAI's. A request is
-read as the chat (or, with `raw`, completion) request it stands for and runs on the same
-path; the reply is Ollama's: the answer in `message.content` (`response` for generate), the
-thinking in `thinking` when `think` is on, tool calls with their arguments as objects, and
-the counts and durations (nanoseconds) at the end. It streams unless `stream` is false, as
-newline-delimited JSON. Errors are `{"error": message}`. As Ollama does, a chat longer than
-the context loses its oldest turns (engine/context_fit.py; `"truncate": false` refuses it
-instead), and `num_predict` past the room left is cut to it. `/api/generate` answers with
-the conversation's token ids as `context`, which a client sends back with its next prompt
-to go on from there (the older way to keep a conversation, before `/api/chat`).
+`/api/version`), for the front-ends and the `ollama` client that speak it rather than
+OpenAI's. A request is read as the chat (or, with `raw`, completion) request it stands for
+and runs on the same path; the reply is Ollama's: the answer in `message.content`
+(`response` for generate), the thinking in `thinking` when `think` is on, tool calls with
+their arguments as objects (each with its `id` and, in `function`, its `index` in the
+reply), the tokens' log-probabilities where `logprobs` asks, and the counts and durations
+(nanoseconds) at the end. It streams unless `stream` is false, as newline-delimited JSON.
+Errors are `{"error": message}` (an unknown model: 404, "model 'NAME' not found", as Ollama
+words it). The model stays loaded as long as the server runs, so a request to unload it
+(`keep_alive` 0 with nothing to answer) is refused by name. As Ollama does, a chat longer
+than the context loses its oldest turns (engine/context_fit.py; `"truncate": false`
+refuses it instead), and `num_predict` past the room left is cut to it. `/api/generate`
+answers with the conversation's token ids as `context`, which a client sends back with its
+next prompt to go on from there (the older way to keep a conversation, before `/api/chat`).
+The model's description (`/api/tags`, `/api/ps`, `/api/show`) is ollama_models.py's.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -30,6 +34,8 @@ from engine import __version__
 from engine.errors import SnugError
 from engine.server.errors import error_response
 from engine.server.generation import Generation
+from engine.server.logprobs import LogprobFormat
+from engine.server.ollama_models import ModelCard, stamp
 from engine.server.protocol import (
     ApiError,
     bad,
@@ -44,9 +50,13 @@ if TYPE_CHECKING:
     from engine.server.app import OpenAIServer
 
 # The Ollama release whose API these routes answer as (`think` with levels, `tool_name`,
-# `truncate`, `logprobs` refused by name), as /api/version reports it.
-OLLAMA_VERSION = "0.12.6"
-# Ollama's sampling options and the chat request's names for them.
+# `truncate`, `logprobs`, tool calls with their `id`), as /api/version reports it.
+OLLAMA_VERSION = "0.12.11"
+# Ollama's sampling options and the chat request's names for them. Its others are the
+# runner's (`num_ctx`: the context is the server's own, `--context`; `num_gpu`,
+# `num_thread`, ...) or samplers this engine does not have (`repeat_penalty`, `mirostat`,
+# `typical_p`, which Ollama's own engine does not apply either): they are ignored, as
+# Ollama ignores the options it does not know.
 OPTIONS = {
     "temperature": "temperature",
     "top_p": "top_p",
@@ -57,15 +67,26 @@ OPTIONS = {
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
 }
+# What /api/generate refuses by name rather than drop (Ollama's `template` is a Go template).
+REFUSED = {
+    "images": "this server takes text prompts",
+    "suffix": "this server takes text prompts",
+    "template": "this server renders the model's own chat template; send a prompt formatted "
+    "as you want it with raw: true",
+}
+THINK_LEVELS = ("low", "medium", "high", "max")  # and "none", as OpenAI's clients say off
+MAX_TOP_LOGPROBS = 20
+_DURATION = re.compile(r"(\d*\.?\d+)(ns|us|µs|ms|s|m|h)")
+_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
 
 
 def chat_body(body: dict[str, Any], generate: bool) -> dict[str, Any]:
     """The chat body an Ollama chat or generate request stands for."""
     if generate:
         prompt = field(body, "prompt", "string", "")
-        if body.get("images") or body.get("suffix"):
-            name = "images" if body.get("images") else "suffix"
-            raise bad(f"'{name}' is not supported: this server takes text prompts", name)
+        for name, why in REFUSED.items():
+            if body.get(name):
+                raise bad(f"'{name}' is not supported: {why}", name)
         messages = [{"role": "user", "content": prompt}]
         system = field(body, "system", "string")
         if system:
@@ -75,10 +96,6 @@ def chat_body(body: dict[str, Any], generate: bool) -> dict[str, Any]:
         if not isinstance(raw, list) or not raw:
             raise bad("'messages' must be a non-empty list of messages", "messages")
         messages = [_message(m, i) for i, m in enumerate(raw)]
-    if body.get("logprobs"):
-        raise bad(
-            "'logprobs' is not supported on /api; /v1/chat/completions returns them", "logprobs"
-        )
     chat: dict[str, Any] = {"messages": messages, "model": body.get("model")}
     chat["stream"] = field(body, "stream", "boolean", True)
     options = field(body, "options", "object", {})
@@ -98,8 +115,19 @@ def chat_body(body: dict[str, Any], generate: bool) -> dict[str, Any]:
     elif fmt not in (None, ""):
         raise bad("'format' must be \"json\" or a JSON schema", "format")
     think = body.get("think")
-    if think is not None:  # true, false, or a level ("low", "medium", "high")
+    if think is not None:  # true, false, or a level: Qwen3.5 thinks or not, at one level
+        if not isinstance(think, bool) and think not in (*THINK_LEVELS, "none"):
+            raise bad(
+                f"invalid think value {json.dumps(think)[:40]}: use true, false or a level "
+                '("low", "medium", "high", "max")',
+                "think",
+            )
         chat["chat_template_kwargs"] = {"enable_thinking": think not in (False, "none")}
+    if field(body, "logprobs", "boolean", False):
+        top = field(body, "top_logprobs", "integer", 0)
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs")
+        chat |= {"logprobs": True, "top_logprobs": top}
     return chat
 
 
@@ -109,6 +137,8 @@ def _message(message: Any, i: int) -> dict[str, Any]:
     if message.get("images"):
         raise bad(f"'messages[{i}].images': this server takes text only", f"messages[{i}].images")
     out = {k: message[k] for k in ("role", "content") if k in message}
+    if isinstance(out.get("role"), str):
+        out["role"] = out["role"].lower()  # as Ollama reads it ("User" is a user)
     if message.get("thinking"):
         out["reasoning_content"] = message["thinking"]
     if message.get("tool_calls"):
@@ -121,13 +151,45 @@ def _message(message: Any, i: int) -> dict[str, Any]:
     return out
 
 
+def keep_alive(body: dict[str, Any]) -> float | None:
+    """`keep_alive` in seconds (None where it is not sent; negative: for ever): a number of
+    seconds, or a duration as Ollama reads it ("5m", "1h30m", "0")."""
+    value = body.get("keep_alive")
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        sign, text = (-1.0 if text.startswith("-") else 1.0), text.lstrip("+-")
+        try:
+            return sign * float(text)  # "0", and seconds as a string
+        except ValueError:
+            parts = _DURATION.findall(text)
+        if parts and "".join(n + unit for n, unit in parts) == text:
+            return sign * sum(float(n) * _SECONDS[unit] for n, unit in parts)
+    raise bad(
+        f'\'keep_alive\' = {json.dumps(value)[:40]}: send a duration such as "5m" or "1h", '
+        "or a number of seconds",
+        "keep_alive",
+    )
+
+
 class Reply:
     """One Ollama reply: its pieces gathered (`add`) into content, thinking and tool calls,
-    and the objects the API answers with."""
+    and the objects the API answers with; the tokens' log-probabilities with the lines
+    that follow them, where the request asked (`logprobs`)."""
 
-    def __init__(self, model: str, generate: bool, keeps_context: bool = False) -> None:
+    def __init__(
+        self,
+        model: str,
+        generate: bool,
+        keeps_context: bool = False,
+        logprobs: LogprobFormat | None = None,
+    ) -> None:
         self.model, self.generate = model, generate
         self.keeps_context = keeps_context  # a templated generate: `context` at the end
+        self.logprobs = logprobs
         self.t0 = time.perf_counter_ns()
         self.content, self.thinking = "", ""
         self.calls: list[dict[str, Any]] = []
@@ -137,8 +199,8 @@ class Reply:
         if piece.kind == "tool_call":
             call = piece.call
             assert call is not None
-            args = call.arguments_object()
-            one = {"function": {"name": call.name, "arguments": args}}
+            function = {"index": len(self.calls), "name": call.name}
+            one = {"id": call.id, "function": {**function, "arguments": call.arguments_object()}}
             self.calls.append(one)
             return {"tool_calls": [one]}
         if piece.kind == "reasoning":
@@ -147,14 +209,18 @@ class Reply:
         self.content += piece.text
         return {"content": piece.text}
 
-    def line(self, part: dict[str, Any], done: bool = False) -> dict[str, Any]:
-        """A response object: `part` as the message (chat) or as its fields (generate)."""
-        now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-        out: dict[str, Any] = {"model": self.model, "created_at": now}
+    def line(
+        self, part: dict[str, Any], done: bool = False, gen: Generation | None = None
+    ) -> dict[str, Any]:
+        """A response object: `part` as the message (chat) or as its fields (generate),
+        with the log-probabilities of `gen`'s tokens since the last line."""
+        out: dict[str, Any] = {"model": self.model, "created_at": stamp(datetime.now(UTC))}
         if self.generate:
             out["response"] = part.get("content", "")
             if part.get("thinking"):
                 out["thinking"] = part["thinking"]
+            if part.get("tool_calls"):
+                out["tool_calls"] = part["tool_calls"]
         else:
             out["message"] = {
                 "role": "assistant",
@@ -162,6 +228,10 @@ class Reply:
                 **{k: part[k] for k in ("thinking", "tool_calls") if part.get(k)},
             }
         out["done"] = done
+        if gen is not None and self.logprobs is not None:
+            entries = gen.take_logprobs()
+            if entries or done:
+                out["logprobs"] = self.logprobs.chat(entries)["content"]
         return out
 
     def final(self, gen: Generation, whole: bool) -> dict[str, Any]:
@@ -170,7 +240,7 @@ class Reply:
         part: dict[str, Any] = {}
         if whole:
             part = {"content": self.content, "thinking": self.thinking, "tool_calls": self.calls}
-        out = self.line(part, done=True)
+        out = self.line(part, done=True, gen=gen)
         total = time.perf_counter_ns() - self.t0
         # The prompt up to the first token, the reply after it (`ollama run --verbose` divides
         # eval_count by eval_duration for its eval rate); the whole time where the engine's
@@ -197,6 +267,14 @@ class OllamaApi:
 
     def __init__(self, server: OpenAIServer) -> None:
         self.server = server
+        self._card: ModelCard | None = None
+
+    @property
+    def card(self) -> ModelCard:
+        """The served model as Ollama's routes describe it (worked out on first use)."""
+        if self._card is None:
+            self._card = ModelCard(self.server)
+        return self._card
 
     def routes(self) -> list[Route]:
         return [
@@ -220,63 +298,50 @@ class OllamaApi:
         version beside it."""
         return JSONResponse({"version": OLLAMA_VERSION, "snug_version": __version__})
 
-    def _model(self) -> dict[str, Any]:
-        s = self.server
-        when = datetime.fromtimestamp(s.created, UTC).isoformat().replace("+00:00", "Z")
-        tensors = s.engine.checkpoint.tensors
-        details = {
-            "format": "safetensors",
-            "family": "qwen3_5",
-            "families": ["qwen3_5"],
-            "parameter_size": parameter_size(tensors.values()),
-            "quantization_level": quantization_level(tensors.values()),
-        }
-        return {
-            "name": s.model_id,
-            "model": s.model_id,
-            "modified_at": when,
-            "size": s.engine.checkpoint.total_bytes,
-            "digest": "",
-            "details": details,
-        }
+    def _check(self, model: Any) -> None:
+        """`model` is the served one; else a 404 in Ollama's words ("model 'NAME' not
+        found"), which its clients show as it is, with the name that is served."""
+        try:
+            self.server._check_model(model)
+        except ApiError as exc:
+            raise ApiError(
+                404,
+                f"model '{model}' not found; this server serves '{self.server.model_id}' "
+                "(GET /api/tags lists it)",
+                param="model",
+                code="model_not_found",
+            ) from exc
 
-    async def tags(self, request: Request) -> JSONResponse:
+    async def tags(self, request: Request) -> Response:
         try:
             self.server._authorize(request)
         except ApiError as exc:
             return _error(exc)
-        return JSONResponse({"models": [self._model()]})
+        return JSONResponse({"models": [self.card.listed()]})
 
-    async def running(self, request: Request) -> JSONResponse:
-        """`ollama ps`: the one model this server runs, with the bytes it holds on the card,
-        loaded until the server stops."""
+    async def running(self, request: Request) -> Response:
+        """`ollama ps`: the one model this server runs, with the memory it holds, loaded
+        until the server stops."""
         try:
             self.server._authorize(request)
         except ApiError as exc:
             return _error(exc)
-        model = self._model()
-        model["size_vram"] = self.server.engine.held_bytes()
-        model["expires_at"] = FOREVER
-        model["context_length"] = self.server.engine.context
-        return JSONResponse({"models": [model]})
+        return JSONResponse({"models": [self.card.running()]})
 
-    async def show(self, request: Request) -> JSONResponse:
+    async def show(self, request: Request) -> Response:
+        """The model's details, its context length (`model_info`, and `num_ctx` in
+        `parameters`) and capabilities, by `model` or by `name` as older clients send it."""
         s = self.server
         try:
             s._authorize(request)
             body = await s._body(request)
-            s._check_model(body.get("model") or body.get("name"))
+            model = body.get("model") or body.get("name")
+            if not model:
+                raise bad("model is required", "model")
+            self._check(model)
         except ApiError as exc:
             return _error(exc)
-        info = {"general.architecture": "qwen3_5", "qwen3_5.context_length": s.engine.context}
-        return JSONResponse(
-            {
-                "details": self._model()["details"],
-                "model_info": info,
-                "capabilities": ["completion", "tools", "thinking"],
-                "template": s.tokenizer.template or "",
-            }
-        )
+        return JSONResponse(self.card.shown())
 
     async def chat(self, request: Request) -> Any:
         return await self._run(request, generate=False)
@@ -289,8 +354,11 @@ class OllamaApi:
         try:
             s._authorize(request)
             body = await s._body(request)
+            alive = keep_alive(body)
             if _loads_only(body, generate):  # how Ollama's clients ask for the model ready
-                s._check_model(body.get("model"))
+                self._check(body.get("model"))
+                if alive == 0:
+                    raise bad(_NO_UNLOAD.format(model=s.model_id), "keep_alive")
                 reply = Reply(body.get("model") or s.model_id, generate)
                 return JSONResponse({**reply.line({}, done=True), "done_reason": "load"})
             earlier = context_ids(body, s.engine.vocab_rows) if generate else []
@@ -299,7 +367,7 @@ class OllamaApi:
                 gen, stream = await self._raw(request, body, earlier)
             else:
                 chat = read_chat(chat_body(body, generate))
-                s._check_model(chat.options.model)
+                self._check(chat.options.model)
                 truncate = not generate and body.get("truncate", True) is not False
                 gen = await s._submit(
                     request, chat, "messages", fit=True, truncate=truncate, prefix=earlier
@@ -307,7 +375,8 @@ class OllamaApi:
                 stream = chat.options.stream
         except (ApiError, SnugError) as exc:
             return _error(exc)
-        reply = Reply(body.get("model") or s.model_id, generate, generate and not raw)
+        fmt = LogprobFormat(s.tokenizer) if gen.wants_logprobs else None
+        reply = Reply(body.get("model") or s.model_id, generate, generate and not raw, fmt)
         if stream:
             return StreamingResponse(
                 _lines(reply, gen),
@@ -326,36 +395,28 @@ class OllamaApi:
         self, request: Request, body: dict[str, Any], earlier: list[int]
     ) -> tuple[Generation, bool]:
         """generate with `raw`: the prompt as it is, no template (a completion), after the
-        `context` ids where they are sent."""
+        `context` ids where they are sent. A system prompt has no place in it: refused, as
+        Ollama refuses it."""
         s = self.server
+        if body.get("system"):
+            raise bad("raw mode does not support 'system': write it into the prompt", "system")
         chat = chat_body({**body, "raw": False}, generate=True)  # its options, read once
-        dropped = ("messages", "tools", "chat_template_kwargs")
+        dropped = ("messages", "tools", "chat_template_kwargs", "logprobs", "top_logprobs")
         completion = {k: v for k, v in chat.items() if k not in dropped}
+        if chat.get("logprobs"):  # a completion's `logprobs` is the count of alternatives
+            completion["logprobs"] = chat["top_logprobs"]
         prompt: Any = field(body, "prompt", "string", "")
         if earlier:
             prompt = earlier + s.tokenizer.encode(prompt)
         req = read_completion({**completion, "prompt": prompt})
-        s._check_model(req.options.model)
+        self._check(req.options.model)
         return await s._submit_completion(request, req), req.options.stream
 
 
-# A model stays loaded until the server stops: `expires_at` as Ollama writes "never".
-FOREVER = "2318-08-28T00:00:00Z"
-
-
-def parameter_size(tensors: Any) -> str:
-    """The checkpoint's parameter count as Ollama writes it ("751.63M", "4.21B")."""
-    count = sum(int(np.prod(t.shape)) for t in tensors)
-    return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
-
-
-def quantization_level(tensors: Any) -> str:
-    """How the matrices are stored: "Q4" (with its group size, MLX affine) or the float type."""
-    quant = next((t.quant for t in tensors if t.quant is not None), None)
-    if quant is not None:
-        return f"Q{quant.bits}_G{quant.group_size}"
-    dtypes = {t.dtype for t in tensors if len(t.shape) == 2}
-    return next(iter(dtypes)).upper() if len(dtypes) == 1 else "/".join(sorted(dtypes)).upper()
+_NO_UNLOAD = (
+    "'{model}' stays loaded as long as this server runs, so it is not unloaded here "
+    "(keep_alive 0); stop the server to free its memory"
+)
 
 
 def context_ids(body: dict[str, Any], vocab: int) -> list[int]:
@@ -374,15 +435,16 @@ def _loads_only(body: dict[str, Any], generate: bool) -> bool:
     """A request with nothing to answer (no prompt, or no messages): in Ollama's API it
     loads the model and answers `done_reason: "load"`; here the model is loaded already."""
     if generate:
-        return not body.get("prompt") and not body.get("system")
-    return body.get("messages") == []
+        return not body.get("prompt")
+    return body.get("messages") in (None, [])
 
 
 async def _lines(reply: Reply, gen: Generation) -> AsyncIterator[str]:
     try:
         async for piece in gen.pieces():
             if piece.kind == "tool_call" or piece.text:
-                yield json.dumps(reply.line(reply.add(piece)), ensure_ascii=False) + "\n"
+                line = reply.line(reply.add(piece), gen=gen)
+                yield json.dumps(line, ensure_ascii=False) + "\n"
         yield json.dumps(reply.final(gen, whole=False), ensure_ascii=False) + "\n"
     except Exception as exc:  # the reply failed after it started: its error, as a line
         yield json.dumps({"error": streamed_error(exc).message}, ensure_ascii=False) + "\n"

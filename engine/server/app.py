@@ -1,7 +1,7 @@
 """The ASGI app: OpenAI's chat completions, completions and models, over one Scheduler.
 
     GET  /health                 liveness, streams running and waiting (no key needed)
-    GET  /v1/models              the one loaded model
+    GET  /v1/models              the one loaded model (Anthropic's shape with anthropic-version)
     POST /v1/chat/completions    chat template (tools included), thinking apart, tool calls
     POST /v1/completions         a prompt string or token ids, as is
     POST /v1/responses           the Responses API (GET, DELETE /v1/responses/{id}: kept ones)
@@ -41,14 +41,13 @@ from engine.scheduler import QueueFull, Scheduler
 from engine.server.body import read_json
 from engine.server.errors import (
     api_error,
-    error_response,
     http_error,
     shutting_down,
 )
 from engine.server.generation import Generation
 from engine.server.legacy import as_function_call, finish, read_legacy
 from engine.server.logprobs import LogprobFormat
-from engine.server.messages import MessageOutput, MessagesRequest
+from engine.server.messages_api import MessagesApi, model_info, model_list, wants_anthropic
 from engine.server.ollama import OllamaApi
 from engine.server.protocol import (
     ApiError,
@@ -56,7 +55,6 @@ from engine.server.protocol import (
     CompletionRequest,
     Options,
     bad,
-    error_of,
     read_chat,
     read_completion,
     streamed_error,
@@ -111,8 +109,7 @@ class OpenAIServer:
             ("/chat/completions", self.chat, "POST"),
             ("/completions", self.completions, "POST"),
             *ResponsesApi(self).routes(),
-            ("/messages", self.messages, "POST"),
-            ("/messages/count_tokens", self.count_tokens, "POST"),
+            *MessagesApi(self).routes(),
         ]
         routes = [
             Route("/health", self.health, methods=["GET"]),
@@ -167,11 +164,15 @@ class OpenAIServer:
 
     async def models(self, request: Request) -> JSONResponse:
         self._authorize(request)
+        if wants_anthropic(request):  # Anthropic's shape (messages_api.py)
+            return model_list(self)
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
     async def model(self, request: Request) -> JSONResponse:
         self._authorize(request)
         self._check_model(request.path_params["model"])
+        if wants_anthropic(request):
+            return JSONResponse(model_info(self))
         return JSONResponse(self._model_card())
 
     async def chat(self, request: Request) -> Any:
@@ -225,46 +226,6 @@ class OpenAIServer:
         body = {**head, "object": "text_completion", "choices": [choice], "usage": gen.usage}
         return JSONResponse(_with_timings(body, gen))
 
-    async def messages(self, request: Request) -> Any:
-        """Anthropic's Messages API, read as the chat request it stands for (messages.py);
-        its errors in Anthropic's shape."""
-        asked = None
-        try:
-            self._authorize(request)
-            asked = MessagesRequest(await self._body(request))
-            chat = read_chat(asked.chat)
-            self._check_model(chat.options.model)
-            gen = await self._submit(request, chat, "messages", fit=True)
-        except (ApiError, SnugError) as exc:
-            err = error_of(exc)
-            err = asked.rename(err) if asked is not None else err
-            return error_response(err, "anthropic")
-        out = MessageOutput(chat.options.model or self.model_id)
-        if chat.options.stream:
-            return sse(out.events(gen), gen)
-        async for piece in gen.pieces():
-            if piece.kind == "tool_call" or piece.text:
-                out.add(piece)
-        return JSONResponse(out.message(gen))
-
-    async def count_tokens(self, request: Request) -> Any:
-        """Anthropic's token count: the prompt a Messages request would run, in tokens."""
-        asked = None
-        try:
-            self._authorize(request)
-            body = await self._body(request)
-            asked = MessagesRequest({**body, "stream": False, "max_tokens": None})
-            chat = read_chat(asked.chat)
-            try:
-                _, ids = await run_in_threadpool(self._render, chat)
-            except TemplateError as exc:
-                raise bad(str(exc), "messages", "template_error") from exc
-        except (ApiError, SnugError) as exc:
-            err = error_of(exc)
-            err = asked.rename(err) if asked is not None else err
-            return error_response(err, "anthropic")
-        return JSONResponse({"input_tokens": len(ids)})
-
     async def _submit_completion(self, request: Request, req: CompletionRequest) -> Generation:
         """Tokenize (or check the ids of) a completion's prompt, ready its grammar, submit."""
         if isinstance(req.prompt, str):
@@ -285,22 +246,28 @@ class OpenAIServer:
         fit: bool = False,
         truncate: bool = False,
         prefix: Sequence[int] = (),
+        started: str = "",
     ) -> Generation:
         """Render a chat request, ready its grammar, and submit it (`where`: the field a
         template error names; `fit`: as `_start`; `truncate`: a chat too long for the
         context loses its oldest turns, as Ollama's API does; `prefix`: ids the prompt
-        goes on from, Ollama's `context`)."""
+        goes on from, Ollama's `context`; `started`: the reply's first words, which it
+        goes on from: Anthropic's prefill)."""
         render = self._truncated if truncate else self._render
         try:
             prompt_text, ids = await run_in_threadpool(render, chat)
         except TemplateError as exc:
             raise bad(str(exc), where, "template_error") from exc
+        if started:
+            prompt_text += started
+            ids = await run_in_threadpool(self.tokenizer.encode, prompt_text)
         ids = [*prefix, *ids]
         splitter = ReplySplitter(
             prompt_opens_thinking(prompt_text),
             bool(chat.tools),
             tool_schemas(chat.tools),
             one_call=chat.one_call,
+            lead=not started,
         )
         await self._grammar_ready(chat.options)
         return self._start(request, ids, chat.options, splitter, fit)

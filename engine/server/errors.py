@@ -1,12 +1,14 @@
 """Errors as each API answers them, whatever raised them: OpenAI's `{"error": {message, type,
 param, code}}`, Anthropic's `{"type": "error", "error": {type, message}}` on its Messages
-routes, Ollama's `{"error": message}` on /api routes. A 503 (queue full, shutting down)
-carries `Retry-After`; a 405 names the methods the route takes (`Allow`), and OPTIONS on a
-route answers 204 with them.
+routes (and to clients that send `anthropic-version`), Ollama's `{"error": message}` on
+/api routes. A 503 (queue full, shutting down; 529 in Anthropic's shape, as its API
+answers) carries `Retry-After`; a 405 names the methods the route takes (`Allow`), and
+OPTIONS on a route answers 204 with them.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -49,13 +51,14 @@ def shutting_down() -> ApiError:
     )
 
 
-def shape_of(path: str) -> str:
-    """The API whose error shape a route answers in: "ollama", "anthropic" or "openai"."""
+def shape_of(path: str, headers: Any = ()) -> str:
+    """The API whose error shape a route answers in: "ollama", "anthropic" or "openai"
+    (Anthropic's also where the client sends `anthropic-version`, as its clients do)."""
     if path == "/api" or path.startswith("/api/"):
         return "ollama"
     if path.rstrip("/") in ("/v1/messages", "/messages") or "/messages/" in path:
         return "anthropic"
-    return "openai"
+    return "anthropic" if "anthropic-version" in headers else "openai"
 
 
 def error_body(err: ApiError, shape: str) -> dict[str, Any]:
@@ -67,14 +70,20 @@ def error_body(err: ApiError, shape: str) -> dict[str, Any]:
 
 
 def error_response(exc: Exception, shape: str = "openai", headers: dict | None = None) -> Response:
-    """The error response for `exc` in `shape`'s form."""
+    """The error response for `exc` in `shape`'s form. Anthropic's carries the request's
+    id (`request-id`, and `request_id` in the body), and its API answers an overloaded
+    server (503 here) with 529, which its clients retry as such."""
     err = error_of(exc)
     headers = {**(headers or {}), **({"Retry-After": "1"} if err.status == 503 else {})}
-    return JSONResponse(error_body(err, shape), status_code=err.status, headers=headers or None)
+    status, body = err.status, error_body(err, shape)
+    if shape == "anthropic":
+        headers.setdefault("request-id", f"req_{uuid.uuid4().hex}")
+        status, body = 529 if status == 503 else status, messages_body(err, headers["request-id"])
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 async def api_error(request: Request, exc: Exception) -> Response:
-    return error_response(exc, shape_of(request.url.path))
+    return error_response(exc, shape_of(request.url.path, request.headers))
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -84,7 +93,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         message = ABSENT.get(path) or f"no route {request.method} {path}; see GET /v1/models"
         err = ApiError(404, message, code="not_found")
-        return error_response(err, shape_of(path))
+        return error_response(err, shape_of(path, request.headers))
     if exc.status_code == 405:
         methods = (exc.headers or {}).get("Allow", "").split(",")
         allowed = ", ".join(sorted(m.strip() for m in methods if m.strip()))
@@ -92,6 +101,6 @@ async def http_error(request: Request, exc: Exception) -> Response:
             return Response(status_code=204, headers={"Allow": f"{allowed}, OPTIONS"})
         message = f"{request.method} is not allowed on {path}; use {allowed}"
         err = ApiError(405, message, code="method_not_allowed")
-        return error_response(err, shape_of(path), {"Allow": allowed})
+        return error_response(err, shape_of(path, request.headers), {"Allow": allowed})
     err = ApiError(exc.status_code, str(exc.detail))
-    return error_response(err, shape_of(path), exc.headers)
+    return error_response(err, shape_of(path, request.headers), exc.headers)

@@ -1,24 +1,28 @@
-"""Anthropic's Messages API (`POST /v1/messages`), as the `anthropic` client and the coding
-agents built on it send it (they authenticate with `x-api-key`). A request is read as the
-chat request it stands for (the same checks, chat template, grammar, reply splitting and
-scheduler); the reply's pieces become content blocks: `thinking`, `text`, `tool_use`.
+"""Anthropic's Messages API (`POST /v1/messages`): a request read as the chat request it
+stands for (the same checks, chat template, grammar, reply splitting and scheduler); the
+routes and the reply's content blocks are messages_api.py's.
 
 As in Anthropic's API, the model thinks only when `thinking` is enabled; tools are
 `{name, description, input_schema}`; a tool's results come back as `tool_result` blocks of
-a user message. Errors have Anthropic's shape and name the Messages field.
+a user message; `output_config.format` holds the answer to a JSON schema; a `system`
+message may come mid-conversation; a final assistant message is the reply's start, which
+it goes on from (prefill). Errors have Anthropic's shape and name the Messages field.
+
+Coding agents (Claude Code, the Agent SDK) send Claude's model names, a per-request
+attribution line first in `system`, and images among tool results: the first are served
+by the loaded model, the line is left out (it would change the prompt's first tokens on
+every request, so no prompt could be restored from the engine's cache), and an image the
+model cannot see is said in words where it does not come with the request's new message.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import AsyncIterator
+import re
 from typing import Any
 
 from engine.attachments import Attachment, AttachmentRefused, compose, file_text, sent_file
-from engine.server.generation import Generation
-from engine.server.protocol import ApiError, bad, field, renamed, streamed_error
-from engine.server.reply import Piece
+from engine.server.protocol import ApiError, bad, field, renamed
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -29,12 +33,29 @@ ERROR_TYPES = {
     415: "invalid_request_error",
     503: "overloaded_error",
 }
+# Claude Code's attribution line ("x-anthropic-billing-header: cc_version=2.1.42.834;
+# cc_entrypoint=cli; cch=65abc;"), first in `system`: its values change every request.
+ATTRIBUTION = re.compile(r"\Ax-anthropic-billing-header:(\s*[\w.-]+=[^;\n]*;)*\s*")
+# What the model reads in place of an image it cannot see.
+NO_IMAGE = "[an image ({}) was here; the model reads text only and cannot see it]"
+THINKING = ("enabled", "adaptive", "between_tools")  # `thinking.type`s that let it think
+_TOO_LONG = re.compile(r"the prompt has (\d+) tokens but the model's context is (\d+) tokens")
 
 
-def error_body(exc: ApiError) -> dict[str, Any]:
-    """An error in Anthropic's shape."""
+def error_body(exc: ApiError, request_id: str | None = None) -> dict[str, Any]:
+    """An error in Anthropic's shape (with the id of the request it answers)."""
     kind = ERROR_TYPES.get(exc.status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+    body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": exc.message}}
+    if request_id is not None:
+        body["request_id"] = request_id
+    return body
+
+
+def served_name(model: Any) -> bool:
+    """Whether a request's `model` is one of Claude's: Anthropic's clients name those by
+    default (Claude Code's subagents and background requests among them), and the one
+    model loaded here answers them."""
+    return isinstance(model, str) and model.startswith("claude-")
 
 
 class MessagesRequest:
@@ -44,6 +65,7 @@ class MessagesRequest:
     def __init__(self, body: dict[str, Any]) -> None:
         self.body = body
         self.origin: list[str] = []
+        self.prefill = ""  # a final assistant message's text: the reply goes on from it
         self.chat = self._chat_body()
 
     def _chat_body(self) -> dict[str, Any]:
@@ -51,23 +73,31 @@ class MessagesRequest:
         messages: list[dict[str, Any]] = []
         system = body.get("system")
         if system:
-            text = system if isinstance(system, str) else _texts(system, "system")
-            messages.append({"role": "system", "content": text})
-            self.origin.append("system")
+            text = _system_text(system, "system")
+            if text:
+                messages.append({"role": "system", "content": text})
+                self.origin.append("system")
         raw = body.get("messages")
         if not isinstance(raw, list) or not raw:
             raise bad("'messages' must be a non-empty list of messages", "messages")
         for i, message in enumerate(raw):
             where = f"messages[{i}]"
-            if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-                raise bad(f"'{where}.role' must be user or assistant", f"{where}.role")
-            for out in _message(message, where):
+            role = message.get("role") if isinstance(message, dict) else None
+            if role not in ("user", "assistant", "system"):
+                raise bad(f"'{where}.role' must be user, assistant or system", f"{where}.role")
+            for out in _message(message, where, last=i == len(raw) - 1):
                 messages.append(out)
                 self.origin.append(where)
+        end = messages[-1] if len(messages) > 1 else {}
+        if raw[-1].get("role") == "assistant" and end.get("content") and "tool_calls" not in end:
+            self.prefill = messages.pop()["content"]
+            self.origin.pop()
         chat: dict[str, Any] = {"messages": messages}
         for name in ("model", "temperature", "top_p", "top_k", "stream", "max_tokens"):
             if body.get(name) is not None:
                 chat[name] = body[name]
+        if served_name(chat.get("model")):
+            del chat["model"]  # the loaded model answers, and the reply names it
         if body.get("stop_sequences"):
             chat["stop"] = body["stop_sequences"]
         tools = field(body, "tools", "array")
@@ -78,44 +108,97 @@ class MessagesRequest:
             chat["tool_choice"] = _tool_choice(choice)
             parallel = field(choice, "disable_parallel_tool_use", "boolean", False, "tool_choice.")
             chat["parallel_tool_calls"] = not parallel
+        schema = _output_schema(body)
+        if schema is not None:
+            chat["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": schema},
+            }
         thinking = field(body, "thinking", "object", {})
         # "adaptive": the model decides whether to think; Qwen3.5 thinks unless told not to.
         kind = field(thinking, "type", "string", "disabled", "thinking.")
-        enabled = kind in ("enabled", "adaptive")
-        chat["chat_template_kwargs"] = {"enable_thinking": enabled}
+        # A reply that goes on from its first words does not think first (nor in that API).
+        chat["chat_template_kwargs"] = {"enable_thinking": kind in THINKING and not self.prefill}
         return chat
 
     def rename(self, exc: ApiError) -> ApiError:
         """`exc` with the chat request's `messages[i]` put back as the Messages field it came
-        from (the system prompt, or the message of that index), and `stop` as
-        `stop_sequences`."""
-        return renamed(
-            exc, self.origin, {r"'stop'": "'stop_sequences'", r"^stop$": "stop_sequences"}
-        )
-
-
-def _texts(blocks: Any, where: str) -> str:
-    """Text blocks joined (a system prompt, a tool result); any other block refused by name."""
-    if isinstance(blocks, str):
-        return blocks
-    if not isinstance(blocks, list):
-        raise bad(f"'{where}' must be a string or a list of text blocks", where)
-    out = []
-    for j, block in enumerate(blocks):
-        if not isinstance(block, dict) or block.get("type") != "text":
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise bad(
-                f"'{where}[{j}]' is a '{kind}' block: this server takes text only", f"{where}[{j}]"
+        from (the system prompt, or the message of that index), `stop` as `stop_sequences`,
+        the format's schema as `output_config.format.schema`; a prompt longer than the
+        context said as Anthropic's API says it ("prompt is too long: N tokens > M
+        maximum"), which agents read to compact their conversation."""
+        words = {
+            r"'stop'": "'stop_sequences'",
+            r"^stop$": "stop_sequences",
+            r"response_format\.json_schema\.schema": "output_config.format.schema",
+        }
+        out = renamed(exc, self.origin, words)
+        too_long = _TOO_LONG.search(out.message)
+        if out.code == "context_length_exceeded" and too_long:
+            prompt, context = (int(n) for n in too_long.groups())
+            message = (
+                f"prompt is too long: {prompt} tokens > {context - 1} maximum (the model's "
+                f"context is {context} tokens, shared by prompt and reply); shorten the "
+                "conversation, or restart the server with a larger --context"
             )
-        out.append(field(block, "text", "string", "", f"{where}[{j}]."))
-    return "".join(out)
+            out = ApiError(out.status, message, out.kind, out.param, out.code)
+        return out
 
 
-def _message(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
+def _system_text(system: Any, where: str) -> str:
+    """The system prompt's text: a string, or its text blocks joined, without the
+    attribution line Claude Code puts first (ATTRIBUTION)."""
+    if isinstance(system, str):
+        return ATTRIBUTION.sub("", system)
+    if not isinstance(system, list):
+        raise bad(f"'{where}' must be a string or a list of text blocks", where)
+    texts = [_text_block(block, f"{where}[{j}]") for j, block in enumerate(system)]
+    return "".join(ATTRIBUTION.sub("", text) for text in texts)
+
+
+def _text_block(block: Any, at: str) -> str:
+    if not isinstance(block, dict) or block.get("type") != "text":
+        kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+        raise bad(f"'{at}' is a '{kind}' block: this field takes text blocks only", at)
+    return field(block, "text", "string", "", f"{at}.")
+
+
+def _no_image(block: dict[str, Any]) -> str:
+    source = block.get("source")
+    kind = source.get("media_type") if isinstance(source, dict) else None
+    return NO_IMAGE.format(kind if isinstance(kind, str) else "image")
+
+
+def _result_text(content: Any, at: str) -> str:
+    """A tool result's content as the text the model reads: a string, or its text blocks
+    joined, after any documents (engine/attachments.py); an image is said in words (the
+    tool's result stays in the conversation: refusing it would refuse every later turn)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(f"'{at}' must be a string or a list of blocks", at)
+    texts, documents = [], []
+    for j, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "image":
+            texts.append(_no_image(block))
+        elif kind == "document":
+            documents.append(_document(block, f"{at}[{j}]"))
+        else:
+            texts.append(_text_block(block, f"{at}[{j}]"))
+    return compose("".join(texts), documents)
+
+
+def _message(message: dict[str, Any], where: str, last: bool) -> list[dict[str, Any]]:
     """One Messages message as chat messages: a user's tool results become tool messages
     (first, as the API orders them), an assistant's tool_use blocks its tool calls and its
-    thinking blocks its reasoning."""
+    thinking blocks its reasoning; a system message stays one (system_first puts one that
+    comes later in as a user turn). An image in the request's last message is refused: the
+    model cannot see it, and the client should say so; one earlier is said in words."""
     role, content = message["role"], message.get("content", "")
+    if role == "system":
+        text = _system_text(content, f"{where}.content")
+        return [{"role": "system", "content": text}] if text else []
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -126,6 +209,14 @@ def _message(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(field(block, "text", "string", "", f"{at}."))
+        elif kind == "image" and role == "user" and last:
+            raise bad(
+                f"'{at}' is an image: the model served here reads text only; send what the "
+                "image shows as text",
+                at,
+            )
+        elif kind == "image" and role == "user":
+            texts.append(_no_image(block))
         elif kind == "document" and role == "user":
             documents.append(_document(block, at))
         elif kind == "thinking" and role == "assistant":
@@ -146,7 +237,7 @@ def _message(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
             )
         elif kind == "tool_result" and role == "user":
             result = block.get("content", "")
-            text = _texts(result, f"{at}.content") if result else ""
+            text = _result_text(result, f"{at}.content") if result else ""
             if block.get("is_error"):
                 text = f"Error: {text}"
             results.append(
@@ -188,7 +279,7 @@ def _document(block: dict[str, Any], at: str) -> Attachment:
             text = field(source, "data", "string", "", f"{at}.source.")
             return Attachment(name, file_text(name, text.encode("utf-8")))
         if kind == "content":
-            return Attachment(name, _texts(source.get("content", ""), f"{at}.source.content"))
+            return Attachment(name, _result_text(source.get("content", ""), f"{at}.source.content"))
     except AttachmentRefused as exc:
         raise bad(f"'{at}': {exc}", at) from None
     raise bad(
@@ -196,6 +287,24 @@ def _document(block: dict[str, Any], at: str) -> Attachment:
         "no files; send the document as 'base64' or 'text'",
         f"{at}.source",
     )
+
+
+def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema the answer is held to: `output_config.format` (or the earlier
+    `output_format`), `{"type": "json_schema", "schema": {...}}`; None where there is none."""
+    config = field(body, "output_config", "object", {})
+    where = "output_config.format"
+    fmt = field(config, "format", "object", None, "output_config.")
+    if fmt is None:
+        where, fmt = "output_format", field(body, "output_format", "object", None)
+    if fmt is None:
+        return None
+    if fmt.get("type") != "json_schema":
+        raise bad(f"'{where}.type' must be json_schema", f"{where}.type")
+    schema = field(fmt, "schema", "object", None, f"{where}.")
+    if schema is None:
+        raise bad(f"'{where}.schema' must be a JSON schema object", f"{where}.schema")
+    return schema
 
 
 def _tool(tool: Any, i: int) -> dict[str, Any]:
@@ -222,127 +331,3 @@ def _tool_choice(choice: dict[str, Any]) -> Any:
     if kind == "tool":
         return {"type": "function", "function": {"name": choice.get("name")}}
     raise bad("'tool_choice.type' must be auto, any, tool or none", "tool_choice.type")
-
-
-def _usage(gen: Generation) -> dict[str, int]:
-    """The reply's usage as the API gives it, in the message and in the stream's
-    message_delta (whose counts clients take as the final ones: LangChain's input tokens
-    come from there): as in that API, `input_tokens` are the prompt's tokens read, and
-    those restored from the engine's prompt cache are `cache_read_input_tokens` (known
-    once the reply has ended; none before); none are written to a cache on request."""
-    cached = gen.cached_tokens
-    return {
-        "input_tokens": gen.prompt_tokens - cached,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-        "output_tokens": gen.completion_tokens,
-    }
-
-
-class MessageOutput:
-    """One reply's content blocks, built from its pieces (`add`), and the message object."""
-
-    def __init__(self, model: str) -> None:
-        self.id = f"msg_{uuid.uuid4().hex}"
-        self.model = model
-        self.blocks: list[dict[str, Any]] = []
-
-    def add(self, piece: Piece) -> tuple[dict[str, Any], bool]:
-        """Take one piece; (the block it went to, whether that block is new)."""
-        if piece.kind == "tool_call":
-            call = piece.call
-            assert call is not None
-            args = call.arguments_object()
-            block = {
-                "type": "tool_use",
-                "id": f"toolu_{call.id.removeprefix('call_')}",
-                "name": call.name,
-                "input": args,
-            }
-            self.blocks.append(block)
-            return block, True
-        kind, key = ("thinking", "thinking") if piece.kind == "reasoning" else ("text", "text")
-        if self.blocks and self.blocks[-1]["type"] == kind:
-            self.blocks[-1][key] += piece.text
-            return self.blocks[-1], False
-        block = {"type": kind, key: piece.text}
-        if kind == "thinking":
-            block["signature"] = ""
-        self.blocks.append(block)
-        return block, True
-
-    def stop(self, gen: Generation) -> tuple[str, str | None]:
-        """(stop_reason, stop_sequence) as the API gives them."""
-        if gen.finish_reason == "length":
-            return "max_tokens", None
-        if any(b["type"] == "tool_use" for b in self.blocks):
-            return "tool_use", None
-        if gen.stop.hit:
-            return "stop_sequence", gen.stop.which
-        return "end_turn", None
-
-    def message(self, gen: Generation) -> dict[str, Any]:
-        reason, sequence = self.stop(gen)
-        return {
-            "id": self.id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": self.blocks,
-            "stop_reason": reason,
-            "stop_sequence": sequence,
-            "usage": _usage(gen),
-        }
-
-    async def events(self, gen: Generation) -> AsyncIterator[str]:
-        """The stream: message_start, each block's start / deltas / stop, message_delta
-        with the stop reason and usage, message_stop."""
-
-        def event(kind: str, **data: Any) -> str:
-            payload = {"type": kind, **data}
-            return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-        head = {
-            "id": self.id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {**_usage(gen), "output_tokens": 0},
-        }
-        yield event("message_start", message=head)
-        try:
-            async for piece in gen.pieces():
-                if piece.kind != "tool_call" and not piece.text:
-                    continue
-                block, new = self.add(piece)
-                index = len(self.blocks) - 1
-                if new:
-                    if index > 0:
-                        yield event("content_block_stop", index=index - 1)
-                    start = (
-                        {**block, "input": {}}
-                        if block["type"] == "tool_use"
-                        else ({**block, block["type"]: ""})
-                    )
-                    yield event("content_block_start", index=index, content_block=start)
-                if block["type"] == "tool_use":
-                    delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-                elif block["type"] == "thinking":
-                    delta = {"type": "thinking_delta", "thinking": piece.text}
-                else:
-                    delta = {"type": "text_delta", "text": piece.text}
-                yield event("content_block_delta", index=index, delta=delta)
-            if self.blocks:
-                yield event("content_block_stop", index=len(self.blocks) - 1)
-            reason, sequence = self.stop(gen)
-            yield event(
-                "message_delta",
-                delta={"stop_reason": reason, "stop_sequence": sequence},
-                usage=_usage(gen),
-            )
-            yield event("message_stop")
-        except Exception as exc:  # after the head went out: an error event
-            yield event("error", error=error_body(streamed_error(exc))["error"])

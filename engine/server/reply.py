@@ -171,7 +171,8 @@ class ReplySplitter:
     `thinking`: the reply starts inside a `<think>` block. `tools`: parse tool calls (the
     request offered tools); `schemas` give their parameters (JSON schemas, by tool name).
     `one_call`: the client takes one call a reply (`parallel_tool_calls: false`): the reply
-    ends at its first (Generation.pieces).
+    ends at its first (Generation.pieces). `lead`: the reply's leading newlines are dropped
+    (not where it goes on from words already said: Anthropic's prefill).
     """
 
     def __init__(
@@ -180,12 +181,13 @@ class ReplySplitter:
         tools: bool = False,
         schemas: dict[str, dict] | None = None,
         one_call: bool = False,
+        lead: bool = True,
     ) -> None:
         self.mode = "reasoning" if thinking else "content"
         self.tools, self.schemas, self.one_call = tools, schemas or {}, one_call
         self.calls: list[ToolCall] = []
         self._buf = ""
-        self._lead = True  # at the start of a section: leading newlines are dropped
+        self._lead = lead  # at the start of a section: leading newlines are dropped
         self._said = False  # some content (not only thinking) went out
 
     def feed(self, text: str) -> list[Piece]:

@@ -79,7 +79,8 @@ def test_a_full_queue_is_refused_with_503_and_the_setting(served):
             error = refused.json()["error"]
             assert error["code"] == "queue_full" and error["type"] == "server_overloaded"
             assert "queue size 6" in error["message"] and "--queue" in error["message"]
-            # Anthropic's and Ollama's routes: the same refusal in their shapes, Retry-After too
+            # Anthropic's and Ollama's routes: the same refusal in their shapes (Anthropic's
+            # status for it is 529), Retry-After too
             user = [{"role": "user", "content": "Hi"}]
             for path, ask, shape in [
                 ("/messages", {"messages": user, "max_tokens": 4}, "anthropic"),
@@ -87,7 +88,8 @@ def test_a_full_queue_is_refused_with_503_and_the_setting(served):
                 ("/api/generate", {"prompt": "Hi"}, "ollama"),
             ]:
                 refused = http.post(served.base + path if "api" in path else path, json=ask)
-                assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+                assert refused.status_code == (529 if shape == "anthropic" else 503)
+                assert refused.headers["retry-after"] == "1"
                 got = refused.json()
                 if shape == "anthropic":
                     assert got["type"] == "error" and got["error"]["type"] == "overloaded_error"

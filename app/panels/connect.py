@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.remote_engine import DEFAULT_URL, RemoteTarget, list_models
-from app.remote_wire import base_url, pick_model, public
+from app.remote_wire import WHERE, base_url, pick_model, public
 
 Lister = Callable[[str, str], list[dict[str, Any]]]
 HINT = "Any OpenAI-compatible server: snug serve, Ollama, llama.cpp, vLLM, LM Studio..."
@@ -168,8 +168,10 @@ class ConnectDialog(QDialog):
 
     def _say(self, text: str) -> None:
         """Show `text` on the status line, the dialog growing to fit it (a long message must
-        not squeeze the fields above it)."""
-        self.status.setText(text)
+        not squeeze the fields above it). Said here, a message needs no "in Connect to a
+        server…" pointing back at this dialog; it starts as a sentence."""
+        text = text.replace(f" {WHERE}", "")
+        self.status.setText(text[:1].upper() + text[1:])
         layout = self.layout()
         layout.activate()
         need = layout.totalHeightForWidth(self.width()) if layout.hasHeightForWidth() else 0

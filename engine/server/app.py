@@ -39,11 +39,7 @@ from engine.context_fit import fit_prompt
 from engine.errors import SnugError, TemplateError
 from engine.scheduler import QueueFull, Scheduler
 from engine.server.body import read_json
-from engine.server.errors import (
-    api_error,
-    http_error,
-    shutting_down,
-)
+from engine.server.errors import api_error, http_error, shutting_down
 from engine.server.generation import Generation
 from engine.server.legacy import as_function_call, finish, read_legacy
 from engine.server.logprobs import LogprobFormat
@@ -255,12 +251,9 @@ class OpenAIServer:
         goes on from: Anthropic's prefill)."""
         render = self._truncated if truncate else self._render
         try:
-            prompt_text, ids = await run_in_threadpool(render, chat)
+            prompt_text, ids = await run_in_threadpool(render, chat, started)
         except TemplateError as exc:
             raise bad(str(exc), where, "template_error") from exc
-        if started:
-            prompt_text += started
-            ids = await run_in_threadpool(self.tokenizer.encode, prompt_text)
         ids = [*prefix, *ids]
         splitter = ReplySplitter(
             prompt_opens_thinking(prompt_text),
@@ -391,13 +384,14 @@ class OpenAIServer:
         if options.grammar is not None:
             await run_in_threadpool(self.engine.grammar_tokenizer.get)
 
-    def _render(self, chat: ChatRequest) -> tuple[str, list[int]]:
+    def _render(self, chat: ChatRequest, started: str = "") -> tuple[str, list[int]]:
+        """The chat's prompt, text and ids; `started`: the reply's first words after it."""
         text = self.tokenizer.apply_chat_template(
             chat.messages, True, chat.enable_thinking, chat.tools
         )
-        return text, self.tokenizer.encode(text)
+        return text + started, self.tokenizer.encode(text + started)
 
-    def _truncated(self, chat: ChatRequest) -> tuple[str, list[int]]:
+    def _truncated(self, chat: ChatRequest, started: str = "") -> tuple[str, list[int]]:
         """The chat's prompt without its oldest turns where it would not fit the context
         with room for the reply, only as many as must go (engine/context_fit.py; the
         server keeps nothing of a conversation between requests); each prompt rendered
@@ -405,7 +399,7 @@ class OpenAIServer:
         texts: dict[int, str] = {}  # each prompt's text, by its ids
 
         def chat_ids(messages: list[dict[str, Any]], enable_thinking=None) -> list[int]:
-            text, ids = self._render(replace(chat, messages=messages))
+            text, ids = self._render(replace(chat, messages=messages), started)
             texts[id(ids)] = text
             return ids
 

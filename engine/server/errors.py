@@ -8,7 +8,6 @@ OPTIONS on a route answers 204 with them.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -16,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine.server.messages import error_body as messages_body
+from engine.server.messages import request_id
 from engine.server.protocol import ApiError, error_of
 
 # Routes of the APIs served here that this server does not have, said by name: a front-end
@@ -75,11 +75,11 @@ def error_response(exc: Exception, shape: str = "openai", headers: dict | None =
     server (503 here) with 529, which its clients retry as such."""
     err = error_of(exc)
     headers = {**(headers or {}), **({"Retry-After": "1"} if err.status == 503 else {})}
-    status, body = err.status, error_body(err, shape)
-    if shape == "anthropic":
-        headers.setdefault("request-id", f"req_{uuid.uuid4().hex}")
-        status, body = 529 if status == 503 else status, messages_body(err, headers["request-id"])
-    return JSONResponse(body, status_code=status, headers=headers or None)
+    if shape != "anthropic":
+        return JSONResponse(error_body(err, shape), status_code=err.status, headers=headers or None)
+    rid = headers.setdefault("request-id", request_id())
+    status = 529 if err.status == 503 else err.status
+    return JSONResponse(messages_body(err, rid), status_code=status, headers=headers)
 
 
 async def api_error(request: Request, exc: Exception) -> Response:

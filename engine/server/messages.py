@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from typing import Any
 
 from engine.attachments import Attachment, AttachmentRefused, compose, file_text, sent_file
@@ -40,6 +41,11 @@ ATTRIBUTION = re.compile(r"\Ax-anthropic-billing-header:(\s*[\w.-]+=[^;\n]*;)*\s
 NO_IMAGE = "[an image ({}) was here; the model reads text only and cannot see it]"
 THINKING = ("enabled", "adaptive", "between_tools")  # `thinking.type`s that let it think
 _TOO_LONG = re.compile(r"the prompt has (\d+) tokens but the model's context is (\d+) tokens")
+
+
+def request_id() -> str:
+    """An id for one request's response (`request-id`), as Anthropic's API gives each."""
+    return f"req_{uuid.uuid4().hex}"
 
 
 def error_body(exc: ApiError, request_id: str | None = None) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse
 from engine.errors import SnugError, TemplateError
 from engine.server.errors import error_response
 from engine.server.generation import Generation
-from engine.server.messages import MessagesRequest, error_body
+from engine.server.messages import MessagesRequest, error_body, request_id
 from engine.server.protocol import ApiError, bad, error_of, read_chat, streamed_error
 from engine.server.reply import Piece
 from engine.server.sse import sse
@@ -38,10 +38,6 @@ if TYPE_CHECKING:
     from engine.server.app import OpenAIServer
 
 PING_S = 10.0  # seconds without an event after which a stream sends a ping
-
-
-def request_id() -> str:
-    return f"req_{uuid.uuid4().hex}"
 
 
 def signature(thinking: str) -> str:
@@ -270,11 +266,9 @@ class MessagesApi:
             asked = MessagesRequest({**body, "stream": False, "max_tokens": None})
             chat = read_chat(asked.chat)
             try:
-                text, ids = await run_in_threadpool(s._render, chat)
+                _, ids = await run_in_threadpool(s._render, chat, asked.prefill)
             except TemplateError as exc:
                 raise bad(str(exc), "messages", "template_error") from exc
-            if asked.prefill:
-                ids = await run_in_threadpool(s.tokenizer.encode, text + asked.prefill)
         except (ApiError, SnugError) as exc:
             err = error_of(exc)
             err = asked.rename(err) if asked is not None else err

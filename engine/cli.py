@@ -385,15 +385,14 @@ def _quantization(ckpt) -> dict | None:
 
 
 def _quantization_text(q: dict) -> str:
+    def some(names: list[str]) -> str:  # the first three names, and how many more
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
     parts = [f"{q['bits']}-bit in groups of {q['group_size']}"]
     for o in q.get("other", []):
-        names = o["tensors"]
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        parts.append(f"{o['bits']}-bit in groups of {o['group_size']} for {shown}")
-    plain = q.get("not_quantized", [])
-    if plain:
-        shown = ", ".join(plain[:3]) + (f" and {len(plain) - 3} more" if len(plain) > 3 else "")
-        parts.append(f"not quantized: {shown}")
+        parts.append(f"{o['bits']}-bit in groups of {o['group_size']} for {some(o['tensors'])}")
+    if q.get("not_quantized"):
+        parts.append(f"not quantized: {some(q['not_quantized'])}")
     return "; ".join(parts)
 
 

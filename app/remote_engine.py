@@ -5,9 +5,12 @@ EngineLike): `chat_ids` returns an opaque `RemotePrompt` (the messages; the serv
 the template), `generate` streams chat completions and yields events with `text`,
 `finished`, `finish_reason` and `stats`. The server's thinking (`reasoning_content` or
 `reasoning`) comes back wrapped in <think>...</think>, as a local model writes it, so the chat
-shows it the same way. It holds no memory here: `held_bytes()` is 0 and `backend_name` is
-"remote", so the gauge can say the model runs elsewhere. What goes over the wire, and how
-each failure is said: app/remote_wire.py.
+shows it the same way. The Thinking switch goes as `chat_template_kwargs`, which snug serve,
+llama.cpp, vLLM and SGLang read; Ollama ignores it and reads `reasoning_effort` instead, so a
+server that answers as Ollama (`is_ollama`, asked once when the engine is made) also gets
+thinking off as `reasoning_effort: "none"`. It holds no memory here: `held_bytes()` is 0
+and `backend_name` is "remote", so the gauge can say the model runs elsewhere. What goes
+over the wire, and how each failure is said: app/remote_wire.py.
 
 `RemoteLoader` plugs it into the app's load path: a Loader that loads the targets it was
 given (`request_for`) as RemoteEngines and passes every other request to the local loader.
@@ -20,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from app.remote_wire import (
     DEFAULT_URL,
@@ -43,10 +47,12 @@ __all__ = [
     "RemoteError",
     "RemoteLoader",
     "RemoteTarget",
+    "is_ollama",
     "list_models",
     "model_of_key",
 ]
 CONNECT_S = 10.0  # the most a connection to the server may take to be made
+PROBE_S = 3.0  # the most the question "is the server Ollama?" may take; no answer: it is not
 
 
 @dataclass(frozen=True)
@@ -114,10 +120,36 @@ def list_models(url: str, api_key: str = "", timeout: float = 10.0) -> list[dict
         client.close()
 
 
+def is_ollama(url: str, api_key: str = "") -> bool:
+    """Whether the server whose API is at `url` (a base URL, as `base_url` makes it) is
+    Ollama: Ollama answers GET /api/version, beside its /v1, with {"version": "0.x.y"}.
+    Snug serve answers there too (it speaks Ollama's API as well), with a "snug_version"
+    beside: it is not taken for Ollama, as its OpenAI API reads chat_template_kwargs. Any
+    other answer (an error status, a web page, no JSON, no version that is a string) or none
+    within PROBE_S is "not Ollama": the question never fails the connection."""
+    parts = urlsplit(url)
+    if not parts.path.endswith("/v1"):
+        return False  # Ollama serves the OpenAI API at /v1 only
+    root = urlunsplit(parts._replace(path=parts.path.removesuffix("/v1"), query=""))
+    client, body = None, None
+    try:
+        client = _client(root, api_key, PROBE_S)
+        # cast_to=object: the JSON as it came (or the text, where the answer is no JSON)
+        body = client.get("/api/version", cast_to=object)
+    except Exception:  # no answer, an error status, a broken body: not Ollama
+        return False
+    finally:
+        if client is not None:
+            client.close()
+    said = body if isinstance(body, dict) else {}
+    return isinstance(said.get("version"), str) and "snug_version" not in said
+
+
 class RemoteEngine:
     """Streams chat completions from `target`'s server; see the module docstring. Making one
     asks the server for its models: a wrong address or key fails here, by name, rather than
-    at the first message."""
+    at the first message; then whether it is Ollama (`ollama`), which reads the Thinking
+    switch in a field of its own."""
 
     backend_name = "remote"
     decision = None
@@ -136,6 +168,7 @@ class RemoteEngine:
         listed = {m["id"]: m["context"] for m in models}
         # The context the server runs the model with, where it says (None: unknown).
         self.served_context = target.context or listed.get(self.model)
+        self.ollama = is_ollama(self.url, target.api_key)
         self.client = _client(self.url, target.api_key, timeout)
 
     def held_bytes(self) -> int:
@@ -160,7 +193,7 @@ class RemoteEngine:
                 messages=list(prompt.messages),
                 stream=True,
                 stream_options={"include_usage": True},
-                **_sampling(params, prompt.enable_thinking),
+                **_sampling(params, prompt.enable_thinking, self.ollama),
             ),
         )
         thinking, reason, usage, t_first, timings = False, None, None, None, {}
@@ -212,10 +245,18 @@ def _text(delta: dict[str, Any], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _sampling(params: Any, enable_thinking: bool | None) -> dict[str, Any]:
+def _sampling(params: Any, enable_thinking: bool | None, ollama: bool = False) -> dict[str, Any]:
+    """The request's fields for `params` (the app's GenerationParams; None: the server's
+    defaults) and the Thinking switch (None: not set). The switch goes as
+    chat_template_kwargs to every server; to Ollama (`ollama`), which ignores those, thinking
+    off also goes as reasoning_effort "none". Thinking on asks no effort of it: Ollama's
+    thinking models think unless told not to, at their own level. No other server gets
+    reasoning_effort: some vLLM versions refuse "none" with a 400."""
     extra: dict[str, Any] = {}
     if enable_thinking is not None:
         extra["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
+    if ollama and enable_thinking is False:
+        extra["reasoning_effort"] = "none"
     if params is None:
         return {"extra_body": extra} if extra else {}
     out: dict[str, Any] = {

@@ -279,19 +279,26 @@ class OpenAIServer:
             body = _with_timings(body, gen) if finish is not None else body
             return data({**body, "usage": None} if usage else body)
 
-        calls = 0
+        calls, streamed = 0, None  # calls ended; the id of the one sent as it was written
         try:
             yield chunk({"role": "assistant", "content": ""})
-            async for piece in gen.pieces():
-                if piece.kind == "reasoning":
+            async for piece in gen.pieces(call_parts=True):
+                kind, call = piece.kind, piece.call
+                if kind == "reasoning":
                     yield chunk({"reasoning_content": piece.text, "reasoning": piece.text})
-                elif piece.kind == "content":
+                elif kind == "content":
                     yield chunk({"content": piece.text})
-                elif not legacy:
-                    yield chunk({"tool_calls": [piece.call.as_dict(calls)]})  # type: ignore[union-attr]
-                    calls += 1
-                elif not calls:  # the older API held one call a reply
-                    yield chunk({"function_call": piece.call.as_dict()["function"]})  # type: ignore[union-attr]
+                elif legacy and calls:  # the older API held one call a reply
+                    continue
+                elif kind == "call_start":
+                    streamed = call.id  # type: ignore[union-attr]
+                    yield chunk(_call_delta(call.as_dict(calls), legacy))  # type: ignore[union-attr]
+                elif kind == "call_args":
+                    part = {"index": calls, "function": {"arguments": piece.text}}
+                    yield chunk(_call_delta(part, legacy))
+                else:  # the whole call: sent already, or now
+                    if call.id != streamed:  # type: ignore[union-attr]
+                        yield chunk(_call_delta(call.as_dict(calls), legacy))  # type: ignore[union-attr]
                     calls += 1
             yield chunk({}, finish(gen.finish_reason) if legacy else gen.finish_reason)
             if usage:
@@ -479,3 +486,9 @@ def _with_timings(body: dict, gen: Generation) -> dict:
     them: OpenAI clients ignore the field, llama.cpp's clients read tokens/s from it."""
     timings = gen.timings
     return body if timings is None else {**body, "timings": timings}
+
+
+def _call_delta(part: dict[str, Any], legacy: bool) -> dict[str, Any]:
+    """A chunk's delta for part of a call (`part` as one entry of `tool_calls`), or as the
+    older API's `function_call` (`legacy`): its function alone."""
+    return {"function_call": part["function"]} if legacy else {"tool_calls": [part]}

@@ -20,6 +20,7 @@ from engine.tokenizer import THINK_CLOSE
 
 FINISH = {"stop": "stop", "length": "length"}  # engine reason -> API reason ("cancelled": stop)
 DISCONNECT_POLL_S = 0.25
+PARTS = ("call_start", "call_args")  # a call's pieces while it is written
 
 
 class Generation:
@@ -129,8 +130,10 @@ class Generation:
             out |= {"draft_n": s.drafted, "draft_n_accepted": s.drafts_kept}
         return out
 
-    async def pieces(self) -> AsyncIterator[Piece]:
-        """The reply's pieces as they become certain; raises the request's error if any."""
+    async def pieces(self, call_parts: bool = False) -> AsyncIterator[Piece]:
+        """The reply's pieces as they become certain; raises the request's error if any.
+        `call_parts`: a call's "call_start" and "call_args" pieces too, for a stream that
+        sends a call as it is written (each call ends with its whole "tool_call" either way)."""
         try:
             async for text, final in self._texts():
                 kept = self.stop.feed(text)
@@ -138,6 +141,8 @@ class Generation:
                     kept += "" if self.stop.hit else self.stop.flush()
                 one_call = False
                 for piece in self._split(kept, end=self.stop.hit or final):
+                    if piece.kind in PARTS and not call_parts:
+                        continue
                     yield piece
                     one_call = piece.kind == "tool_call" and self.splitter.one_call  # type: ignore[union-attr]
                     if one_call:

@@ -100,16 +100,20 @@ class MessageOutput:
         self.blocks: list[dict[str, Any]] = []
 
     def add(self, piece: Piece) -> tuple[dict[str, Any], bool]:
-        """Take one piece; (the block it went to, whether that block is new)."""
-        if piece.kind == "tool_call":
+        """Take one piece; (the block it went to, whether that block is new). A call's
+        block opens at its "call_start" where it is streamed, and takes its input at its
+        whole "tool_call"."""
+        if piece.call is not None:
             call = piece.call
-            assert call is not None
-            block = {
-                "type": "tool_use",
-                "id": f"toolu_{call.id.removeprefix('call_')}",
-                "name": call.name,
-                "input": call.arguments_object(),
-            }
+            tool_id = f"toolu_{call.id.removeprefix('call_')}"
+            last = self.blocks[-1] if self.blocks else None
+            if last is not None and last.get("id") == tool_id:
+                if piece.kind == "tool_call":
+                    last["input"] = call.arguments_object()
+                return last, False
+            block = {"type": "tool_use", "id": tool_id, "name": call.name, "input": {}}
+            if piece.kind == "tool_call":
+                block["input"] = call.arguments_object()
             self.blocks.append(block)
             return block, True
         kind = "thinking" if piece.kind == "reasoning" else "text"
@@ -175,11 +179,11 @@ class MessageOutput:
         }
         yield event("message_start", message=head)
         try:
-            async for piece in paced(gen.pieces(), PING_S):
+            async for piece in paced(gen.pieces(call_parts=True), PING_S):
                 if piece is None:
                     yield event("ping")
                     continue
-                if piece.kind != "tool_call" and not piece.text:
+                if piece.call is None and not piece.text:
                     continue
                 block, new = self.add(piece)
                 index = len(self.blocks) - 1
@@ -194,7 +198,12 @@ class MessageOutput:
                         start = {"type": "text", "text": ""}
                     yield event("content_block_start", index=index, content_block=start)
                 if block["type"] == "tool_use":
-                    args = json.dumps(block["input"], ensure_ascii=False)
+                    if piece.kind == "call_args":
+                        args = piece.text
+                    elif piece.kind == "tool_call" and new:  # a call not streamed: whole
+                        args = json.dumps(block["input"], ensure_ascii=False)
+                    else:
+                        continue
                     delta = {"type": "input_json_delta", "partial_json": args}
                 elif block["type"] == "thinking":
                     delta = {"type": "thinking_delta", "thinking": piece.text}

@@ -1,48 +1,38 @@
 """A reply's streamed text -> what the API returns: stop strings cut, thinking apart from the
-answer, tool calls parsed.
+answer, tool calls parsed (engine.server.tool_calls).
 
 Qwen3.5 thinks between `<think>` and `</think>`; with thinking on, the chat template opens
-the block in the prompt, so the reply starts inside it. A tool call is a block
-
-    <tool_call>
-    <function=NAME>
-    <parameter=ARG>
-    VALUE
-    </parameter>
-    </function>
-    </tool_call>
-
-(Qwen3.5's form; each VALUE as the template writes it: strings raw, other JSON values as
-JSON), or, as Qwen2.5/Qwen3 templates ask, `<tool_call>\\n{"name": ..., "arguments": ...}
-\\n</tool_call>`: both are read. Text that might be the start of a marker or a stop string is
-held back until the next text decides, so nothing is sent and then taken back.
+the block in the prompt, so the reply starts inside it. A tool call is a `<tool_call>` block;
+in Qwen3.5's form its name and arguments come out as they are written ("call_start" and
+"call_args" pieces, for the APIs that stream a call), and the whole call once the block
+closes ("tool_call"). Text that might be the start of a marker or a stop string is held back
+until the next text decides, so nothing is sent and then taken back.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from engine.server.schema import json_type, resolve, value_types
+from engine.server.tool_calls import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    FUNCTION_OPEN,
+    CallReader,
+    ToolCall,
+    function_head,
+    parse_tool_call,
+    partial_suffix,
+)
 from engine.tokenizer import THINK_CLOSE, THINK_OPEN
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
-
-
-def partial_suffix(text: str, markers: list[str]) -> int:
-    """Length of the longest end of `text` that begins one of `markers` (but is not whole)."""
-    best = 0
-    for marker in markers:
-        for k in range(min(len(text), len(marker) - 1), best, -1):
-            if text.endswith(marker[:k]):
-                best = k
-                break
-    return best
+__all__ = [
+    "Piece",
+    "ReplySplitter",
+    "StopFilter",
+    "ToolCall",
+    "parse_tool_call",
+    "prompt_opens_thinking",
+]
 
 
 def prompt_opens_thinking(prompt_text: str) -> bool:
@@ -79,86 +69,11 @@ class StopFilter:
 
 
 @dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str  # a JSON object, as the OpenAI API sends it
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
-
-    def arguments_object(self) -> dict[str, Any]:
-        """The arguments as an object, as the Messages and Ollama APIs give them ({} where
-        they do not parse as one)."""
-        try:
-            value = json.loads(self.arguments)
-        except json.JSONDecodeError:
-            return {}
-        return value if isinstance(value, dict) else {}
-
-    def as_dict(self, index: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-        return out if index is None else {"index": index, **out}
-
-
-def parse_tool_call(block: str, schemas: dict[str, dict] | None = None) -> ToolCall | None:
-    """One `<tool_call>...</tool_call>` block (tags included or not), or None if unreadable."""
-    inner = block.strip()
-    if inner.startswith(CALL_OPEN):
-        inner = inner[len(CALL_OPEN) :]
-    if inner.endswith(CALL_CLOSE):
-        inner = inner[: -len(CALL_CLOSE)]
-    inner = inner.strip()
-    match = _FUNCTION.fullmatch(inner)
-    if match:
-        name = match.group(1).strip()
-        params = (schemas or {}).get(name) or {}
-        props = resolve(params, params).get("properties") or {}
-        args = {}
-        for key, raw in _PARAMETER.findall(match.group(2)):
-            key = key.strip()
-            args[key] = _argument(_trim_newline(raw), props.get(key), params)
-        return ToolCall(name, json.dumps(args, ensure_ascii=False))
-    try:
-        obj = json.loads(inner)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ToolCall(obj["name"], text)
-
-
-def _trim_newline(raw: str) -> str:
-    raw = raw[1:] if raw.startswith("\n") else raw
-    return raw[:-1] if raw.endswith("\n") else raw
-
-
-def _argument(raw: str, schema: Any, params: Any = None) -> Any:
-    """A parameter's value from its text: raw where the parameter takes only strings (or
-    its schema does not say), else the JSON value it reads as (the template writes
-    Python's True/False/None for those) where the schema takes that type, `$ref`s and
-    unions (pydantic's `Optional`, nested models) followed within `params`; the raw text
-    where it takes strings too and the text is no value of another type it takes."""
-    types = value_types(schema, params)
-    if types is None or types <= {"string"}:
-        return raw
-    text = {"True": "true", "False": "false", "None": "null"}.get(raw.strip(), raw)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return raw
-    kind = json_type(value)
-    if kind in types or (kind == "integer" and "number" in types) or "string" not in types:
-        return value
-    return raw
-
-
-@dataclass(frozen=True)
 class Piece:
-    """One part of a reply: kind "reasoning" or "content" with `text`, or "tool_call"."""
+    """One part of a reply: kind "reasoning" or "content" with `text`; "tool_call", a whole
+    call; or, while a call in Qwen3.5's form is written, "call_start" (`call` with its name
+    and id, no arguments yet) and "call_args" (`text`, the next of its arguments' JSON text),
+    before the "tool_call" that ends it (the same id, the arguments those texts joined)."""
 
     kind: str
     text: str = ""
@@ -186,6 +101,7 @@ class ReplySplitter:
         self.mode = "reasoning" if thinking else "content"
         self.tools, self.schemas, self.one_call = tools, schemas or {}, one_call
         self.calls: list[ToolCall] = []
+        self._reader: CallReader | None = None  # the call in Qwen3.5's form being read
         self._buf = ""
         self._lead = lead  # at the start of a section: leading newlines are dropped
         self._said = False  # some content (not only thinking) went out
@@ -198,15 +114,19 @@ class ReplySplitter:
         return out
 
     def finish(self) -> list[Piece]:
-        """The rest, at the end of the reply (an unclosed block is returned as it is)."""
+        """The rest, at the end of the reply: a call in Qwen3.5's form cut short ends where
+        the reply did; another unclosed block is returned as it is."""
         out: list[Piece] = []
         while self._step(out, final=True):
             pass
-        if self.mode == "tool" and self._buf:
+        if self._reader is not None:
+            self._reader.feed(self._buf)
+            self._take_args(out, self._reader.close())
+            self._end_call(out, self._reader.result)
+        elif self.mode == "tool" and self._buf:
             call = parse_tool_call(self._buf, self.schemas)
             if call is not None:
-                self.calls.append(call)
-                out.append(Piece("tool_call", call=call))
+                self._end_call(out, call)
             else:
                 self._emit(out, "content", self._buf)
         elif self._buf.strip():
@@ -218,18 +138,7 @@ class ReplySplitter:
         """Handle the buffer up to the next marker; True when another step may follow."""
         buf = self._buf
         if self.mode == "tool":
-            end = buf.find(CALL_CLOSE)
-            if end < 0:
-                return False
-            block, self._buf = buf[: end + len(CALL_CLOSE)], buf[end + len(CALL_CLOSE) :]
-            call = parse_tool_call(block, self.schemas)
-            if call is None:
-                self._emit(out, "content", block)
-            else:
-                self.calls.append(call)
-                out.append(Piece("tool_call", call=call))
-            self.mode, self._lead = "content", True
-            return True
+            return self._tool_step(out, final)
         markers = self._markers()
         hits = [(i, m) for m in markers if (i := buf.find(m)) >= 0]
         if hits:
@@ -252,6 +161,51 @@ class ReplySplitter:
         self._emit(out, self.mode, settled)
         self._buf = buf[len(settled) :]
         return False
+
+    def _tool_step(self, out: list[Piece], final: bool) -> bool:
+        """Inside a `<tool_call>` block (the buffer starts at it, or after the function's
+        head once a reader has it)."""
+        buf = self._buf
+        if self._reader is not None:
+            self._buf = ""
+            self._take_args(out, self._reader.feed(buf))
+            if not self._reader.done:
+                return False
+            self._buf = self._reader.rest
+            self._end_call(out, self._reader.result)
+            return True
+        head = buf[len(CALL_OPEN) :].lstrip()
+        found = function_head(head)
+        if found is not None:
+            name, end = found
+            self._reader = CallReader(name, self.schemas)
+            self._buf = head[end:]
+            out.append(Piece("call_start", call=self._reader.call))
+            return True
+        coming = FUNCTION_OPEN.startswith(head[: len(FUNCTION_OPEN)])
+        if coming and not final and ">" not in head and "\n" not in head:
+            return False  # the function's head is still coming
+        end = buf.find(CALL_CLOSE)  # another form: read once the block is whole
+        if end < 0:
+            return False
+        block, self._buf = buf[: end + len(CALL_CLOSE)], buf[end + len(CALL_CLOSE) :]
+        call = parse_tool_call(block, self.schemas)
+        if call is None:
+            self._emit(out, "content", block)
+            self.mode, self._lead = "content", True
+        else:
+            self._end_call(out, call)
+        return True
+
+    def _take_args(self, out: list[Piece], text: str) -> None:
+        if text:
+            out.append(Piece("call_args", text, self._reader.call))  # type: ignore[union-attr]
+
+    def _end_call(self, out: list[Piece], call: ToolCall) -> None:
+        self.calls.append(call)
+        out.append(Piece("tool_call", call=call))
+        self._reader = None
+        self.mode, self._lead = "content", True
 
     def _markers(self) -> list[str]:
         if self.mode == "reasoning":

@@ -280,16 +280,23 @@ class ResponseOutput:
     ) -> tuple[dict[str, Any], bool]:
         """Take one piece (and its text's token `logprobs`); (the item it went to, whether
         that item is new)."""
-        if piece.kind == "tool_call":
+        if piece.call is not None:  # a call: opened at its "call_start" where streamed
             call = piece.call
-            assert call is not None
+            last = self.items[-1] if self.items else None
+            if last is not None and last.get("call_id") == call.id:
+                if piece.kind == "call_args":
+                    last["arguments"] += piece.text
+                else:
+                    last.update(arguments=call.arguments, status="completed")
+                return last, False
+            done = piece.kind == "tool_call"
             item = {
                 "type": "function_call",
                 "id": f"fc_{uuid.uuid4().hex}",
                 "call_id": call.id,
                 "name": call.name,
                 "arguments": call.arguments,
-                "status": "completed",
+                "status": "completed" if done else "in_progress",
             }
             self.items.append(item)
             return item, True
@@ -358,7 +365,7 @@ class ResponseOutput:
         yield event("response.created", response=start)
         yield event("response.in_progress", response=start)
         try:
-            async for piece in gen.pieces():
+            async for piece in gen.pieces(call_parts=True):
                 if piece.kind == "content" and not piece.text:
                     continue
                 logprobs = self.take_logprobs(gen, piece)
@@ -369,17 +376,19 @@ class ResponseOutput:
                     for kind, data in _item_done(before, index - 1):
                         yield event(kind, **data)
                 if item["type"] == "function_call":
-                    yield event(
-                        "response.output_item.added",
-                        output_index=index,
-                        item={**item, "arguments": "", "status": "in_progress"},
-                    )
-                    yield event(
-                        "response.function_call_arguments.delta",
-                        item_id=item["id"],
-                        output_index=index,
-                        delta=item["arguments"],
-                    )
+                    if new:
+                        added = {**item, "arguments": "", "status": "in_progress"}
+                        yield event("response.output_item.added", output_index=index, item=added)
+                    # A call's text: each part as it is written, or a call not streamed whole.
+                    text = piece.text if piece.kind == "call_args" else ""
+                    text = item["arguments"] if piece.kind == "tool_call" and new else text
+                    if text:
+                        yield event(
+                            "response.function_call_arguments.delta",
+                            item_id=item["id"],
+                            output_index=index,
+                            delta=text,
+                        )
                     continue
                 if new:
                     empty = _emptied(item)

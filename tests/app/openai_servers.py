@@ -3,10 +3,13 @@
 Each flavour answers as that server does on the wire (bodies, status codes, error shapes,
 how it streams), from what each one sends:
 
-    ollama     /v1/models with "data": null when it has no model; "reasoning" deltas (and
-               no chat_template_kwargs: a thinking model thinks); usage only with
-               stream_options.include_usage; 404 {"error"} for an unknown model;
-               a plain-text "404 page not found" for an unknown route; no API keys
+    ollama     /v1/models with "data": null when it has no model; "reasoning" deltas;
+               no chat_template_kwargs: a thinking model thinks unless `reasoning.effort`
+               (read first, where given) or `reasoning_effort` is "none", and any value but
+               "high", "medium", "low" or "none" is a 400 {"error"} that names them; usage
+               only with stream_options.include_usage; 404 {"error"} for an unknown model;
+               GET /api/version answers {"version": "0.12.6"}; a plain-text
+               "404 page not found" for an unknown route; no API keys
     llamacpp   one model, listed with "meta" (and /models open without the key);
                "reasoning_content" deltas; "timings" in the last chunks; errors as
                {"error": {"code", "message", "type"}}; 503 "Loading model" while it loads;
@@ -22,9 +25,11 @@ for that long before the answer, then the reply), `pause_after` (chunks sent bef
 stalls the rest of `stall_s`), `cut_after` (chunks sent before the connection drops),
 `end_early_after` (chunks sent before a clean end without finish_reason or [DONE]),
 `fail_after` (chunks before a mid-stream error), `slow_list_s`, `context` (vLLM's
---max-model-len: a request for more tokens than it leaves is a 400). `requests` records each
-request's (method, path, JSON body, Authorization); `hung_up` is set once a client closed
-the connection of a reply still being sent.
+--max-model-len: a request for more tokens than it leaves is a 400), `version` (what Ollama's
+GET /api/version answers, after `stall_s`: JSON, or a text such as PORTAL, sent as a web
+page; None: no such route). `requests` records each request's (method, path, JSON body,
+Authorization); `hung_up` is set once a client closed the connection of a reply still being
+sent.
 """
 
 from __future__ import annotations
@@ -42,6 +47,17 @@ PORTAL = (
     "<!DOCTYPE html><html><head><title>Hotel Wi-Fi: sign in</title></head>"
     "<body><form>Room number <input name=room></form></body></html>"
 )
+
+
+def ollama_effort(body: Any) -> Any:
+    """The reasoning effort an Ollama chat request asks for, read as Ollama's openai.go reads
+    it: `reasoning.effort` where `reasoning` is given, else `reasoning_effort`; "" for none."""
+    if not isinstance(body, dict):
+        return ""
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        return (reasoning.get("effort") if isinstance(reasoning, dict) else None) or ""
+    return body.get("reasoning_effort") or ""
 
 
 class Quiet(ThreadingHTTPServer):
@@ -75,6 +91,7 @@ class FakeServer:
         self.fail_after: int | None = None
         self.slow_list_s = 0.0
         self.context = 32768  # vLLM's --max-model-len
+        self.version: Any = {"version": "0.12.6"}  # Ollama's GET /api/version
         self.requests: list[tuple[str, str, Any, str]] = []
         self.hung_up = threading.Event()
         self._server = Quiet(("127.0.0.1", 0), self._handler())
@@ -161,6 +178,8 @@ class FakeServer:
         known = ("/v1/models", "/v1/chat/completions") + (
             ("/models", "/chat/completions") if f == "llamacpp" else ()
         )
+        if f == "ollama" and self.version is not None:
+            known += ("/api/version",)
         if path not in known:
             if f == "ollama":
                 return 404, "404 page not found"
@@ -170,6 +189,20 @@ class FakeServer:
                 return 200, {"error": f"Unexpected endpoint or method. (GET {path})"}
             return 404, {
                 "error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}
+            }
+        effort = ollama_effort(body) if f == "ollama" and path.endswith("/completions") else ""
+        if effort not in ("", "high", "medium", "low", "none"):
+            message = (
+                f"invalid reasoning value: '{effort}' "
+                '(must be "high", "medium", "low", or "none")'
+            )
+            return 400, {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
             }
         model = body.get("model") if isinstance(body, dict) else None
         wanted = (body or {}).get("max_tokens") or 0
@@ -226,9 +259,12 @@ class FakeServer:
 
         usage_asked = bool((body.get("stream_options") or {}).get("include_usage"))
         out = []
-        # Ollama takes no chat_template_kwargs (a thinking model thinks); the others do.
-        asked = (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
-        thinking = asked or f == "ollama"
+        # Ollama takes no chat_template_kwargs (a thinking model thinks unless its effort is
+        # "none"); the others do.
+        if f == "ollama":
+            thinking = ollama_effort(body) != "none"
+        else:
+            thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
         if thinking and self.thinking:
             for word in self.thinking.split(" "):
                 delta = {field: word + " "}
@@ -289,6 +325,10 @@ class FakeServer:
                     return self.answer(200, fake.listing())
                 if fake.stall_s and fake.pause_after is None and self.wait_or_gone(fake.stall_s):
                     return
+                if path == "/api/version":
+                    page = isinstance(fake.version, str)
+                    kind = "text/html; charset=utf-8" if page else "application/json"
+                    return self.answer(200, fake.version, kind)
                 self.stream(fake.chunks(body))
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)

@@ -121,8 +121,9 @@ def test_the_window_chats_with_ollama_and_remembers_the_server(qtbot, make_windo
             assert window.ctx.chats.send("Hello")
         qtbot.waitUntil(lambda: not window.ctx.chats.busy)
         turn = window.ctx.chats.current.turns[-1]
-        assert turn.content == "<think>\nLet me think. \n</think>\n\nHello there! "
-        assert notices[-1].startswith("5 tokens") and "of context" not in notices[-1]
+        # Thinking is off by default, and Ollama is told so (`reasoning_effort: "none"`).
+        assert turn.content == "Hello there! "
+        assert notices[-1].startswith("2 tokens") and "of context" not in notices[-1]
         window.library.connect_button.click()
         assert window.connect_dialog.url.text() == server.url  # the same dialog, as left
         window.connect_dialog.reject()

@@ -8,9 +8,11 @@ import socket
 import threading
 import time
 
+import httpx
 import pytest
-from openai_servers import FakeServer
+from openai_servers import PORTAL, FakeServer
 
+from app import remote_engine
 from app.remote_engine import RemoteEngine, RemoteError, RemoteTarget, _stats, list_models
 from app.remote_wire import DEFAULT_URL, base_url
 from engine.session import GenerationParams
@@ -31,7 +33,8 @@ def reply(engine: RemoteEngine, thinking: bool | None = None, cancel=None) -> tu
 def test_each_server_streams_its_thinking_its_answer_and_its_usage(flavour):
     """Each server's thinking field comes back in <think>, as a local model writes it; the
     usage each sends only when asked (Ollama) is asked for; the address as people type it
-    (no scheme, no /v1) reaches the API."""
+    (no scheme, no /v1) reaches the API. The Thinking switch turns each one's thinking off:
+    Ollama's as reasoning_effort "none", which no other server is sent (vLLM may refuse it)."""
     with FakeServer(flavour, models=["qwen3:8b"]) as server:
         address = server.root.removeprefix("http://")  # 127.0.0.1:PORT, as typed
         engine = RemoteEngine(RemoteTarget(address))
@@ -44,13 +47,83 @@ def test_each_server_streams_its_thinking_its_answer_and_its_usage(flavour):
         body = server.chats()[-1]
         assert body["stream"] and body["stream_options"] == {"include_usage": True}
         assert body["chat_template_kwargs"] == {"enable_thinking": True}
+        assert "reasoning_effort" not in body  # thinking on: no level is forced on Ollama
+        assert engine.ollama == (flavour == "ollama")
         text, _, _ = reply(engine, thinking=False)
-        # Ollama has no switch for a model's thinking in chat_template_kwargs
-        thought = "<think>\nLet me think. \n</think>\n\n" if flavour == "ollama" else ""
-        assert text == thought + "Hello there! "
+        assert text == "Hello there! "
+        body = server.chats()[-1]
+        assert body["chat_template_kwargs"] == {"enable_thinking": False}
+        if flavour == "ollama":  # it reads no chat_template_kwargs
+            assert body["reasoning_effort"] == "none"
+        else:
+            assert "reasoning_effort" not in body
         # vLLM says the context it runs the model with; the others do not.
         assert engine.served_context == (32768 if flavour == "vllm" else None)
         engine.unload()
+
+
+def test_ollama_is_sent_no_effort_where_the_switch_is_not_set():
+    """A model without the switch (or thinking on) is left to think as Ollama has it think;
+    whether the server is Ollama is asked at its /api/version."""
+    with FakeServer("ollama") as server:
+        engine = RemoteEngine(RemoteTarget(server.url))
+        assert reply(engine)[0] == "<think>\nLet me think. \n</think>\n\nHello there! "
+        assert "reasoning_effort" not in server.chats()[-1]
+        assert ("GET", "/api/version") in [(m, p) for m, p, _, _ in server.requests]
+
+
+@pytest.mark.parametrize(
+    "version",
+    [None, PORTAL, {"version": 12}, {"version": "0.12.11", "snug_version": "0.4.0"}],
+    ids=["no-route", "web-page", "no-string", "snug-serve"],
+)
+def test_a_server_that_does_not_answer_as_ollama_is_not_taken_for_it(version):
+    """Only {"version": "0.x.y"} at /api/version makes a server Ollama. No such route (a
+    404), a proxy's login page there, a version that is no string, or snug serve's answer
+    (its OpenAI API reads chat_template_kwargs): the request stays as it was, and the chat
+    works all the same."""
+    with FakeServer("ollama") as server:
+        server.version = version
+        engine = RemoteEngine(RemoteTarget(server.url))
+        assert not engine.ollama
+        text, reason, _ = reply(engine, thinking=False)
+        assert reason == "stop" and text.endswith("Hello there! ")
+        assert "reasoning_effort" not in server.chats()[-1]
+
+
+def test_a_server_slow_to_say_whether_it_is_ollama_is_not_waited_for(monkeypatch):
+    monkeypatch.setattr(remote_engine, "PROBE_S", 0.3)
+    with FakeServer("ollama") as server:
+        server.stall_s = 5.0  # /api/version answers that late
+        start = time.monotonic()
+        engine = RemoteEngine(RemoteTarget(server.url))
+        assert time.monotonic() - start < 2.0 and not engine.ollama
+        server.stall_s = 0.0
+        assert reply(engine, thinking=False)[1] == "stop"
+
+
+def test_the_ollama_stand_in_reads_the_effort_as_ollama_does():
+    """As Ollama's openai.go: `reasoning.effort` before `reasoning_effort`; "none" turns the
+    thinking off; any value but high, medium, low or none is a 400 that names them."""
+
+    def ask(server: FakeServer, **fields) -> httpx.Response:
+        body = {"model": "model-a", "messages": USER, "stream": True, **fields}
+        return httpx.post(server.url + "/chat/completions", json=body, timeout=10)
+
+    with FakeServer("ollama") as server:
+        assert '"reasoning"' in ask(server, reasoning_effort="high").text
+        assert '"reasoning"' not in ask(server, reasoning_effort="none").text
+        both = ask(server, reasoning={"effort": "none"}, reasoning_effort="high")
+        assert '"reasoning"' not in both.text
+        refused = ask(server, reasoning_effort="max")
+        assert refused.status_code == 400
+        message = 'invalid reasoning value: \'max\' (must be "high", "medium", "low", or "none")'
+        assert refused.json()["error"] == {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
 
 
 def test_addresses_as_people_type_them():

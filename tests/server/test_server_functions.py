@@ -32,7 +32,7 @@ def test_a_function_call_round_trip(scripted):
     tools = [{"type": "function", "function": WEATHER_FN}]
     client.chat.completions.create(model=scripted.model, messages=ASK, tools=tools, extra_body=OFF)
     assert scripted.scheduler.prompts[-1] == legacy_prompt
-    # Streamed: one function_call delta, then the finish reason.
+    # Streamed: the function's name first, then its arguments as they are written.
     scripted.scheduler.say(PARIS_CALL)
     chunks = list(
         client.chat.completions.create(
@@ -40,8 +40,10 @@ def test_a_function_call_round_trip(scripted):
         )
     )
     calls = [c.choices[0].delta.function_call for c in chunks if c.choices[0].delta.function_call]
-    assert [c.name for c in calls] == ["get_weather"]
-    assert json.loads(calls[0].arguments) == {"city": "Paris", "days": 2}
+    assert [c.name for c in calls] == ["get_weather"] + [None] * (len(calls) - 1)
+    assert calls[0].arguments == "" and len(calls) > 2
+    arguments = "".join(c.arguments for c in calls)
+    assert json.loads(arguments) == {"city": "Paris", "days": 2}
     assert chunks[-1].choices[0].finish_reason == "function_call"
     assert not any(c.choices[0].delta.tool_calls for c in chunks)
     # The result goes back as a `function` message; the template renders it as a tool's.
@@ -127,8 +129,9 @@ def test_parallel_tool_calls_false_ends_the_reply_at_its_first_call(scripted):
             stream=True,
         )  # fmt: skip
     )
-    calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices[0].delta.tool_calls]
-    assert len(calls) == 1 and chunks[-1].choices[0].finish_reason == "tool_calls"
+    calls = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices[0].delta.tool_calls]
+    assert {c.index for c in calls} == {0} and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert json.loads("".join(c.function.arguments for c in calls))["city"] == "Paris"
     scripted.scheduler.say(TWO_CALLS)
     response = client.responses.create(
         model=scripted.model, input="Weather in Paris?", parallel_tool_calls=False,

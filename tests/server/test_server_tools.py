@@ -147,16 +147,30 @@ def test_tool_call_round_trip_through_the_server(scripted):
     assert json.loads(call.function.arguments) == {"city": "Paris", "days": 2}
     prompt = scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
     assert json.dumps(WEATHER, ensure_ascii=False) in prompt
-    # Streaming: the call arrives as one tool_calls delta.
+    # Streaming: the call's id and name first, then its arguments as they are written.
     scripted.scheduler.say(call_text)
     chunks = list(
         client.chat.completions.create(
             model=scripted.model, messages=messages, tools=TOOLS, extra_body=off, stream=True
         )
     )
-    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices[0].delta.tool_calls]
-    assert [d[0].function.name for d in deltas] == ["get_weather"] and deltas[0][0].index == 0
+    deltas = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices[0].delta.tool_calls]
+    assert [d.function.name for d in deltas] == ["get_weather"] + [None] * (len(deltas) - 1)
+    assert deltas[0].id.startswith("call_") and deltas[0].function.arguments == ""
+    assert {d.index for d in deltas} == {0} and len(deltas) > 3
+    joined = "".join(d.function.arguments for d in deltas)
+    assert json.loads(joined) == {"city": "Paris", "days": 2}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # The client's own accumulation of the stream gives the whole call.
+    scripted.scheduler.say(call_text)
+    with client.chat.completions.stream(
+        model=scripted.model, messages=messages, tools=TOOLS, extra_body=off
+    ) as stream:
+        done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
+        streamed = stream.get_final_completion().choices[0].message
+    assert [(e.name, e.parsed_arguments) for e in done] == [("get_weather", None)]
+    assert streamed.content == "I will check."
+    assert json.loads(streamed.tool_calls[0].function.arguments) == {"city": "Paris", "days": 2}
     # The result goes back; the next prompt holds the call and the result.
     messages += [choice.message.model_dump(exclude_none=True)]
     messages += [{"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'}]

@@ -1,0 +1,260 @@
+"""Tool calls as the model writes them -> the calls the APIs return, whole or as they are
+written.
+
+Qwen3.5 writes a call as
+
+    <tool_call>
+    <function=NAME>
+    <parameter=ARG>
+    VALUE
+    </parameter>
+    </function>
+    </tool_call>
+
+each VALUE as the template writes it: strings raw, other JSON values as JSON. `CallReader`
+reads the part after `<function=NAME>` as it comes and turns it into the call's arguments, a
+JSON object, in the order the model writes them: a parameter whose schema takes only strings
+(or does not say) streams as its characters arrive, any other once its `</parameter>` has
+come (its text may read as a number, a list, Python's True...). What it has given out is
+never taken back, so the fragments joined are the call's arguments, and `parse_tool_call`
+reads a whole block through the same reader. A parameter named twice keeps its first value.
+No library reads this form incrementally; hence a small reader of its own.
+
+Qwen2.5/Qwen3 templates ask for `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`
+instead: that form is read whole, once its block has closed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.server.schema import json_type, resolve, value_types
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+FUNCTION_OPEN = "<function="
+PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
+_FUNCTION_HEAD = re.compile(r"<function=([^>\n]+)>")
+
+
+def partial_suffix(text: str, markers: list[str]) -> int:
+    """Length of the longest end of `text` that begins one of `markers` (but is not whole)."""
+    best = 0
+    for marker in markers:
+        for k in range(min(len(text), len(marker) - 1), best, -1):
+            if text.endswith(marker[:k]):
+                best = k
+                break
+    return best
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, as the OpenAI API sends it
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def arguments_object(self) -> dict[str, Any]:
+        """The arguments as an object, as the Messages and Ollama APIs give them ({} where
+        they do not parse as one)."""
+        try:
+            value = json.loads(self.arguments)
+        except json.JSONDecodeError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def as_dict(self, index: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        return out if index is None else {"index": index, **out}
+
+
+def function_head(text: str) -> tuple[str, int] | None:
+    """(NAME, where the head ends) for a `text` that starts with `<function=NAME>`."""
+    match = _FUNCTION_HEAD.match(text)
+    return (match.group(1).strip(), match.end()) if match else None
+
+
+class CallReader:
+    """The arguments of one call in Qwen3.5's form, read from the text after its
+    `<function=NAME>`. `feed` returns the arguments' JSON text that became certain, `close`
+    the rest where the reply ends inside the call (an open value ends there, the object is
+    closed). `done` once `</tool_call>` has come; `rest` is the text after it. `call` is the
+    call so far; its id stays the same to the end."""
+
+    def __init__(self, name: str, schemas: dict[str, dict] | None = None) -> None:
+        self.call = ToolCall(name, "")
+        self.done = False
+        self.rest = ""
+        params = (schemas or {}).get(name) or {}
+        self._params = params
+        self._props = resolve(params, params).get("properties") or {}
+        self._buf = ""
+        self._given = ""  # the arguments' text given out so far
+        self._seen: set[str] = set()  # parameter names read (a repeated one is skipped)
+        self._written = 0  # parameters written into the arguments
+        self._key: str | None = None  # the parameter whose value is being read
+        self._raw = False  # its value is a string, streamed as it comes
+        self._skip = False  # its name came before: its value is dropped
+        self._fresh = False  # nothing of its value read yet (its first newline is the form's)
+
+    @property
+    def result(self) -> ToolCall:
+        return ToolCall(self.call.name, self._given, self.call.id)
+
+    def feed(self, text: str) -> str:
+        self._buf += text
+        out: list[str] = []
+        while not self.done and self._step(out):
+            pass
+        return self._give(out)
+
+    def close(self) -> str:
+        out: list[str] = []
+        if not self.done:
+            if self._key is not None:
+                value = self._buf[1:] if self._fresh and self._buf[:1] == "\n" else self._buf
+                self._end_value(out, value)
+            out.append("}" if self._written else "{}")
+            self.done, self._buf = True, ""
+        return self._give(out)
+
+    def _give(self, out: list[str]) -> str:
+        text = "".join(out)
+        self._given += text
+        return text
+
+    def _step(self, out: list[str]) -> bool:
+        return self._in_value(out) if self._key is not None else self._between(out)
+
+    def _between(self, out: list[str]) -> bool:
+        """Outside a value: the next parameter's head, or the call's end; the text between
+        them (`</function>`, line breaks) is not the call's."""
+        buf = self._buf
+        at, end = buf.find(PARAM_OPEN), buf.find(CALL_CLOSE)
+        if end >= 0 and (at < 0 or end < at):
+            self.rest, self._buf, self.done = buf[end + len(CALL_CLOSE) :], "", True
+            out.append("}" if self._written else "{}")
+            return False
+        if at < 0:
+            keep = partial_suffix(buf, [PARAM_OPEN, CALL_CLOSE])
+            self._buf = buf[len(buf) - keep :] if keep else ""
+            return False
+        head_end = buf.find(">", at)
+        line_end = buf.find("\n", at)
+        if 0 <= line_end < head_end or (head_end < 0 and line_end >= 0):
+            self._buf = buf[at + len(PARAM_OPEN) :]  # not a parameter's head: passed over
+            return True
+        if head_end < 0:
+            self._buf = buf[at:]  # its name is still coming
+            return False
+        key = buf[at + len(PARAM_OPEN) : head_end].strip()
+        self._buf = buf[head_end + 1 :]
+        self._key, self._fresh = key, True
+        self._skip = key in self._seen
+        self._seen.add(key)
+        types = value_types(self._props.get(key), self._params)
+        self._raw = types is None or types <= {"string"}
+        if self._raw and not self._skip:
+            out.append(self._name(key) + '"')
+        return True
+
+    def _in_value(self, out: list[str]) -> bool:
+        buf = self._buf
+        if self._fresh:
+            if not buf:
+                return False
+            buf, self._fresh = (buf[1:] if buf[0] == "\n" else buf), False
+        ends = [(i, m) for m in (PARAM_CLOSE, CALL_CLOSE) if (i := buf.find(m)) >= 0]
+        if ends:
+            i, marker = min(ends)
+            self._end_value(out, buf[:i])
+            # `</tool_call>` inside a value ends the value and the call.
+            self._buf = buf[i + len(PARAM_CLOSE) :] if marker == PARAM_CLOSE else buf[i:]
+            return True
+        if self._raw and not self._skip:
+            keep = partial_suffix(buf, [PARAM_CLOSE, CALL_CLOSE])
+            settled = buf[: len(buf) - keep]
+            settled = settled[:-1] if settled.endswith("\n") else settled  # the form's, maybe
+            out.append(_escaped(settled))
+            buf = buf[len(settled) :]
+        self._buf = buf
+        return False
+
+    def _end_value(self, out: list[str], text: str) -> None:
+        """The value's last text (`text`, its closing newline still on it) taken."""
+        text = text[:-1] if text.endswith("\n") else text
+        if self._skip:
+            pass
+        elif self._raw:
+            out.append(_escaped(text) + '"')
+        else:
+            value = _argument(text, self._props.get(self._key), self._params)
+            out.append(self._name(self._key) + json.dumps(value, ensure_ascii=False))  # type: ignore[arg-type]
+        self._key = None
+
+    def _name(self, key: str) -> str:
+        """The JSON text before a parameter's value."""
+        lead = ", " if self._written else "{"
+        self._written += 1
+        return f"{lead}{json.dumps(key, ensure_ascii=False)}: "
+
+
+def _escaped(text: str) -> str:
+    """`text` as the inside of a JSON string (escaping goes character by character, so the
+    pieces of a string escaped one by one join into the whole string's escaping)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def parse_tool_call(block: str, schemas: dict[str, dict] | None = None) -> ToolCall | None:
+    """One `<tool_call>...</tool_call>` block (tags included or not), or None if unreadable."""
+    inner = block.strip()
+    if inner.startswith(CALL_OPEN):
+        inner = inner[len(CALL_OPEN) :]
+    if inner.endswith(CALL_CLOSE):
+        inner = inner[: -len(CALL_CLOSE)]
+    inner = inner.strip()
+    head = function_head(inner)
+    if head is not None:
+        reader = CallReader(head[0], schemas)
+        reader.feed(inner[head[1] :])
+        reader.close()
+        return reader.result
+    try:
+        obj = json.loads(inner)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ToolCall(obj["name"], text)
+
+
+def _argument(raw: str, schema: Any, params: Any = None) -> Any:
+    """A parameter's value from its text: raw where the parameter takes only strings (or
+    its schema does not say), else the JSON value it reads as (the template writes
+    Python's True/False/None for those) where the schema takes that type, `$ref`s and
+    unions (pydantic's `Optional`, nested models) followed within `params`; the raw text
+    where it takes strings too and the text is no value of another type it takes (a text
+    in quotes included: the quotes are the string's own)."""
+    types = value_types(schema, params)
+    if types is None or types <= {"string"}:
+        return raw
+    text = {"True": "true", "False": "false", "None": "null"}.get(raw.strip(), raw)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return raw
+    kind = json_type(value)
+    if kind == "string" and "string" in types:
+        return raw  # the template writes strings raw: quotes in the text are the value's
+    if kind in types or (kind == "integer" and "number" in types) or "string" not in types:
+        return value
+    return raw

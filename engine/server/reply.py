@@ -120,8 +120,7 @@ class ReplySplitter:
         while self._step(out, final=True):
             pass
         if self._reader is not None:
-            self._reader.feed(self._buf)
-            self._take_args(out, self._reader.close())
+            self._take_args(out, self._reader.feed(self._buf) + self._reader.close())
             self._end_call(out, self._reader.result)
         elif self.mode == "tool" and self._buf:
             call = parse_tool_call(self._buf, self.schemas)

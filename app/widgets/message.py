@@ -26,8 +26,9 @@ from PySide6.QtWidgets import (
 
 from app.code_blocks import SCHEME, with_copy_links
 from app.controllers import format_stats
+from app.highlight import colour_code
 from app.state.chat_history import Turn
-from app.theme import colour
+from app.theme import THEME, colour
 from app.thinking import split_reply
 from app.widgets.attachment_tray import preview
 from engine.attachments import compose
@@ -96,9 +97,11 @@ class AutoHeightBrowser(QTextBrowser):
 
 
 def _wrap_code_blocks(doc: QTextDocument) -> None:
-    """Markdown code blocks come in as non-breakable lines; let them wrap instead of clip."""
+    """Markdown code blocks come in as non-breakable lines; let them wrap instead of clip,
+    and colour them by their language (app/highlight.py)."""
     cursor = QTextCursor(doc)
     cursor.beginEditBlock()  # one layout pass at the end, not one a line (a 500-line reply)
+    colour_code(doc, cursor, THEME.dark)  # first: it finds the blocks by their lines' marks
     block = doc.begin()
     while block.isValid():
         fmt = block.blockFormat()

@@ -1,12 +1,14 @@
 """Each code block of a message copies alone: found as CommonMark finds fences
-(app/code_blocks.py), with a "Copy code" link above it in the message view."""
+(app/code_blocks.py), with a "Copy code" link above it in the message view; and it is
+coloured by its language (app/highlight.py)."""
 
 from __future__ import annotations
 
 from fake_engine import FakeEngine
 from PySide6.QtCore import QUrl
-from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
 
+from app import highlight, theme
 from app.code_blocks import code_blocks, with_copy_links
 from app.engine_bridge import LoadRequest
 
@@ -72,3 +74,59 @@ def test_html_in_a_message_is_shown_as_text(qtbot, make_window):
     shown = reply.answer_view.toPlainText()
     assert "std::vector<int> here; the <div> tag; <b>not bold</b>" in shown
     assert '<img src="x.png">' in shown
+
+
+def colours(view, text: str) -> list[str]:
+    """The colour each character of the first `text` in `view` is drawn in."""
+    doc = view.document()
+    start = doc.toPlainText().index(text)
+    cursor = QTextCursor(doc)
+    out = []
+    for p in range(start, start + len(text)):
+        cursor.setPosition(p + 1)  # the format of the character before the cursor
+        out.append(cursor.charFormat().foreground().color().name())
+    return out
+
+
+def test_code_is_coloured_by_its_language(qtbot, make_window):
+    """A fenced block naming its language is coloured by Pygments' lexer for it (keywords,
+    strings and comments each in a colour of their own); a block naming none, or a language
+    Pygments does not know, and the text around the blocks stay plain; the dark theme has
+    colours of its own; a block still streaming in (no closing fence) is coloured too."""
+    script = [
+        "Here:\n\n```python\ndef area(r):\n    return 3.14 * r  # circle\n    print('hi')\n```\n",
+        "\n```\ndef plain(): pass\n```\n\n```nosuchlanguage\ndef other(): pass\n```\n",
+        "\ndef outside\n\n```js\nconst x = 'hi';\n",
+    ]
+    window = make_window(loader=FakeEngine.loader(script=script))
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        window.ctx.chats.send("Show me code")
+    view = window.chat.message_widgets()[-1].answer_view
+    text = colours(view, "Here:")[0]
+    keyword, name = colours(view, "def area")[0], colours(view, "area(r)")[0]
+    string, comment = colours(view, "'hi'")[0], colours(view, "# circle")[0]
+    assert len({text, keyword, name, string, comment}) == 5
+    assert set(colours(view, "def area")[:3]) == {keyword}
+    assert set(colours(view, "return")) == {keyword}
+    assert set(colours(view, "# circle")) == {comment}
+    for plain in ("def plain(): pass", "def other(): pass", "def outside"):
+        assert set(colours(view, plain)) == {text}
+    assert colours(view, "const")[0] != text  # the open block at the end
+    light = (keyword, string)
+    theme.apply("dark")
+    try:
+        view = window.chat.message_widgets()[-1].answer_view
+        dark = (colours(view, "def area")[0], colours(view, "'hi'")[0])
+        assert dark != light and len(set(dark)) == 2
+    finally:
+        theme.apply("light")
+
+
+def test_a_code_block_past_the_limit_stays_plain():
+    long = "x = 1\n" * (highlight.MAX_CHARS // 6 + 1)
+    assert highlight.runs("python", long, False) == ()
+    assert highlight.runs("python", long[: highlight.MAX_CHARS - 6], False)
+    assert highlight.runs("Python  {.numberLines}", "x = 1", True)  # its first word names it
+    assert highlight.runs("", "x = 1", False) == () == highlight.runs("zzz", "x = 1", False)

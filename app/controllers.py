@@ -126,16 +126,17 @@ class EngineController(QObject):
         thinking: bool | None,
         left_out: int = 0,
         partial: str = "",
+        thinking_budget: int = 0,
     ) -> int:
         """Start a reply; returns its request id (tokens/finished/failed carry it).
-        `left_out` and `partial`: as engine_bridge.ReplyRequest's."""
+        `left_out`, `partial`, `thinking_budget`: as engine_bridge.ReplyRequest's."""
         self.stop()
         self._next_id += 1
         self._active = self._next_id
         self._cancel = threading.Event()
         self._set_state("generating")
         request = engine_bridge.ReplyRequest(
-            list(messages), params, thinking, self._cancel, int(left_out), partial
+            list(messages), params, thinking, self._cancel, int(left_out), partial, thinking_budget
         )
         self._do_generate.emit(self._active, request)
         return self._active
@@ -393,7 +394,8 @@ class ChatController(QObject):
         self._reply_chat = chat.id
         self._tokens_before = 0
         left_out = self._left_out(chat.turns[:-1])
-        self._request = self.engine.send(messages, params, thinking, left_out)
+        budget = self.settings.thinking_budget
+        self._request = self.engine.send(messages, params, thinking, left_out, "", budget)
         if saved:  # else the status line says the save failed
             self.notice.emit(self.busy_notice())
         self.busy_changed.emit(True)

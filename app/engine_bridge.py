@@ -38,7 +38,9 @@ class ReplyRequest:
 
     `left_out`: the messages the chat's last prompt left out to fit the context, which this
     one keeps leaving out while it fits (engine/context_fit.py). `partial`: a reply to go
-    on with (Continue): the prompt is the one it was answering, then its text so far."""
+    on with (Continue): the prompt is the one it was answering, then its text so far.
+    `thinking_budget`: the most tokens the reply may think before it answers (0: no limit;
+    engine/thinking_budget.py)."""
 
     messages: list[dict[str, str]]
     params: Any
@@ -46,6 +48,7 @@ class ReplyRequest:
     cancel: Any  # threading.Event: set, the reply ends at its next token
     left_out: int = 0
     partial: str = ""
+    thinking_budget: int = 0
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, no template")
     g.add_argument("--system", type=_utf8_text, help="system prompt for the chat template")
     g.add_argument("--thinking", choices=["on", "off", "default"], default="default")
+    _add_budget_flag(g)
     g.add_argument(
         "--attach",
         action="append",
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors)")
     c.add_argument("--system", type=_utf8_text, help="system prompt for the chat template")
     c.add_argument("--thinking", choices=["on", "off", "default"], default="default")
+    _add_budget_flag(c)
     _add_sampling_flags(c, max_new_tokens=2048)
     _add_engine_flags(c)
 
@@ -199,9 +201,30 @@ def run_chat(args: argparse.Namespace) -> int:
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the chat, which
         sys.stdin.reconfigure(errors="surrogateescape")  # refuses that message alone
     try:
-        return chat(engine, name, params, args.system, thinking, *streams)
+        budget = args.thinking_budget
+        return chat(engine, name, params, args.system, thinking, *streams, thinking_budget=budget)
     finally:
         engine.unload()
+
+
+def _add_budget_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--thinking-budget",
+        type=_budget,
+        default=0,
+        metavar="N",
+        help="the most tokens a reply thinks before it answers (0: no limit)",
+    )
+
+
+def _budget(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens (0: no limit)")
+    return value
 
 
 def _load(args: argparse.Namespace):
@@ -262,6 +285,8 @@ def _prompt_ids(engine, args: argparse.Namespace) -> list[int]:
 
 
 def _generate(engine, args: argparse.Namespace) -> int:
+    from engine.thinking_budget import applies, generate_within
+
     prompt_ids = _prompt_ids(engine, args)
     params = _params(args)
     output_ids, text, stats, finish = [], [], None, None
@@ -272,7 +297,12 @@ def _generate(engine, args: argparse.Namespace) -> int:
     if threading.current_thread() is threading.main_thread():
         handler = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     try:
-        for event in engine.generate(prompt_ids, params, cancel, **more):
+        budget = args.thinking_budget
+        if applies(engine, prompt_ids, budget):
+            events = generate_within(engine, prompt_ids, params, budget, cancel, **more)
+        else:
+            events = engine.generate(prompt_ids, params, cancel, **more)
+        for event in events:
             if event.token_id >= 0:  # a final event may carry no token (NO_TOKEN)
                 output_ids.append(event.token_id)
             text.append(event.text)

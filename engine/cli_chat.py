@@ -29,6 +29,7 @@ from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
 from engine.request_types import progress_args
 from engine.server.reply import ReplySplitter
+from engine.thinking_budget import applies, generate_within
 
 HELP = (
     "Type a message and press Enter (end a line with \\ to go on to the next).\n"
@@ -48,9 +49,11 @@ def chat(
     stdin: TextIO,
     out: TextIO,
     err: TextIO,
+    thinking_budget: int = 0,
 ) -> int:
     """The conversation loop with the model called `name` over `stdin`; replies to `out`,
-    notes and stats to `err`."""
+    notes and stats to `err`. `thinking_budget`: the most tokens a reply thinks before it
+    answers (0: no limit; engine/thinking_budget.py)."""
     head = [{"role": "system", "content": system}] if system else []
     history, left_out = list(head), 0  # messages the last prompt left out (context_fit)
     cut = False  # the last reply stopped at the token limit or on Ctrl+C: /continue
@@ -93,7 +96,7 @@ def chat(
         partial = history[-1]["content"] if going_on else ""
         try:
             reply, note, left_out, reason = _reply(
-                engine, asked, params, thinking, left_out, out, partial
+                engine, asked, params, thinking, left_out, out, partial, thinking_budget
             )
         except RequestRefused as exc:
             if not going_on:
@@ -207,12 +210,14 @@ def _reply(
     previous: int,
     out: TextIO,
     partial: str = "",
+    budget: int = 0,
 ) -> tuple[str, str, int, str | None]:
     """Stream one reply to `out` (with `partial`, go on with that reply: the prompt it
     answered, then its text so far); its text, a stats line, the messages its prompt left
     out and why it ended (the engine's finish reason: "length" and "cancelled" cut it).
     Ctrl+C while it streams sets the request's cancel event (the engine ends the reply at
-    its next token, or its prompt between two windows)."""
+    its next token, or its prompt between two windows). `budget`: a new reply's thinking
+    held to that many tokens (a reply gone on with is not held)."""
     more = engine.tokenizer.encode(partial) if partial else []
     most = params.max_new_tokens + len(more)
     ids, left_out = fit_prompt(engine, history, thinking, most, previous)
@@ -226,7 +231,11 @@ def _reply(
     shown = Shown(out, _opens_thinking(engine, ids), resumed=bool(partial))
     extra = progress_args(engine, prompt_progress())
     try:
-        for event in engine.generate(ids, params, cancel, **extra):
+        if not partial and applies(engine, ids, budget):
+            events = generate_within(engine, ids, params, budget, cancel, **extra)
+        else:
+            events = engine.generate(ids, params, cancel, **extra)
+        for event in events:
             if event.text:
                 parts.append(event.text)
                 shown.feed(event.text)

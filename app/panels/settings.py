@@ -41,12 +41,13 @@ RANGES = {
     "sampling/presence_penalty": (0.0, 2.0, 0.1, 2),
     "sampling/min_p": (0.0, 0.99, 0.01, 2),
     "sampling/max_new_tokens": (16, 32768, 256, 0),
+    "chat/thinking_budget": (0, 32768, 256, 0),
     "server/port": (1024, 65535, 1, 0),
     "cache/host_gib": (0.0, 256.0, 0.5, 1),
     "cache/disk_gib": (0.0, 4096.0, 1.0, 1),
 }
 # What a spin box shows at its minimum, where the minimum means "the engine chooses".
-AT_MINIMUM = {"engine/max_rows": "Auto"}
+AT_MINIMUM = {"engine/max_rows": "Auto", "chat/thinking_budget": "No limit"}
 BACKEND_LABELS = {"auto": "Auto", "cuda": "GPU (CUDA)", "numpy": "CPU (numpy)"}
 KV_CACHE_LABELS = {"bf16": "16-bit (bf16)", "int8": "8-bit (longer context)"}
 DRAFT_LABELS = {
@@ -89,7 +90,7 @@ GROUPS = (
             "sampling/max_new_tokens",
         ),
     ),
-    ("Chat", ("chat/thinking", "chat/system_prompt")),
+    ("Chat", ("chat/thinking", "chat/thinking_budget", "chat/system_prompt")),
     ("App", ("app/theme", "app/load_last_model")),
     ("Local server", ("server/enabled", "server/port")),
     ("Saved conversations", ("cache/host_gib", "cache/disk_gib")),

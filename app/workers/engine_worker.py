@@ -3,7 +3,8 @@
 GUI thread (app/controllers.py)    worker thread (this module)
   EngineController.load()  --sig-->  EngineWorker.load()      (slow, blocks only this thread)
   EngineController.send()  --sig-->  EngineWorker.generate()  loops over engine.generate(...)
-                                     (a long chat's oldest messages left out: engine/context_fit.py)
+                                     (a long chat's oldest messages left out: engine/context_fit.py;
+                                     its thinking held to a budget: engine/thinking_budget.py)
   EngineController.stop()  -- threading.Event.set() --------> checked by the engine per token
   widgets  <--- tokens(batched ~30 ms), prompt_progress, finished, failed, loaded, held ---
 
@@ -24,6 +25,7 @@ from app.state.chat_history import NUMERIC_STATS
 from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
 from engine.request_types import progress_args
+from engine.thinking_budget import applies, generate_within
 
 BATCH_S = 0.03
 PROGRESS_S = 0.25  # the prompt's progress, at most this often (and its end)
@@ -123,7 +125,12 @@ class EngineWorker(QObject):
         more = progress_args(self._engine, progress)  # not for a remote or stand-in engine
         try:
             ids, left_out = self._prompt(request)
-            for event in self._engine.generate(ids, params, cancel, **more):
+            budget = request.thinking_budget
+            if applies(self._engine, ids, budget):
+                events = generate_within(self._engine, ids, params, budget, cancel, **more)
+            else:
+                events = self._engine.generate(ids, params, cancel, **more)
+            for event in events:
                 if event.text:
                     pending.append(event.text)
                 now = time.monotonic()

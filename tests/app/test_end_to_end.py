@@ -170,3 +170,33 @@ def test_a_reply_cut_by_the_token_limit_goes_on(qtbot, make_window, tiny):
     assert [t.role for t in turns] == ["user", "assistant"]
     assert turns[-1].content.startswith(first) and len(turns[-1].content) > len(first)
     assert turns[-1].stats["new_tokens"] > 4
+
+
+def test_a_thinking_budget_closes_the_thinking_and_the_answer_follows(
+    qtbot, make_window, tiny_checkpoint
+):
+    """Settings > Chat's thinking budget over the real engine: a reply still thinking after
+    that many tokens gets Qwen's closing words, then its answer, in the same reply; its
+    stats count every token of it. Thinking off, the budget changes nothing."""
+    from engine.thinking_budget import CLOSE
+
+    window = make_window()
+    varied = tiny_checkpoint("untied-l8-r2", "hf-fp32")  # its greedy text is not all alike
+    load_tiny(qtbot, window, varied, max_new_tokens=120)
+    settings, chats = window.ctx.settings, window.ctx.chats
+    settings.set("chat/thinking", True)
+    settings.set("chat/thinking_budget", 4)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=30000) as done:
+        assert chats.send("hello")
+    reply = chats.current.turns[-1]
+    if "</think>" in reply.content.split(CLOSE)[0]:
+        pytest.skip("the tiny model closed its thinking within the budget")
+    thinking, _, answer = reply.content.partition(CLOSE)
+    assert answer and thinking  # the words once, between the thinking and the answer
+    assert done.args[1]["new_tokens"] == 120 and done.args[1]["finish_reason"] == "length"
+    shown = window.chat.message_widgets()[-1].answer_view.toPlainText()
+    assert shown.strip() and "Considering the limited time" not in shown  # in the thinking
+    settings.set("chat/thinking", False)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=30000):
+        assert chats.send("again")
+    assert CLOSE not in chats.current.turns[-1].content

@@ -33,6 +33,24 @@ def test_generate_json_is_deterministic_and_greedy(tiny_checkpoint, capsys):
     assert first["backend"] == "numpy" and first["timings"]["new_tokens"] == 6
 
 
+def test_generate_holds_the_thinking_to_its_budget(tiny_checkpoint, capsys):
+    """`--thinking-budget`: the reply's tokens (the closing words among them) in
+    output_ids, as many as its stats count; off without thinking."""
+    from engine.thinking_budget import CLOSE
+
+    model = str(tiny_checkpoint("untied-l8-r2", "hf-fp32"))
+    args = ["generate", "--model", model, "--prompt", "Why?", "--max-new-tokens", "120"]
+    args += ["--greedy", "--backend", "numpy", "--json", "--thinking-budget", "5"]
+    assert main([*args, "--thinking", "on"]) == 0
+    held = json.loads(capsys.readouterr().out)
+    if "</think>" in held["text"].split(CLOSE)[0]:
+        pytest.skip("the tiny model closed its thinking within the budget")
+    assert CLOSE in held["text"] and held["text"].split(CLOSE)[1]
+    assert len(held["output_ids"]) == held["timings"]["new_tokens"] == 120
+    assert main([*args, "--thinking", "off"]) == 0
+    assert CLOSE not in json.loads(capsys.readouterr().out)["text"]
+
+
 def test_generate_streams_text_with_chat_template(tiny_checkpoint, capsys):
     model = str(tiny_checkpoint("untied-l8-r2", "hf-fp32"))
     assert (

@@ -290,3 +290,20 @@ def test_a_message_not_in_utf8_or_an_unknown_command_is_not_sent():
     assert "the message is not UTF-8 text (byte 0xe9 at offset 3)" in err.getvalue()
     assert "(unknown command /rest: /help lists them" in err.getvalue()
     assert "(unknown command /atach: /help lists them" in err.getvalue()
+
+
+def test_a_thinking_budget_closes_a_long_thought(tiny_checkpoint, monkeypatch, capsys):
+    """`--thinking-budget N`: the reply's thinking stops after N tokens, closed by Qwen's
+    words for it (shown dimmed with the thinking), and the answer follows; a value that is
+    not a number of tokens is refused by its flag."""
+    model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
+    flags = ("--max-new-tokens", "120", "--context", "512", "--thinking", "on")
+    got = run(monkeypatch, capsys, model, ["Why?"], *flags, "--thinking-budget", "6")
+    thought, done, answer = got.out.partition("…done thinking.")
+    if "</think>" in thought or not done:
+        pytest.skip("the tiny model closed its thinking within the budget")
+    assert "Considering the limited time by the user" in thought and answer.strip()
+    assert "120 tokens" in got.err  # the whole reply's count: thinking, words and answer
+    with pytest.raises(SystemExit):
+        main(["chat", "--model", str(model), "--thinking-budget", "lots"])
+    assert "--thinking-budget: 'lots' is not a number of tokens" in capsys.readouterr().err

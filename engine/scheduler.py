@@ -535,6 +535,9 @@ class ScheduledEngine:
         self.scheduler = Scheduler(engine, queue_size, prefill_chunk).start()
         self.backend_name = engine.backend_name
         self.decision = engine.decision
+        # The chat reads replies with it: to go on with one (Continue), hold its thinking to
+        # a budget, count what attached files cost.
+        self.tokenizer = engine.tokenizer
 
     def held_bytes(self) -> int:
         return self.engine.held_bytes()

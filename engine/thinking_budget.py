@@ -33,13 +33,18 @@ CLOSE = (
 
 
 class _Either:
-    """Set once either event is: the user's cancel, or the budget's stop."""
+    """Set once either event is: the user's cancel, or the budget's stop (`set` sets the
+    stop: the scheduler's requests cancel themselves through it, as a generator left early
+    does)."""
 
-    def __init__(self, *events: threading.Event | None) -> None:
-        self.events = [e for e in events if e is not None]
+    def __init__(self, cancel: threading.Event | None, stop: threading.Event) -> None:
+        self.cancel, self.stop = cancel, stop
 
     def is_set(self) -> bool:
-        return any(e.is_set() for e in self.events)
+        return self.stop.is_set() or (self.cancel is not None and self.cancel.is_set())
+
+    def set(self) -> None:
+        self.stop.set()
 
 
 def applies(engine: Any, prompt_ids: list[int], budget: int) -> bool:
@@ -60,58 +65,69 @@ def generate_within(
     """`engine.generate(prompt_ids, params, cancel, **more)`'s events, the reply's thinking
     held to `budget` tokens (the reply starts inside its thinking: `applies`)."""
     stop = threading.Event()
+    if budget <= 1:
+        stop.set()  # the reply's first token is the budget's last
     generated: list[int] = []
-    thinking, thought, tail = True, 0, ""
+    thinking, thought, tail, before = True, 0, "", None
     first = engine.generate(prompt_ids, params, _Either(cancel, stop), **more)
     try:
         for event in first:
-            if event.token_id != NO_TOKEN:
+            # Tokens past the budget (a scheduler's engine runs ahead of the stop) are not
+            # the reply's: the reply is the same whichever engine runs it.
+            over = thinking and thought >= budget
+            if event.token_id != NO_TOKEN and not over:
                 generated.append(event.token_id)
-            if thinking:
-                tail = (tail + event.text)[-(len(THINK_CLOSE) + len(event.text)) :]
-                thinking = THINK_CLOSE not in tail
-                thought += event.token_id != NO_TOKEN
-                if thinking and thought >= budget:
-                    stop.set()  # the reply ends at its next token
-            cut = event.finish_reason == "cancelled" and stop.is_set()
-            if not event.finished or not cut or (cancel is not None and cancel.is_set()):
-                yield event
-                if event.finished:
-                    return
+                if thinking:
+                    tail = (tail + event.text)[-(len(THINK_CLOSE) + len(event.text)) :]
+                    thinking = THINK_CLOSE not in tail
+                    thought += 1
+                    if thinking and thought >= budget - 1:
+                        stop.set()  # the engine ends the reply at the budget's last token
+            if not event.finished:
+                if not over:
+                    yield event
                 continue
-            # Stopped by the budget: its last token is the thinking's, the reply goes on.
-            yield TokenEvent(event.token_id, event.text, logprobs=event.logprobs)
-            before = event.stats
+            user = cancel is not None and cancel.is_set()
+            ours = event.finish_reason == "cancelled" and stop.is_set()  # at the budget
+            if user or not (over or ours):
+                yield event if not over else replace(event, token_id=NO_TOKEN, text="")
+                return
+            # The budget's last token (it may have closed the thinking itself): the reply
+            # goes on after it.
+            if not over:
+                yield TokenEvent(event.token_id, event.text, logprobs=event.logprobs)
+            if event.stats is not None:
+                before = replace(event.stats, new_tokens=len(generated))
             break
-        else:
-            return
     finally:
         first.close()  # the stream's state saved and its slot free before the rest starts
-    close_ids = engine.tokenizer.encode(CLOSE) if thinking else []
-    yield from _said(engine.tokenizer, close_ids)
+    said = closing_words(engine.tokenizer) if thinking else []
+    close_ids = [token for token, _ in said]
+    yield from (TokenEvent(token, text) for token, text in said)
     left = params.max_new_tokens - len(generated) - len(close_ids)
     start = time.perf_counter()
     if left <= 0:
-        stats = _joined(before, None, len(close_ids), 0.0)
+        stats = joined(before, None, len(close_ids), 0.0)
         yield TokenEvent(NO_TOKEN, "", True, "length", stats)
         return
     rest = replace(params, max_new_tokens=left)
     for event in engine.generate(prompt_ids + generated + close_ids, rest, cancel, **more):
         if event.finished:
             after = time.perf_counter() - start
-            event = replace(event, stats=_joined(before, event.stats, len(close_ids), after))
+            event = replace(event, stats=joined(before, event.stats, len(close_ids), after))
         yield event
 
 
-def _said(tokenizer: Any, ids: list[int]) -> Iterator[TokenEvent]:
-    """An event for each of `ids`, tokens put in the reply (not the model's picks)."""
-    decoder = StreamDecoder(tokenizer)
-    for n, token in enumerate(ids, 1):
-        text = decoder.push(token) + (decoder.flush() if n == len(ids) else "")
-        yield TokenEvent(token, text)
+def closing_words(tokenizer: Any) -> list[tuple[int, str]]:
+    """CLOSE as tokens put in the reply (not the model's picks): each id with its text."""
+    decoder, ids = StreamDecoder(tokenizer), tokenizer.encode(CLOSE)
+    out = [(token, decoder.push(token)) for token in ids]
+    if out:
+        out[-1] = (out[-1][0], out[-1][1] + decoder.flush())
+    return out
 
 
-def _joined(
+def joined(
     before: GenerationStats | None, after: GenerationStats | None, forced: int, seconds: float
 ) -> GenerationStats | None:
     """The whole reply's figures from its two parts' (`forced`: the closing words' tokens;

@@ -263,7 +263,7 @@ class OpenAIServer:
             lead=not started,
         )
         await self._grammar_ready(chat.options)
-        return self._start(request, ids, chat.options, splitter, fit)
+        return self._start(request, ids, chat.options, splitter, fit, chat.thinking_budget)
 
     # ----- streaming ------------------------------------------------------------------------
     async def _chat_events(
@@ -422,10 +422,12 @@ class OpenAIServer:
         options: Options,
         splitter: ReplySplitter | None,
         fit: bool = False,
+        thinking_budget: int = 0,
     ) -> Generation:
         """Check the prompt and the reply's length against the context, then submit.
         `fit`: a max_tokens past the room left is cut to it (Anthropic's clients send the
-        most their model may write, whatever the context), not refused."""
+        most their model may write, whatever the context), not refused. `thinking_budget`:
+        the most tokens the reply thinks (0: no limit; engine/thinking_budget.py)."""
         context, prompt = self.engine.context, len(ids)
         vocab = self.engine.vocab_rows
         outside = [t for t, _ in options.logit_bias if t >= vocab]
@@ -465,6 +467,7 @@ class OpenAIServer:
                 splitter,
                 options.ignore_eos,
                 None if options.stream else request.is_disconnected,
+                thinking_budget,
             )
         except QueueFull as exc:
             raise ApiError(503, str(exc), "server_overloaded", code="queue_full") from exc

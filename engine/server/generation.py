@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
+from engine.request_types import TokenEvent
 from engine.scheduler import NO_TOKEN, Request, Scheduler
 from engine.server.reply import Piece, ReplySplitter, StopFilter
 from engine.session import GenerationParams, GenerationStats
+from engine.thinking_budget import closing_words, joined
 from engine.tokenizer import THINK_CLOSE
 
 FINISH = {"stop": "stop", "length": "length"}  # engine reason -> API reason ("cancelled": stop)
@@ -36,8 +39,12 @@ class Generation:
         splitter: ReplySplitter | None = None,
         ignore_eos: bool = False,
         disconnected: Callable[[], Awaitable[bool]] | None = None,
+        thinking_budget: int = 0,
     ) -> None:
         self.loop = asyncio.get_running_loop()
+        self.scheduler, self.params, self._ignore_eos = scheduler, params, ignore_eos
+        self._prompt = list(prompt_ids)
+        self._ids: list[int] = []  # the reply's tokens (the closing words' among them)
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.stop = StopFilter(stops)
         self.splitter = splitter
@@ -56,6 +63,12 @@ class Generation:
         self.wants_logprobs = params.logprobs is not None
         self._logprobs: list[tuple[int, Any]] = []
         self._ends = frozenset() if ignore_eos else frozenset(scheduler.engine.eos_ids)
+        # A budget for the thinking (engine/thinking_budget.py): past it, the request is
+        # cancelled and a second one goes on from the thinking and the closing words.
+        self._budget = thinking_budget if self._thinking else 0
+        self._cut = False  # the first request was cancelled at the budget
+        self._first: GenerationStats | None = None  # its figures, once it has ended
+        self._went_on = (0.0, 0)  # when the second request was submitted; closing tokens
         self.request: Request = scheduler.submit(
             prompt_ids, params, sink=self._sink, ignore_eos=ignore_eos
         )
@@ -180,14 +193,57 @@ class Generation:
                 item = await self.queue.get()
             if isinstance(item, BaseException):
                 raise item
-            if item.token_id != NO_TOKEN:
-                self.completion_tokens += 1
-                self._count_thinking(item.text)
+            past = self._past_budget()  # the first request's tokens after the budget
+            if item.token_id != NO_TOKEN and not past:
+                self._count_token(item.token_id, item.text)
                 if item.logprobs is not None and item.token_id not in self._ends:
                     self._logprobs.append((item.token_id, item.logprobs))
+            if past and not item.finished:
+                continue  # not the reply's: it is the same whenever the cancel lands
+            if past:
+                for text in self._go_on(item.stats):
+                    yield text, False
+                if self._went_on[0]:
+                    continue
+                item = TokenEvent(NO_TOKEN, "", True, "length", None)  # no room left
             if item.finished:
                 self.finish_reason = FINISH.get(item.finish_reason, "stop")
                 self.stats = item.stats
+                if self._first is not None:
+                    took = time.perf_counter() - self._went_on[0] if self._went_on[0] else 0.0
+                    self.stats = joined(self._first, item.stats, self._went_on[1], took)
             yield item.text, item.finished
             if item.finished:
                 return
+
+    def _count_token(self, token: int, text: str) -> None:
+        self.completion_tokens += 1
+        self._ids.append(token)
+        self._count_thinking(text)
+        if self._budget and self._thinking and self.reasoning_tokens >= self._budget:
+            self._budget, self._cut = 0, True  # once: its last token has come
+            self.request.cancel()
+
+    def _past_budget(self) -> bool:
+        """Whether the first request has given the budget's tokens, so that what else it
+        gives (tokens the engine ran ahead with, its final event) is not the reply's."""
+        return self._cut and self._first is None
+
+    def _go_on(self, stats: GenerationStats | None) -> list[str]:
+        """The closing words (engine/thinking_budget.py), counted as the reply's tokens; then
+        the second request, from the prompt, the thinking and those words, for what the
+        reply has left (none left: no second request, and the reply ends at its limit)."""
+        self._first = stats or GenerationStats(len(self._prompt), len(self._ids), 0.0, 0.0, 0.0)
+        # Its last token may have closed the thinking itself: then no words are put in.
+        said = closing_words(self.scheduler.engine.tokenizer) if self._thinking else []
+        for token, text in said:
+            self._count_token(token, text)
+        left = self.params.max_new_tokens - len(self._ids)
+        self._went_on = (0.0, len(said))
+        if left > 0:
+            params = replace(self.params, max_new_tokens=left)
+            self.request = self.scheduler.submit(
+                self._prompt + self._ids, params, sink=self._sink, ignore_eos=self._ignore_eos
+            )
+            self._went_on = (time.perf_counter(), len(said))
+        return [text for _, text in said]

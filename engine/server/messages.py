@@ -125,6 +125,9 @@ class MessagesRequest:
         kind = field(thinking, "type", "string", "disabled", "thinking.")
         # A reply that goes on from its first words does not think first (nor in that API).
         chat["chat_template_kwargs"] = {"enable_thinking": kind in THINKING and not self.prefill}
+        budget = field(thinking, "budget_tokens", "integer", 0, "thinking.")
+        if kind == "enabled" and budget:  # the thinking stops there (engine/thinking_budget.py)
+            chat["thinking_budget"] = budget
         return chat
 
     def rename(self, exc: ApiError) -> ApiError:
@@ -137,6 +140,8 @@ class MessagesRequest:
             r"'stop'": "'stop_sequences'",
             r"^stop$": "stop_sequences",
             r"response_format\.json_schema\.schema": "output_config.format.schema",
+            r"'thinking_budget'": "'thinking.budget_tokens'",
+            r"^thinking_budget$": "thinking.budget_tokens",
         }
         out = renamed(exc, self.origin, words)
         too_long = _TOO_LONG.search(out.message)

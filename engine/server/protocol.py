@@ -309,6 +309,7 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None
     enable_thinking: bool | None
     one_call: bool = False  # `parallel_tool_calls: false`: the reply ends at its first call
+    thinking_budget: int = 0  # the most tokens the reply thinks (0: no limit)
 
 
 def read_chat(body: dict) -> ChatRequest:
@@ -330,7 +331,11 @@ def read_chat(body: dict) -> ChatRequest:
     if thinking is None and field(body, "reasoning_effort", "string") in ("none", "minimal"):
         thinking = False  # OpenAI's way to ask a reasoning model not to think
     one_call = not field(body, "parallel_tool_calls", "boolean", True)
-    return ChatRequest(options, messages, tools, thinking, one_call)
+    # Qwen's own API's name (DashScope's `thinking_budget`); Anthropic's `budget_tokens`.
+    budget = field(body, "thinking_budget", "integer", 0)
+    if budget < 0:
+        raise bad(f"'thinking_budget' = {budget} must be a count of tokens", "thinking_budget")
+    return ChatRequest(options, messages, tools, thinking, one_call, budget)
 
 
 def system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -74,16 +74,16 @@ def text(events) -> str:
 
 def test_a_reply_that_closes_its_thinking_in_time_is_not_touched():
     engine = Scripted([["hmm", "yes", "</think>", "Paris", "."]])
-    events = run(engine, budget=3)
+    events = run(engine, budget=4)
     assert text(events) == "hmm yes </think> Paris . " and len(engine.calls) == 1
     assert events[-1].finish_reason == "stop" and events[-1].stats.new_tokens == 5
 
 
 def test_at_the_budget_the_thinking_is_closed_and_the_answer_follows():
     engine = Scripted([["a", "b", "c", "d", "e", "f"], ["Paris", "."]])
-    events = run(engine, budget=3)
-    # The third token sets the stop; the reply ends at its next (the fourth), as Engine's
-    # does after a cancel; then the closing words; then the answer.
+    events = run(engine, budget=4)
+    # The third token sets the stop; the reply ends at its next (the fourth, the budget's
+    # last), as Engine's does after a cancel; then the closing words; then the answer.
     assert text(events) == "a b c d " + CLOSE + "Paris . "
     assert [e.finished for e in events].count(True) == 1 and events[-1].finish_reason == "stop"
     (prompt, most), (again, rest) = engine.calls
@@ -106,14 +106,14 @@ def test_a_cancel_or_the_token_limit_ends_the_reply_there():
     assert len(engine.calls) == 1
     engine = Scripted([["a", "b", "c", "d", "e"], ["never"]])
     close = len(Words().encode(CLOSE))
-    events = run(engine, budget=2, params=GenerationParams(max_new_tokens=3 + close))
+    events = run(engine, budget=2, params=GenerationParams(max_new_tokens=2 + close))
     assert events[-1].finish_reason == "length" and len(engine.calls) == 1
-    assert text(events) == "a b c " + CLOSE and events[-1].stats.new_tokens == 3 + close
+    assert text(events) == "a b " + CLOSE and events[-1].stats.new_tokens == 2 + close
 
 
 def test_the_last_token_before_the_stop_may_close_the_thinking_itself():
     engine = Scripted([["a", "b", "</think>", "x"], ["Paris"]])
-    events = run(engine, budget=2)
+    events = run(engine, budget=3)
     assert text(events) == "a b </think> Paris " and CLOSE not in text(events)
 
 
@@ -144,11 +144,11 @@ def test_on_the_engine_the_answer_goes_on_from_the_saved_state(thinker, monkeypa
     monkeypatch.setattr(engine, "generate", spy)
     params = GenerationParams(max_new_tokens=120, greedy=True)
     events = list(generate_within(engine, ids, params, 5))
-    first = [e.token_id for e in events[:6]]  # five thinking tokens, the one the stop came at
+    first = [e.token_id for e in events[:5]]  # the five thinking tokens of the budget
     close = engine.tokenizer.encode(CLOSE)
-    assert [e.token_id for e in events[6 : 6 + len(close)]] == close
-    assert "".join(e.text for e in events[6 : 6 + len(close)]) == CLOSE
-    answer = [e.token_id for e in events[6 + len(close) :]]
+    assert [e.token_id for e in events[5 : 5 + len(close)]] == close
+    assert "".join(e.text for e in events[5 : 5 + len(close)]) == CLOSE
+    answer = [e.token_id for e in events[5 + len(close) :]]
     assert len(first) + len(close) + len(answer) == 120 and events[-1].finish_reason == "length"
     assert events[-1].stats.new_tokens == 120 and len(answer) > 20
     # The second part restored the prompt and the thinking, and read the closing words.
@@ -159,3 +159,22 @@ def test_on_the_engine_the_answer_goes_on_from_the_saved_state(thinker, monkeypa
     rest = GenerationParams(max_new_tokens=len(answer), greedy=True)
     again = [e.token_id for e in fresh.generate(ids + first + close, rest)]
     assert again == answer
+
+
+def test_through_the_scheduler_as_the_app_runs_it_beside_its_server(thinker):
+    """The app's chat beside `snug serve` goes through a ScheduledEngine: the budget holds
+    there too (the scheduler's request cancelled through the budget's stop)."""
+    from engine.scheduler import ScheduledEngine
+
+    scheduled = ScheduledEngine(Engine.load(thinker, NUMPY, context=512, streams=2, max_rows=64))
+    try:
+        ids = scheduled.chat_ids([{"role": "user", "content": "Why?"}], enable_thinking=True)
+        assert applies(scheduled, ids, 5)
+        params = GenerationParams(max_new_tokens=120, greedy=True)
+        events = list(generate_within(scheduled, ids, params, 5))
+        reply = "".join(e.text for e in events)
+        assert CLOSE in reply and reply.split(CLOSE)[1]
+        assert events[-1].finished and events[-1].stats.new_tokens == 120
+        assert not scheduled.scheduler.running and not scheduled.scheduler.waiting
+    finally:
+        scheduled.unload()

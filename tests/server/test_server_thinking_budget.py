@@ -1,0 +1,98 @@
+"""A thinking budget asked of the server: `thinking_budget` (as Qwen's own API names it) on
+the chat API, `thinking.budget_tokens` on Anthropic's. The reply is what the engine gives
+with its thinking held to that budget (engine/thinking_budget.py), whole or streamed."""
+
+import json
+
+import anthropic
+import httpx
+import pytest
+
+from engine.session import GenerationParams
+from engine.thinking_budget import CLOSE, generate_within
+from tests.server.conftest import KEY
+
+USER = [{"role": "user", "content": "Hello"}]
+ON = {"chat_template_kwargs": {"enable_thinking": True}}
+WORDS = CLOSE.split("</think>")[0].strip()  # the closing words, as the thinking ends
+
+
+def held(solo, budget: int, max_tokens: int) -> tuple[str, str]:
+    """(thinking, answer) of the reply the engine alone gives under the budget (greedy)."""
+    engine = solo.engine
+    ids = engine.chat_ids(USER, enable_thinking=True)
+    params = GenerationParams(max_new_tokens=max_tokens, greedy=True)
+    text = "".join(e.text for e in generate_within(engine, ids, params, budget))
+    thinking, _, rest = text.partition("</think>")
+    return thinking.strip(), rest.strip()
+
+
+def test_the_chat_api_holds_the_thinking_to_its_budget(served, solo):
+    thinking, answer = held(solo, 6, 90)
+    if not thinking.endswith(WORDS):
+        pytest.skip("the tiny model closed its thinking within the budget")
+    client = served.client()
+    body = {**ON, "thinking_budget": 6}
+    reply = client.chat.completions.create(
+        model=served.model, messages=USER, max_tokens=90, temperature=0, extra_body=body
+    )
+    message = reply.choices[0].message
+    assert message.model_extra["reasoning_content"].strip() == thinking
+    assert (message.content or "").strip() == answer
+    assert reply.usage.completion_tokens == 90 and reply.choices[0].finish_reason == "length"
+    # The thinking counts up to the closing words' last token.
+    assert 6 < reply.usage.completion_tokens_details.reasoning_tokens < 90
+    stream = client.chat.completions.create(
+        model=served.model, messages=USER, max_tokens=90, temperature=0, extra_body=body,
+        stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    reasoning, content, usage = "", "", None
+    for chunk in stream:
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            reasoning += delta.model_extra.get("reasoning_content") or ""
+            content += delta.content or ""
+        usage = chunk.usage or usage
+    assert reasoning.strip() == thinking and content.strip() == answer
+    assert usage.completion_tokens == 90
+    served.wait_idle()
+
+
+def test_anthropic_budget_tokens_hold_the_thinking(served, solo):
+    thinking, answer = held(solo, 8, 90)
+    if not thinking.endswith(WORDS):
+        pytest.skip("the tiny model closed its thinking within the budget")
+    client = anthropic.Anthropic(base_url=served.base, api_key=KEY, max_retries=0)
+    message = client.messages.create(
+        model=served.model, max_tokens=90, messages=USER, extra_body={"temperature": 0},
+        thinking={"type": "enabled", "budget_tokens": 8},
+    )  # fmt: skip
+    blocks = {b.type: b for b in message.content}
+    assert blocks["thinking"].thinking.strip() == thinking
+    assert blocks.get("text") is None or blocks["text"].text.strip() == answer
+    assert message.usage.output_tokens == 90
+    refused = httpx.post(
+        f"{served.base}/v1/messages",
+        headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
+        json={
+            "model": served.model, "max_tokens": 20, "messages": USER,
+            "thinking": {"type": "enabled", "budget_tokens": -3},
+        },
+    )  # fmt: skip
+    assert refused.status_code == 400
+    error = json.loads(refused.text)["error"]
+    assert "'thinking.budget_tokens'" in error["message"]
+
+
+def test_without_thinking_the_budget_changes_nothing(served, solo):
+    client = served.client()
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    plain = client.chat.completions.create(
+        model=served.model, messages=USER, max_tokens=20, temperature=0, extra_body=off
+    )
+    held_off = client.chat.completions.create(
+        model=served.model, messages=USER, max_tokens=20, temperature=0,
+        extra_body={**off, "thinking_budget": 3},
+    )  # fmt: skip
+    assert held_off.choices[0].message.content == plain.choices[0].message.content
+    assert WORDS not in (held_off.choices[0].message.content or "")

@@ -116,6 +116,17 @@ def test_the_server_setting_serves_the_loaded_model(qtbot, make_window, tiny):
     client = openai.OpenAI(base_url=url.args[0], api_key="none", max_retries=0)
     reply = client.completions.create(model=tiny.name, prompt="Hi", max_tokens=3)
     assert reply.usage.completion_tokens == 3
+    # The chat reads replies with the model's tokenizer there too: a reply cut by the token
+    # limit goes on (Continue), and attached files are counted before they are sent.
+    assert window.ctx.engine.info["tokenizer"] is not None
+    s.set("sampling/max_new_tokens", 3)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=20000) as done:
+        assert window.ctx.chats.send("hello")
+    if done.args[1]["finish_reason"] == "length":
+        assert window.ctx.chats.can_continue()
+        with qtbot.waitSignal(window.ctx.engine.finished, timeout=20000):
+            assert window.ctx.chats.continue_reply()
+        assert window.ctx.chats.current.turns[-1].stats["new_tokens"] > 3
     with qtbot.waitSignal(window.ctx.server.state_changed, timeout=10000) as state:
         window.ctx.engine.unload()
     assert state.args == ["stopped"]

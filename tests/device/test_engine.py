@@ -367,3 +367,34 @@ def test_a_reply_after_the_card_tier_fills_pins_no_host_memory(model_dir, monkey
     assert "reply" not in calls  # and never between a reply's first and last token
     engine.unload()
     fresh.unload()
+
+
+def test_a_thinking_budget_on_the_gpu_is_the_numpy_engines_reply(model_dir, monkeypatch):
+    """engine/thinking_budget.py over the GPU's pipelined decode (the step after the budget's
+    last token is launched ahead and left in the state): the same reply as the numpy
+    engine's, and the answer read on from the state saved at the cut (only the closing
+    words prefilled), on the whole card and under a 4 GiB limit."""
+    from engine.thinking_budget import generate_within
+
+    messages = [{"role": "user", "content": "Why is the sky blue?"}]
+    params = GenerationParams(max_new_tokens=120, greedy=True)
+    numpy_engine = Engine.load(model_dir, EngineSettings(backend="numpy"), context=1024)
+    ids = numpy_engine.chat_ids(messages, enable_thinking=True)
+    want = [e.token_id for e in generate_within(numpy_engine, ids, params, 6)]
+    for settings in (cuda(), cuda().with_gib(limit=4)):
+        engine = Engine.load(model_dir, settings, context=1024, max_rows=256)
+        parts, real = [], engine.generate
+
+        def spy(*args, real=real, parts=parts, **kwargs):
+            for event in real(*args, **kwargs):
+                if event.finished:
+                    parts.append(event.stats)
+                yield event
+
+        monkeypatch.setattr(engine, "generate", spy)
+        got = [e.token_id for e in generate_within(engine, ids, params, 6)]
+        monkeypatch.undo()
+        engine.unload()
+        assert got == want
+        print(f"\n[budget] second part: {parts[-1].cached_tokens} of {parts[-1].prompt_tokens}")
+        assert len(parts) == 2 and parts[1].cached_tokens >= len(ids) + 5

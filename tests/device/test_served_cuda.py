@@ -88,3 +88,17 @@ def test_host_and_device_picks_are_served_side_by_side(served):
     for reply in replies:
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] == 24
+
+
+def test_a_thinking_budget_is_held_on_the_gpu(served):
+    """`thinking_budget` served on CUDA under 4 GiB: the reply's thinking ends with the
+    closing words after the budget, whole and streamed alike; the answer follows."""
+    body = {"chat_template_kwargs": {"enable_thinking": True}, "thinking_budget": 6}
+    body |= {"max_tokens": 120, "temperature": 0}
+    whole = chat(served[1], **body)
+    assert whole.status_code == 200, whole.text
+    message = whole.json()["choices"][0]["message"]
+    if "Considering the limited time" not in message["reasoning_content"]:
+        pytest.skip("the model closed its thinking within the budget")
+    assert whole.json()["usage"]["completion_tokens"] == 120
+    assert streamed_text(chat(served[1], stream=True, **body)) == (message["content"] or "")

@@ -73,9 +73,7 @@ FIELDS: tuple[Field, ...] = (
     Field("sampling/max_new_tokens", int, 2048, "Max new tokens", lo=1, hi=1 << 24),
     Field("chat/thinking", bool, False, "Thinking"),
     # The most tokens a reply thinks before it answers (0: no limit; engine/thinking_budget.py).
-    Field(
-        "chat/thinking_budget", int, 0, "Thinking budget (tokens, 0 = no limit)", lo=0, hi=1 << 24
-    ),
+    Field("chat/thinking_budget", int, 0, "Thinking budget (tokens)", lo=0, hi=1 << 24),
     Field("chat/system_prompt", str, "You are a helpful assistant.", "System prompt"),
     Field("app/theme", str, "system", "Appearance", choices=THEMES),  # app/theme.py
     # The model loaded when Snug last closed is loaded again at start (app/main_window.py).

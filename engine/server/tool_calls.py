@@ -96,7 +96,7 @@ class CallReader:
         self._params = params
         self._props = resolve(params, params).get("properties") or {}
         self._buf = ""
-        self._given = ""  # the arguments' text given out so far
+        self._given: list[str] = []  # the arguments' text given out so far, in pieces
         self._seen: set[str] = set()  # parameter names read (a repeated one is skipped)
         self._written = 0  # parameters written into the arguments
         self._key: str | None = None  # the parameter whose value is being read
@@ -106,7 +106,7 @@ class CallReader:
 
     @property
     def result(self) -> ToolCall:
-        return ToolCall(self.call.name, self._given, self.call.id)
+        return ToolCall(self.call.name, "".join(self._given), self.call.id)
 
     def feed(self, text: str) -> str:
         self._buf += text
@@ -127,7 +127,7 @@ class CallReader:
 
     def _give(self, out: list[str]) -> str:
         text = "".join(out)
-        self._given += text
+        self._given.append(text)
         return text
 
     def _step(self, out: list[str]) -> bool:

@@ -7,10 +7,11 @@ the template), `generate` streams chat completions and yields events with `text`
 `reasoning`) comes back wrapped in <think>...</think>, as a local model writes it, so the chat
 shows it the same way. The Thinking switch goes as `chat_template_kwargs`, which snug serve,
 llama.cpp, vLLM and SGLang read; Ollama ignores it and reads `reasoning_effort` instead, so a
-server that answers as Ollama (`is_ollama`, asked once when the engine is made) also gets
-thinking off as `reasoning_effort: "none"`. It holds no memory here: `held_bytes()` is 0
-and `backend_name` is "remote", so the gauge can say the model runs elsewhere. What goes
-over the wire, and how each failure is said: app/remote_wire.py.
+server that answers as Ollama (`server_kind`, asked once when the engine is made) also gets
+thinking off as `reasoning_effort: "none"`; another Snug gets the thinking budget as its
+`thinking_budget`. It holds no memory here: `held_bytes()` is 0 and `backend_name` is
+"remote", so the gauge can say the model runs elsewhere. What goes over the wire, and how
+each failure is said: app/remote_wire.py.
 
 `RemoteLoader` plugs it into the app's load path: a Loader that loads the targets it was
 given (`request_for`) as RemoteEngines and passes every other request to the local loader.
@@ -47,7 +48,7 @@ __all__ = [
     "RemoteError",
     "RemoteLoader",
     "RemoteTarget",
-    "is_ollama",
+    "server_kind",
     "list_models",
     "model_of_key",
 ]
@@ -120,36 +121,38 @@ def list_models(url: str, api_key: str = "", timeout: float = 10.0) -> list[dict
         client.close()
 
 
-def is_ollama(url: str, api_key: str = "") -> bool:
-    """Whether the server whose API is at `url` (a base URL, as `base_url` makes it) is
-    Ollama: Ollama answers GET /api/version, beside its /v1, with {"version": "0.x.y"}.
-    Snug serve answers there too (it speaks Ollama's API as well), with a "snug_version"
-    beside: it is not taken for Ollama, as its OpenAI API reads chat_template_kwargs. Any
-    other answer (an error status, a web page, no JSON, no version that is a string) or none
-    within PROBE_S is "not Ollama": the question never fails the connection."""
+def server_kind(url: str, api_key: str = "") -> str:
+    """ "ollama" or "snug" for a server whose API at `url` (a base URL, as `base_url` makes
+    it) says it is one, else "": both answer GET /api/version beside their /v1, Ollama with
+    {"version": "0.x.y"}, snug serve (which speaks Ollama's API as well) with a
+    "snug_version" beside. Any other answer (an error status, a web page, no JSON, no
+    version that is a string) or none within PROBE_S is "": the question never fails the
+    connection."""
     parts = urlsplit(url)
     if not parts.path.endswith("/v1"):
-        return False  # Ollama serves the OpenAI API at /v1 only
+        return ""  # both serve the OpenAI API at /v1
     root = urlunsplit(parts._replace(path=parts.path.removesuffix("/v1"), query=""))
     client, body = None, None
     try:
         client = _client(root, api_key, PROBE_S)
         # cast_to=object: the JSON as it came (or the text, where the answer is no JSON)
         body = client.get("/api/version", cast_to=object)
-    except Exception:  # no answer, an error status, a broken body: not Ollama
-        return False
+    except Exception:  # no answer, an error status, a broken body: neither
+        return ""
     finally:
         if client is not None:
             client.close()
     said = body if isinstance(body, dict) else {}
-    return isinstance(said.get("version"), str) and "snug_version" not in said
+    if not isinstance(said.get("version"), str):
+        return ""
+    return "snug" if "snug_version" in said else "ollama"
 
 
 class RemoteEngine:
     """Streams chat completions from `target`'s server; see the module docstring. Making one
     asks the server for its models: a wrong address or key fails here, by name, rather than
-    at the first message; then whether it is Ollama (`ollama`), which reads the Thinking
-    switch in a field of its own."""
+    at the first message; then whether it is Ollama, which reads the Thinking switch in a
+    field of its own, or another Snug, which holds the thinking to a budget (`kind`)."""
 
     backend_name = "remote"
     decision = None
@@ -168,8 +171,17 @@ class RemoteEngine:
         listed = {m["id"]: m["context"] for m in models}
         # The context the server runs the model with, where it says (None: unknown).
         self.served_context = target.context or listed.get(self.model)
-        self.ollama = is_ollama(self.url, target.api_key)
+        self.kind = server_kind(self.url, target.api_key)
         self.client = _client(self.url, target.api_key, timeout)
+
+    @property
+    def ollama(self) -> bool:
+        return self.kind == "ollama"
+
+    @property
+    def takes_thinking_budget(self) -> bool:
+        """Whether the server holds a reply's thinking to a budget (`generate`'s)."""
+        return self.kind == "snug"
 
     def held_bytes(self) -> int:
         return 0
@@ -180,12 +192,20 @@ class RemoteEngine:
         return RemotePrompt(tuple(dict(m) for m in messages), enable_thinking)
 
     def generate(
-        self, prompt: RemotePrompt, params: Any = None, cancel: threading.Event | None = None
+        self,
+        prompt: RemotePrompt,
+        params: Any = None,
+        cancel: threading.Event | None = None,
+        thinking_budget: int = 0,
     ) -> Iterator[RemoteEvent]:
         """Stream one reply. `params`: the app's GenerationParams (None: server defaults).
         Setting `cancel` ends it at once and closes the connection, which frees the
-        server's slot."""
+        server's slot. `thinking_budget`: sent where the server takes it (another Snug's
+        `thinking_budget`) and the reply thinks."""
         t0 = time.perf_counter()
+        extra = _sampling(params, prompt.enable_thinking, self.ollama)
+        if thinking_budget > 0 and self.takes_thinking_budget and prompt.enable_thinking:
+            extra.setdefault("extra_body", {})["thinking_budget"] = thinking_budget
         reply = StreamedReply(
             self.shown,
             lambda: self.client.chat.completions.with_streaming_response.create(
@@ -193,7 +213,7 @@ class RemoteEngine:
                 messages=list(prompt.messages),
                 stream=True,
                 stream_options={"include_usage": True},
-                **_sampling(params, prompt.enable_thinking, self.ollama),
+                **extra,
             ),
         )
         thinking, reason, usage, t_first, timings = False, None, None, None, {}

@@ -128,6 +128,8 @@ class EngineWorker(QObject):
             budget = request.thinking_budget
             if applies(self._engine, ids, budget):
                 events = generate_within(self._engine, ids, params, budget, cancel, **more)
+            elif budget and getattr(self._engine, "takes_thinking_budget", False):
+                events = self._engine.generate(ids, params, cancel, thinking_budget=budget)
             else:
                 events = self._engine.generate(ids, params, cancel, **more)
             for event in events:

@@ -48,7 +48,9 @@ def test_each_server_streams_its_thinking_its_answer_and_its_usage(flavour):
         assert body["stream"] and body["stream_options"] == {"include_usage": True}
         assert body["chat_template_kwargs"] == {"enable_thinking": True}
         assert "reasoning_effort" not in body  # thinking on: no level is forced on Ollama
-        assert engine.ollama == (flavour == "ollama")
+        assert engine.ollama == (flavour == "ollama") and not engine.takes_thinking_budget
+        list(engine.generate(engine.chat_ids(USER, True), PARAMS, thinking_budget=64))
+        assert "thinking_budget" not in server.chats()[-1]  # a field of Snug's alone
         text, _, _ = reply(engine, thinking=False)
         assert text == "Hello there! "
         body = server.chats()[-1]

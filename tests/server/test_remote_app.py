@@ -70,6 +70,13 @@ def test_the_app_chats_with_a_remote_model(qtbot, served):
             controller.send(USER, GREEDY, False)
         assert done.args[1]["finish_reason"] == "length" and done.args[1]["new_tokens"] == 16
         assert "".join(text)
+        # The app's thinking budget reaches the server through the worker.
+        text.clear()
+        params = GenerationParams(max_new_tokens=90, greedy=True)
+        with qtbot.waitSignal(controller.finished, timeout=20000):
+            controller.send(USER, params, True, thinking_budget=4)
+        thought = split_reply("".join(text), True).thinking
+        assert thought.endswith("based on the thinking directly now.")  # the closing words
     finally:
         assert controller.shutdown()
 
@@ -141,3 +148,23 @@ def test_a_remote_reply_takes_its_draft_counts_from_the_servers_timings():
     for odd in (None, {}, {"draft_n": "12", "draft_n_accepted": True}, {"draft_n": -3}):
         stats = _stats(usage, 0.0, 0.5, odd)
         assert (stats.drafted, stats.drafts_kept) == (0, 0)
+
+
+def test_another_snug_holds_the_thinking_to_the_apps_budget(served, solo):
+    """Connected to snug serve, the app's thinking budget goes as its `thinking_budget`:
+    the reply is the one the engine gives under that budget; other servers never get it."""
+    from engine.thinking_budget import CLOSE, generate_within
+
+    engine = RemoteEngine(RemoteTarget(served.url, KEY))
+    assert engine.kind == "snug" and engine.takes_thinking_budget and not engine.ollama
+    params = GenerationParams(max_new_tokens=90, greedy=True)
+    ids = solo.engine.chat_ids(USER, enable_thinking=True)
+    local = "".join(e.text for e in generate_within(solo.engine, ids, params, 6))
+    if CLOSE not in local:
+        pytest.skip("the tiny model closed its thinking within the budget")
+    events = list(engine.generate(engine.chat_ids(USER, True), params, thinking_budget=6))
+    reply = split_reply("".join(e.text for e in events), True)
+    thinking, _, answer = local.partition("</think>")
+    assert reply.thinking.strip() == thinking.strip() and reply.answer.strip() == answer.strip()
+    assert events[-1].stats.new_tokens == 90
+    engine.unload()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from itertools import accumulate
 
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
 
@@ -105,9 +106,13 @@ def code_blocks(doc: QTextDocument) -> list[tuple[int, str, str]]:
 def colour_code(doc: QTextDocument, cursor: QTextCursor, dark: bool) -> None:
     """Colour `doc`'s code blocks (`cursor` on it, inside the caller's edit block)."""
     for position, language, code in code_blocks(doc):
+        units = _utf16_offsets(code)
         for run in runs(language, code, dark):
-            cursor.setPosition(position + run.start)
-            cursor.setPosition(position + run.start + run.length, QTextCursor.MoveMode.KeepAnchor)
+            start, end = run.start, run.start + run.length
+            if units is not None:
+                start, end = units[start], units[end]
+            cursor.setPosition(position + start)
+            cursor.setPosition(position + end, QTextCursor.MoveMode.KeepAnchor)
             fmt = QTextCharFormat()
             if run.colour:
                 fmt.setForeground(QColor(run.colour))
@@ -116,3 +121,11 @@ def colour_code(doc: QTextDocument, cursor: QTextCursor, dark: bool) -> None:
             if run.italic:
                 fmt.setFontItalic(True)
             cursor.mergeCharFormat(fmt)
+
+
+def _utf16_offsets(code: str) -> list[int] | None:
+    """Where each character of `code` starts in the document, which counts UTF-16 units (a
+    character past U+FFFF, as most emoji, takes two); None where every one takes one."""
+    if all(ord(c) <= 0xFFFF for c in code):
+        return None
+    return list(accumulate((2 if ord(c) > 0xFFFF else 1 for c in code), initial=0))

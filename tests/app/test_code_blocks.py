@@ -79,7 +79,8 @@ def test_html_in_a_message_is_shown_as_text(qtbot, make_window):
 def colours(view, text: str) -> list[str]:
     """The colour each character of the first `text` in `view` is drawn in."""
     doc = view.document()
-    start = doc.toPlainText().index(text)
+    plain = doc.toPlainText()
+    start = len(plain[: plain.index(text)].encode("utf-16-le")) // 2  # Qt counts UTF-16 units
     cursor = QTextCursor(doc)
     out = []
     for p in range(start, start + len(text)):
@@ -96,7 +97,8 @@ def test_code_is_coloured_by_its_language(qtbot, make_window):
     script = [
         "Here:\n\n```python\ndef area(r):\n    return 3.14 * r  # circle\n    print('hi')\n```\n",
         "\n```\ndef plain(): pass\n```\n\n```nosuchlanguage\ndef other(): pass\n```\n",
-        "\ndef outside\n\n```js\nconst x = 'hi';\n",
+        "\ndef outside\n\n```python\nface = '🙂🙂'\nfor n in range(3): pass\n```\n",
+        "\n```js\nconst x = 'hi';\n",
     ]
     window = make_window(loader=FakeEngine.loader(script=script))
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
@@ -114,6 +116,9 @@ def test_code_is_coloured_by_its_language(qtbot, make_window):
     for plain in ("def plain(): pass", "def other(): pass", "def outside"):
         assert set(colours(view, plain)) == {text}
     assert colours(view, "const")[0] != text  # the open block at the end
+    # After characters past U+FFFF (two UTF-16 units each in the document) the colours
+    # still fall on their words.
+    assert set(colours(view, "for n in")[:3]) == {keyword} and colours(view, "n in")[0] == text
     light = (keyword, string)
     theme.apply("dark")
     try:

@@ -210,21 +210,11 @@ def run_chat(args: argparse.Namespace) -> int:
 def _add_budget_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--thinking-budget",
-        type=_budget,
+        type=int_at_least(0),
         default=0,
         metavar="N",
         help="the most tokens a reply thinks before it answers (0: no limit)",
     )
-
-
-def _budget(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens (0: no limit)")
-    return value
 
 
 def _load(args: argparse.Namespace):

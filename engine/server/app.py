@@ -73,12 +73,16 @@ def create_app(
     api_key: str | None = None,
     max_body: int = MAX_BODY,
     cors_origins: Sequence[str] = (),
+    thinking_budget: int = 0,
 ) -> Starlette:
     """The server's ASGI app over a started `scheduler` (its engine's model, by its folder's
     name, or its repository's for a Hugging Face cache snapshot, unless `model_id` is given).
     With `api_key`, /v1 routes need `Bearer KEY`. Browsers may call it from pages on this
-    machine (LOCAL_ORIGINS) and from `cors_origins` ("*": any)."""
-    return OpenAIServer(scheduler, model_id, api_key, max_body, cors_origins).app
+    machine (LOCAL_ORIGINS) and from `cors_origins` ("*": any). `thinking_budget`: the
+    most tokens a reply thinks where its request names no budget (0: no limit)."""
+    server = OpenAIServer(scheduler, model_id, api_key, max_body, cors_origins)
+    server.thinking_budget = thinking_budget
+    return server.app
 
 
 class OpenAIServer:
@@ -97,6 +101,7 @@ class OpenAIServer:
         self.api_key = api_key
         self.max_body = max_body
         self.created = int(time.time())
+        self.thinking_budget = 0  # where a request names none (create_app's)
         self.live: weakref.WeakSet[Generation] = weakref.WeakSet()  # replies under way
         self.closing = False
         api = [
@@ -263,7 +268,8 @@ class OpenAIServer:
             lead=not started,
         )
         await self._grammar_ready(chat.options)
-        return self._start(request, ids, chat.options, splitter, fit, chat.thinking_budget)
+        budget = chat.thinking_budget or self.thinking_budget
+        return self._start(request, ids, chat.options, splitter, fit, budget)
 
     # ----- streaming ------------------------------------------------------------------------
     async def _chat_events(

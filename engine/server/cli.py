@@ -116,6 +116,13 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         "https://chat.example.org ('*': any); pages on this machine always may",
     )
     p.add_argument(
+        "--thinking-budget",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="the most tokens a reply thinks where its request names no budget (0: no limit)",
+    )
+    p.add_argument(
         "--batch-invariant",
         choices=["on", "off"],
         default=None,
@@ -171,6 +178,7 @@ def run_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         max_body=body,
         cors_origins=args.cors_origin,
+        thinking_budget=args.thinking_budget,
     )
     port = sock.getsockname()[1]
     server = uvicorn_server(app, args.host, port, log_level="info")

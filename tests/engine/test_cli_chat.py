@@ -306,4 +306,4 @@ def test_a_thinking_budget_closes_a_long_thought(tiny_checkpoint, monkeypatch, c
     assert "120 tokens" in got.err  # the whole reply's count: thinking, words and answer
     with pytest.raises(SystemExit):
         main(["chat", "--model", str(model), "--thinking-budget", "lots"])
-    assert "--thinking-budget: 'lots' is not a number of tokens" in capsys.readouterr().err
+    assert "--thinking-budget: expected an integer, got 'lots'" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from engine.scheduler import NO_TOKEN, Request, Scheduler
 from engine.server.reply import Piece, ReplySplitter, StopFilter
 from engine.session import GenerationParams, GenerationStats
 from engine.thinking_budget import closing_words, joined
-from engine.tokenizer import THINK_CLOSE
+from engine.tokenizer import THINK_CLOSE, StreamDecoder
 
 FINISH = {"stop": "stop", "length": "length"}  # engine reason -> API reason ("cancelled": stop)
 DISCONNECT_POLL_S = 0.25
@@ -66,6 +66,7 @@ class Generation:
         # A budget for the thinking (engine/thinking_budget.py): past it, the request is
         # cancelled and a second one goes on from the thinking and the closing words.
         self._budget = thinking_budget if self._thinking else 0
+        self._decoder = StreamDecoder(self.scheduler.engine.tokenizer) if self._budget else None
         self._cut = False  # the first request was cancelled at the budget
         self._first: GenerationStats | None = None  # its figures, once it has ended
         self._went_on = (0.0, 0)  # when the second request was submitted; closing tokens
@@ -194,8 +195,13 @@ class Generation:
             if isinstance(item, BaseException):
                 raise item
             past = self._past_budget()  # the first request's tokens after the budget
+            if self._decoder is not None and not past:
+                item = replace(item, text=self._read(item))
             if item.token_id != NO_TOKEN and not past:
                 self._count_token(item.token_id, item.text)
+                if self._cut and self._decoder is not None:  # the budget's last token
+                    item = replace(item, text=item.text + self._decoder.flush())
+                    self._decoder = None
                 if item.logprobs is not None and item.token_id not in self._ends:
                     self._logprobs.append((item.token_id, item.logprobs))
             if past and not item.finished:
@@ -215,6 +221,16 @@ class Generation:
             yield item.text, item.finished
             if item.finished:
                 return
+
+    def _read(self, item: Any) -> str:
+        """The first request's text of `item`, read here as the scheduler reads it (the same
+        text), so that the budget's last token ends the part with what its unfinished
+        character shows, as the engine's path ends it (engine/thinking_budget.py)."""
+        token, decoder = item.token_id, self._decoder
+        text = ""
+        if token != NO_TOKEN and token not in self.scheduler.engine.eos_ids:
+            text = decoder.push(token)  # type: ignore[union-attr]
+        return text + (decoder.flush() if item.finished else "")  # type: ignore[union-attr]
 
     def _count_token(self, token: int, text: str) -> None:
         self.completion_tokens += 1

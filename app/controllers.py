@@ -513,6 +513,8 @@ def format_stats(stats: dict) -> str:
     if stats.get("drafted"):  # drafting with the MTP head: how many of its drafts paid
         kept, drafted = int(stats.get("drafts_kept") or 0), int(stats["drafted"])
         parts.append(f"{kept} of {drafted} drafts kept")
+    if stats.get("thinking_cut"):  # the thinking budget closed it (engine/thinking_budget.py)
+        parts.append(f"thinking closed at its budget of {int(stats['thinking_cut']):,} tokens")
     if stats.get("left_out"):  # the chat outgrew the context (engine/context_fit.py)
         n = int(stats["left_out"])
         parts.append(f"{n} earlier message{'' if n == 1 else 's'} left out to fit the context")

@@ -301,6 +301,9 @@ def _note(stats: Any, reason: str | None, left_out: int, context: int) -> str:
         bits.append(f"{stats.decode_tok_s:.1f} tok/s")
         bits.append(f"first token {stats.ttft_s:.2f} s")
         bits.append(f"{stats.prompt_tokens + stats.new_tokens:,} of {context:,} tokens of context")
+    cut = getattr(stats, "thinking_cut", 0)  # a stand-in engine's stats may not say
+    if cut:
+        bits.append(f"thinking closed at its budget of {cut:,} tokens")
     if left_out:
         bits.append(f"{left_out} earlier message{'' if left_out == 1 else 's'} left out")
     if reason == "cancelled":

@@ -44,6 +44,8 @@ class GenerationStats:
     drafted: int = 0  # tokens the MTP head drafted for this reply (engine/drafting.py)
     drafts_kept: int = 0  # of those, the ones the model's verify kept
     cached_tokens: int = 0  # of the prompt's, restored from the prompt cache (not prefilled)
+    # The budget its thinking was closed at (engine/thinking_budget.py); 0: not closed so.
+    thinking_cut: int = 0
 
 
 @dataclass(frozen=True)

@@ -107,14 +107,15 @@ def generate_within(
     left = params.max_new_tokens - len(generated) - len(close_ids)
     start = time.perf_counter()
     if left <= 0:
-        stats = joined(before, None, len(close_ids), 0.0)
+        stats = joined(before, None, len(close_ids), 0.0, budget)
         yield TokenEvent(NO_TOKEN, "", True, "length", stats)
         return
     rest = replace(params, max_new_tokens=left)
     for event in engine.generate(prompt_ids + generated + close_ids, rest, cancel, **more):
         if event.finished:
             after = time.perf_counter() - start
-            event = replace(event, stats=joined(before, event.stats, len(close_ids), after))
+            stats = joined(before, event.stats, len(close_ids), after, budget)
+            event = replace(event, stats=stats)
         yield event
 
 
@@ -128,11 +129,16 @@ def closing_words(tokenizer: Any) -> list[tuple[int, str]]:
 
 
 def joined(
-    before: GenerationStats | None, after: GenerationStats | None, forced: int, seconds: float
+    before: GenerationStats | None,
+    after: GenerationStats | None,
+    forced: int,
+    seconds: float,
+    budget: int = 0,
 ) -> GenerationStats | None:
     """The whole reply's figures from its two parts' (`forced`: the closing words' tokens;
     `seconds`: the second part's time, its prompt included): the prompt's as the first part
-    read it, the decode's rate over every token after the first."""
+    read it, the decode's rate over every token after the first; `thinking_cut` the
+    `budget` where the closing words were put in."""
     if before is None:
         return after
     new = before.new_tokens + forced + (after.new_tokens if after is not None else 0)
@@ -144,4 +150,5 @@ def joined(
         decode_tok_s=(new - 1) / decode if decode > 0 and new > 1 else before.decode_tok_s,
         drafted=before.drafted + (after.drafted if after is not None else 0),
         drafts_kept=before.drafts_kept + (after.drafts_kept if after is not None else 0),
+        thinking_cut=budget if forced else 0,
     )

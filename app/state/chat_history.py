@@ -190,6 +190,7 @@ NUMERIC_STATS = (
     "drafted",
     "drafts_kept",
     "left_out",  # messages left out of the prompt to fit the context (engine/context_fit.py)
+    "thinking_cut",  # the budget the thinking was closed at (engine/thinking_budget.py)
 )
 
 

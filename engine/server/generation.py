@@ -65,7 +65,7 @@ class Generation:
         self._ends = frozenset() if ignore_eos else frozenset(scheduler.engine.eos_ids)
         # A budget for the thinking (engine/thinking_budget.py): past it, the request is
         # cancelled and a second one goes on from the thinking and the closing words.
-        self._budget = thinking_budget if self._thinking else 0
+        self._budget = self._held_to = thinking_budget if self._thinking else 0
         self._decoder = StreamDecoder(self.scheduler.engine.tokenizer) if self._budget else None
         self._cut = False  # the first request was cancelled at the budget
         self._first: GenerationStats | None = None  # its figures, once it has ended
@@ -216,8 +216,9 @@ class Generation:
                 self.finish_reason = FINISH.get(item.finish_reason, "stop")
                 self.stats = item.stats
                 if self._first is not None:
-                    took = time.perf_counter() - self._went_on[0] if self._went_on[0] else 0.0
-                    self.stats = joined(self._first, item.stats, self._went_on[1], took)
+                    (went_on, said), budget = self._went_on, self._held_to
+                    took = time.perf_counter() - went_on if went_on else 0.0
+                    self.stats = joined(self._first, item.stats, said, took, budget)
             yield item.text, item.finished
             if item.finished:
                 return

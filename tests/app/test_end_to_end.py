@@ -205,6 +205,7 @@ def test_a_thinking_budget_closes_the_thinking_and_the_answer_follows(
     thinking, _, answer = reply.content.partition(CLOSE)
     assert answer and thinking  # the words once, between the thinking and the answer
     assert done.args[1]["new_tokens"] == 120 and done.args[1]["finish_reason"] == "length"
+    assert "thinking closed at its budget of 4 tokens" in window.chat.status.text()
     shown = window.chat.message_widgets()[-1].answer_view.toPlainText()
     assert shown.strip() and "Considering the limited time" not in shown  # in the thinking
     settings.set("chat/thinking", False)

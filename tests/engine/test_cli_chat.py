@@ -304,6 +304,7 @@ def test_a_thinking_budget_closes_a_long_thought(tiny_checkpoint, monkeypatch, c
         pytest.skip("the tiny model closed its thinking within the budget")
     assert "Considering the limited time by the user" in thought and answer.strip()
     assert "120 tokens" in got.err  # the whole reply's count: thinking, words and answer
+    assert "thinking closed at its budget of 6 tokens" in got.err
     with pytest.raises(SystemExit):
         main(["chat", "--model", str(model), "--thinking-budget", "lots"])
     assert "--thinking-budget: expected an integer, got 'lots'" in capsys.readouterr().err

@@ -77,6 +77,7 @@ def test_a_reply_that_closes_its_thinking_in_time_is_not_touched():
     events = run(engine, budget=4)
     assert text(events) == "hmm yes </think> Paris . " and len(engine.calls) == 1
     assert events[-1].finish_reason == "stop" and events[-1].stats.new_tokens == 5
+    assert events[-1].stats.thinking_cut == 0  # not closed by the budget
 
 
 def test_at_the_budget_the_thinking_is_closed_and_the_answer_follows():
@@ -93,6 +94,7 @@ def test_at_the_budget_the_thinking_is_closed_and_the_answer_follows():
     stats = events[-1].stats
     assert stats.new_tokens == 4 + len(close) + 2 and stats.prompt_tokens == 3
     assert stats.ttft_s == 0.5 and stats.cached_tokens == 3  # the first part's prompt
+    assert stats.thinking_cut == 4  # the budget the closing words came at
     said = events[4 : 4 + len(close)]  # the closing words: a token an event, as the model's
     assert [e.token_id for e in said] == close and not any(e.finished for e in said)
 
@@ -115,6 +117,7 @@ def test_the_last_token_before_the_stop_may_close_the_thinking_itself():
     engine = Scripted([["a", "b", "</think>", "x"], ["Paris"]])
     events = run(engine, budget=3)
     assert text(events) == "a b </think> Paris " and CLOSE not in text(events)
+    assert events[-1].stats.thinking_cut == 0  # the model closed it, not the budget
 
 
 @pytest.fixture(scope="module")

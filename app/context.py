@@ -15,7 +15,8 @@ from pathlib import Path
 from PySide6.QtCore import QSettings
 
 from app import engine_bridge
-from app.controllers import ChatController, DownloadManager, EngineController
+from app.chat_controller import ChatController
+from app.controllers import DownloadManager, EngineController
 from app.engine_bridge import Loader
 from app.remote_engine import RemoteLoader
 from app.server_controller import ServerController

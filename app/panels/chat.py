@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.controllers import ChatController
+from app.chat_controller import ChatController
 from app.theme import THEME
 from app.widgets.attachment_tray import AttachmentTray, local_files
 from app.widgets.message import MessageWidget, fingerprint

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.controllers import ChatController
+from app.chat_controller import ChatController
 from app.state.chat_history import Chat
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation

@@ -24,8 +24,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat_controller import format_stats
 from app.code_blocks import SCHEME, with_copy_links
-from app.controllers import format_stats
 from app.highlight import colour_code
 from app.state.chat_history import Turn
 from app.theme import THEME, colour

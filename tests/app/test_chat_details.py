@@ -81,7 +81,7 @@ def test_the_stats_line_says_how_many_drafts_were_kept():
     message's stats line with the drafts kept; a reply without drafts says nothing of them."""
     from types import SimpleNamespace
 
-    from app.controllers import format_stats
+    from app.chat_controller import format_stats
     from app.workers.engine_worker import _summary
     from engine.session import GenerationStats
 

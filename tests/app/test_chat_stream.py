@@ -172,9 +172,9 @@ def test_a_streaming_reply_is_saved_as_it_goes(qtbot, make_window, monkeypatch):
     what came so far (the file is otherwise written only at the reply's start and end)."""
     import json
 
-    import app.controllers
+    import app.chat_controller
 
-    monkeypatch.setattr(app.controllers, "SAVE_EVERY_S", 0.05)
+    monkeypatch.setattr(app.chat_controller, "SAVE_EVERY_S", 0.05)
     window = make_window(loader=FakeEngine.loader(script=["word "] * 200, delay=0.01))
     _load(qtbot, window)
     chats = window.ctx.chats
@@ -195,9 +195,9 @@ def test_a_slow_save_is_made_less_often_while_a_reply_streams(qtbot, make_window
     """Where a chat takes long to save (many attached files), the saves while a reply
     streams are spaced SAVE_SHARE times a save's time apart, so they take at most 2% of the
     thread the tokens are shown on; the reply is still saved whole at its end."""
-    import app.controllers
+    import app.chat_controller
 
-    monkeypatch.setattr(app.controllers, "SAVE_EVERY_S", 0.0)
+    monkeypatch.setattr(app.chat_controller, "SAVE_EVERY_S", 0.0)
     window = make_window(loader=FakeEngine.loader(script=["word "] * 150, delay=0.01))
     _load(qtbot, window)
     chats = window.ctx.chats
@@ -213,7 +213,7 @@ def test_a_slow_save_is_made_less_often_while_a_reply_streams(qtbot, make_window
     qtbot.waitUntil(lambda: not chats.busy, timeout=10_000)
     mid = saves[:-1]  # the reply's start and the saves while it streamed, not its end
     gaps = [b - a for a, b in zip(mid, mid[1:], strict=False)]
-    assert gaps and min(gaps) >= app.controllers.SAVE_SHARE * 0.01 * 0.9, gaps
+    assert gaps and min(gaps) >= app.chat_controller.SAVE_SHARE * 0.01 * 0.9, gaps
     assert chats.current.turns[-1].content == "word " * 150
 
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from PySide6.QtCore import QSettings
 
-from app.controllers import format_stats
+from app.chat_controller import format_stats
 from app.state.chat_history import NUMERIC_STATS, ChatStore
 from app.state.settings import BY_KEY, FIELDS, AppSettings, SettingError, env_settings, parse
 from engine.config import EngineSettings

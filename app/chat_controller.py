@@ -189,8 +189,9 @@ class ChatController(QObject):
         self._reply_chat = chat.id
         self._saved_at, self._save_every = time.monotonic(), 0.0
         left_out = self._left_out(chat.turns[:-1])
+        budget = self.settings.thinking_budget  # what is left of it, where it still thinks
         self._request = self.engine.send(
-            messages, params, turn.thinking_enabled, left_out, partial=turn.content
+            messages, params, turn.thinking_enabled, left_out, turn.content, budget
         )
         self.notice.emit("Going on… (Esc stops)")
         self.busy_changed.emit(True)

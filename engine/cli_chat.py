@@ -216,8 +216,8 @@ def _reply(
     answered, then its text so far); its text, a stats line, the messages its prompt left
     out and why it ended (the engine's finish reason: "length" and "cancelled" cut it).
     Ctrl+C while it streams sets the request's cancel event (the engine ends the reply at
-    its next token, or its prompt between two windows). `budget`: a new reply's thinking
-    held to that many tokens (a reply gone on with is not held)."""
+    its next token, or its prompt between two windows). `budget`: the reply's thinking held
+    to that many tokens (a reply gone on with inside its thinking: those it has left)."""
     more = engine.tokenizer.encode(partial) if partial else []
     most = params.max_new_tokens + len(more)
     ids, left_out = fit_prompt(engine, history, thinking, most, previous)
@@ -231,8 +231,8 @@ def _reply(
     shown = Shown(out, _opens_thinking(engine, ids), resumed=bool(partial))
     extra = progress_args(engine, prompt_progress())
     try:
-        if not partial and applies(engine, ids, budget):
-            events = generate_within(engine, ids, params, budget, cancel, **extra)
+        if applies(engine, ids, budget):  # a reply gone on with has thought `more` so far
+            events = generate_within(engine, ids, params, budget, cancel, len(more), **extra)
         else:
             events = engine.generate(ids, params, cancel, **extra)
         for event in events:

@@ -60,10 +60,13 @@ def generate_within(
     params: GenerationParams,
     budget: int,
     cancel: threading.Event | None = None,
+    spent: int = 0,
     **more: Any,
 ) -> Iterator[TokenEvent]:
     """`engine.generate(prompt_ids, params, cancel, **more)`'s events, the reply's thinking
-    held to `budget` tokens (the reply starts inside its thinking: `applies`)."""
+    held to `budget` tokens (the reply starts inside its thinking: `applies`). `spent`: the
+    tokens a reply gone on with (Continue) has thought already; at least one more comes."""
+    total, budget = budget, max(1, budget - spent)
     stop = threading.Event()
     if budget <= 1:
         stop.set()  # the reply's first token is the budget's last
@@ -107,14 +110,14 @@ def generate_within(
     left = params.max_new_tokens - len(generated) - len(close_ids)
     start = time.perf_counter()
     if left <= 0:
-        stats = joined(before, None, len(close_ids), 0.0, budget)
+        stats = joined(before, None, len(close_ids), 0.0, total)
         yield TokenEvent(NO_TOKEN, "", True, "length", stats)
         return
     rest = replace(params, max_new_tokens=left)
     for event in engine.generate(prompt_ids + generated + close_ids, rest, cancel, **more):
         if event.finished:
             after = time.perf_counter() - start
-            stats = joined(before, event.stats, len(close_ids), after, budget)
+            stats = joined(before, event.stats, len(close_ids), after, total)
             event = replace(event, stats=stats)
         yield event
 

@@ -127,7 +127,11 @@ class EngineWorker(QObject):
             ids, left_out = self._prompt(request)
             budget = request.thinking_budget
             if applies(self._engine, ids, budget):
-                events = generate_within(self._engine, ids, params, budget, cancel, **more)
+                # A reply gone on with has thought its text so far (its thinking is open).
+                spent = (
+                    len(self._engine.tokenizer.encode(request.partial)) if request.partial else 0
+                )
+                events = generate_within(self._engine, ids, params, budget, cancel, spent, **more)
             elif budget and getattr(self._engine, "takes_thinking_budget", False):
                 events = self._engine.generate(ids, params, cancel, thinking_budget=budget)
             else:

@@ -212,3 +212,19 @@ def test_a_thinking_budget_closes_the_thinking_and_the_answer_follows(
     with qtbot.waitSignal(window.ctx.engine.finished, timeout=30000):
         assert chats.send("again")
     assert CLOSE not in chats.current.turns[-1].content
+    # Cut by the token limit while it thinks, then Continue: the budget counts what it has
+    # thought already, and closes the thinking when the rest is spent.
+    settings.set("chat/thinking", True)
+    settings.set("chat/thinking_budget", 12)
+    settings.set("sampling/max_new_tokens", 8)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=30000):
+        assert chats.send("once more")
+    cut = chats.current.turns[-1].content
+    if "</think>" in cut:
+        pytest.skip("the tiny model closed its thinking before the token limit")
+    settings.set("sampling/max_new_tokens", 120)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=30000):
+        assert chats.continue_reply()
+    went_on = chats.current.turns[-1]
+    assert went_on.content.startswith(cut) and CLOSE in went_on.content
+    assert went_on.stats["thinking_cut"] == 12

@@ -113,6 +113,17 @@ def test_a_cancel_or_the_token_limit_ends_the_reply_there():
     assert text(events) == "a b " + CLOSE and events[-1].stats.new_tokens == 2 + close
 
 
+def test_a_reply_gone_on_with_has_spent_part_of_its_budget():
+    """Continue inside the thinking: the tokens thought already count (`spent`); at least
+    one more comes; the stats name the whole budget."""
+    engine = Scripted([["c", "d", "e", "f"], ["Paris"]])
+    events = list(generate_within(engine, [1], GenerationParams(max_new_tokens=100), 4, None, 2))
+    assert text(events) == "c d " + CLOSE + "Paris " and events[-1].stats.thinking_cut == 4
+    engine = Scripted([["c", "d"], ["Paris"]])
+    events = list(generate_within(engine, [1], GenerationParams(max_new_tokens=100), 4, None, 9))
+    assert text(events) == "c " + CLOSE + "Paris "  # spent already: one token, then closed
+
+
 def test_the_last_token_before_the_stop_may_close_the_thinking_itself():
     engine = Scripted([["a", "b", "</think>", "x"], ["Paris"]])
     events = run(engine, budget=3)

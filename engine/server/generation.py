@@ -65,11 +65,12 @@ class Generation:
         self._ends = frozenset() if ignore_eos else frozenset(scheduler.engine.eos_ids)
         # A budget for the thinking (engine/thinking_budget.py): past it, the request is
         # cancelled and a second one goes on from the thinking and the closing words.
-        self._budget = self._held_to = thinking_budget if self._thinking else 0
+        self._budget = thinking_budget if self._thinking else 0
         self._decoder = StreamDecoder(self.scheduler.engine.tokenizer) if self._budget else None
         self._cut = False  # the first request was cancelled at the budget
         self._first: GenerationStats | None = None  # its figures, once it has ended
-        self._went_on = (0.0, 0)  # when the second request was submitted; closing tokens
+        self._second_at = 0.0  # when the second request was submitted (0: none)
+        self._said = 0  # the closing words' tokens
         self.request: Request = scheduler.submit(
             prompt_ids, params, sink=self._sink, ignore_eos=ignore_eos
         )
@@ -209,16 +210,15 @@ class Generation:
             if past:
                 for text in self._go_on(item.stats):
                     yield text, False
-                if self._went_on[0]:
+                if self._second_at:
                     continue
                 item = TokenEvent(NO_TOKEN, "", True, "length", None)  # no room left
             if item.finished:
                 self.finish_reason = FINISH.get(item.finish_reason, "stop")
                 self.stats = item.stats
                 if self._first is not None:
-                    (went_on, said), budget = self._went_on, self._held_to
-                    took = time.perf_counter() - went_on if went_on else 0.0
-                    self.stats = joined(self._first, item.stats, said, took, budget)
+                    took = time.perf_counter() - self._second_at if self._second_at else 0.0
+                    self.stats = joined(self._first, item.stats, self._said, took, self._budget)
             yield item.text, item.finished
             if item.finished:
                 return
@@ -237,8 +237,9 @@ class Generation:
         self.completion_tokens += 1
         self._ids.append(token)
         self._count_thinking(text)
-        if self._budget and self._thinking and self.reasoning_tokens >= self._budget:
-            self._budget, self._cut = 0, True  # once: its last token has come
+        budget = self._budget and not self._cut and self._thinking
+        if budget and self.reasoning_tokens >= self._budget:
+            self._cut = True  # its last token has come
             self.request.cancel()
 
     def _past_budget(self) -> bool:
@@ -255,12 +256,12 @@ class Generation:
         said = closing_words(self.scheduler.engine.tokenizer) if self._thinking else []
         for token, text in said:
             self._count_token(token, text)
+        self._said = len(said)
         left = self.params.max_new_tokens - len(self._ids)
-        self._went_on = (0.0, len(said))
         if left > 0:
             params = replace(self.params, max_new_tokens=left)
             self.request = self.scheduler.submit(
                 self._prompt + self._ids, params, sink=self._sink, ignore_eos=self._ignore_eos
             )
-            self._went_on = (time.perf_counter(), len(said))
+            self._second_at = time.perf_counter()
         return [text for _, text in said]

@@ -23,6 +23,7 @@ SCHEME = "snug-copy"  # the links' scheme: `snug-copy:N` copies block N
 class CodeBlock:
     line: int  # the opening fence's line (0-based)
     code: str
+    end: int  # the closing fence's line (the line count where the block is still open)
 
 
 def code_blocks(markdown: str) -> list[CodeBlock]:
@@ -41,7 +42,7 @@ def code_blocks(markdown: str) -> list[CodeBlock]:
                 break
             body.append(_dedent(lines[j], indent))
             j += 1
-        out.append(CodeBlock(i, "\n".join(body)))
+        out.append(CodeBlock(i, "\n".join(body), j))
         i = j + 1
     return out
 

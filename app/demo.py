@@ -43,10 +43,30 @@ print(decision.verdict)  # fits
 
 Keep the **reserve** for your desktop, and the model loads without surprises.
 """
+# The reply to a message that asks to solve something (the screenshots' formulas).
+MATH_REPLY = r"""<think>
+A quadratic: factor it, then check the roots with the formula.
+</think>
+
+The equation $x^2 - 3x + 2 = 0$ factors as $(x - 1)(x - 2) = 0$, so its roots are
+$x_1 = 1$ and $x_2 = 2$. The quadratic formula gives the same:
+
+$$
+x = \frac{-b \pm \sqrt{b^2 - 4ac}}{2a} = \frac{3 \pm \sqrt{9 - 8}}{2} = \frac{3 \pm 1}{2}
+$$
+
+As a check, the companion matrix
+
+\[ C = \begin{pmatrix} 0 & -2 \\ 1 & 3 \end{pmatrix} \]
+
+has the eigenvalues $\lambda \in \{1, 2\}$, and $x_1 + x_2 = -\frac{b}{a} = 3$. So the
+answer is $\boxed{x \in \{1, 2\}}$.
+"""
 
 
 class DemoEngine:
-    """Replays REPLY; `delay` is seconds per token."""
+    """Replays REPLY (MATH_REPLY to a message that asks to solve something); `delay` is
+    seconds per token."""
 
     backend_name = "cuda"
     decision = None
@@ -54,15 +74,18 @@ class DemoEngine:
     def __init__(self, delay: float = 0.02, held: int = int(2.9 * GIB)) -> None:
         self.delay = delay
         self._held = held
+        self._reply = REPLY
 
     def held_bytes(self) -> int:
         return self._held
 
     def chat_ids(self, messages, enable_thinking=None) -> list[int]:
+        last = str(messages[-1]["content"]) if messages else ""
+        self._reply = MATH_REPLY if last.lower().startswith("solve") else REPLY
         return list(range(sum(len(m["content"]) for m in messages) // 4 + 8))
 
     def generate(self, prompt_ids, params, cancel: threading.Event | None = None):
-        pieces = re.findall(r"\s*\S+|\s+", REPLY)
+        pieces = re.findall(r"\s*\S+|\s+", self._reply)
         start = time.monotonic()
         time.sleep(0.12)  # prefill
         ttft = time.monotonic() - start

@@ -206,8 +206,11 @@ def main() -> int:
     pump(0.5)
     save(window, out / "chat_attachments.png")
 
-    # 5. The same in the dark theme (Settings > Appearance).
+    # 5. The dark theme (Settings > Appearance), a reply with formulas.
     ctx.settings.set("app/theme", "dark")
+    ctx.chats.new_chat()
+    ctx.chats.send("Solve x² − 3x + 2 = 0")
+    pump(60, until=lambda: not ctx.chats.busy)
     pump(1.0)
     save(window, out / "chat_dark.png")
 

@@ -9,6 +9,7 @@ from PySide6.QtGui import (
     QCursor,
     QDesktopServices,
     QGuiApplication,
+    QPalette,
     QTextCursor,
     QTextDocument,
 )
@@ -27,10 +28,12 @@ from PySide6.QtWidgets import (
 from app.chat_controller import format_stats
 from app.code_blocks import SCHEME, with_copy_links
 from app.highlight import colour_code
+from app.math_spans import with_marks
 from app.state.chat_history import Turn
 from app.theme import THEME, colour
 from app.thinking import split_reply
 from app.widgets.attachment_tray import preview
+from app.widgets.formulas import draw_formulas
 from engine.attachments import compose
 
 MARKDOWN = QTextDocument.MarkdownFeature(
@@ -62,7 +65,8 @@ class AutoHeightBrowser(QTextBrowser):
 
     def set_markdown(self, text: str) -> None:
         if text != self._markdown:
-            self._markdown = text
+            self._markdown = source = text
+            text, found = with_marks(text)  # formulas out of Qt's Markdown reader's way
             if self.copy_links:
                 text, self.codes = with_copy_links(text)
             # HTML in a message is shown as the text it is: `std::vector<int>` or `the <div>
@@ -70,6 +74,8 @@ class AutoHeightBrowser(QTextBrowser):
             # <img> could pull in a local file).
             self.document().setMarkdown(text, MARKDOWN)
             _wrap_code_blocks(self.document())
+            ink = self.palette().color(QPalette.ColorRole.Text).name()
+            draw_formulas(self.document(), source, found, ink)
             self._fit()
 
     def _clicked(self, url: QUrl) -> None:

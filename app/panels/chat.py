@@ -154,6 +154,8 @@ class ChatPanel(QWidget):
         bl.addLayout(status_row)
         self.tray = AttachmentTray()
         self.tray.read_done.connect(self._files_read)
+        self.tray.read_for_before.connect(self._files_read_for_before)
+        self._read_for: dict[int, str] = {}  # a tray's generation: the chat it was filled in
         bl.addWidget(self.tray)
         row = QHBoxLayout()
         row.setSpacing(8)
@@ -207,13 +209,26 @@ class ChatPanel(QWidget):
         if self.chats.send(self.input.toPlainText(), self.tray.files):
             self.input.clear()
             self.tray.clear()
-            self.chats.store.set_draft(self.chats.current.id, "")
+            self.chats.store.set_draft(self.chats.current.id, "", [])
 
     def keep_draft(self) -> None:
-        """What the message box holds kept with the chat it was typed in (when another
-        chat is shown, and when the window closes), so it is there again."""
+        """What the message box holds, and the files attached to it, kept with the chat it
+        was typed in (when another chat is shown, and when the window closes), so they are
+        there again."""
         if self._drawn is not None:
-            self.chats.store.set_draft(self._drawn, self.input.toPlainText())
+            self.chats.store.set_draft(self._drawn, self.input.toPlainText(), self.tray.files)
+
+    def _files_read_for_before(self, generation: int, files: list) -> None:
+        """Files still being read when another chat was shown: they join the chat they
+        were attached in."""
+        chat_id = self._read_for.pop(generation, None)
+        if chat_id is not None and chat_id == self._drawn:  # shown again meanwhile
+            self.tray.put(files)
+            self.tray.recount(self._count())
+            return
+        chat = self.chats.store.get(chat_id) if chat_id is not None else None
+        if chat is not None:
+            self.chats.store.set_draft(chat.id, chat.draft, chat.draft_files + files)
 
     def choose_files(self) -> None:
         start = QStandardPaths.writableLocation(DOCUMENTS) or str(Path.home())
@@ -308,8 +323,13 @@ class ChatPanel(QWidget):
         self._grow_timer.stop()
         self._pending = None
         other = chat.id != self._drawn
-        if other:  # another chat: the message box holds its own draft
+        if other:  # another chat: the message box holds its own draft, and its files
             self.keep_draft()
+            if self.tray.reading and self._drawn is not None:
+                self._read_for[self.tray.generation] = self._drawn
+            self.tray.take()
+            self.tray.put(chat.draft_files)
+            self.tray.recount(self._count())
             self.input.setPlainText(chat.draft)
             self.input.moveCursor(QTextCursor.MoveOperation.End)
         self.title.setText(chat.title)

@@ -22,6 +22,7 @@ import re
 import reprlib
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +103,7 @@ class Chat:
     turns: list[Turn] = field(default_factory=list)
     system_prompt: str | None = None  # this chat's own; None: the one in Settings > Chat
     draft: str = ""  # what the message box held when the chat was left, unsent
+    draft_files: list[Attachment] = field(default_factory=list)  # files attached, unsent
     extra: dict = field(default_factory=dict, compare=False)  # fields of a newer version
 
     @classmethod
@@ -118,12 +120,14 @@ class Chat:
             "turns": [t.to_dict() for t in self.turns],
             "system_prompt": self.system_prompt,
             "draft": self.draft,
+            "draft_files": [{"name": a.name, "text": a.text} for a in self.draft_files],
         }
 
     @classmethod
     def from_dict(cls, raw: object) -> Chat:
         """A chat from its JSON form; ChatFileError names the first field that is wrong."""
         keys = ("id", "title", "created", "updated", "turns", "system_prompt", "draft")
+        keys += ("draft_files",)
         raw = _object(raw, "the file", keys)
         try:
             chat_id = check_chat_id(raw.get("id"))
@@ -145,6 +149,7 @@ class Chat:
                 else _text(raw["system_prompt"], "system_prompt")
             ),
             draft=_text(raw.get("draft", ""), "draft"),
+            draft_files=_attachments(raw.get("draft_files", []), "draft_files"),
             extra=_extra(raw, keys, "the file"),
         )
 
@@ -484,12 +489,15 @@ class ChatStore(QObject):
             chat.system_prompt = prompt
             self._write(chat)
 
-    def set_draft(self, chat_id: str, text: str) -> None:
-        """What the chat's message box holds, unsent, kept with the chat (its place in the
-        list stays)."""
+    def set_draft(self, chat_id: str, text: str, files: Sequence[Attachment] | None = None) -> None:
+        """What the chat's message box holds, unsent, kept with the chat, and the files
+        attached to it (None: those kept already stay); its place in the list stays."""
         chat = self._chats.get(chat_id)
-        if chat is not None and chat.draft != text:
-            chat.draft = text
+        if chat is None:
+            return
+        files = chat.draft_files if files is None else list(files)
+        if chat.draft != text or chat.draft_files != files:
+            chat.draft, chat.draft_files = text, files
             self._write(chat)
 
     def _write(self, chat: Chat) -> bool:

@@ -29,6 +29,9 @@ class AttachmentTray(QWidget):
     is counted as the model will read it, on the same thread, and its chip says so."""
 
     read_done = Signal(list)  # the refusals' messages (empty: every file was taken)
+    # Files read for the tray as it was before a `take()` (its generation, the files): the
+    # chat that was shown when they were added keeps them (ChatPanel).
+    read_for_before = Signal(int, list)
     _files_read = Signal(int, list, list)  # generation, (attachment, tokens) pairs, refusals
     _recounted = Signal(int, list)  # generation, (attachment, tokens) pairs
 
@@ -54,6 +57,11 @@ class AttachmentTray(QWidget):
     @property
     def reading(self) -> bool:
         return self._reading > 0
+
+    @property
+    def generation(self) -> int:
+        """Which filling of the tray this is: each `take()` starts a new one."""
+        return self._generation
 
     def tokens(self) -> int | None:
         """What the files take of the context (None where any is uncounted)."""
@@ -131,6 +139,8 @@ class AttachmentTray(QWidget):
             self._files.extend(a for a, _n in got)
             self._tokens.extend(n for _a, n in got)
             self._redraw()
+        elif got:
+            self.read_for_before.emit(generation, [a for a, _n in got])
         self.read_done.emit(refused)
 
     def _counts_arrived(self, generation: int, counted: list) -> None:

@@ -210,3 +210,81 @@ def test_files_are_counted_again_on_edit_and_when_a_model_loads(qtbot, make_wind
     with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
         qtbot.mouseClick(panel.message_widgets()[0].edit_button, Qt.MouseButton.LeftButton)
     assert panel.tray.tokens() == counted  # the edited message's files, counted again
+
+
+def test_files_attached_and_not_sent_stay_with_their_chat(
+    qtbot, make_window, settings_store, tmp_path
+):
+    """Files in the tray, unsent, belong to the chat they were attached in (as the text
+    typed there does): another chat shows its own tray, the first has them again, and so
+    after a restart; a send takes them."""
+    (tmp_path / "notes.md").write_text("buy milk\n", encoding="utf-8")
+    window = make_window(loader=FakeEngine.loader())
+    panel, chats = window.chat, window.ctx.chats
+    first = chats.current.id
+    assert _attach(qtbot, panel, tmp_path / "notes.md") == []
+    chats.store.create()
+    second = chats.store.chats()[0].id
+    chats.select(second)
+    assert panel.tray.files == [] and chips(panel) == []
+    chats.select(first)
+    assert [a.name for a in panel.tray.files] == ["notes.md"] and chips(panel)
+    window.close()
+    again = make_window(loader=FakeEngine.loader(), store=settings_store)
+    again.ctx.chats.select(first)
+    assert [a.text for a in again.chat.tray.files] == ["buy milk\n"]
+    _load(qtbot, again)
+    again.chat.input.setPlainText("What first?")
+    with qtbot.waitSignal(again.ctx.engine.finished, timeout=3000):
+        again.chat.send()
+    assert again.ctx.chats.store.get(first).draft_files == []
+    assert [a.name for a in again.ctx.chats.current.turns[0].attachments] == ["notes.md"]
+
+
+def test_a_file_still_being_read_joins_the_chat_it_was_attached_in(
+    qtbot, make_window, tmp_path, monkeypatch
+):
+    import threading
+
+    from app.widgets import attachment_tray
+
+    (tmp_path / "big.md").write_text("a long read\n", encoding="utf-8")
+    release = threading.Event()
+    read = attachment_tray.read_attachment
+    monkeypatch.setattr(attachment_tray, "read_attachment", lambda p: release.wait(5) and read(p))
+    window = make_window(loader=FakeEngine.loader())
+    panel, chats = window.chat, window.ctx.chats
+    first = chats.current.id
+    panel.tray.add([str(tmp_path / "big.md")])
+    chats.store.create()
+    second = chats.store.chats()[0].id
+    chats.select(second)  # while the file is read
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
+        release.set()
+    assert panel.tray.files == []  # not in the chat shown now
+    assert [a.name for a in chats.store.get(first).draft_files] == ["big.md"]
+    chats.select(first)
+    assert [a.name for a in panel.tray.files] == ["big.md"]
+    # read while its chat is shown again: straight into the tray
+    release.clear()
+    panel.tray.add([str(tmp_path / "big.md")])
+    chats.select(second)
+    chats.select(first)
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
+        release.set()
+    assert [a.name for a in panel.tray.files] == ["big.md", "big.md"]
+    assert chats.store.get(second).draft_files == []
+
+
+def test_a_chat_files_pending_files_are_checked_when_read(tmp_path):
+    from app.state.chat_history import ChatStore
+
+    folder = tmp_path / "chats"
+    folder.mkdir()
+    (folder / "aaaaaaaaaaaa.json").write_text(json.dumps({"id": "aaaaaaaaaaaa"}), "utf-8")
+    bad = {"id": "bbbbbbbbbbbb", "draft_files": [{"name": "a.md", "text": 3}]}
+    (folder / "bbbbbbbbbbbb.json").write_text(json.dumps(bad), "utf-8")
+    store = ChatStore(folder)
+    assert [c.id for c in store.chats()] == ["aaaaaaaaaaaa"]  # an older file: no pending files
+    assert store.get("aaaaaaaaaaaa").draft_files == []
+    assert "draft_files[0].text" in store.problems[0]

@@ -32,6 +32,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     seed: int | None = None
     greedy: bool = False
+    # Ids of the reply that came before this request's first token (a reply gone on with
+    # after its thinking was closed at a budget): the penalties count them as the reply's.
+    earlier: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         checks = (
@@ -176,12 +179,15 @@ class Sampler:
         # A float32 copy, padding dropped (logits arrive as float32 or narrower, so nothing is
         # rounded); the probabilities below are computed in float64 on the candidates.
         x = np.array(logits[: self.vocab_rows], dtype=np.float32)
+        counted = generated  # what the penalties count: the reply's earlier part too
+        if p.earlier and (p.presence_penalty or p.frequency_penalty):
+            counted = [*p.earlier, *generated]
         if p.presence_penalty:
-            seen = np.fromiter(set(generated), dtype=np.int64)
+            seen = np.fromiter(set(counted), dtype=np.int64)
             seen = seen[seen < self.vocab_rows]
             x[seen] -= p.presence_penalty
         if p.frequency_penalty:
-            ids, counts = np.unique(np.fromiter(generated, dtype=np.int64), return_counts=True)
+            ids, counts = np.unique(np.fromiter(counted, dtype=np.int64), return_counts=True)
             inside = ids < self.vocab_rows
             x[ids[inside]] -= (p.frequency_penalty * counts[inside]).astype(np.float32)
         for token, bias in p.logit_bias:
@@ -241,6 +247,7 @@ class Sampler:
         if p.presence_penalty:
             clear = self._marked is None
             mark = tuple(int(t) for t in generated[0 if clear else self._marked :])
+            mark = (*p.earlier, *mark) if clear else mark
             self._marked = len(generated) + 1  # the draw marks its own pick
         if p.is_greedy:
             return Draw(1.0, 1, 1.0, seed, p.presence_penalty, slot, mark, clear)

@@ -105,6 +105,7 @@ def generate_within(
     finally:
         first.close()  # the stream's state saved and its slot free before the rest starts
     said = closing_words(engine.tokenizer) if thinking else []
+    said = said[: max(0, params.max_new_tokens - len(generated))]  # the limit holds them too
     close_ids = [token for token, _ in said]
     yield from (TokenEvent(token, text) for token, text in said)
     left = params.max_new_tokens - len(generated) - len(close_ids)
@@ -113,7 +114,9 @@ def generate_within(
         stats = joined(before, None, len(close_ids), 0.0, total)
         yield TokenEvent(NO_TOKEN, "", True, "length", stats)
         return
-    rest = replace(params, max_new_tokens=left)
+    # The penalties go on counting the thinking and the closing words, as in a reply that
+    # was not cut.
+    rest = replace(params, max_new_tokens=left, earlier=(*params.earlier, *generated, *close_ids))
     for event in engine.generate(prompt_ids + generated + close_ids, rest, cancel, **more):
         if event.finished:
             after = time.perf_counter() - start

@@ -254,12 +254,15 @@ class Generation:
         self._first = stats or GenerationStats(len(self._prompt), len(self._ids), 0.0, 0.0, 0.0)
         # Its last token may have closed the thinking itself: then no words are put in.
         said = closing_words(self.scheduler.engine.tokenizer) if self._thinking else []
+        said = said[: max(0, self.params.max_new_tokens - len(self._ids))]  # within the limit
         for token, text in said:
             self._count_token(token, text)
         self._said = len(said)
         left = self.params.max_new_tokens - len(self._ids)
         if left > 0:
-            params = replace(self.params, max_new_tokens=left)
+            # The penalties go on counting the thinking, as in a reply not cut.
+            earlier = (*self.params.earlier, *self._ids)
+            params = replace(self.params, max_new_tokens=left, earlier=earlier)
             self.request = self.scheduler.submit(
                 self._prompt + self._ids, params, sink=self._sink, ignore_eos=self._ignore_eos
             )

@@ -74,6 +74,23 @@ def test_presence_penalty_moves_greedy_choice():
     assert sampler(x, generated=[4, 4]) == 9
 
 
+def test_the_penalties_count_the_replys_earlier_part():
+    """A reply gone on with in a second request (its thinking closed at a budget) counts
+    what came before, on the host and in the device draw's first marks, as one reply would."""
+    x = np.zeros(100, np.float32)
+    x[4], x[9] = 1.0, 0.5
+    sampler = Sampler(SamplingParams(greedy=True, presence_penalty=1.0, earlier=(4,)), REAL)
+    assert sampler(x, generated=[]) == 9
+    freq = Sampler(SamplingParams(greedy=True, frequency_penalty=0.3, earlier=(4, 4)), REAL)
+    assert freq(x, generated=[]) == 9 and freq(x, generated=[9]) == 4
+    first = sampler.device_draw([7], slot=0)
+    assert first.clear and first.mark == (4, 7)
+    after = sampler.device_draw([7, 8], slot=0)  # 8 was the first draw's, marked by it
+    assert not after.clear and after.mark == ()
+    plain = Sampler(SamplingParams(greedy=True, earlier=(4,)), REAL)  # no penalty: no effect
+    assert plain(x, generated=[]) == 4 and plain.takes_argmax
+
+
 def test_frequency_penalty_counts_each_time_a_token_was_said():
     """Unlike the presence penalty, the frequency penalty grows with each repeat; both are
     made on the host (the decode step's argmax and the device's draw do neither)."""

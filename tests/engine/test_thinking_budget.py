@@ -43,9 +43,11 @@ class Scripted:
     scripts: list[list[str]]
     tokenizer: Words = field(default_factory=Words)
     calls: list[tuple[list[int], int]] = field(default_factory=list)
+    params: list[GenerationParams] = field(default_factory=list)
 
     def generate(self, ids, params, cancel=None, **_):
         self.calls.append((list(ids), params.max_new_tokens))
+        self.params.append(params)
         words = self.scripts[len(self.calls) - 1]
         for n, word in enumerate(words, 1):
             token = self.tokenizer.encode(word)[0]
@@ -91,6 +93,8 @@ def test_at_the_budget_the_thinking_is_closed_and_the_answer_follows():
     close = engine.tokenizer.encode(CLOSE)
     assert again == prompt + engine.tokenizer.encode("a b c d") + close
     assert rest == 100 - 4 - len(close)
+    # the penalties of the second part count the thinking and the closing words
+    assert engine.params[1].earlier == tuple(engine.tokenizer.encode("a b c d") + close)
     stats = events[-1].stats
     assert stats.new_tokens == 4 + len(close) + 2 and stats.prompt_tokens == 3
     assert stats.ttft_s == 0.5 and stats.cached_tokens == 3  # the first part's prompt
@@ -111,6 +115,11 @@ def test_a_cancel_or_the_token_limit_ends_the_reply_there():
     events = run(engine, budget=2, params=GenerationParams(max_new_tokens=2 + close))
     assert events[-1].finish_reason == "length" and len(engine.calls) == 1
     assert text(events) == "a b " + CLOSE and events[-1].stats.new_tokens == 2 + close
+    # a limit that falls inside the closing words cuts them there: never past the limit
+    engine = Scripted([["a", "b", "c", "d", "e"], ["never"]])
+    events = run(engine, budget=2, params=GenerationParams(max_new_tokens=5))
+    assert text(events) == "a b " + " ".join(CLOSE.split(" ")[:3]) and len(engine.calls) == 1
+    assert events[-1].finish_reason == "length" and events[-1].stats.new_tokens == 5
 
 
 def test_a_reply_gone_on_with_has_spent_part_of_its_budget():

@@ -17,11 +17,12 @@ ON = {"chat_template_kwargs": {"enable_thinking": True}}
 WORDS = CLOSE.split("</think>")[0].strip()  # the closing words, as the thinking ends
 
 
-def held(solo, budget: int, max_tokens: int) -> tuple[str, str]:
-    """(thinking, answer) of the reply the engine alone gives under the budget (greedy)."""
+def held(solo, budget: int, max_tokens: int, penalty: float = 0.0) -> tuple[str, str]:
+    """(thinking, answer) of the reply the engine alone gives under the budget (greedy,
+    with that presence penalty)."""
     engine = solo.engine
     ids = engine.chat_ids(USER, enable_thinking=True)
-    params = GenerationParams(max_new_tokens=max_tokens, greedy=True)
+    params = GenerationParams(max_new_tokens=max_tokens, greedy=True, presence_penalty=penalty)
     text = "".join(e.text for e in generate_within(engine, ids, params, budget))
     thinking, _, rest = text.partition("</think>")
     return thinking.strip(), rest.strip()
@@ -55,6 +56,39 @@ def test_the_chat_api_holds_the_thinking_to_its_budget(served, solo):
         usage = chunk.usage or usage
     assert reasoning.strip() == thinking and content.strip() == answer
     assert usage.completion_tokens == 90
+    served.wait_idle()
+
+
+def test_the_penalty_counts_the_thinking_on_both_sides_of_the_cut(served, solo, monkeypatch):
+    """A presence penalty goes on counting the thinking after the cut, on the server as on
+    the engine's path: the second request counts the first's tokens and the closing words,
+    and the two replies are the same."""
+    thinking, answer = held(solo, 6, 120, penalty=1.5)
+    if not thinking.endswith(WORDS):
+        pytest.skip("the tiny model closed its thinking within the budget")
+    asked = []
+    submit = served.scheduler.submit
+    monkeypatch.setattr(
+        served.scheduler, "submit", lambda ids, params, **kw: asked.append((ids, params))
+        or submit(ids, params, **kw),
+    )  # fmt: skip
+    reply = served.client().chat.completions.create(
+        model=served.model, messages=USER, max_tokens=120, temperature=0, presence_penalty=1.5,
+        extra_body={**ON, "thinking_budget": 6},
+    )  # fmt: skip
+    message = reply.choices[0].message
+    assert message.model_extra["reasoning_content"].strip() == thinking
+    assert (message.content or "").strip() == answer
+    (prompt, first), (again, second) = asked
+    assert first.earlier == () and second.earlier == tuple(again[len(prompt) :])
+    assert len(second.earlier) > 6 and second.presence_penalty == 1.5
+    # a limit inside the closing words holds: they are cut there, as the engine's path cuts
+    short = served.client().chat.completions.create(
+        model=served.model, messages=USER, max_tokens=12, temperature=0,
+        extra_body={**ON, "thinking_budget": 6},
+    )  # fmt: skip
+    assert short.usage.completion_tokens == 12 and short.choices[0].finish_reason == "length"
+    assert short.choices[0].message.model_extra["reasoning_content"].strip() == held(solo, 6, 12)[0]
     served.wait_idle()
 
 

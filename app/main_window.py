@@ -29,6 +29,7 @@ from app.planning import fmt_bytes
 from app.remote_engine import DEFAULT_URL, RemoteTarget, model_of_key
 from app.remote_wire import public
 from app.state.catalog import Entry
+from app.state.settings import BY_KEY
 
 if TYPE_CHECKING:
     from app.panels.connect import ConnectDialog
@@ -91,6 +92,8 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence("Ctrl+N"), self, activated=ctx.chats.new_chat)
         QShortcut(QKeySequence.StandardKey.Find, self, activated=self.sidebar.search.setFocus)
         QShortcut(QKeySequence.StandardKey.Quit, self, activated=self.close)
+        for keys, step in (("Ctrl++", 1), ("Ctrl+=", 1), ("Ctrl+-", -1), ("Ctrl+0", 0)):
+            QShortcut(QKeySequence(keys), self, activated=lambda step=step: self.text_size(step))
 
         self.library.chosen.connect(self.choose)
         self.library.connect_requested.connect(self._connect)
@@ -117,6 +120,13 @@ class MainWindow(QMainWindow):
         self._engine_state()
         first_run = not welcome_done(ctx.settings.store) and ctx.engine.state == "empty"
         self.center.setCurrentWidget(self.welcome if first_run else self.chat)
+
+    def text_size(self, step: int) -> None:
+        """The chat's text a point larger (step 1), smaller (-1), or back to its default (0),
+        within the setting's bounds."""
+        field = BY_KEY["app/chat_text_size"]
+        size = int(self.ctx.settings.get(field.key)) + step if step else field.default
+        self.ctx.settings.set(field.key, int(max(field.lo, min(field.hi, size))))
 
     def choose(self, entry: Entry) -> None:
         self.load.set_entry(entry)

@@ -196,6 +196,7 @@ class ChatPanel(QWidget):
         chats.store.chat_updated.connect(self._title_changed)
         chats.engine.state_changed.connect(lambda _s: self._busy(chats.busy))
         THEME.changed.connect(self._theme_changed)
+        self._text_size(chats.settings.get("app/chat_text_size"))
         chats.engine.loaded.connect(lambda _info: self.tray.recount(self._count()))
         self.setAcceptDrops(True)
         self.rebuild()
@@ -307,7 +308,15 @@ class ChatPanel(QWidget):
             + (text.strip() or "none")
         )
 
+    def _text_size(self, points: object) -> None:
+        """The messages' and the message box's text at `points` (Settings > App); the rest
+        of the window keeps the theme's sizes."""
+        rule = f"#answerView, #thinkingView, #composer {{ font-size: {int(points)}pt; }}"
+        self.setStyleSheet(rule)
+
     def _setting_changed(self, key: str, value: object) -> None:
+        if key == "app/chat_text_size":
+            self._text_size(value)
         if key == "chat/thinking" and self.thinking.isChecked() != bool(value):
             self.thinking.setChecked(bool(value))
         if key == "chat/system_prompt":

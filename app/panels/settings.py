@@ -43,6 +43,7 @@ RANGES = {
     "sampling/max_new_tokens": (16, 32768, 256, 0),
     "chat/thinking_budget": (0, 32768, 256, 0),
     "server/port": (1024, 65535, 1, 0),
+    "app/chat_text_size": (6, 32, 1, 0),
     "cache/host_gib": (0.0, 256.0, 0.5, 1),
     "cache/disk_gib": (0.0, 4096.0, 1.0, 1),
 }
@@ -91,7 +92,7 @@ GROUPS = (
         ),
     ),
     ("Chat", ("chat/thinking", "chat/thinking_budget", "chat/system_prompt")),
-    ("App", ("app/theme", "app/load_last_model")),
+    ("App", ("app/theme", "app/chat_text_size", "app/load_last_model")),
     ("Local server", ("server/enabled", "server/port")),
     ("Saved conversations", ("cache/host_gib", "cache/disk_gib")),
 )

@@ -76,6 +76,8 @@ FIELDS: tuple[Field, ...] = (
     Field("chat/thinking_budget", int, 0, "Thinking budget (tokens)", lo=0, hi=1 << 24),
     Field("chat/system_prompt", str, "You are a helpful assistant.", "System prompt"),
     Field("app/theme", str, "system", "Appearance", choices=THEMES),  # app/theme.py
+    # The messages' and the message box's text (Ctrl+plus, Ctrl+minus; Ctrl+0: back to 10).
+    Field("app/chat_text_size", int, 10, "Chat text size (pt)", lo=6, hi=32),
     # The model loaded when Snug last closed is loaded again at start (app/main_window.py).
     Field("app/load_last_model", bool, True, "Load the last model at start"),
     Field("model/last_dir", str, "", "Last model folder"),

@@ -93,3 +93,32 @@ def test_the_setting_switches_the_window_and_what_it_paints(qtbot, make_window, 
     monkeypatch.setattr(theme, "system_is_dark", lambda: False)
     theme._system_changed()  # the desktop went light: the window follows
     assert not theme.THEME.dark and "#f6f7f9" in app.styleSheet()
+
+
+def test_the_chat_text_size_follows_its_setting_and_the_keys(qtbot, make_window):
+    """Settings > App > "Chat text size" sizes the messages and the message box; Ctrl+plus
+    and Ctrl+minus step it within its bounds, Ctrl+0 brings back the default."""
+    from PySide6.QtCore import Qt
+
+    window = make_window()
+    window.show()
+    window.close_welcome()
+    panel, settings = window.chat, window.ctx.settings
+    assert panel.input.font().pointSize() == 10
+    settings.set("app/chat_text_size", 14)
+    assert panel.input.font().pointSize() == 14
+    assert window.settings.editors["app/chat_text_size"].value() == 14
+    window.activateWindow()
+    panel.input.setFocus()
+    qtbot.waitUntil(lambda: panel.input.hasFocus(), timeout=1000)
+    ctrl = Qt.KeyboardModifier.ControlModifier
+    qtbot.keyClick(panel.input, Qt.Key.Key_Equal, ctrl)
+    assert settings.get("app/chat_text_size") == 15 and panel.input.font().pointSize() == 15
+    qtbot.keyClick(panel.input, Qt.Key.Key_Minus, ctrl)
+    qtbot.keyClick(panel.input, Qt.Key.Key_Minus, ctrl)
+    assert settings.get("app/chat_text_size") == 13
+    qtbot.keyClick(panel.input, Qt.Key.Key_0, ctrl)
+    assert settings.get("app/chat_text_size") == 10
+    settings.set("app/chat_text_size", 32)
+    window.text_size(1)
+    assert settings.get("app/chat_text_size") == 32  # the bound holds

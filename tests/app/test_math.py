@@ -146,3 +146,23 @@ def test_a_reply_with_math_copies_as_written(qtbot, make_window):
     assert "The area is πr2:" in shown and "A = πr2" in shown
     message.copy()
     assert QGuiApplication.clipboard().text().endswith("$$A = \\pi r^2$$")
+
+
+def test_a_formula_takes_the_heading_link_or_bold_it_stands_in(qtbot):
+    from PySide6.QtGui import QTextCursor, QTextFormat
+
+    view = AutoHeightBrowser()
+    qtbot.addWidget(view)
+    view.set_markdown("### Step $q$ now\n\n[see $y$](https://example.com/y) and **bold $z$**")
+    doc = view.document()
+
+    def format_of(char: str):
+        at = doc.toPlainText().index(char)
+        cursor = QTextCursor(doc)
+        cursor.setPosition(at + 1)
+        return cursor.charFormat()
+
+    size = QTextFormat.Property.FontSizeAdjustment
+    assert format_of("q").intProperty(size) == format_of("S").intProperty(size) > 0
+    assert format_of("y").isAnchor() and format_of("y").anchorHref() == "https://example.com/y"
+    assert format_of("z").fontWeight() == format_of("b").fontWeight() > 400

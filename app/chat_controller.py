@@ -157,9 +157,33 @@ class ChatController(QObject):
         if params is None:
             return False
         chat = self.current
+        earlier: list[Turn] = []  # the replies to this message so far: they stay, behind it
         while chat.turns and chat.turns[-1].role != "user":
-            chat.turns.pop()
-        self._start_reply(chat, params)
+            gone = chat.turns.pop()
+            if gone.role == "assistant":
+                earlier = [t for t in all_replies(gone) if t.content]
+        self._start_reply(chat, params, earlier)
+        return True
+
+    def show_reply(self, index: int) -> bool:
+        """Show the last message's reply `index` (0: the first written) of those Regenerate
+        kept; the chat goes on from the one shown."""
+        chat = self.store.get(self._current or "")
+        if chat is None or self.busy or not chat.turns or chat.turns[-1].role != "assistant":
+            return False
+        turn = chat.turns[-1]
+        replies = all_replies(turn)
+        if not 0 <= index < len(replies) or index == turn.shown:
+            return False
+        pick = replies[index]
+        turn.content, turn.thinking_enabled, turn.stats = (
+            pick.content,
+            pick.thinking_enabled,
+            pick.stats,
+        )
+        turn.others, turn.shown = replies[:index] + replies[index + 1 :], index
+        self.store.save(chat)
+        self.turns_changed.emit(chat.id)  # the chat drawn again: Continue follows the reply
         return True
 
     def can_continue(self) -> bool:
@@ -231,10 +255,11 @@ class ChatController(QObject):
             self.refused.emit(message)
             return None
 
-    def _start_reply(self, chat: Chat, params: Any) -> None:
+    def _start_reply(self, chat: Chat, params: Any, earlier: list[Turn] | None = None) -> None:
         thinking = self.settings.thinking
         messages = chat.messages(self.settings.system_prompt)
-        chat.turns.append(Turn("assistant", "", thinking_enabled=thinking))
+        others = list(earlier or [])
+        chat.turns.append(Turn("assistant", "", thinking, others=others, shown=len(others)))
         saved = self._timed_save(chat)
         self.turns_changed.emit(chat.id)
         self._reply_chat = chat.id
@@ -369,3 +394,10 @@ def format_stats(stats: dict) -> str:
     elif stats.get("finish_reason") == "length":
         parts.append("hit the token limit")
     return " · ".join(parts)
+
+
+def all_replies(turn: Turn) -> list[Turn]:
+    """A reply and the others Regenerate kept with it, in the order they were written (each
+    alone: no others of its own)."""
+    this = Turn(turn.role, turn.content, turn.thinking_enabled, dict(turn.stats))
+    return turn.others[: turn.shown] + [this] + turn.others[turn.shown :]

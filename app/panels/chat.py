@@ -400,6 +400,8 @@ class ChatPanel(QWidget):
         # there only), so every message's buttons can be connected once, as it is drawn.
         widget.edit_button.clicked.connect(self.edit_last)
         widget.continue_button.clicked.connect(self.chats.continue_reply)
+        widget.prev_reply.clicked.connect(lambda: self.chats.show_reply(widget.turn.shown - 1))
+        widget.next_reply.clicked.connect(lambda: self.chats.show_reply(widget.turn.shown + 1))
 
     def _add(self, widget: MessageWidget) -> None:
         self._connect(widget)
@@ -476,6 +478,7 @@ class ChatPanel(QWidget):
         can_continue = self.chats.can_continue()
         for m in self._messages:
             m.continue_button.setVisible(can_continue and m is self._messages[-1])
+            m.show_replies(m is self._messages[-1] and not busy)
         self._update_hint()
 
     def message_widgets(self) -> list[MessageWidget]:

@@ -58,6 +58,10 @@ class Turn:
     stats: dict = field(default_factory=dict)
     attachments: list[Attachment] = field(default_factory=list)  # a user's files
     extra: dict = field(default_factory=dict, compare=False)  # fields of a newer version
+    # A reply's other replies to the same message (Regenerate keeps them, in the order they
+    # were written), and this one's place among them all (app/chat_controller.py).
+    others: list[Turn] = field(default_factory=list)
+    shown: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -67,6 +71,11 @@ class Turn:
             "thinking_enabled": self.thinking_enabled,
             "stats": dict(self.stats),
             "attachments": [{"name": a.name, "text": a.text} for a in self.attachments],
+            **(
+                {"others": [t.to_dict() for t in self.others], "shown": self.shown}
+                if self.others
+                else {}
+            ),
         }
 
     @property
@@ -76,7 +85,7 @@ class Turn:
 
     @classmethod
     def from_dict(cls, raw: object, where: str) -> Turn:
-        keys = ("role", "content", "thinking_enabled", "stats", "attachments")
+        keys = ("role", "content", "thinking_enabled", "stats", "attachments", "others", "shown")
         raw = _object(raw, where, keys)
         role = _text(raw.get("role"), f"{where}.role")
         if role not in ROLES:
@@ -91,6 +100,7 @@ class Turn:
             stats=_stats(raw.get("stats", {}), f"{where}.stats"),
             attachments=_attachments(raw.get("attachments", []), f"{where}.attachments"),
             extra=_extra(raw, keys, where),
+            **_others(raw, where),
         )
 
 
@@ -256,6 +266,19 @@ def _stats(raw: object, where: str) -> dict:
         else:
             out[key] = _text(value, name)
     return out
+
+
+def _others(raw: dict, where: str) -> dict:
+    """A reply's other replies and its place among them, checked."""
+    others, shown = raw.get("others", []), raw.get("shown", 0)
+    if not isinstance(others, list):
+        raise ChatFileError(f"{where}.others is {_short(others)}, not a list")
+    if isinstance(shown, bool) or not isinstance(shown, int) or not 0 <= shown <= len(others):
+        raise ChatFileError(f"{where}.shown is {_short(shown)}, not 0 to {len(others)}")
+    turns = [Turn.from_dict(t, f"{where}.others[{i}]") for i, t in enumerate(others)]
+    for turn in turns:
+        turn.others, turn.shown = [], 0  # one level: the replies of one message
+    return {"others": turns, "shown": shown}
 
 
 def _attachments(raw: object, where: str) -> list[Attachment]:

@@ -124,7 +124,8 @@ def fingerprint(turn: Turn) -> tuple:
     """What a message's drawing shows of its turn: a turn whose fingerprint changed is drawn
     again (ChatPanel.rebuild)."""
     names = tuple(a.name for a in turn.attachments)
-    return (turn.role, turn.content, turn.thinking_enabled, repr(turn.stats), names)
+    replies = (turn.shown, len(turn.others))
+    return (turn.role, turn.content, turn.thinking_enabled, repr(turn.stats), names, replies)
 
 
 class MessageWidget(QFrame):
@@ -160,10 +161,28 @@ class MessageWidget(QFrame):
         self.continue_button.setText("Continue")
         self.continue_button.setToolTip("Go on with this reply where it stopped")
         self.continue_button.hide()
+        # The replies Regenerate kept, one at a time: shown on the chat's last (ChatPanel).
+        self.prev_reply, self.next_reply = QToolButton(), QToolButton()
+        for button, text, tip in (
+            (self.prev_reply, "‹", "The reply before this one"),
+            (self.next_reply, "›", "The reply after this one"),
+        ):
+            button.setObjectName("replyNav")
+            button.setText(text)
+            button.setToolTip(tip)
+            button.setAccessibleName(tip)
+            button.hide()
+        self.reply_count = QLabel(f"{turn.shown + 1} / {len(turn.others) + 1}")
+        self.reply_count.setObjectName("replyCount")
+        self.reply_count.setToolTip("Regenerate keeps each reply: ‹ and › go through them")
+        self.reply_count.hide()
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
         top.addWidget(self.role_label)
         top.addStretch(1)
+        top.addWidget(self.prev_reply)
+        top.addWidget(self.reply_count)
+        top.addWidget(self.next_reply)
         top.addWidget(self.edit_button)
         top.addWidget(self.continue_button)
         top.addWidget(self.copy_button)
@@ -222,9 +241,19 @@ class MessageWidget(QFrame):
         self.stats_label.setText(line)
         self.stats_label.setVisible(bool(line))
 
+    def show_replies(self, on: bool) -> None:
+        """‹ n / m › where the turn has other replies and `on` (the chat's last, not busy)."""
+        turn, on = self.turn, on and bool(self.turn.others)
+        for widget in (self.prev_reply, self.reply_count, self.next_reply):
+            widget.setVisible(on)
+        self.prev_reply.setEnabled(turn.shown > 0)
+        self.next_reply.setEnabled(turn.shown < len(turn.others))
+
     def focus_order(self) -> list[QWidget]:
         """What Tab stops at in the message, as it is laid out (hidden ones are passed)."""
         return [
+            self.prev_reply,
+            self.next_reply,
             self.edit_button,
             self.continue_button,
             self.copy_button,

@@ -166,3 +166,14 @@ def test_a_formula_takes_the_heading_link_or_bold_it_stands_in(qtbot):
     assert format_of("q").intProperty(size) == format_of("S").intProperty(size) > 0
     assert format_of("y").isAnchor() and format_of("y").anchorHref() == "https://example.com/y"
     assert format_of("z").fontWeight() == format_of("b").fontWeight() > 400
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.text(alphabet=string.ascii_letters[:4] + "$\\()[]{}`^_&*|#>-1.\n ", max_size=60),
+)
+def test_any_text_draws_without_a_mark_left(qapp, text):
+    view = AutoHeightBrowser(copy_links=True)
+    view.set_markdown(text)
+    assert "\ue000" not in view.document().toPlainText()
+    view.deleteLater()

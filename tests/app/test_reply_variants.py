@@ -1,0 +1,102 @@
+"""Regenerate keeps the replies it replaces: the chat's last reply shows ‹ n / m ›, goes
+through them, and the chat goes on from the one shown; they are kept across a restart."""
+
+from __future__ import annotations
+
+import json
+
+from fake_engine import FakeEngine
+from PySide6.QtCore import Qt
+
+from app.engine_bridge import LoadRequest
+from app.state.chat_history import ChatStore
+
+
+def _load(qtbot, window):
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+
+
+def _reply(qtbot, window, loader, words: str, send: str | None = None) -> None:
+    """The engine's next reply is `words`; `send` a message, else regenerate."""
+    loader.made[-1].script = [words]
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        if send is None:
+            window.chat.regen_button.click()
+        else:
+            window.chat.input.setPlainText(send)
+            window.chat.send()
+
+
+def _last(window):
+    return window.chat.message_widgets()[-1]
+
+
+def test_regenerate_keeps_each_reply_and_the_chat_goes_on_from_the_one_shown(qtbot, make_window):
+    loader = FakeEngine.loader()
+    window = make_window(loader=loader)
+    _load(qtbot, window)
+    _reply(qtbot, window, loader, "Paris.", send="Capital of France?")
+    assert _last(window).prev_reply.isHidden()  # one reply: nothing to go through
+    _reply(qtbot, window, loader, "It is Paris.")
+    _reply(qtbot, window, loader, "Paris, of course.")
+    reply = _last(window)
+    assert reply.reply_count.text() == "3 / 3" and reply.answer_text() == "Paris, of course."
+    assert reply.prev_reply.isEnabled() and not reply.next_reply.isEnabled()
+    qtbot.mouseClick(reply.prev_reply, Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(_last(window).prev_reply, Qt.MouseButton.LeftButton)
+    reply = _last(window)
+    assert reply.reply_count.text() == "1 / 3" and reply.answer_text() == "Paris."
+    assert not reply.prev_reply.isEnabled() and reply.next_reply.isEnabled()
+    qtbot.mouseClick(reply.next_reply, Qt.MouseButton.LeftButton)
+    assert _last(window).answer_text() == "It is Paris."
+    turns = window.ctx.chats.current.turns
+    assert len(turns) == 2 and turns[-1].content == "It is Paris."
+    # The next message reads the reply shown, and the earlier turn's ‹ › are gone.
+    _reply(qtbot, window, loader, "About 2 million.", send="Population?")
+    history = loader.made[-1].calls[-1]
+    assert [m["content"] for m in history if m["role"] == "assistant"] == ["It is Paris."]
+    first_reply = window.chat.message_widgets()[1]
+    assert first_reply.prev_reply.isHidden() and first_reply.reply_count.isHidden()
+    assert window.ctx.chats.show_reply(0) is False  # the last reply has no others
+
+
+def test_the_replies_are_kept_across_a_restart_and_hidden_while_one_streams(
+    qtbot, make_window, settings_store
+):
+    loader = FakeEngine.loader()
+    window = make_window(loader=loader)
+    _load(qtbot, window)
+    _reply(qtbot, window, loader, "One.", send="Count")
+    _reply(qtbot, window, loader, "Two.")
+    loader.made[-1].script = ["Three", "."] * 200
+    loader.made[-1].delay = 0.01
+    window.chat.regen_button.click()
+    qtbot.waitUntil(lambda: window.ctx.chats.busy, timeout=2000)
+    assert _last(window).prev_reply.isHidden()  # while it streams: no going through
+    assert window.ctx.chats.show_reply(0) is False
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        window.ctx.chats.stop()
+    chat_id = window.ctx.chats.current.id
+    window.ctx.chats.show_reply(0)
+    window.close()
+    again = make_window(loader=FakeEngine.loader(), store=settings_store)
+    again.ctx.chats.select(chat_id)
+    reply = _last(again)
+    assert reply.answer_text() == "One." and reply.reply_count.text() == "1 / 3"
+    assert [t.content for t in again.ctx.chats.current.turns[-1].others][0] == "Two."
+
+
+def test_a_chat_files_kept_replies_are_checked_when_read(tmp_path):
+    folder = tmp_path / "chats"
+    folder.mkdir()
+    turn = {"role": "assistant", "content": "b", "others": [{"role": "assistant", "content": "a"}]}
+    bad = {"id": "aaaaaaaaaaaa", "turns": [{"role": "user", "content": "q"}, {**turn, "shown": 5}]}
+    good = {"id": "bbbbbbbbbbbb", "turns": [{"role": "user", "content": "q"}, {**turn, "shown": 1}]}
+    for chat in (bad, good):
+        (folder / f"{chat['id']}.json").write_text(json.dumps(chat), "utf-8")
+    store = ChatStore(folder)
+    assert [c.id for c in store.chats()] == ["bbbbbbbbbbbb"]
+    assert "turns[1].shown" in store.problems[0]
+    kept = store.get("bbbbbbbbbbbb").turns[-1]
+    assert kept.shown == 1 and [t.content for t in kept.others] == ["a"]

@@ -19,6 +19,7 @@ import re
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -222,6 +223,8 @@ def _reply(
     most = params.max_new_tokens + len(more)
     ids, left_out = fit_prompt(engine, history, thinking, most, previous)
     ids = list(ids) + more
+    if more:  # one reply: its penalties count its text so far
+        params = replace(params, earlier=(*params.earlier, *more))
     cancel = threading.Event()
     handler = None
     if threading.current_thread() is threading.main_thread():

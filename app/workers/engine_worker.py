@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
@@ -94,6 +95,14 @@ class EngineWorker(QObject):
         )
         self.held.emit(self._held())
 
+    def _so_far(self, request: ReplyRequest) -> tuple[int, ...]:
+        """The ids of the text a reply gone on with (Continue) has so far, where the engine's
+        tokenizer is here (not a remote server's)."""
+        tokenizer = getattr(self._engine, "tokenizer", None)
+        if not request.partial or tokenizer is None:
+            return ()
+        return tuple(tokenizer.encode(request.partial))
+
     def _progress_of(self, request: LoadRequest) -> Any:
         """The load's progress callback: each stage to the GUI; a cancel set meanwhile
         raises LoadCancelled there, and the engine releases what the load allocated."""
@@ -126,12 +135,14 @@ class EngineWorker(QObject):
         try:
             ids, left_out = self._prompt(request)
             budget = request.thinking_budget
+            so_far = self._so_far(request)
+            if so_far:  # a reply gone on with: its penalties count its text so far
+                params = replace(params, earlier=(*params.earlier, *so_far))
             if applies(self._engine, ids, budget):
                 # A reply gone on with has thought its text so far (its thinking is open).
-                spent = (
-                    len(self._engine.tokenizer.encode(request.partial)) if request.partial else 0
+                events = generate_within(
+                    self._engine, ids, params, budget, cancel, len(so_far), **more
                 )
-                events = generate_within(self._engine, ids, params, budget, cancel, spent, **more)
             elif budget and getattr(self._engine, "takes_thinking_budget", False):
                 events = self._engine.generate(ids, params, cancel, thinking_budget=budget)
             else:

@@ -56,6 +56,7 @@ class FakeEngine:
         self.loaded = True
         self.calls: list[list[dict[str, str]]] = []
         self.prompts: list[list[int]] = []  # each generate's prompt ids
+        self.params: list = []  # each generate's GenerationParams
         self.tokenizer = Chars()
         self.threads: set[str] = set()
 
@@ -93,6 +94,7 @@ class FakeEngine:
     def generate(self, prompt_ids, params, cancel=None) -> Iterator[TokenEvent]:
         self.threads.add(threading.get_ident())
         self.prompts.append(list(prompt_ids))
+        self.params.append(params)
         start = time.monotonic()
         first = None
         n = 0

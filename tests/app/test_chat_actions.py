@@ -190,6 +190,9 @@ def test_a_cut_reply_goes_on_where_it_stopped(qtbot, make_window):
     assert answered[-1] == {"role": "user", "content": "Count for me"}
     assert all(m["role"] != "assistant" for m in answered)
     assert engine.prompts[-1] == engine.chat_ids(answered) + engine.tokenizer.encode("one two ")
+    # one reply: its penalties count the text it had (the settings' presence penalty)
+    assert engine.params[-1].earlier == tuple(engine.tokenizer.encode("one two "))
+    assert engine.params[0].earlier == () and engine.params[-1].presence_penalty == 1.5
     turns = chats.current.turns
     assert [t.role for t in turns] == ["user", "assistant"]
     assert turns[-1].content == "one two one two " and turns[-1].stats["new_tokens"] == 4

@@ -150,6 +150,13 @@ def test_thinking_is_set_apart_and_its_tags_left_out():
 def test_continue_goes_on_with_a_cut_reply(tiny_checkpoint, monkeypatch, capsys):
     model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
     lines = ["Hello there", "/continue", "/reset", "/continue"]
+    from engine.session import Engine
+
+    asked, generate = [], Engine.generate
+    monkeypatch.setattr(
+        Engine, "generate", lambda self, ids, params, *a, **k: asked.append((ids, params))
+        or generate(self, ids, params, *a, **k),
+    )  # fmt: skip
     got = run(monkeypatch, capsys, model, lines, "--max-new-tokens", "4", "--context", "512")
     notes = [line for line in got.err.splitlines() if line.startswith("[")]
     if "hit the token limit" not in notes[0]:
@@ -157,6 +164,8 @@ def test_continue_goes_on_with_a_cut_reply(tiny_checkpoint, monkeypatch, capsys)
     assert len(notes) == 2  # the reply, and its continuation; no new message between
     first, second = used(got.err)
     assert second > first  # the prompt, the reply so far, and more of it
+    (prompt, params), (again, more) = asked
+    assert params.earlier == () and more.earlier == tuple(again[len(prompt) :])  # one reply
     assert "nothing to continue" in got.err  # after /reset
 
 

@@ -45,7 +45,7 @@ _ACCENTS = {
 _PRIMES = set("′″‴")
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=4096)  # a long reply is drawn again as it grows
 def to_html(tex: str, display: bool, source: str, ink: str = "#000000") -> str:
     """`tex` as Qt rich text (display: a formula of its own, where fractions stack and a
     matrix is a table; `ink`: the text's colour, for a fraction's bar); `source` (the

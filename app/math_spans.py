@@ -16,6 +16,7 @@ library's math extension would read it with its own rules, not alongside Qt's.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -43,8 +44,9 @@ class Formula:
 def formulas(markdown: str) -> list[Formula]:
     """Every formula in `markdown`, in order, outside code."""
     out: list[Formula] = []
+    blanks = [m.start() for m in _BLANK_LINE.finditer(markdown)]  # where paragraphs end
     for start, end in _prose(markdown):
-        out += _scan(markdown, start, end)
+        out += _scan(markdown, start, end, blanks)
     return out
 
 
@@ -94,9 +96,12 @@ def _prose(markdown: str) -> list[tuple[int, int]]:
     return [(a, min(b, len(markdown))) for a, b in ranges if a < b]
 
 
-def _scan(text: str, i: int, end: int) -> list[Formula]:
+def _scan(text: str, i: int, end: int, blanks: list[int]) -> list[Formula]:
     """The formulas in text[i:end], a stretch without code blocks (inline code skipped)."""
     out = []
+    # A `$` that found no closing `$` in its paragraph: none after it there will either
+    # (whether a `$` closes depends on it alone), so those are passed without a search.
+    unclosed_until = -1
     while i < end:
         c = text[i]
         if c == "`":
@@ -118,7 +123,12 @@ def _scan(text: str, i: int, end: int) -> list[Formula]:
             i += 2  # an escaped character (`\$` among them) is not a delimiter
             continue
         if c == "$":
-            formula = _dollars(text, i, end)
+            if text.startswith("$$", i):
+                formula = _displayed(text, i, end)
+            elif i < unclosed_until:
+                formula = None
+            else:
+                formula, unclosed_until = _inline(text, i, end, blanks)
             if formula is not None:
                 out.append(formula)
                 i = formula.end
@@ -129,32 +139,32 @@ def _scan(text: str, i: int, end: int) -> list[Formula]:
     return out
 
 
-def _dollars(text: str, i: int, end: int) -> Formula | None:
-    """The formula opened by the `$` or `$$` at i, if it is one (Pandoc's rules)."""
-    if text.startswith("$$", i):
-        close = _closed(text, i + 2, end, "$$", inline=False)
-        if close is None or not text[i + 2 : close].strip():
-            return None
-        return Formula(i, close + 2, text[i + 2 : close], True)
-    if i + 1 >= end or text[i + 1].isspace():
+def _displayed(text: str, i: int, end: int) -> Formula | None:
+    """The formula opened by the `$$` at i, if it closes."""
+    close = _closed(text, i + 2, end, "$$", inline=False)
+    if close is None or not text[i + 2 : close].strip():
         return None
-    j = i + 1
-    while j < end:
-        k = text.find("$", j, end)
-        if k == -1:
-            return None
-        if _BLANK_LINE.search(text, i, k):
-            return None
-        if text[k - 1] == "\\":  # an escaped dollar inside
-            j = k + 1
-            continue
-        if not text[k - 1].isspace() and not (k + 1 < end and text[k + 1].isdigit()):
-            if k + 1 < end and text[k + 1] == "$":  # `$x$$`: not this one's end
-                return None
+    return Formula(i, close + 2, text[i + 2 : close], True)
+
+
+def _inline(text: str, i: int, end: int, blanks: list[int]) -> tuple[Formula | None, int]:
+    """The formula opened by the `$` at i, if it is one (Pandoc's rules); and, where no
+    `$` closes one in the paragraph, where the paragraph ends (else -1). `blanks`: where
+    the text's blank lines start."""
+    if i + 1 >= end or text[i + 1].isspace():
+        return None, -1
+    at = bisect.bisect_left(blanks, i)
+    stop = min(blanks[at], end) if at < len(blanks) else end
+    k = text.find("$", i + 1, stop)
+    while k != -1:
+        after = text[k + 1] if k + 1 < end else ""
+        if text[k - 1] != "\\" and not text[k - 1].isspace() and not after.isdigit():
+            if after == "$":  # `$x$$`: not this one's end
+                return None, -1
             tex = text[i + 1 : k]
-            return Formula(i, k + 1, tex, False) if len(tex) <= MAX_FORMULA else None
-        j = k + 1
-    return None
+            return (Formula(i, k + 1, tex, False) if len(tex) <= MAX_FORMULA else None), -1
+        k = text.find("$", k + 1, stop)
+    return None, stop
 
 
 def _closed(text: str, i: int, end: int, closing: str, inline: bool) -> int | None:

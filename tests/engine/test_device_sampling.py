@@ -138,6 +138,12 @@ def test_presence_penalty_marks_the_reply_on_the_device(engine):
     engine.device_rows.clear()
     _reply(engine, greedy=True, presence_penalty=1.0)
     assert [(r.top_k, r.penalty) for (r,) in engine.device_rows] == [(1, 1.0)] * 4
+    # A reply gone on with (Continue, a thinking budget's cut): its earlier ids are marked
+    # with the first draw's, the penalty counting them as the reply's.
+    engine.device_rows.clear()
+    tokens = _reply(engine, temperature=0.7, presence_penalty=1.5, seed=5, earlier=(3, 4))
+    first = engine.device_rows[0][0]
+    assert first.clear and first.mark == (3, 4, tokens[0])
 
 
 @pytest.mark.parametrize("kw", [{"min_p": 0.05}, {"top_k": 0}, {"top_k": 2000}])

@@ -20,6 +20,7 @@ from engine.attachments import Attachment
 from engine.errors import SnugError
 
 SAVE_EVERY_S = 5.0  # a streaming reply is saved this often, so that a crash keeps it
+RATE_EVERY_S = 0.5  # the status line's tokens and rate, while a reply streams
 # ... or less often where a save takes long (a chat of many attached files: about 10 ms a
 # MB, on this thread): its interval is at least this many times the last save's time, so
 # that saving takes at most 2% of the thread the tokens are shown on.
@@ -55,6 +56,9 @@ class ChatController(QObject):
         self._request: int | None = None
         self._reply_chat: str | None = None
         self._tokens_before = 0  # a continued reply's tokens before it went on
+        self._rate_from: tuple[float, int] | None = None  # the reply's first tokens: when, how many
+        self._was_shown: int | None = None  # the reply shown before a Regenerate: its place
+        self._rate_said = 0.0
         self._saved_at = 0.0  # when the reply under way was last saved (time.monotonic)
         self._save_every = 0.0  # SAVE_SHARE times the last save's seconds
         engine.tokens.connect(self._on_tokens)
@@ -161,7 +165,10 @@ class ChatController(QObject):
         while chat.turns and chat.turns[-1].role != "user":
             gone = chat.turns.pop()
             if gone.role == "assistant":
-                earlier = [t for t in all_replies(gone) if t.content]
+                replies = all_replies(gone)
+                earlier = [t for t in replies if t.content]
+                shown = replies[gone.shown]
+                self._was_shown = earlier.index(shown) if shown in earlier else None
         self._start_reply(chat, params, earlier)
         return True
 
@@ -175,13 +182,7 @@ class ChatController(QObject):
         replies = all_replies(turn)
         if not 0 <= index < len(replies) or index == turn.shown:
             return False
-        pick = replies[index]
-        turn.content, turn.thinking_enabled, turn.stats = (
-            pick.content,
-            pick.thinking_enabled,
-            pick.stats,
-        )
-        turn.others, turn.shown = replies[:index] + replies[index + 1 :], index
+        shown_among(turn, replies, index)
         self.store.save(chat)
         self.turns_changed.emit(chat.id)  # the chat drawn again: Continue follows the reply
         return True
@@ -210,6 +211,7 @@ class ChatController(QObject):
         turn = chat.turns[-1]
         messages = chat.messages(self.settings.system_prompt)[:-1]
         self._tokens_before = int(turn.stats.get("new_tokens") or 0)
+        self._rate_from = None
         self._reply_chat = chat.id
         self._saved_at, self._save_every = time.monotonic(), 0.0
         left_out = self._left_out(chat.turns[:-1])
@@ -264,6 +266,7 @@ class ChatController(QObject):
         self.turns_changed.emit(chat.id)
         self._reply_chat = chat.id
         self._tokens_before = 0
+        self._rate_from = None
         left_out = self._left_out(chat.turns[:-1])
         budget = self.settings.thinking_budget
         self._request = self.engine.send(messages, params, thinking, left_out, "", budget)
@@ -290,14 +293,29 @@ class ChatController(QObject):
         if request_id == self._request and done < total:
             self.notice.emit(f"Reading the prompt… {done:,} of {total:,} tokens (Esc stops)")
 
-    def _on_tokens(self, request_id: int, text: str) -> None:
+    def _on_tokens(self, request_id: int, text: str, count: int = 0) -> None:
         found = self._reply_turn(request_id)
         if found is not None:
             chat, turn = found
             turn.content += text
             self.reply_grew.emit(chat.id, turn.content)
+            self._say_rate(chat, count)
             if time.monotonic() - self._saved_at >= max(SAVE_EVERY_S, self._save_every):
                 self._timed_save(chat)  # a crash keeps what came so far
+
+    def _say_rate(self, chat: Chat, count: int) -> None:
+        """The status line, while the reply shown streams: its tokens so far and their rate
+        (from its first token, so the prompt's reading is not counted), twice a second."""
+        now = time.monotonic()
+        if self._rate_from is None:
+            self._rate_from, self._rate_said = (now, count), now
+            return
+        start, first = self._rate_from
+        if now - self._rate_said < RATE_EVERY_S or chat.id != self._current or now <= start:
+            return
+        self._rate_said = now
+        rate = (count - first) / (now - start)
+        self.notice.emit(f"Generating… {count:,} tokens · {rate:.1f} tok/s (Esc stops)")
 
     def _timed_save(self, chat: Chat) -> bool:
         """Save the chat of the reply under way; the next save while it streams waits
@@ -315,7 +333,7 @@ class ChatController(QObject):
             return
         chat, turn = found
         if not turn.content and summary.get("finish_reason") == "cancelled":
-            chat.turns.pop()  # stopped before the reply began: no empty reply stays
+            self._take_out(chat, turn)  # stopped before the reply began: no empty reply stays
             if self._end(chat):
                 self.notice.emit("Stopped before the reply began (Regenerate asks again).")
             return
@@ -347,13 +365,23 @@ class ChatController(QObject):
             return
         chat, turn = found
         if not turn.content:
-            chat.turns.pop()
+            self._take_out(chat, turn)
         chat.turns.append(Turn("error", f"{cls}: {msg}"))
         if self._end(chat):
             if cls == "RemoteError":  # a model served elsewhere (app/remote_wire.py)
                 self.notice.emit("The server did not finish this reply: the chat says why.")
             else:
                 self.notice.emit(f"The engine refused this reply ({cls}). The model stays loaded.")
+
+    def _take_out(self, chat: Chat, turn: Turn) -> None:
+        """An empty reply (stopped or refused before its first word) out of the chat; where
+        Regenerate started it, the reply shown before comes back in its place, with the
+        others it kept."""
+        if not turn.others:
+            chat.turns.pop()
+            return
+        back = self._was_shown if self._was_shown is not None else len(turn.others) - 1
+        shown_among(turn, turn.others, min(back, len(turn.others) - 1))
 
     def _orphaned(self, request_id: int) -> None:
         """The reply under way ended with its chat deleted: nothing is generating now."""
@@ -394,6 +422,17 @@ def format_stats(stats: dict) -> str:
     elif stats.get("finish_reason") == "length":
         parts.append("hit the token limit")
     return " · ".join(parts)
+
+
+def shown_among(turn: Turn, replies: list[Turn], index: int) -> None:
+    """`turn` made the reply `replies[index]`, the others kept with it."""
+    pick = replies[index]
+    turn.content, turn.thinking_enabled, turn.stats = (
+        pick.content,
+        pick.thinking_enabled,
+        pick.stats,
+    )
+    turn.others, turn.shown = replies[:index] + replies[index + 1 :], index
 
 
 def all_replies(turn: Turn) -> list[Turn]:

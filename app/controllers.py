@@ -34,7 +34,7 @@ class EngineController(QObject):
     loaded = Signal(dict)
     load_failed = Signal(str, str)
     unloaded = Signal()
-    tokens = Signal(int, str)
+    tokens = Signal(int, str, int)  # request id, text, the reply's tokens so far
     prompt_progress = Signal(int, int, int)  # request id, the prompt's tokens run, of how many
     finished = Signal(int, dict)
     failed = Signal(int, str, str)

@@ -25,7 +25,7 @@ from app.engine_bridge import EngineLike, Loader, LoadRequest, ReplyRequest
 from app.state.chat_history import NUMERIC_STATS
 from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
-from engine.request_types import progress_args
+from engine.request_types import NO_TOKEN, progress_args
 from engine.thinking_budget import applies, generate_within
 
 BATCH_S = 0.03
@@ -52,7 +52,7 @@ class EngineWorker(QObject):
     loaded = Signal(dict)
     load_failed = Signal(str, str)
     unloaded = Signal()
-    tokens = Signal(int, str)
+    tokens = Signal(int, str, int)  # request id, text, the reply's tokens so far
     prompt_progress = Signal(int, int, int)  # request id, the prompt's tokens run, of how many
     finished = Signal(int, dict)
     failed = Signal(int, str, str)
@@ -122,6 +122,7 @@ class EngineWorker(QObject):
         pending: list[str] = []
         last = time.monotonic()
         final: Any = None
+        count = 0  # the reply's tokens so far (the status line's rate)
         params, cancel = request.params, request.cancel
         said = [0.0]
 
@@ -150,9 +151,10 @@ class EngineWorker(QObject):
             for event in events:
                 if event.text:
                     pending.append(event.text)
+                count += event.token_id != NO_TOKEN
                 now = time.monotonic()
                 if pending and (now - last >= BATCH_S or event.finished):
-                    self.tokens.emit(request_id, "".join(pending))
+                    self.tokens.emit(request_id, "".join(pending), count)
                     pending.clear()
                     last = now
                 if event.finished:
@@ -160,12 +162,12 @@ class EngineWorker(QObject):
                     break
         except Exception as exc:  # ScratchGrowFailed, out of memory, template errors...
             if pending:
-                self.tokens.emit(request_id, "".join(pending))
+                self.tokens.emit(request_id, "".join(pending), count)
             self.failed.emit(request_id, type(exc).__name__, str(exc))
             self.held.emit(self._held())
             return
         if pending:
-            self.tokens.emit(request_id, "".join(pending))
+            self.tokens.emit(request_id, "".join(pending), count)
         summary = _summary(final, cancel)
         if left_out:
             summary["left_out"] = left_out  # the stats line says so (engine/context_fit.py)

@@ -27,7 +27,7 @@ def test_message_streams_in_while_gui_stays_responsive(qtbot, make_window):
     timer.timeout.connect(lambda: ticks.append(time.monotonic()))
     timer.start(10)
     batches = []
-    window.ctx.engine.tokens.connect(lambda _id, text: batches.append(text))
+    window.ctx.engine.tokens.connect(lambda _id, text, _count: batches.append(text))
     window.chat.input.setPlainText("Say hello")
     with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
         window.chat.send_button.click()
@@ -43,6 +43,23 @@ def test_message_streams_in_while_gui_stays_responsive(qtbot, make_window):
     engine = loader.made[0]
     assert len(engine.threads) == 1 and threading.main_thread().ident not in engine.threads
     assert "tok/s" in messages[-1].stats_label.text()
+
+
+def test_the_status_line_counts_a_streaming_replys_tokens_and_rate(qtbot, make_window):
+    loader = FakeEngine.loader(delay=0.01, script=["word "] * 150)
+    window = make_window(loader=loader)
+    _load(qtbot, window)
+    said = []
+    window.ctx.chats.notice.connect(said.append)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=5000):
+        window.ctx.chats.send("Count")
+    live = [t for t in said if t.startswith("Generating… ") and "tok/s" in t]
+    assert live, said
+    counts = [int(t.split()[1].replace(",", "")) for t in live]
+    assert counts == sorted(counts) and 0 < counts[-1] <= 150
+    rate = float(live[-1].split(" · ")[1].split()[0])
+    assert 0 < rate < 1000  # at most one token every 10 ms on this engine, give or take
+    assert "tok/s" in window.chat.status.text() and "Generating" not in window.chat.status.text()
 
 
 def test_stop_ends_generation_within_200_ms(qtbot, make_window):

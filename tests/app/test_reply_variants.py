@@ -72,7 +72,8 @@ def test_the_replies_are_kept_across_a_restart_and_hidden_while_one_streams(
     loader.made[-1].script = ["Three", "."] * 200
     loader.made[-1].delay = 0.01
     window.chat.regen_button.click()
-    qtbot.waitUntil(lambda: window.ctx.chats.busy, timeout=2000)
+    turns = window.ctx.chats.current.turns
+    qtbot.waitUntil(lambda: window.ctx.chats.busy and bool(turns[-1].content), timeout=2000)
     assert _last(window).prev_reply.isHidden()  # while it streams: no going through
     assert window.ctx.chats.show_reply(0) is False
     with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
@@ -100,3 +101,28 @@ def test_a_chat_files_kept_replies_are_checked_when_read(tmp_path):
     assert "turns[1].shown" in store.problems[0]
     kept = store.get("bbbbbbbbbbbb").turns[-1]
     assert kept.shown == 1 and [t.content for t in kept.others] == ["a"]
+
+
+def test_a_regenerate_stopped_or_refused_before_its_first_word_gives_the_reply_back(
+    qtbot, make_window
+):
+    loader = FakeEngine.loader()
+    window = make_window(loader=loader)
+    _load(qtbot, window)
+    _reply(qtbot, window, loader, "One.", send="Count")
+    _reply(qtbot, window, loader, "Two.")
+    window.ctx.chats.show_reply(0)
+    loader.made[-1].script = ["never"] * 50
+    loader.made[-1].delay = 0.05
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        window.ctx.chats.regenerate()
+        window.ctx.chats.stop()  # before its first word
+    turn = window.ctx.chats.current.turns[-1]
+    assert (turn.content, turn.shown, [t.content for t in turn.others]) == ("One.", 0, ["Two."])
+    loader.made[-1].fail_with = RuntimeError("out of memory")
+    loader.made[-1].script = ["a"]  # it fails at its middle: here, before its first word
+    with qtbot.waitSignal(window.ctx.engine.failed, timeout=3000):
+        window.ctx.chats.regenerate()
+    turns = window.ctx.chats.current.turns
+    assert [t.role for t in turns] == ["user", "assistant", "error"]
+    assert turns[1].content == "One." and [t.content for t in turns[1].others] == ["Two."]

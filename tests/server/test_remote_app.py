@@ -65,7 +65,7 @@ def test_the_app_chats_with_a_remote_model(qtbot, served):
         assert loaded.args[0]["backend"] == "remote" and loaded.args[0]["held"] == 0
         assert KEY not in loaded.args[0]["model_dir"]
         text: list[str] = []
-        controller.tokens.connect(lambda _id, t: text.append(t))
+        controller.tokens.connect(lambda _id, t, _n: text.append(t))
         with qtbot.waitSignal(controller.finished, timeout=20000) as done:
             controller.send(USER, GREEDY, False)
         assert done.args[1]["finish_reason"] == "length" and done.args[1]["new_tokens"] == 16

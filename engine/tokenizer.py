@@ -125,6 +125,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The token as the vocabulary spells it (byte-level BPE: `Ġ` for a space)."""
+        return self._tok.id_to_token(int(token_id))
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for. A byte-level BPE piece may be part of a character
         (its text alone would decode to U+FFFD); an added token (`<|im_end|>`) is its text."""

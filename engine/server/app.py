@@ -59,6 +59,7 @@ from engine.server.protocol import (
 from engine.server.reply import ReplySplitter, prompt_opens_thinking
 from engine.server.response_store import ResponsesApi
 from engine.server.sse import data, sse
+from engine.server.tokenize_api import TokenizeApi
 
 MAX_BODY = 32 << 20  # bytes of one request body (files sent in a request: base64 PDFs)
 # Web pages that may call the server from a browser (CORS), as Ollama allows by default:
@@ -111,6 +112,7 @@ class OpenAIServer:
             ("/completions", self.completions, "POST"),
             *ResponsesApi(self).routes(),
             *MessagesApi(self).routes(),
+            *TokenizeApi(self).routes(),
         ]
         routes = [
             Route("/health", self.health, methods=["GET"]),

@@ -3,7 +3,8 @@
 The model loads once; each line typed is a message, its reply streams in, and the
 conversation is kept for the next one (its oldest turns left out of the prompt once it
 outgrows the context: engine/context_fit.py). A line ending in a backslash goes on to the
-next. Commands: /continue goes on with a reply cut by the token limit or by Ctrl+C, /attach
+next. Commands: /continue goes on with a reply cut by the token limit or by Ctrl+C, /retry
+answers the last message again, /attach
 FILE puts a text file, PDF or Word document before the next message (engine/attachments.py), /reset
 starts a new conversation, /exit (or Ctrl+D) ends, /help; a line that starts like a
 command but is none of them (/rest), or is not UTF-8, is not sent. Ctrl+C stops a reply (what it
@@ -35,6 +36,7 @@ from engine.thinking_budget import applies, generate_within
 HELP = (
     "Type a message and press Enter (end a line with \\ to go on to the next).\n"
     "  /continue  go on with a reply cut by the token limit or by Ctrl+C\n"
+    "  /retry     answer the last message again (the reply it had is replaced)\n"
     "  /attach F  give the model file F (text, PDF, Word) with the next message\n"
     "  /reset     start a new conversation\n"
     "  /exit      end (or Ctrl+D, or Ctrl+C at the prompt); Ctrl+C during a reply stops it\n"
@@ -87,11 +89,18 @@ def chat(
         if invalid:
             err.write(f"snug: {invalid}; nothing was sent\n")
             continue
-        going_on = text == "/continue"
+        going_on, retry = text == "/continue", text == "/retry"
         if going_on and not cut:
             err.write("(nothing to continue: no reply was cut short)\n")
             continue
-        if not going_on:
+        if retry and history[-1:] and history[-1]["role"] == "assistant":
+            replaced = history.pop()  # back if the new reply is refused or stopped at once
+        elif retry:
+            err.write("(nothing to retry: no reply yet)\n")
+            continue
+        else:
+            replaced = None
+        if not (going_on or retry):
             history.append({"role": "user", "content": compose(text, files)})
         asked = history[:-1] if going_on else history
         partial = history[-1]["content"] if going_on else ""
@@ -100,12 +109,11 @@ def chat(
                 engine, asked, params, thinking, left_out, out, partial, thinking_budget
             )
         except RequestRefused as exc:
-            if not going_on:
-                history.pop()  # the conversation stays as it was before this message
+            _undo(history, going_on, replaced)  # the conversation stays as it was
             err.write(f"snug: {exc}\n")
             continue
         if not reply and reason == "cancelled" and not going_on:  # Ctrl+C in the prompt
-            history.pop()  # the conversation stays as it was; the files wait
+            _undo(history, going_on, replaced)  # as it was; the files wait
             err.write("(stopped before the reply began)\n")
             continue
         cut = reason in ("length", "cancelled")
@@ -113,11 +121,20 @@ def chat(
             history[-1]["content"] += reply
         else:
             history.append({"role": "assistant", "content": reply})
-            files = []  # they went with this message (a refused one keeps them)
+            files = [] if not retry else files  # they went with this message
         err.write(f"[{note}]\n")
 
 
-COMMANDS = ("/continue", "/attach", "/reset", "/exit", "/quit", "/bye", "/help", "/?")
+def _undo(history: list[dict], going_on: bool, replaced: dict | None) -> None:
+    """The conversation as it was before a refused or stopped request: a new message taken
+    back out, a reply that /retry replaced put back."""
+    if replaced is not None:
+        history.append(replaced)
+    elif not going_on:
+        history.pop()
+
+
+COMMANDS = ("/continue", "/retry", "/attach", "/reset", "/exit", "/quit", "/bye", "/help", "/?")
 
 
 def _unknown_command(text: str) -> str | None:

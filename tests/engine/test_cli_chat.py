@@ -317,3 +317,27 @@ def test_a_thinking_budget_closes_a_long_thought(tiny_checkpoint, monkeypatch, c
     with pytest.raises(SystemExit):
         main(["chat", "--model", str(model), "--thinking-budget", "lots"])
     assert "--thinking-budget: expected an integer, got 'lots'" in capsys.readouterr().err
+
+
+def test_retry_answers_the_last_message_again(tiny_checkpoint, monkeypatch, capsys):
+    """/retry: the last message asked again, the reply it had replaced (greedy: the same
+    reply); the next message's prompt holds one exchange, not two. Before any reply there
+    is nothing to retry."""
+    model = tiny_checkpoint("untied-l8-r2", "mlx4-g64")
+    from engine.session import Engine
+
+    asked, generate = [], Engine.generate
+    monkeypatch.setattr(
+        Engine, "generate", lambda self, ids, params, *a, **k: asked.append(list(ids))
+        or generate(self, ids, params, *a, **k),
+    )  # fmt: skip
+    lines = ["/retry", "Hello there", "/retry", "Again"]
+    got = run(monkeypatch, capsys, model, lines, "--max-new-tokens", "4", "--context", "512")
+    assert "nothing to retry" in got.err
+    first, retried, again = asked
+    assert retried == first  # the same prompt: the reply it had is gone from it
+    sizes = used(got.err)
+    assert len(sizes) == 3 and sizes[0] == sizes[1] and sizes[2] > sizes[1]
+    one_exchange = run(monkeypatch, capsys, model, ["Hello there", "Again"], "--max-new-tokens",
+                       "4", "--context", "512")  # fmt: skip
+    assert used(one_exchange.err)[-1] == sizes[2]

@@ -116,6 +116,21 @@ class ChatController(QObject):
             return
         self.select(self.store.create().id)
 
+    def branch(self, index: int) -> bool:
+        """A new chat holding the chat on show up to its message `index` (its system prompt
+        too, and a reply's others), shown: the conversation tried another way from there,
+        the first kept as it is."""
+        chat = self.current
+        if not 0 <= index < len(chat.turns) or (self.busy and self._reply_chat == chat.id):
+            return False
+        copy = self.store.create()
+        copy.turns = [Turn.from_dict(t.to_dict(), "turn") for t in chat.turns[: index + 1]]
+        copy.system_prompt = chat.system_prompt
+        self.store.rename(copy.id, f"{chat.title} (branch)")
+        self.store.save(copy)
+        self.select(copy.id)
+        return True
+
     def delete_chat(self, chat_id: str) -> None:
         """Delete the chat; where it is the one on show, the newest other chat (or a new
         one) is shown first, so that nothing ever reads the current chat while it is gone."""

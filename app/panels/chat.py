@@ -402,6 +402,13 @@ class ChatPanel(QWidget):
         widget.continue_button.clicked.connect(self.chats.continue_reply)
         widget.prev_reply.clicked.connect(lambda: self.chats.show_reply(widget.turn.shown - 1))
         widget.next_reply.clicked.connect(lambda: self.chats.show_reply(widget.turn.shown + 1))
+        widget.branch_button.clicked.connect(lambda: self._branch(widget))
+
+    def _branch(self, widget: MessageWidget) -> None:
+        turns = self.chats.current.turns
+        index = next((i for i, t in enumerate(turns) if t is widget.turn), None)
+        if index is not None:
+            self.chats.branch(index)
 
     def _add(self, widget: MessageWidget) -> None:
         self._connect(widget)
@@ -479,6 +486,7 @@ class ChatPanel(QWidget):
         for m in self._messages:
             m.continue_button.setVisible(can_continue and m is self._messages[-1])
             m.show_replies(m is self._messages[-1] and not busy)
+            m.branch_button.setEnabled(not busy)
         self._update_hint()
 
     def message_widgets(self) -> list[MessageWidget]:

@@ -151,6 +151,10 @@ class MessageWidget(QFrame):
         self.copy_button.setText("Copy")
         self.copy_button.setToolTip("Copy the message as Markdown (without its thinking)")
         self.copy_button.clicked.connect(self.copy)
+        self.branch_button = QToolButton()
+        self.branch_button.setObjectName("branchMessage")
+        self.branch_button.setText("Branch")
+        self.branch_button.setToolTip("A new chat with this conversation up to here")
         self.edit_button = QToolButton()  # shown on the chat's last message (ChatPanel)
         self.edit_button.setObjectName("editMessage")
         self.edit_button.setText("Edit")
@@ -185,6 +189,7 @@ class MessageWidget(QFrame):
         top.addWidget(self.next_reply)
         top.addWidget(self.edit_button)
         top.addWidget(self.continue_button)
+        top.addWidget(self.branch_button)
         top.addWidget(self.copy_button)
         layout.addLayout(top)
         files = turn.attachments
@@ -256,6 +261,7 @@ class MessageWidget(QFrame):
             self.next_reply,
             self.edit_button,
             self.continue_button,
+            self.branch_button,
             self.copy_button,
             self.think_toggle,
             self.thinking_view,

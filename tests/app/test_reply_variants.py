@@ -126,3 +126,28 @@ def test_a_regenerate_stopped_or_refused_before_its_first_word_gives_the_reply_b
     turns = window.ctx.chats.current.turns
     assert [t.role for t in turns] == ["user", "assistant", "error"]
     assert turns[1].content == "One." and [t.content for t in turns[1].others] == ["Two."]
+
+
+def test_branch_starts_a_new_chat_from_a_message(qtbot, make_window, settings_store):
+    """Branch on a message: a new chat with the conversation up to it (its system prompt,
+    a reply's others), shown; the first chat is left as it was."""
+    loader = FakeEngine.loader()
+    window = make_window(loader=loader)
+    _load(qtbot, window)
+    chats = window.ctx.chats
+    chats.store.set_system_prompt(chats.current.id, "Be brief.")
+    _reply(qtbot, window, loader, "Paris.", send="Capital of France?")
+    _reply(qtbot, window, loader, "It is Paris.")  # the first reply kept as another
+    _reply(qtbot, window, loader, "About 2 million.", send="Population?")
+    first = chats.current
+    assert [t.content for t in first.turns][-1] == "About 2 million."
+    qtbot.mouseClick(window.chat.message_widgets()[1].branch_button, Qt.MouseButton.LeftButton)
+    branch = chats.current
+    assert branch.id != first.id and branch.title == f"{first.title} (branch)"
+    assert [t.content for t in branch.turns] == ["Capital of France?", "It is Paris."]
+    assert [t.content for t in branch.turns[1].others] == ["Paris."]
+    assert branch.system_prompt == "Be brief." and len(first.turns) == 4
+    assert branch.turns[0] is not first.turns[0]  # its own: editing one leaves the other
+    _reply(qtbot, window, loader, "Lyon is second.", send="And the second city?")
+    assert len(chats.store.get(first.id).turns) == 4 and len(branch.turns) == 4
+    assert not chats.branch(99)

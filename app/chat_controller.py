@@ -177,6 +177,7 @@ class ChatController(QObject):
             return False
         chat = self.current
         earlier: list[Turn] = []  # the replies to this message so far: they stay, behind it
+        self._was_shown = None
         while chat.turns and chat.turns[-1].role != "user":
             gone = chat.turns.pop()
             if gone.role == "assistant":

@@ -541,6 +541,9 @@ class ChatStore(QObject):
             raise ChatFileError(f"{path.name} belongs to another chat; it is not written over")
         tmp = path.with_suffix(".tmp")
         data = json.dumps(chat.to_dict(), ensure_ascii=False, indent=1).encode("utf-8")
+        if len(data) > MAX_CHAT_BYTES and chat.draft_files:  # past what a start reads back:
+            unsent = {**chat.to_dict(), "draft_files": []}  # the unsent files stay in memory
+            data = json.dumps(unsent, ensure_ascii=False, indent=1).encode("utf-8")
         self.writes += 1
         try:
             with open(tmp, "wb") as file:

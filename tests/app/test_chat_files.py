@@ -288,3 +288,22 @@ def test_a_chat_files_pending_files_are_checked_when_read(tmp_path):
     assert [c.id for c in store.chats()] == ["aaaaaaaaaaaa"]  # an older file: no pending files
     assert store.get("aaaaaaaaaaaa").draft_files == []
     assert "draft_files[0].text" in store.problems[0]
+
+
+def test_unsent_files_too_large_for_the_chat_file_stay_in_memory(tmp_path, monkeypatch):
+    """A chat file is never written past what a start reads back: unsent files that would
+    take it there are kept while the app runs, not written."""
+    from app.state import chat_history
+    from app.state.chat_history import ChatStore
+    from engine.attachments import Attachment
+
+    monkeypatch.setattr(chat_history, "MAX_CHAT_BYTES", 4096)
+    store = ChatStore(tmp_path / "chats")
+    chat = store.create()
+    store.set_draft(chat.id, "small", [Attachment("a.md", "x" * 100)])
+    assert "a.md" in store.path(chat.id).read_text("utf-8")
+    store.set_draft(chat.id, "big", [Attachment("b.md", "y" * 8000)])
+    assert [a.name for a in store.get(chat.id).draft_files] == ["b.md"]  # in memory
+    written = json.loads(store.path(chat.id).read_text("utf-8"))
+    assert written["draft_files"] == [] and written["draft"] == "big"
+    assert ChatStore(tmp_path / "chats").get(chat.id).draft == "big"  # read back at start

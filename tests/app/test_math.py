@@ -45,6 +45,8 @@ def test_prices_and_code_are_not_formulas():
     assert found("from $5.00, and the tax is $0.40.") == []
     assert found("$ x $ is not math, nor is \\$x\\$") == []
     assert found("| item | $5 |\n| two | $10 |") == []
+    # a letter after the closing `$` is allowed (Pandoc's rule): "the $n$th term"
+    assert found("the $n$th term is $a_n$.") == [("n", False), ("a_n", False)]
     assert found("`$x$` and ``a `$y$` b``") == []
     assert found("```\n$x$\n\\(y\\)\n```\n$z$") == [("z", False)]
     assert found("~~~tex\n$$a$$\n~~~") == []

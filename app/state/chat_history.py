@@ -206,6 +206,7 @@ NUMERIC_STATS = (
     "drafts_kept",
     "left_out",  # messages left out of the prompt to fit the context (engine/context_fit.py)
     "thinking_cut",  # the budget the thinking was closed at (engine/thinking_budget.py)
+    "thinking_s",  # seconds the reply thought, from its first token (app/workers)
 )
 
 

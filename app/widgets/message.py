@@ -120,6 +120,16 @@ def _wrap_code_blocks(doc: QTextDocument) -> None:
     cursor.endEditBlock()
 
 
+def _duration(seconds: float) -> str:
+    """3.2 s, 41 s, 2 min 5 s."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s"
+
+
 def fingerprint(turn: Turn) -> tuple:
     """What a message's drawing shows of its turn: a turn whose fingerprint changed is drawn
     again (ChatPanel.rebuild)."""
@@ -236,7 +246,14 @@ class MessageWidget(QFrame):
             self.think_toggle.show()
             words = len(split.thinking.split())
             plural = "word" if words == 1 else "words"
-            label = "Thinking…" if not split.thinking_done else f"Thought ({words} {plural})"
+            took = self.turn.stats.get("thinking_s") if split.thinking_done else None
+            label = (
+                "Thinking…"
+                if not split.thinking_done
+                else f"Thought for {_duration(took)} ({words} {plural})"
+                if isinstance(took, int | float)
+                else f"Thought ({words} {plural})"
+            )
             self.think_toggle.setText(label)
             self.thinking_view.set_markdown(split.thinking)
         self.answer_view.set_markdown(split.answer if split.answer or done else "…")

@@ -27,6 +27,7 @@ from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
 from engine.request_types import NO_TOKEN, progress_args
 from engine.thinking_budget import applies, generate_within
+from engine.tokenizer import THINK_CLOSE
 
 BATCH_S = 0.03
 PROGRESS_S = 0.25  # the prompt's progress, at most this often (and its end)
@@ -123,6 +124,7 @@ class EngineWorker(QObject):
         last = time.monotonic()
         final: Any = None
         count = 0  # the reply's tokens so far (the status line's rate)
+        thought = _Thought()  # how long the reply thought, where it closes its thinking
         params, cancel = request.params, request.cancel
         said = [0.0]
 
@@ -151,6 +153,7 @@ class EngineWorker(QObject):
             for event in events:
                 if event.text:
                     pending.append(event.text)
+                    thought.see(event.text)
                 count += event.token_id != NO_TOKEN
                 now = time.monotonic()
                 if pending and (now - last >= BATCH_S or event.finished):
@@ -169,6 +172,8 @@ class EngineWorker(QObject):
         if pending:
             self.tokens.emit(request_id, "".join(pending), count)
         summary = _summary(final, cancel)
+        if thought.seconds is not None and not request.partial:  # whole: not gone on with
+            summary["thinking_s"] = round(thought.seconds, 2)
         if left_out:
             summary["left_out"] = left_out  # the stats line says so (engine/context_fit.py)
         self.finished.emit(request_id, summary)
@@ -214,6 +219,25 @@ class EngineWorker(QObject):
             return int(self._engine.held_bytes()) if self._engine is not None else 0
         except Exception:
             return 0
+
+
+class _Thought:
+    """When a streaming reply closes its thinking (`</think>`), seconds from its first
+    text: "Thought for 12 s" above the answer."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.seconds: float | None = None
+        self._tail = ""
+
+    def see(self, text: str) -> None:
+        now = time.monotonic()
+        if self.start is None:
+            self.start = now
+        if self.seconds is None:
+            self._tail = (self._tail + text)[-(len(THINK_CLOSE) + len(text)) :]
+            if THINK_CLOSE in self._tail:
+                self.seconds = now - self.start
 
 
 def _summary(event: Any, cancel: threading.Event | None) -> dict:

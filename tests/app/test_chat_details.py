@@ -3,6 +3,8 @@ label with thinking off, and `snug --version`."""
 
 from __future__ import annotations
 
+import re
+
 from fake_engine import FakeEngine
 from PySide6.QtCore import Qt
 
@@ -59,7 +61,25 @@ def test_one_word_of_thinking_is_one_word(qtbot, make_window):
     qtbot.mouseClick(window.chat.thinking, Qt.MouseButton.LeftButton)
     assert window.ctx.settings.thinking is True
     _send(qtbot, window, "Sure?")
-    assert window.chat.message_widgets()[-1].think_toggle.text() == "Thought (1 word)"
+    label = window.chat.message_widgets()[-1].think_toggle.text()
+    assert re.fullmatch(r"Thought for \d\.\d s \(1 word\)", label), label
+
+
+def test_the_thought_label_says_how_long_the_reply_thought(qtbot, make_window):
+    """The reply's seconds from its first token to its `</think>` (kept in its stats), said
+    above the answer; a reply gone on with says its words only."""
+    from app.widgets.message import _duration
+
+    script = ["Let", " me", " see", "</think>", "Yes."]
+    window = make_window(loader=FakeEngine.loader(script=script, delay=0.05))
+    _load(qtbot, window)
+    window.ctx.settings.set("chat/thinking", True)
+    _send(qtbot, window, "Sure?")
+    turn = window.ctx.chats.current.turns[-1]
+    assert 0.1 <= turn.stats["thinking_s"] < 5  # three tokens of 50 ms before the close
+    label = window.chat.message_widgets()[-1].think_toggle.text()
+    assert label == f"Thought for {_duration(turn.stats['thinking_s'])} (3 words)"
+    assert (_duration(3.24), _duration(41.4), _duration(125)) == ("3.2 s", "41 s", "2 min 5 s")
 
 
 def test_version_prints_the_version_and_starts_no_window(capsys, monkeypatch):

@@ -42,6 +42,7 @@ from engine.server.body import read_json
 from engine.server.errors import api_error, http_error, shutting_down
 from engine.server.generation import Generation
 from engine.server.legacy import as_function_call, finish, read_legacy
+from engine.server.llama_api import LlamaApi
 from engine.server.logprobs import LogprobFormat
 from engine.server.messages_api import MessagesApi, model_info, model_list, wants_anthropic
 from engine.server.ollama import OllamaApi
@@ -121,6 +122,10 @@ class OpenAIServer:
             # the bare address (http://127.0.0.1:8080) append the route to it.
             *(Route(path, call, methods=[method]) for path, call, method in api),
             *OllamaApi(self).routes(),
+            *(
+                Route(path, call, methods=[method])
+                for path, call, method in LlamaApi(self).routes()
+            ),
         ]
         handlers = {
             ApiError: api_error,

@@ -103,6 +103,11 @@ class Generation:
         }
 
     @property
+    def reply_ids(self) -> list[int]:
+        """The reply's token ids so far (the closing words of a thinking budget among them)."""
+        return list(self._ids)
+
+    @property
     def cached_tokens(self) -> int:
         """The prompt's tokens the engine restored from its prompt cache rather than read
         again (known once the reply has ended)."""

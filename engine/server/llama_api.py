@@ -1,0 +1,192 @@
+"""llama.cpp's own completion API (`POST /completion`, `GET /props`), for the clients that
+speak it rather than OpenAI's: editor plugins and chat front-ends with a "llama.cpp"
+backend. A request is read as the completion request it stands for (engine/server/
+protocol.py) and runs on the same path; the answer is llama.cpp's: `content`, the counts
+(`tokens_predicted`, `tokens_evaluated`, `tokens_cached`), why it stopped (`stop_type`
+"eos", "limit" or "word", with `stopping_word`), `timings`, and with `n_probs` each token's
+`completion_probabilities`. `stream` sends the text piece by piece as server-sent events,
+the last with `stop: true` and the figures.
+
+Its names: `n_predict` (-1, the default: until the reply ends or the context is full),
+`temperature`, `top_k`, `top_p`, `min_p`, `presence_penalty`, `frequency_penalty`, `seed`
+(-1: none), `stop`, `ignore_eos`, `logit_bias` (`[[id, bias], ...]`, `false` bars a token),
+`json_schema`, `return_tokens`. Its samplers this engine does not have (`repeat_penalty`,
+`mirostat`, `typical_p`, `dry_*`, `xtc_*`) and its slot controls (`cache_prompt`: the
+prompt cache is always on; `id_slot`) are passed over, as Ollama's options are; a GBNF
+`grammar` is refused by name (`json_schema` holds a reply to a schema).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine import __version__
+from engine.server.generation import Generation
+from engine.server.logprobs import LogprobFormat
+from engine.server.protocol import bad, field, read_completion, streamed_error
+from engine.server.sse import data, sse
+
+if TYPE_CHECKING:
+    from engine.server.app import OpenAIServer
+
+# llama.cpp's names that are the OpenAI request's too.
+SAME = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty")
+SAME += ("seed", "stop", "ignore_eos", "stream", "model")
+
+
+class LlamaApi:
+    """The routes, over the server's path (`OpenAIServer`)."""
+
+    def __init__(self, server: OpenAIServer) -> None:
+        self.server = server
+
+    def routes(self) -> list[tuple[str, Any, str]]:
+        return [("/completion", self.completion, "POST"), ("/props", self.props, "GET")]
+
+    async def completion(self, request: Request) -> Response:
+        s = self.server
+        s._authorize(request)
+        body = await s._body(request)
+        req = read_completion(openai_body(body))
+        s._check_model(req.options.model)
+        gen = await s._submit_completion(request, req)
+        answer = _Answer(s, gen, body)
+        if req.options.stream:
+            return sse(answer.events(), gen)
+        text = "".join([piece.text async for piece in gen.pieces()])
+        return JSONResponse(answer.final(text))
+
+    async def props(self, request: Request) -> JSONResponse:
+        """The server's settings as llama.cpp's `/props` gives them: the context a client
+        reads to size its prompts, the slots (streams), the chat template."""
+        s = self.server
+        s._authorize(request)
+        template = s.tokenizer.template if isinstance(s.tokenizer.template, str) else ""
+        return JSONResponse(
+            {
+                "default_generation_settings": {
+                    "n_ctx": s.engine.context,
+                    "model": s.model_id,
+                    "params": {"n_predict": -1},
+                },
+                "total_slots": s.engine.streams,
+                "model_path": str(s.engine.model_dir),
+                "model_alias": s.model_id,
+                "chat_template": template,
+                "modalities": {"vision": False, "audio": False},
+                "build_info": f"snug {__version__}",
+            }
+        )
+
+
+def openai_body(body: dict) -> dict:
+    """llama.cpp's completion request as the OpenAI completion request it stands for."""
+    out = {name: body[name] for name in SAME if name in body}
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and any(isinstance(p, str) for p in prompt):
+        raise bad("'prompt' must be one string or one list of token ids here", "prompt")
+    out["prompt"] = prompt
+    n_predict = field(body, "n_predict", "integer", -1)
+    if n_predict < -1 or n_predict == 0:
+        raise bad(f"'n_predict' = {n_predict} must be -1 (until the end) or a count", "n_predict")
+    out["max_tokens"] = n_predict  # -1: the context's room, as LM Studio's clients ask too
+    probs = field(body, "n_probs", "integer", 0)
+    if probs:
+        out["logprobs"] = probs
+    bias = body.get("logit_bias")
+    if bias:
+        out["logit_bias"] = _bias(bias)
+    if body.get("grammar"):
+        raise bad("a GBNF 'grammar' is not read here: send the reply's 'json_schema'", "grammar")
+    schema = body.get("json_schema")
+    if schema:
+        out["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+    return out
+
+
+def _bias(raw: Any) -> dict[str, float]:
+    """llama.cpp's `logit_bias` (`[[id, bias], ...]`, where `false` bars the token, or an
+    object of ids) as OpenAI's."""
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    out: dict[str, float] = {}
+    try:
+        for token, value in pairs:
+            out[str(int(token))] = -100.0 if value is False else float(value)
+    except (TypeError, ValueError):
+        message = "'logit_bias' must be [[token id, bias], ...] or {token id: bias}"
+        raise bad(message, "logit_bias") from None
+    return out
+
+
+class _Answer:
+    """One reply in llama.cpp's shape."""
+
+    def __init__(self, server: OpenAIServer, gen: Generation, body: dict) -> None:
+        self.server, self.gen, self.body = server, gen, body
+        self.fmt = LogprobFormat(server.tokenizer)
+        self.probs: list[dict[str, Any]] = []
+
+    async def events(self) -> AsyncIterator[str]:
+        gen, text = self.gen, []
+        try:
+            async for piece in gen.pieces():
+                text.append(piece.text)
+                chunk = {"index": 0, "content": piece.text, "tokens": [], "stop": False}
+                chunk |= {"id_slot": -1, "tokens_predicted": gen.completion_tokens}
+                chunk |= {"tokens_evaluated": gen.prompt_tokens}
+                yield data(self._with_probs(chunk))
+            yield data({**self.final("".join(text)), "content": ""})
+        except Exception as exc:  # the reply failed after it started: its error, in its shape
+            yield data(streamed_error(exc).body())
+
+    def final(self, text: str) -> dict[str, Any]:
+        gen, s = self.gen, self.server
+        word = gen.stop.which if gen.stop.hit else ""
+        stop_type = "word" if word else "limit" if gen.finish_reason == "length" else "eos"
+        params = gen.params
+        out = {
+            "index": 0,
+            "content": text,
+            "tokens": gen.reply_ids if field(self.body, "return_tokens", "boolean", False) else [],
+            "id_slot": 0,
+            "stop": True,
+            "model": s.model_id,
+            "tokens_predicted": gen.completion_tokens,
+            "tokens_evaluated": gen.prompt_tokens,
+            "tokens_cached": gen.cached_tokens,
+            "generation_settings": {
+                "n_ctx": s.engine.context,
+                "n_predict": params.max_new_tokens,
+                "temperature": params.temperature,
+                "top_k": params.top_k,
+                "top_p": params.top_p,
+                "min_p": params.min_p,
+                "seed": params.seed if params.seed is not None else -1,
+                "stop": list(gen.stop.stops),
+            },
+            "prompt": self.body.get("prompt") if isinstance(self.body.get("prompt"), str) else "",
+            "has_new_line": "\n" in text,
+            "truncated": False,
+            "stop_type": stop_type,
+            "stopping_word": word,
+            "timings": gen.timings or {},
+        }
+        return self._with_probs(out)
+
+    def _with_probs(self, out: dict[str, Any]) -> dict[str, Any]:
+        """`completion_probabilities` of the tokens since the last chunk, where asked."""
+        if not self.gen.wants_logprobs:
+            return out
+        taken = self.gen.take_logprobs()
+        entries = []
+        for (token, lp), entry in zip(taken, self.fmt.chat(taken)["content"], strict=True):
+            tops = [
+                {"id": alt, **top}
+                for (alt, _), top in zip(lp.top, entry["top_logprobs"], strict=True)
+            ]
+            entries.append({"id": token, **entry, "top_logprobs": tops})
+        return {**out, "completion_probabilities": entries}

@@ -8,7 +8,7 @@ to 248320 columns); they are masked before anything else so they can never be sa
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,7 +34,8 @@ class SamplingParams:
     greedy: bool = False
     # Ids of the reply that came before this request's first token (a reply gone on with
     # after its thinking was closed at a budget): the penalties count them as the reply's.
-    earlier: tuple[int, ...] = ()
+    # Keyword-only: the positional order of this and GenerationParams' fields stays as it was.
+    earlier: tuple[int, ...] = field(default=(), kw_only=True)
 
     def __post_init__(self) -> None:
         checks = (

@@ -113,8 +113,8 @@ class Chat:
     turns: list[Turn] = field(default_factory=list)
     system_prompt: str | None = None  # this chat's own; None: the one in Settings > Chat
     draft: str = ""  # what the message box held when the chat was left, unsent
-    draft_files: list[Attachment] = field(default_factory=list)  # files attached, unsent
     extra: dict = field(default_factory=dict, compare=False)  # fields of a newer version
+    draft_files: list[Attachment] = field(default_factory=list)  # files attached, unsent
 
     @classmethod
     def new(cls) -> Chat:

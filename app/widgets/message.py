@@ -3,6 +3,8 @@ collapsed thinking, markdown answer, stats line."""
 
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtGui import (
     QColor,
@@ -118,6 +120,10 @@ def _wrap_code_blocks(doc: QTextDocument) -> None:
             cursor.setBlockFormat(fmt)
         block = block.next()
     cursor.endEditBlock()
+
+
+# When each reply still thinking was first shown so (by the turn's id): its live seconds.
+_THINKING_SINCE: dict[int, float] = {}
 
 
 def _duration(seconds: float) -> str:
@@ -247,13 +253,20 @@ class MessageWidget(QFrame):
             words = len(split.thinking.split())
             plural = "word" if words == 1 else "words"
             took = self.turn.stats.get("thinking_s") if split.thinking_done else None
-            label = (
-                "Thinking…"
-                if not split.thinking_done
-                else f"Thought for {_duration(took)} ({words} {plural})"
-                if isinstance(took, int | float)
-                else f"Thought ({words} {plural})"
-            )
+            if not split.thinking_done and not done and split.thinking:
+                # The seconds so far, from its first thought shown (redrawn as tokens come;
+                # kept by the turn, so a chat shown again goes on counting).
+                since = _THINKING_SINCE.setdefault(id(self.turn), time.monotonic())
+                so_far = time.monotonic() - since
+                label = f"Thinking… {so_far:.0f} s" if so_far >= 1 else "Thinking…"
+            elif not split.thinking_done:
+                label = "Thinking…"
+            elif isinstance(took, int | float):
+                label = f"Thought for {_duration(took)} ({words} {plural})"
+            else:
+                label = f"Thought ({words} {plural})"
+            if split.thinking_done or done:
+                _THINKING_SINCE.pop(id(self.turn), None)
             self.think_toggle.setText(label)
             self.thinking_view.set_markdown(split.thinking)
         self.answer_view.set_markdown(split.answer if split.answer or done else "…")

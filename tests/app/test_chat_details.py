@@ -113,3 +113,19 @@ def test_the_stats_line_says_how_many_drafts_were_kept():
         SimpleNamespace(stats=GenerationStats(12, 40, 0.2, 60.0, 55.0), finish_reason="stop"), None
     )
     assert "draft" not in format_stats(plain)
+
+
+def test_a_reply_still_thinking_counts_its_seconds(qtbot, make_window):
+    script = ["Let"] + [" me see"] * 30 + ["</think>", "Yes."]
+    window = make_window(loader=FakeEngine.loader(script=script, delay=0.05))
+    _load(qtbot, window)
+    window.ctx.settings.set("chat/thinking", True)
+    labels = []
+    window.ctx.engine.tokens.connect(
+        lambda *_a: labels.append(window.chat.message_widgets()[-1].think_toggle.text())
+    )
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=5000):
+        window.ctx.chats.send("Sure?")
+    live = [t for t in labels if t.startswith("Thinking… ")]
+    assert live and re.fullmatch(r"Thinking… \d+ s", live[-1]), labels[-3:]
+    assert window.chat.message_widgets()[-1].think_toggle.text().startswith("Thought for ")

@@ -395,7 +395,9 @@ class OpenAIServer:
             "object": "model",
             "created": self.created,
             "owned_by": "snug",
+            # The served context, by vLLM's name and by the one OpenRouter's model list uses.
             "max_model_len": self.engine.context,
+            "context_length": self.engine.context,
         }
 
     async def _grammar_ready(self, options: Options) -> None:

@@ -19,6 +19,7 @@ def test_models_and_health(served):
     models = client.models.list().data
     assert [m.id for m in models] == [served.model]
     assert models[0].model_extra["max_model_len"] == served.engine.context
+    assert models[0].model_extra["context_length"] == served.engine.context
     health = httpx.get(f"{served.base}/health").json()
     assert health["status"] == "ok" and health["streams"] == 2 and health["queue"] == 6
 

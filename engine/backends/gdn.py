@@ -59,7 +59,7 @@ def chunked(q, k, v, g, beta, state, chunk: int = CHUNK):
         A = np.tril((b * K) @ K.transpose(0, 2, 1) * gamma, -1)
         eG = np.exp(G)[:, :, None]  # [H, C, 1]
         rhs = np.concatenate([b * K * eG, b * V], axis=2)  # [H, C, dk + dv]
-        WU = np.linalg.solve(np.eye(C) + A, rhs)
+        WU = unit_lower_inverse(np.eye(C) + A) @ rhs
         W, U = WU[..., : K.shape[2]], WU[..., K.shape[2] :]
         V_new = U - W @ S  # [H, C, dv]
         O = (Q * eG) @ S + ((Q @ K.transpose(0, 2, 1)) * gamma) @ V_new
@@ -69,3 +69,22 @@ def chunked(q, k, v, g, beta, state, chunk: int = CHUNK):
         S = np.exp(last)[:, None, None] * S + (K * tail).transpose(0, 2, 1) @ V_new
     state[...] = S
     return out
+
+
+def unit_lower_inverse(L: np.ndarray) -> np.ndarray:
+    """The inverse of unit lower triangular matrices `L [..., n, n]`, by halves: the two
+    diagonal blocks inverted alone, the corner from them (-B^-1 C A^-1). A general solve
+    does not know the shape: this takes about a third of its time for a chunk of 64."""
+    n = L.shape[-1]
+    if n <= 8:  # rows one at a time: row i of the inverse from the rows above it
+        X = np.zeros_like(L)
+        X[..., range(n), range(n)] = 1.0
+        for i in range(1, n):
+            X[..., i, :i] = -np.einsum("...j,...jk->...k", L[..., i, :i], X[..., :i, :i])
+        return X
+    h = n // 2
+    top, bottom = unit_lower_inverse(L[..., :h, :h]), unit_lower_inverse(L[..., h:, h:])
+    X = np.zeros_like(L)
+    X[..., :h, :h], X[..., h:, h:] = top, bottom
+    X[..., h:, :h] = -bottom @ L[..., h:, :h] @ top
+    return X

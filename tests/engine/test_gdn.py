@@ -38,3 +38,14 @@ def test_chunks_compose_across_calls():
     o2 = gdn.chunked(q[70:], k[70:], v[70:], g[70:], beta[70:], parts)
     np.testing.assert_allclose(np.concatenate([o1, o2]), o, atol=1e-5 * np.abs(o).max())
     np.testing.assert_allclose(parts, whole, atol=1e-5 * np.abs(whole).max())
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 33, 64])
+def test_the_unit_lower_inverse_is_the_solves(n):
+    """The chunk's (I + A)^-1 by halves equals a general solve's, on batches of them."""
+    rng = np.random.default_rng(n)
+    L = np.eye(n) + np.tril(rng.normal(size=(3, 2, n, n)) * 0.3, -1)
+    got = gdn.unit_lower_inverse(L)
+    np.testing.assert_allclose(got, np.linalg.solve(L, np.broadcast_to(np.eye(n), L.shape)),
+                               atol=1e-12)  # fmt: skip
+    assert np.allclose(np.triu(got, 1), 0) and np.allclose(np.diagonal(got, 0, -2, -1), 1)

@@ -24,7 +24,7 @@ from typing import Any
 
 from engine.constraint import opens_thinking
 from engine.request_types import NO_TOKEN, GenerationParams, GenerationStats, TokenEvent
-from engine.tokenizer import THINK_CLOSE, StreamDecoder
+from engine.tokenizer import CloseWatch, StreamDecoder
 
 CLOSE = (
     "\n\nConsidering the limited time by the user, I have to give the solution based on the "
@@ -71,7 +71,7 @@ def generate_within(
     if budget <= 1:
         stop.set()  # the reply's first token is the budget's last
     generated: list[int] = []
-    thinking, thought, tail, before = True, 0, "", None
+    thinking, thought, close, before = True, 0, CloseWatch(), None
     first = engine.generate(prompt_ids, params, _Either(cancel, stop), **more)
     try:
         for event in first:
@@ -81,8 +81,7 @@ def generate_within(
             if event.token_id != NO_TOKEN and not over:
                 generated.append(event.token_id)
                 if thinking:
-                    tail = (tail + event.text)[-(len(THINK_CLOSE) + len(event.text)) :]
-                    thinking = THINK_CLOSE not in tail
+                    thinking = not close.feed(event.text)
                     thought += 1
                     if thinking and thought >= budget - 1:
                         stop.set()  # the engine ends the reply at the budget's last token

@@ -299,6 +299,21 @@ def _byte_level_chars() -> dict[str, int]:
     return {chr(c): b for b, c in chars.items()}
 
 
+class CloseWatch:
+    """Watches a reply's text as it streams for `</think>`, which may come split over
+    pieces: `feed` returns whether it has come (in this piece or before)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._tail = ""  # the text since the last piece that could hold part of the tag
+
+    def feed(self, text: str) -> bool:
+        if not self.closed:
+            self._tail = (self._tail + text)[-(len(THINK_CLOSE) + len(text)) :]
+            self.closed = THINK_CLOSE in self._tail
+        return self.closed
+
+
 class StreamDecoder:
     """Incremental detokenization: feed ids one at a time, get text once it is complete.
 

@@ -27,7 +27,7 @@ from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
 from engine.request_types import NO_TOKEN, progress_args
 from engine.thinking_budget import applies, generate_within
-from engine.tokenizer import THINK_CLOSE
+from engine.tokenizer import CloseWatch
 
 BATCH_S = 0.03
 PROGRESS_S = 0.25  # the prompt's progress, at most this often (and its end)
@@ -228,16 +228,14 @@ class _Thought:
     def __init__(self) -> None:
         self.start: float | None = None
         self.seconds: float | None = None
-        self._tail = ""
+        self._close = CloseWatch()
 
     def see(self, text: str) -> None:
         now = time.monotonic()
         if self.start is None:
             self.start = now
-        if self.seconds is None:
-            self._tail = (self._tail + text)[-(len(THINK_CLOSE) + len(text)) :]
-            if THINK_CLOSE in self._tail:
-                self.seconds = now - self.start
+        if self.seconds is None and self._close.feed(text):
+            self.seconds = now - self.start
 
 
 def _summary(event: Any, cancel: threading.Event | None) -> dict:

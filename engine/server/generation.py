@@ -19,7 +19,7 @@ from engine.scheduler import NO_TOKEN, Request, Scheduler
 from engine.server.reply import Piece, ReplySplitter, StopFilter
 from engine.session import GenerationParams, GenerationStats
 from engine.thinking_budget import closing_words, joined
-from engine.tokenizer import THINK_CLOSE, StreamDecoder
+from engine.tokenizer import CloseWatch, StreamDecoder
 
 FINISH = {"stop": "stop", "length": "length"}  # engine reason -> API reason ("cancelled": stop)
 DISCONNECT_POLL_S = 0.25
@@ -55,7 +55,7 @@ class Generation:
         # a `<think>` block), and the text since the last of them, to find the close in.
         self.reasoning_tokens = 0
         self._thinking = splitter is not None and splitter.mode == "reasoning"
-        self._think_tail = ""
+        self._close = CloseWatch()
         self.finish_reason = "stop"
         self.stats: GenerationStats | None = None  # the engine's, with the reply's last event
         # (token id, TokenLogprobs) of the reply's tokens not yet handed out (`take_logprobs`);
@@ -119,9 +119,7 @@ class Generation:
         if not self._thinking:
             return
         self.reasoning_tokens += 1
-        self._think_tail = (self._think_tail + text)[-(len(THINK_CLOSE) + len(text)) :]
-        if THINK_CLOSE in self._think_tail:
-            self._thinking = False
+        self._thinking = not self._close.feed(text)
 
     @property
     def timings(self) -> dict[str, float] | None:

@@ -126,8 +126,7 @@ class ChatController(QObject):
         copy = self.store.create()
         copy.turns = [Turn.from_dict(t.to_dict(), "turn") for t in chat.turns[: index + 1]]
         copy.system_prompt = chat.system_prompt
-        self.store.rename(copy.id, f"{chat.title} (branch)")
-        self.store.save(copy)
+        self.store.rename(copy.id, f"{chat.title} (branch)")  # written with its turns
         self.select(copy.id)
         return True
 

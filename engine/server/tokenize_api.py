@@ -96,13 +96,13 @@ class TokenizeApi:
         s = self.server
         s._authorize(request)
         body = await s._body(request)
+        s._check_model(field(body, "model", "string"))
         return JSONResponse({"prompt": await self._rendered(body)})
 
     async def _rendered(self, body: dict) -> str:
         """The prompt text the chat template makes of the request's `messages` (and
         `tools`, `chat_template_kwargs`), as the chat route renders them."""
-        chat = read_chat({**body, "stream": False})
-        self.server._check_model(chat.options.model)
+        chat = read_chat({**body, "stream": False})  # its model checked by the route
         generation = field(body, "add_generation_prompt", "boolean", True)
         tok = self.server.tokenizer
         try:

@@ -4,6 +4,7 @@ collapsed thinking, markdown answer, stats line."""
 from __future__ import annotations
 
 import time
+import weakref
 
 from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtGui import (
@@ -122,8 +123,16 @@ def _wrap_code_blocks(doc: QTextDocument) -> None:
     cursor.endEditBlock()
 
 
-# When each reply still thinking was first shown so (by the turn's id): its live seconds.
-_THINKING_SINCE: dict[int, float] = {}
+# When each reply still thinking was first shown so (by the turn's id, with a weak reference
+# to it, so that a turn gone while thinking leaves nothing to another at its address).
+_THINKING_SINCE: dict[int, tuple[weakref.ref, float]] = {}
+
+
+def _thinking_since(turn: Turn) -> float:
+    held = _THINKING_SINCE.get(id(turn))
+    if held is None or held[0]() is not turn:
+        held = _THINKING_SINCE[id(turn)] = (weakref.ref(turn), time.monotonic())
+    return held[1]
 
 
 def _duration(seconds: float) -> str:
@@ -256,8 +265,7 @@ class MessageWidget(QFrame):
             if not split.thinking_done and not done and split.thinking:
                 # The seconds so far, from its first thought shown (redrawn as tokens come;
                 # kept by the turn, so a chat shown again goes on counting).
-                since = _THINKING_SINCE.setdefault(id(self.turn), time.monotonic())
-                so_far = time.monotonic() - since
+                so_far = time.monotonic() - _thinking_since(self.turn)
                 label = f"Thinking… {so_far:.0f} s" if so_far >= 1 else "Thinking…"
             elif not split.thinking_done:
                 label = "Thinking…"

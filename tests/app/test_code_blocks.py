@@ -17,6 +17,16 @@ def codes(markdown: str) -> list[str]:
     return [b.code for b in code_blocks(markdown)]
 
 
+def _answered(qtbot, make_window, script: list[str], message: str):
+    """A window whose loaded stand-in engine has answered `message` with `script`."""
+    window = make_window(loader=FakeEngine.loader(script=script))
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        window.ctx.chats.send(message)
+    return window
+
+
 def test_fences_are_found_as_commonmark_reads_them():
     text = "Run:\n```bash\npip install x\n```\nthen\n~~~\nprint('```')\n~~~\n"
     assert codes(text) == ["pip install x", "print('```')"]
@@ -42,11 +52,7 @@ def test_a_link_goes_above_each_block_and_the_rest_is_unchanged():
 
 def test_copy_code_puts_one_blocks_code_on_the_clipboard(qtbot, make_window, monkeypatch):
     script = ["Install it:\n\n", "```bash\n", "pip install snug\n", "```\n", "Then run `snug`."]
-    window = make_window(loader=FakeEngine.loader(script=script))
-    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
-        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
-    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
-        window.ctx.chats.send("How do I install it?")
+    window = _answered(qtbot, make_window, script, "How do I install it?")
     view = window.chat.message_widgets()[-1].answer_view
     assert "Copy code" in view.toPlainText() and view.codes == ["pip install snug"]
     view.anchorClicked.emit(QUrl("snug-copy:0"))
@@ -64,11 +70,7 @@ def test_html_in_a_message_is_shown_as_text(qtbot, make_window):
     """Angle brackets outside code are text, not HTML: a reply about `std::vector<int>`
     or `the <div> tag` keeps those words, and an <img> shows as written."""
     script = ["Use std::vector<int> here; the <div> tag; <b>not bold</b> ", '<img src="x.png">']
-    window = make_window(loader=FakeEngine.loader(script=script))
-    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
-        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
-    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
-        window.ctx.chats.send("What is List<String>?")
+    window = _answered(qtbot, make_window, script, "What is List<String>?")
     question, reply = window.chat.message_widgets()
     assert "List<String>" in question.answer_view.toPlainText()
     shown = reply.answer_view.toPlainText()
@@ -100,11 +102,7 @@ def test_code_is_coloured_by_its_language(qtbot, make_window):
         "\ndef outside\n\n```python\nface = '🙂🙂'\nfor n in range(3): pass\n```\n",
         "\n```js\nconst x = 'hi';\n",
     ]
-    window = make_window(loader=FakeEngine.loader(script=script))
-    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
-        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
-    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
-        window.ctx.chats.send("Show me code")
+    window = _answered(qtbot, make_window, script, "Show me code")
     view = window.chat.message_widgets()[-1].answer_view
     text = colours(view, "Here:")[0]
     keyword, name = colours(view, "def area")[0], colours(view, "area(r)")[0]

@@ -119,6 +119,29 @@ def downloaded_4b(hub: Path) -> Path:
     return snapshot
 
 
+OLDER_CHATS = (  # title, days ago: earlier chats in the list, under their date headings
+    ("Lisbon weekend itinerary", 1),
+    ("Regex for ISO dates", 3),
+    ("Sourdough starter schedule", 12),
+    ("Explain Rust lifetimes", 40),
+)
+
+
+def older_chats(folder: Path) -> None:
+    """Chats from earlier days, written as the app writes them, so the list shows its date
+    headings."""
+    import json
+
+    from app.state.chat_history import Chat, Turn
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for title, days in OLDER_CHATS:
+        when = time.time() - days * 86400
+        turns = [Turn("user", title), Turn("assistant", "(an earlier reply)")]
+        chat = Chat(id=Chat.new().id, title=title, created=when, updated=when, turns=turns)
+        (folder / f"{chat.id}.json").write_text(json.dumps(chat.to_dict()), encoding="utf-8")
+
+
 def pump(seconds: float, until=None) -> None:
     """Run the event loop for `seconds`, or until `until()` is true."""
     end = time.monotonic() + seconds
@@ -152,6 +175,7 @@ def main() -> int:
     else:
         hub = str(base / "hub")
         model_dir, loader = str(downloaded_4b(Path(hub))), None
+    older_chats(base / "chats")
     ctx = demo_context(base, delay=0.03, loader=loader, cache_dir=hub)
     ctx.settings.set("chat/thinking", True)
     window = MainWindow(ctx)
@@ -164,7 +188,9 @@ def main() -> int:
     ctx.engine.load(LoadRequest(model_dir, s.engine_settings(), s.context, s.streams, s.max_rows))
     pump(120, until=lambda: ctx.engine.state in ("ready", "empty"))
 
-    # 1. Main window: a finished reply, the gauge with some history.
+    # 1. Main window: a finished reply, the gauge with some history (a new chat: the app
+    # opened on the newest of the older ones).
+    ctx.chats.new_chat()
     ctx.chats.send("Why does a 4-bit model fit on my 8 GB laptop GPU?")
     pump(60, until=lambda: not ctx.chats.busy)
     pump(2.5)

@@ -1,9 +1,11 @@
-"""The chat list beside the chat: New chat, a search box (titles and messages), and each
-chat renamed, exported or deleted from its context menu or the keyboard."""
+"""The chat list beside the chat: New chat, a search box (titles and messages), the chats
+under date headings (Today, Yesterday, ...), and each chat renamed, exported or deleted
+from its context menu or the keyboard."""
 
 from __future__ import annotations
 
 import re
+from datetime import date
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, QStandardPaths, Qt, QTimer
@@ -22,9 +24,12 @@ from PySide6.QtWidgets import (
 
 from app.chat_controller import ChatController
 from app.state.chat_history import Chat
+from app.widgets.chat_groups import GROUP_ROLE, GroupHeadings, date_group
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 SEARCH_MS = 200  # the pause in typing after which the search runs
+DAY_CHECK_MS = 60_000  # how often the headings look for a new day (Today becomes Yesterday)
+UPDATED_ROLE = Qt.ItemDataRole.UserRole + 2  # an item's chat's last change (seconds)
 KEY_PRESS, SHORTCUT_OVERRIDE = QEvent.Type.KeyPress, QEvent.Type.ShortcutOverride
 
 
@@ -69,6 +74,7 @@ class ChatSidebar(QWidget):
         self.list.setObjectName("chatList")
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setItemDelegate(GroupHeadings(self.list))
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.currentItemChanged.connect(self._picked)
@@ -85,6 +91,11 @@ class ChatSidebar(QWidget):
         )
         self.search.installEventFilter(self)  # Esc clears it, Down and Enter go to the list
         self._items: dict[str, QListWidgetItem] = {}  # the chats listed, by id
+        self._today = date.today()
+        self._day_timer = QTimer(self)
+        self._day_timer.setInterval(DAY_CHECK_MS)
+        self._day_timer.timeout.connect(self._new_day)
+        self._day_timer.start()
         chats.store.chats_changed.connect(self.refresh)
         chats.store.chat_updated.connect(self._chat_updated)
         chats.current_changed.connect(lambda _id: self._show_current())
@@ -110,13 +121,37 @@ class ChatSidebar(QWidget):
         for chat in self.chats.store.chats():
             if not query or matches(chat, query):
                 self.list.addItem(self._item(chat))
+        self._regroup()
         self.list.blockSignals(False)
         self._show_current()
+
+    def _regroup(self) -> None:
+        """Each item's heading: its group's name on the first chat of each group. Only the
+        items whose heading changes are touched (a save moves one chat to the top)."""
+        self._today = date.today()
+        last, changed = None, False
+        for row in range(self.list.count()):
+            item = self.list.item(row)
+            group = date_group(item.data(UPDATED_ROLE), self._today)
+            heading = group if group != last else None
+            last = group
+            if item.data(GROUP_ROLE) != heading:
+                item.setData(GROUP_ROLE, heading)
+                changed = True
+        if changed:  # the rows' heights follow their headings
+            self.list.doItemsLayout()
+
+    def _new_day(self) -> None:
+        if date.today() != self._today:
+            self.list.blockSignals(True)
+            self._regroup()
+            self.list.blockSignals(False)
 
     def _item(self, chat: Chat) -> QListWidgetItem:
         item = QListWidgetItem(chat.title)
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
         item.setData(Qt.ItemDataRole.UserRole, chat.id)
+        item.setData(UPDATED_ROLE, chat.updated)
         item.setToolTip(chat.title)
         self._items[chat.id] = item
         return item
@@ -151,6 +186,7 @@ class ChatSidebar(QWidget):
                     break
                 row += 1
             self.list.insertItem(row, self._item(chat))
+        self._regroup()
         self.list.blockSignals(False)
         self._show_current()
 

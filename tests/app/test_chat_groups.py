@@ -1,0 +1,97 @@
+"""The chat list under date headings: drawn above each group's first chat, never an item of
+their own, and following a chat that moves to the top."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime, time, timedelta
+
+from PySide6.QtCore import Qt
+
+from app.widgets.chat_groups import GROUP_ROLE, date_group
+
+
+def _noon(day: date) -> float:
+    return datetime.combine(day, time(12)).timestamp()
+
+
+def _early(day: date) -> float:
+    """Five past midnight: before now on any day but in its first minutes."""
+    return datetime.combine(day, time(0, 5)).timestamp()
+
+
+def test_each_age_has_its_group():
+    today = date(2026, 12, 5)
+    ago = {  # days before today: the group
+        0: "Today",
+        1: "Yesterday",
+        2: "Previous 7 days",
+        6: "Previous 7 days",
+        7: "Previous 30 days",
+        29: "Previous 30 days",
+        30: "November",
+        200: "May",
+        350: "December 2025",
+        800: "September 2024",
+    }
+    for days, group in ago.items():
+        assert date_group(_noon(today - timedelta(days=days)), today) == group, days
+    assert date_group(_noon(today + timedelta(days=2)), today) == "Today"  # a clock set back
+
+
+def _write(folder, chat_id: str, when: float) -> None:
+    turns = [{"role": "user", "content": f"about {chat_id}", "stats": {}}]
+    raw = {"id": chat_id, "title": chat_id, "created": when, "updated": when, "turns": turns}
+    (folder / f"{chat_id}.json").write_text(json.dumps(raw), encoding="utf-8")
+
+
+def test_headings_go_above_each_groups_first_chat_and_follow_a_chat_moved_up(
+    qtbot, make_window, chats_dir
+):
+    today = date.today()
+    ages = {"a": 0, "b": 0, "c": 1, "d": 3, "e": 4, "f": 45}
+    for name, days in ages.items():
+        _write(chats_dir, name, _early(today - timedelta(days=days)) - ord(name))
+    window = make_window()
+    window.show()
+    qtbot.waitExposed(window)
+    listed = window.sidebar.list
+
+    def rows():
+        return [
+            (listed.item(i).text(), listed.item(i).data(GROUP_ROLE)) for i in range(listed.count())
+        ]
+
+    far = date_group(_noon(today - timedelta(days=45)), today)
+    assert rows() == [
+        ("a", "Today"),
+        ("b", None),
+        ("c", "Yesterday"),
+        ("d", "Previous 7 days"),
+        ("e", None),
+        ("f", far),
+    ]  # one item a chat: the headings are drawn, not listed
+    heights = [listed.visualItemRect(listed.item(i)).height() for i in range(listed.count())]
+    assert heights[0] > heights[1] and heights[2] > heights[1] and heights[4] == heights[1]
+    listed.grab()  # drawn with its headings
+    # Yesterday's only chat answered now: to the top, under Today; its heading goes.
+    chats = window.ctx.chats
+    chats.store.save(chats.store.get("c"))
+    assert rows() == [
+        ("c", "Today"),
+        ("a", None),
+        ("b", None),
+        ("d", "Previous 7 days"),
+        ("e", None),
+        ("f", far),
+    ]
+    # Searched: the headings of the chats found.
+    window.sidebar.search.setText("about e")
+    qtbot.waitUntil(lambda: listed.count() == 1, timeout=2000)
+    assert rows() == [("e", "Previous 7 days")]
+    window.sidebar.search.clear()
+    # The keyboard moves from chat to chat: Down from "b" selects "d", past the heading.
+    chats.select("b")
+    listed.setFocus()
+    qtbot.keyClick(listed, Qt.Key.Key_Down)
+    assert chats.current.id == "d"

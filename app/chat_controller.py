@@ -14,7 +14,8 @@ from PySide6.QtCore import QObject, Signal
 
 from app import engine_bridge
 from app.controllers import EngineController
-from app.state.chat_history import MAX_CHAT_BYTES, Chat, ChatStore, Turn
+from app.state.chat_history import MAX_CHAT_BYTES, Chat, Turn
+from app.state.chat_store import ChatStore
 from app.state.settings import AppSettings
 from engine.attachments import Attachment
 from engine.errors import SnugError

@@ -21,7 +21,7 @@ from app.engine_bridge import Loader
 from app.remote_engine import RemoteLoader
 from app.server_controller import ServerController
 from app.state.catalog import Library
-from app.state.chat_history import ChatStore
+from app.state.chat_store import ChatStore
 from app.state.fit import FitAdvisor, Planner
 from app.state.machine import Machine
 from app.state.settings import AppSettings

@@ -11,7 +11,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
 from app.engine_bridge import LoadRequest
-from app.state.chat_history import TITLE_MAX, Turn
+from app.state.chat_history import Turn
+from app.state.chat_store import TITLE_MAX
 
 
 def _load(qtbot, window):

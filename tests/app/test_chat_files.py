@@ -277,7 +277,7 @@ def test_a_file_still_being_read_joins_the_chat_it_was_attached_in(
 
 
 def test_a_chat_files_pending_files_are_checked_when_read(tmp_path):
-    from app.state.chat_history import ChatStore
+    from app.state.chat_store import ChatStore
 
     folder = tmp_path / "chats"
     folder.mkdir()
@@ -294,7 +294,7 @@ def test_unsent_files_too_large_for_the_chat_file_stay_in_memory(tmp_path, monke
     """A chat file is never written past what a start reads back: unsent files that would
     take it there are kept while the app runs, not written."""
     from app.state import chat_history
-    from app.state.chat_history import ChatStore
+    from app.state.chat_store import ChatStore
     from engine.attachments import Attachment
 
     monkeypatch.setattr(chat_history, "MAX_CHAT_BYTES", 4096)

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from PySide6.QtCore import QSettings
 
 from app.chat_controller import format_stats
-from app.state.chat_history import NUMERIC_STATS, ChatStore
+from app.state.chat_history import NUMERIC_STATS
+from app.state.chat_store import ChatStore
 from app.state.settings import BY_KEY, FIELDS, AppSettings, SettingError, env_settings, parse
 from engine.config import EngineSettings
 
@@ -126,7 +127,7 @@ def logged(name: str) -> Iterator[list[logging.LogRecord]]:
 
 
 def check_chat_file(data: bytes) -> None:
-    with tempfile.TemporaryDirectory() as tmp, logged("app.state.chat_history") as records:
+    with tempfile.TemporaryDirectory() as tmp, logged("app.state.chat_store") as records:
         folder = Path(tmp)
         (folder / "c1.json").write_bytes(data)
         store = ChatStore(folder)

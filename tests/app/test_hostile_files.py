@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings
 
-from app.state.chat_history import Chat, ChatFileError, ChatStore
+from app.state.chat_history import Chat, ChatFileError
+from app.state.chat_store import ChatStore
 from app.state.settings import BY_KEY, AppSettings
 
 ROOT = Path(__file__).resolve().parents[2]

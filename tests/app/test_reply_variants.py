@@ -9,7 +9,7 @@ from fake_engine import FakeEngine
 from PySide6.QtCore import Qt
 
 from app.engine_bridge import LoadRequest
-from app.state.chat_history import ChatStore
+from app.state.chat_store import ChatStore
 
 
 def _load(qtbot, window):

@@ -398,3 +398,39 @@ def test_a_thinking_budget_on_the_gpu_is_the_numpy_engines_reply(model_dir, monk
         assert got == want
         print(f"\n[budget] second part: {parts[-1].cached_tokens} of {parts[-1].prompt_tokens}")
         assert len(parts) == 2 and parts[1].cached_tokens >= len(ids) + 5
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cuda"])
+def test_a_reply_left_at_its_end_frees_its_stream_when_dropped(model_dir, backend):
+    """A caller that stops reading at the final event (the app's worker breaks there) and
+    drops the reply frees its stream at once, without the garbage collector: the reply's
+    generator is in no reference cycle, on the GPU's pipelined decode as well. So is one
+    dropped mid-reply, and one read through a wrapping generator that is closed."""
+    import gc
+    import sys
+
+    settings = EngineSettings(backend="numpy") if backend == "numpy" else cuda()
+    engine = Engine.load(model_dir, settings, context=1024, streams=1, max_rows=256)
+    ids = prompt(40, seed=9)
+    gc.collect()
+    gc.disable()
+    try:
+        for stop_at in (None, 3):
+            reply = engine.generate(ids, GREEDY)
+            for n, event in enumerate(reply):
+                if event.finished or n == stop_at:
+                    break
+            held = [type(r).__name__ for r in gc.get_referrers(reply) if r is not sys.modules]
+            del reply
+            assert engine._free_slots == [0], (backend, stop_at, held)
+
+        def wrapped():
+            yield from (event for event in engine.generate(ids, GREEDY))
+
+        outer = wrapped()
+        next(outer)
+        outer.close()
+        assert engine._free_slots == [0], backend
+    finally:
+        gc.enable()
+        engine.unload()

@@ -30,6 +30,16 @@ DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 SEARCH_MS = 200  # the pause in typing after which the search runs
 DAY_CHECK_MS = 60_000  # how often the headings look for a new day (Today becomes Yesterday)
 UPDATED_ROLE = Qt.ItemDataRole.UserRole + 2  # an item's chat's last change (seconds)
+PINNED_ROLE = Qt.ItemDataRole.UserRole + 3  # whether an item's chat is pinned
+PINNED = "Pinned"  # the heading of the pinned chats, listed first
+
+
+def place(chat: Chat) -> tuple[bool, float]:
+    """A chat's place in the list, smallest first: pinned chats first, each part newest
+    first."""
+    return (not chat.pinned, -chat.updated)
+
+
 KEY_PRESS, SHORTCUT_OVERRIDE = QEvent.Type.KeyPress, QEvent.Type.ShortcutOverride
 
 
@@ -112,13 +122,14 @@ class ChatSidebar(QWidget):
         return self.search.text().strip().casefold()
 
     def refresh(self) -> None:
-        """The whole list again: the chats (those the search finds), newest first."""
+        """The whole list again: the chats (those the search finds), pinned first, newest
+        first."""
         self._search_timer.stop()
         self.list.blockSignals(True)
         self.list.clear()
         self._items = {}
         query = self._query()
-        for chat in self.chats.store.chats():
+        for chat in sorted(self.chats.store.chats(), key=place):
             if not query or matches(chat, query):
                 self.list.addItem(self._item(chat))
         self._regroup()
@@ -132,7 +143,8 @@ class ChatSidebar(QWidget):
         last, changed = None, False
         for row in range(self.list.count()):
             item = self.list.item(row)
-            group = date_group(item.data(UPDATED_ROLE), self._today)
+            pinned = item.data(PINNED_ROLE)
+            group = PINNED if pinned else date_group(item.data(UPDATED_ROLE), self._today)
             heading = group if group != last else None
             last = group
             if item.data(GROUP_ROLE) != heading:
@@ -152,6 +164,7 @@ class ChatSidebar(QWidget):
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
         item.setData(Qt.ItemDataRole.UserRole, chat.id)
         item.setData(UPDATED_ROLE, chat.updated)
+        item.setData(PINNED_ROLE, chat.pinned)
         item.setToolTip(chat.title)
         self._items[chat.id] = item
         return item
@@ -179,10 +192,10 @@ class ChatSidebar(QWidget):
             self.list.takeItem(self.list.row(item))
             del self._items[chat_id]
         if found:
-            row = 0  # before the first chat older than this one
+            row = 0  # before the first chat listed after this one
             while row < self.list.count():
                 other = self.chats.store.get(self.list.item(row).data(Qt.ItemDataRole.UserRole))
-                if other is None or other.updated < chat.updated:
+                if other is None or place(other) > place(chat):
                     break
                 row += 1
             self.list.insertItem(row, self._item(chat))
@@ -199,11 +212,16 @@ class ChatSidebar(QWidget):
         if item is None:
             return
         menu = QMenu(self)
+        chat = self.chats.store.get(item.data(Qt.ItemDataRole.UserRole))
+        pinned = chat is not None and chat.pinned
+        pin = menu.addAction("Unpin chat" if pinned else "Pin chat")
         rename = menu.addAction("Rename chat")
         export = menu.addAction("Export as Markdown…")
         delete = menu.addAction("Delete chat")
         chosen = menu.exec(self.list.mapToGlobal(pos))
-        if chosen is rename:
+        if chosen is pin:
+            self.chats.store.set_pinned(item.data(Qt.ItemDataRole.UserRole), not pinned)
+        elif chosen is rename:
             self.list.editItem(item)
         elif chosen is export:
             self.export(item.data(Qt.ItemDataRole.UserRole))

@@ -104,6 +104,7 @@ class Chat:
     draft: str = ""  # what the message box held when the chat was left, unsent
     extra: dict = field(default_factory=dict, compare=False)  # fields of a newer version
     draft_files: list[Attachment] = field(default_factory=list)  # files attached, unsent
+    pinned: bool = False  # listed first, under "Pinned", whatever its age
 
     @classmethod
     def new(cls) -> Chat:
@@ -120,13 +121,14 @@ class Chat:
             "system_prompt": self.system_prompt,
             "draft": self.draft,
             "draft_files": [{"name": a.name, "text": a.text} for a in self.draft_files],
+            "pinned": self.pinned,
         }
 
     @classmethod
     def from_dict(cls, raw: object) -> Chat:
         """A chat from its JSON form; ChatFileError names the first field that is wrong."""
         keys = ("id", "title", "created", "updated", "turns", "system_prompt", "draft")
-        keys += ("draft_files",)
+        keys += ("draft_files", "pinned")
         raw = _object(raw, "the file", keys)
         try:
             chat_id = check_chat_id(raw.get("id"))
@@ -149,6 +151,7 @@ class Chat:
             ),
             draft=_text(raw.get("draft", ""), "draft"),
             draft_files=_attachments(raw.get("draft_files", []), "draft_files"),
+            pinned=_flag(raw.get("pinned", False), "pinned"),
             extra=_extra(raw, keys, "the file"),
         )
 
@@ -227,6 +230,12 @@ def _text(value: object, where: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate: JSON allows it, the file could not be saved
         raise ChatFileError(f"{where} holds a character that is not valid Unicode") from None
+    return value
+
+
+def _flag(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ChatFileError(f"{where} is {_short(value)}, not true/false")
     return value
 
 

@@ -211,6 +211,13 @@ class ChatStore(QObject):
             self._write(chat)
         return chat.title
 
+    def set_pinned(self, chat_id: str, pinned: bool) -> None:
+        """Pin the chat to the top of the list (or unpin it); its date stays."""
+        chat = self._chats.get(chat_id)
+        if chat is not None and chat.pinned != pinned:
+            chat.pinned = pinned
+            self._write(chat)
+
     def set_system_prompt(self, chat_id: str, prompt: str | None) -> None:
         """The chat's own system prompt (None: the settings' again); its place in the list,
         by last message, stays."""

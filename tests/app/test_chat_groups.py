@@ -95,3 +95,62 @@ def test_headings_go_above_each_groups_first_chat_and_follow_a_chat_moved_up(
     listed.setFocus()
     qtbot.keyClick(listed, Qt.Key.Key_Down)
     assert chats.current.id == "d"
+
+
+def test_a_pinned_chat_is_listed_first_under_pinned_and_kept_so_in_its_file(
+    qtbot, make_window, chats_dir, monkeypatch
+):
+    from PySide6.QtWidgets import QMenu
+
+    import app.panels.sidebar as sidebar_module
+    from app.state.chat_store import ChatStore
+
+    today = date.today()
+    for name, days in {"new": 0, "old": 40, "older": 50}.items():
+        _write(chats_dir, name, _early(today - timedelta(days=days)))
+    window = make_window()
+    listed, chats = window.sidebar.list, window.ctx.chats
+
+    def rows():
+        return [
+            (listed.item(i).text(), listed.item(i).data(GROUP_ROLE)) for i in range(listed.count())
+        ]
+
+    # Pinned from the chat's context menu: "Pin chat" is its first action.
+    chosen = []
+
+    class FirstPicked(QMenu):
+        def exec(self, *args):
+            chosen.append([a.text() for a in self.actions()])
+            return self.actions()[0]
+
+    monkeypatch.setattr(sidebar_module, "QMenu", FirstPicked)
+    row = next(i for i in range(listed.count()) if listed.item(i).text() == "older")
+    window.sidebar._menu(listed.visualItemRect(listed.item(row)).center())
+    assert chosen[-1][0] == "Pin chat"
+    older = chats.store.get("older")
+    assert older.pinned and older.updated == _early(today - timedelta(days=50))  # date kept
+    month = date_group(_early(today - timedelta(days=40)), today)
+    assert rows() == [("older", "Pinned"), ("new", "Today"), ("old", month)]
+    # The pin is in the chat's file: a restart lists it first.
+    assert json.loads(chats.store.path("older").read_text("utf-8"))["pinned"] is True
+    assert ChatStore(chats_dir).get("older").pinned
+    # A pinned chat answered stays under Pinned; another one saved goes below the pins.
+    chats.store.save(chats.store.get("old"))
+    assert rows() == [("older", "Pinned"), ("old", "Today"), ("new", None)]
+    # Unpinned: back among the dates.
+    window.sidebar._menu(listed.visualItemRect(listed.item(0)).center())
+    assert chosen[-1][0] == "Unpin chat"
+    assert rows() == [("old", "Today"), ("new", None), ("older", month)]
+
+
+def test_a_chat_files_pin_is_checked_when_read(chats_dir):
+    from app.state.chat_store import ChatStore
+
+    _write(chats_dir, "plain", 1000.0)  # an older file: not pinned
+    raw = {"id": "odd", "pinned": "yes", "turns": []}
+    (chats_dir / "odd.json").write_text(json.dumps(raw), "utf-8")
+    store = ChatStore(chats_dir)
+    assert [c.id for c in store.chats()] == ["plain"] and not store.get("plain").pinned
+    problem = store.problems[0]
+    assert "odd.json" in problem and "pinned is 'yes', not true/false" in problem

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import numpy as np
 import pytest
 
@@ -386,10 +388,11 @@ def test_a_thinking_budget_on_the_gpu_is_the_numpy_engines_reply(model_dir, monk
         parts, real = [], engine.generate
 
         def spy(*args, real=real, parts=parts, **kwargs):
-            for event in real(*args, **kwargs):
-                if event.finished:
-                    parts.append(event.stats)
-                yield event
+            with closing(real(*args, **kwargs)) as events:  # closed with the spy
+                for event in events:
+                    if event.finished:
+                        parts.append(event.stats)
+                    yield event
 
         monkeypatch.setattr(engine, "generate", spy)
         got = [e.token_id for e in generate_within(engine, ids, params, 6)]

@@ -443,10 +443,11 @@ def format_stats(stats: dict) -> str:
 def shown_among(turn: Turn, replies: list[Turn], index: int) -> None:
     """`turn` made the reply `replies[index]`, the others kept with it."""
     pick = replies[index]
-    turn.content, turn.thinking_enabled, turn.stats = (
+    turn.content, turn.thinking_enabled, turn.stats, turn.sent = (
         pick.content,
         pick.thinking_enabled,
         pick.stats,
+        pick.sent,
     )
     turn.others, turn.shown = replies[:index] + replies[index + 1 :], index
 
@@ -454,5 +455,5 @@ def shown_among(turn: Turn, replies: list[Turn], index: int) -> None:
 def all_replies(turn: Turn) -> list[Turn]:
     """A reply and the others Regenerate kept with it, in the order they were written (each
     alone: no others of its own)."""
-    this = Turn(turn.role, turn.content, turn.thinking_enabled, dict(turn.stats))
+    this = Turn(turn.role, turn.content, turn.thinking_enabled, dict(turn.stats), sent=turn.sent)
     return turn.others[: turn.shown] + [this] + turn.others[turn.shown :]

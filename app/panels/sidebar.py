@@ -23,8 +23,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat_controller import ChatController
+from app.dates import date_group
 from app.state.chat_history import Chat
-from app.widgets.chat_groups import GROUP_ROLE, GroupHeadings, date_group
+from app.widgets.chat_groups import GROUP_ROLE, GroupHeadings
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 SEARCH_MS = 200  # the pause in typing after which the search runs

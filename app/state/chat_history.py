@@ -16,8 +16,10 @@ import reprlib
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
+from app.dates import message_time
 from app.thinking import split_reply
 from engine.attachments import Attachment, compose
 
@@ -51,6 +53,9 @@ class Turn:
     # were written), and this one's place among them all (app/chat_controller.py).
     others: list[Turn] = field(default_factory=list)
     shown: int = 0
+    # When it was sent (a reply: when it was asked for), seconds since the epoch; None in a
+    # chat file written before the time was kept.
+    sent: float | None = field(default_factory=time.time, compare=False)
 
     def to_dict(self) -> dict:
         return {
@@ -65,6 +70,7 @@ class Turn:
                 if self.others
                 else {}
             ),
+            **({"sent": self.sent} if self.sent is not None else {}),
         }
 
     @property
@@ -75,6 +81,7 @@ class Turn:
     @classmethod
     def from_dict(cls, raw: object, where: str) -> Turn:
         keys = ("role", "content", "thinking_enabled", "stats", "attachments", "others", "shown")
+        keys += ("sent",)
         raw = _object(raw, where, keys)
         role = _text(raw.get("role"), f"{where}.role")
         if role not in ROLES:
@@ -89,6 +96,7 @@ class Turn:
             stats=_stats(raw.get("stats", {}), f"{where}.stats"),
             attachments=_attachments(raw.get("attachments", []), f"{where}.attachments"),
             extra=_extra(raw, keys, where),
+            sent=None if raw.get("sent") is None else _seconds(raw["sent"], f"{where}.sent"),
             **_others(raw, where),
         )
 
@@ -173,16 +181,17 @@ class Chat:
         if self.system_prompt and self.system_prompt.strip():
             parts.append(f"*System prompt:* {self.system_prompt.strip()}")
         for turn in self.turns:
+            when = "" if turn.sent is None else f" ({message_time(turn.sent, datetime.now())[1]})"
             if turn.role == "assistant":
                 split = split_reply(turn.content, turn.thinking_enabled)
-                parts.append("**Snug**")
+                parts.append(f"**Snug**{when}")
                 if split.thinking:
                     parts.append(
                         f"<details><summary>Thought</summary>\n\n{split.thinking}\n\n</details>"
                     )
                 parts.append(split.answer)
             else:
-                parts.append("**You**" if turn.role == "user" else "**Engine error**")
+                parts.append(("**You**" if turn.role == "user" else "**Engine error**") + when)
                 parts.append(turn.prompt)
         return "\n\n".join(parts) + "\n"
 

@@ -1,13 +1,11 @@
-"""The chat list's date groups: "Today", "Yesterday", "Previous 7 days", "Previous 30 days",
-then each month, as a heading drawn above the first chat of each group.
+"""The chat list's headings ("Pinned", then app/dates.py's date groups: "Today", "Yesterday",
+..., each month), each drawn above the first chat of its group.
 
 The headings are drawn by the list's delegate, not listed as items of their own: the list
 holds one item a chat, so the keyboard, the search and Delete move from chat to chat and a
 heading can never be selected, renamed or deleted."""
 
 from __future__ import annotations
-
-from datetime import date
 
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRect, QSize, Qt
 from PySide6.QtGui import QFont, QPainter, QPalette
@@ -16,38 +14,6 @@ from PySide6.QtWidgets import QStyledItemDelegate, QStyleOptionViewItem, QWidget
 # An item's group heading where it is the first chat of its group, else None.
 GROUP_ROLE = Qt.ItemDataRole.UserRole + 1
 HEADING_PX = 26  # the heading's band above its first chat
-MONTHS = (
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-)
-
-
-def date_group(stamp: float, today: date) -> str:
-    """The group of a chat last changed at `stamp` (seconds since the epoch, local time)."""
-    day = date.fromtimestamp(stamp)
-    age = (today - day).days
-    if age <= 0:  # today, or a clock set back since
-        return "Today"
-    if age == 1:
-        return "Yesterday"
-    if age < 7:
-        return "Previous 7 days"
-    if age < 30:
-        return "Previous 30 days"
-    month = MONTHS[day.month - 1]
-    return month if day.year == today.year else f"{month} {day.year}"
-
-
 Index = QModelIndex | QPersistentModelIndex
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from datetime import datetime
 
 from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtGui import (
@@ -30,6 +31,7 @@ from PySide6.QtWidgets import (
 
 from app.chat_controller import format_stats
 from app.code_blocks import SCHEME, with_copy_links
+from app.dates import message_time
 from app.highlight import colour_code
 from app.math_spans import with_marks
 from app.state.chat_history import Turn
@@ -150,7 +152,15 @@ def fingerprint(turn: Turn) -> tuple:
     again (ChatPanel.rebuild)."""
     names = tuple(a.name for a in turn.attachments)
     replies = (turn.shown, len(turn.others))
-    return (turn.role, turn.content, turn.thinking_enabled, repr(turn.stats), names, replies)
+    return (
+        turn.role,
+        turn.content,
+        turn.thinking_enabled,
+        repr(turn.stats),
+        names,
+        replies,
+        turn.sent,
+    )
 
 
 class MessageWidget(QFrame):
@@ -205,9 +215,19 @@ class MessageWidget(QFrame):
         self.reply_count.setObjectName("replyCount")
         self.reply_count.setToolTip("Regenerate keeps each reply: ‹ and › go through them")
         self.reply_count.hide()
+        self.sent_label = QLabel()
+        self.sent_label.setObjectName("sentLabel")
+        if turn.sent is not None:
+            short, full = message_time(turn.sent, datetime.now())
+            self.sent_label.setText(short)
+            asked = "Asked for" if turn.role == "assistant" else "Sent"
+            self.sent_label.setToolTip(f"{asked} {full}")
+        else:  # a chat file from before the time was kept
+            self.sent_label.hide()
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
         top.addWidget(self.role_label)
+        top.addWidget(self.sent_label)
         top.addStretch(1)
         top.addWidget(self.prev_reply)
         top.addWidget(self.reply_count)

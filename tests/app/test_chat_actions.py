@@ -4,12 +4,14 @@ sidebar, exported as Markdown and found by its search box."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 from fake_engine import THINKING_REPLY, FakeEngine
 from helpers import answer_next_dialog
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
+from app.dates import message_time
 from app.engine_bridge import LoadRequest
 from app.state.chat_history import Turn
 from app.state.chat_store import TITLE_MAX
@@ -129,8 +131,10 @@ def test_a_chat_exports_as_markdown(qtbot, make_window, monkeypatch, tmp_path):
     window.sidebar.export(chats.current.id)
     assert asked[0].endswith("What is six times seven.md")  # no '?' in the file name offered
     text = (tmp_path / "six.md").read_text(encoding="utf-8")
+    asked_at, answered_at = (message_time(t.sent, datetime.now())[1] for t in chats.current.turns)
     assert text == (
-        "# What is six times seven?\n\n**You**\n\nWhat is six times seven?\n\n**Snug**\n\n"
+        f"# What is six times seven?\n\n**You** ({asked_at})\n\nWhat is six times seven?\n\n"
+        f"**Snug** ({answered_at})\n\n"
         "<details><summary>Thought</summary>\n\nLet me think.\n\n</details>\n\n"
         "The answer is 42.\n"
     )

@@ -8,7 +8,8 @@ from datetime import date, datetime, time, timedelta
 
 from PySide6.QtCore import Qt
 
-from app.widgets.chat_groups import GROUP_ROLE, date_group
+from app.dates import date_group
+from app.widgets.chat_groups import GROUP_ROLE
 
 
 def _noon(day: date) -> float:

@@ -33,15 +33,13 @@ DAY_CHECK_MS = 60_000  # how often the headings look for a new day (Today become
 UPDATED_ROLE = Qt.ItemDataRole.UserRole + 2  # an item's chat's last change (seconds)
 PINNED_ROLE = Qt.ItemDataRole.UserRole + 3  # whether an item's chat is pinned
 PINNED = "Pinned"  # the heading of the pinned chats, listed first
+KEY_PRESS, SHORTCUT_OVERRIDE = QEvent.Type.KeyPress, QEvent.Type.ShortcutOverride
 
 
 def place(chat: Chat) -> tuple[bool, float]:
     """A chat's place in the list, smallest first: pinned chats first, each part newest
     first."""
     return (not chat.pinned, -chat.updated)
-
-
-KEY_PRESS, SHORTCUT_OVERRIDE = QEvent.Type.KeyPress, QEvent.Type.ShortcutOverride
 
 
 def matches(chat: Chat, query: str) -> bool:

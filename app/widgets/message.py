@@ -220,8 +220,8 @@ class MessageWidget(QFrame):
         if turn.sent is not None:
             short, full = message_time(turn.sent, datetime.now())
             self.sent_label.setText(short)
-            asked = "Asked for" if turn.role == "assistant" else "Sent"
-            self.sent_label.setToolTip(f"{asked} {full}")
+            verb = {"user": "Sent", "assistant": "Replied"}.get(turn.role, "At")
+            self.sent_label.setToolTip(f"{verb} {full}")
         else:  # a chat file from before the time was kept
             self.sent_label.hide()
         top = QHBoxLayout()

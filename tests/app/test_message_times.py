@@ -59,7 +59,7 @@ def test_messages_show_when_they_were_sent_and_a_kept_reply_keeps_its_own(
     short, full = message_time(asked.sent, datetime.now())
     assert widgets[0].sent_label.text() == short and not widgets[0].sent_label.isHidden()
     assert widgets[0].sent_label.toolTip() == f"Sent {full}"
-    assert widgets[1].sent_label.toolTip().startswith("Asked for ")
+    assert widgets[1].sent_label.toolTip().startswith("Replied ")
     time.sleep(0.01)
     loader.made[-1].script = ["Paris, France."]
     with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import replace
 from typing import Any
 
@@ -116,12 +117,15 @@ def generate_within(
     # The penalties go on counting the thinking and the closing words, as in a reply that
     # was not cut.
     rest = replace(params, max_new_tokens=left, earlier=(*params.earlier, *generated, *close_ids))
-    for event in engine.generate(prompt_ids + generated + close_ids, rest, cancel, **more):
-        if event.finished:
-            after = time.perf_counter() - start
-            stats = joined(before, event.stats, len(close_ids), after, total)
-            event = replace(event, stats=stats)
-        yield event
+    # Closed with this generator (by a caller that stops at the final event and drops it),
+    # so the engine's stream goes back then, whatever else still holds the engine's reply.
+    with closing(engine.generate(prompt_ids + generated + close_ids, rest, cancel, **more)) as tail:
+        for event in tail:
+            if event.finished:
+                after = time.perf_counter() - start
+                stats = joined(before, event.stats, len(close_ids), after, total)
+                event = replace(event, stats=stats)
+            yield event
 
 
 def closing_words(tokenizer: Any) -> list[tuple[int, str]]:

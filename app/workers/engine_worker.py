@@ -14,6 +14,7 @@ class name and message.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -28,6 +29,8 @@ from engine.errors import RequestRefused
 from engine.request_types import NO_TOKEN, progress_args
 from engine.thinking_budget import applies, generate_within
 from engine.tokenizer import CloseWatch
+
+log = logging.getLogger(__name__)
 
 BATCH_S = 0.03
 PROGRESS_S = 0.25  # the prompt's progress, at most this often (and its end)
@@ -150,19 +153,22 @@ class EngineWorker(QObject):
                 events = self._engine.generate(ids, params, cancel, thinking_budget=budget)
             else:
                 events = self._engine.generate(ids, params, cancel, **more)
-            for event in events:
-                if event.text:
-                    pending.append(event.text)
-                    thought.see(event.text)
-                count += event.token_id != NO_TOKEN
-                now = time.monotonic()
-                if pending and (now - last >= BATCH_S or event.finished):
-                    self.tokens.emit(request_id, "".join(pending), count)
-                    pending.clear()
-                    last = now
-                if event.finished:
-                    final = event
-                    break
+            try:
+                for event in events:
+                    if event.text:
+                        pending.append(event.text)
+                        thought.see(event.text)
+                    count += event.token_id != NO_TOKEN
+                    now = time.monotonic()
+                    if pending and (now - last >= BATCH_S or event.finished):
+                        self.tokens.emit(request_id, "".join(pending), count)
+                        pending.clear()
+                        last = now
+                    if event.finished:
+                        final = event
+                        break
+            finally:
+                _close(events)
         except Exception as exc:  # ScratchGrowFailed, out of memory, template errors...
             if pending:
                 self.tokens.emit(request_id, "".join(pending), count)
@@ -219,6 +225,19 @@ class EngineWorker(QObject):
             return int(self._engine.held_bytes()) if self._engine is not None else 0
         except Exception:
             return 0
+
+
+def _close(events: Any) -> None:
+    """End a reply read to its final event (or left on an error): the engine saves its state
+    and frees its stream now, before the reply is said to be finished, not whenever the
+    generator is let go. A failure there (a state not saved) is logged: the reply is whole."""
+    close = getattr(events, "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except Exception:
+        log.exception("The engine could not end the reply cleanly")
 
 
 class _Thought:

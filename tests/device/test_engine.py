@@ -418,14 +418,20 @@ def test_a_reply_left_at_its_end_frees_its_stream_when_dropped(model_dir, backen
     gc.collect()
     gc.disable()
     try:
-        for stop_at in (None, 3):
-            reply = engine.generate(ids, GREEDY)
-            for n, event in enumerate(reply):
-                if event.finished or n == stop_at:
-                    break
-            held = [type(r).__name__ for r in gc.get_referrers(reply) if r is not sys.modules]
-            del reply
-            assert engine._free_slots == [0], (backend, stop_at, held)
+
+        def plain(*args):  # a wrapper that does not close what it wraps
+            for event in engine.generate(*args):  # noqa: UP028 (yield from would close it)
+                yield event
+
+        for wrap in (engine.generate, plain):
+            for stop_at in (None, 3):
+                reply = wrap(ids, GREEDY)
+                for n, event in enumerate(reply):
+                    if event.finished or n == stop_at:
+                        break
+                held = [type(r).__name__ for r in gc.get_referrers(reply) if r is not sys.modules]
+                del reply
+                assert engine._free_slots == [0], (backend, wrap.__name__, stop_at, held)
 
         def wrapped():
             yield from (event for event in engine.generate(ids, GREEDY))

@@ -15,9 +15,10 @@ from typing import Any
 from engine import device as engine_device
 from engine import memory
 from engine.backends.cuda.card import runs_mma
-from engine.config import EngineSettings, ModelConfig, parse_config
+from engine.config import EngineSettings
 from engine.memory import Card, TensorSpec, checkpoint_specs, shapes
 from engine.memory.speed import CardSpeed
+from engine.model_config import ModelConfig, parse_config
 
 VERDICT_LABELS = {
     "fits": "Fits",

@@ -18,12 +18,13 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from engine.config import GIB, KV_CACHES, MAX_GIB, EngineSettings, ModelConfig
+from engine.config import GIB, KV_CACHES, MAX_GIB, EngineSettings
 from engine.device import no_gpu_reason, probe_gpu
 from engine.errors import SnugError
 from engine.memory import Card, Decision, TensorSpec, checkpoint_specs, decide
 from engine.memory.shapes import FORMATS, SHAPES, shape_config, shape_tensor_specs
 from engine.memory.speed import DEFAULT_SMALL_CARD, REFERENCE_CARDS, CardSpeed
+from engine.model_config import ModelConfig
 
 __all__ = [
     "add_kv_cache_flag",

@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, QSettings, Signal
 from app.paths import resource
 from engine.checkpoint.checkpoint import model_name
 from engine.checkpoint.header import MAX_HEADER_BYTES
-from engine.config import parse_config
+from engine.model_config import parse_config
 
 FOLDERS_KEY = "library/folders"  # the local folders the user added (a JSON list)
 REPOS_KEY = "library/repos"  # repositories added from the Hub: [{repo, name, size, config}]

@@ -24,12 +24,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.config import EngineSettings, ModelConfig, QuantConfig, QuantSpec
+from engine.config import EngineSettings
 from engine.memory import TensorSpec, stream_state_bytes
 from engine.memory.admission import CONTEXT_STEP
 from engine.memory.decision import streams_text
 from engine.memory.draft import draft_choice
 from engine.memory.shapes import shape_tensor_specs
+from engine.model_config import ModelConfig, QuantConfig, QuantSpec
 
 HOST_MARGIN_BYTES = 512 << 20
 FITS_IN_RAM = "fits in RAM"

@@ -15,7 +15,7 @@ from typing import Any
 
 from app.workers.downloader import explain
 from app.workers.hub_files import commit_hash
-from engine.config import parse_config
+from engine.model_config import parse_config
 
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 HUB_URL = re.compile(r"^https?://(www\.)?(huggingface\.co|hf\.co)/")

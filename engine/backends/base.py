@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from engine import speculative
-from engine.config import EngineSettings, ModelConfig
+from engine.config import EngineSettings
 from engine.errors import RequestRefused
+from engine.model_config import ModelConfig
 from engine.snapshot_store import HostSnapshot
 
 if TYPE_CHECKING:

@@ -15,7 +15,8 @@ import numpy as np
 from engine.backends import gdn, kv_int8
 from engine.backends.base import KV_SCALE_PARTS, STATE_PARTS, Backend, Batch
 from engine.backends.verify_rows import VerifyRows
-from engine.config import EngineSettings, ModelConfig
+from engine.config import EngineSettings
+from engine.model_config import ModelConfig
 from engine.snapshot_store import HostSnapshot, SnapshotMismatch
 
 # Output rows of a quantized weight dequantized at once by `linear` (bounds host memory).

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends import gdn
-from engine.config import ModelConfig
+from engine.model_config import ModelConfig
 
 
 class VerifyRows:

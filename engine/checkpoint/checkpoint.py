@@ -27,8 +27,8 @@ from engine.checkpoint.names import (
 )
 from engine.checkpoint.quantized import QuantizedTensor
 from engine.checkpoint.safetensors_file import READABLE, SafetensorsFile, WeightFiles, find_weights
-from engine.config import ModelConfig, QuantSpec, load_config
 from engine.errors import CheckpointError, ConfigError, quoted
+from engine.model_config import ModelConfig, QuantSpec, load_config
 
 FLOAT_DTYPES = ("bf16", "f16", "f32")
 

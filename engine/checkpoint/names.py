@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from engine.config import FULL, LINEAR, ModelConfig
+from engine.model_config import FULL, LINEAR, ModelConfig
 
 HF, MLX = "hf", "mlx"
 

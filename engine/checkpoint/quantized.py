@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.config import QuantSpec
+from engine.model_config import QuantSpec
 
 # Rows dequantized per step when a whole matrix is asked for: bounds the uint32 code temp.
 _ROW_BLOCK = 1024

@@ -38,7 +38,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from engine.config import GIB, EngineSettings, ModelConfig, QuantConfig, QuantSpec
+from engine.config import GIB, EngineSettings
 from engine.memory.arena import TensorSpec, act_itemsize, arena_bytes
 from engine.memory.decision import Breakdown, Decision, Verdict, streams_text
 from engine.memory.draft import draft_choice
@@ -47,6 +47,7 @@ from engine.memory.plan import Plan, WeightBytes, make_plan
 from engine.memory.shapes import shape_tensor_specs
 from engine.memory.speed import CardSpeed, predict
 from engine.memory.workspace import FAST_QUERY_ROWS, score_rows_for
+from engine.model_config import ModelConfig, QuantConfig, QuantSpec
 
 CONTEXT_STEP = 256
 FAST_ROWS = 256  # prefill chunks at least this large keep the prompt's speed (invariant 8)

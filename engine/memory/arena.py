@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import EngineSettings, QuantSpec
+from engine.config import EngineSettings
+from engine.model_config import QuantSpec
 
 ALIGN = 256  # bytes: every carve of the arena, the state blocks and the scratch starts here
 SMALL_SUFFIXES = ("norm", "layernorm", "conv1d", "A_log", "dt_bias")

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.checkpoint.names import expected_mtp_tensors
-from engine.config import EngineSettings, ModelConfig
+from engine.config import EngineSettings
+from engine.model_config import ModelConfig
 
 MTP = "mtp."
 

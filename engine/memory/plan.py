@@ -27,10 +27,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
-from engine.config import KV_CACHES, ModelConfig
+from engine.config import KV_CACHES
 from engine.memory.growth import growth_peak
 from engine.memory.scratch import scratch_bytes
 from engine.memory.workspace import ATTN_QUERY_ROWS, workspace_bytes
+from engine.model_config import ModelConfig
 
 EMBEDDING = "embed_tokens"
 HEAD = "lm_head"

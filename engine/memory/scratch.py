@@ -35,10 +35,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import ModelConfig
 from engine.errors import ScratchGrowFailed
 from engine.memory.growth import GrowableBuffer
 from engine.memory.pool import Allocation, DevicePool
+from engine.model_config import ModelConfig
 
 ALIGN = 256
 DTYPE_NAMES = {2: "float16", 4: "float32"}

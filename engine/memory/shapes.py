@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 from engine.checkpoint.names import expected_mtp_tensors, expected_tensors
-from engine.config import FULL, LINEAR, ModelConfig, QuantConfig, QuantSpec
 from engine.memory.arena import TensorSpec
+from engine.model_config import FULL, LINEAR, ModelConfig, QuantConfig, QuantSpec
 
 FORMATS = ("mlx4", "bf16")
 

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.config import KV_CACHES, ModelConfig
+from engine.config import KV_CACHES
 from engine.errors import WorkspaceGrowFailed
 from engine.memory.growth import GrowableBuffer
 from engine.memory.pool import Allocation, DevicePool
 from engine.memory.scratch import DTYPE_NAMES, align_up
 from engine.memory.shapes import layer_linear_shapes
+from engine.model_config import ModelConfig
 
 ATTN_QUERY_ROWS = 16  # the least: what a small card gives prefill attention
 FAST_QUERY_ROWS = 256  # what admission gives it when the card has room (fewer, larger passes)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from engine.backends.base import Backend, Batch
-from engine.config import FULL, ModelConfig
+from engine.model_config import FULL, ModelConfig
 
 
 class Qwen35Model:

@@ -23,8 +23,8 @@ from engine.checkpoint.names import (
     is_conv,
     is_zero_centred,
 )
-from engine.config import parse_config
 from engine.memory.shapes import shape_config
+from engine.model_config import parse_config
 from engine.testing.mtp import hf_key, random_mtp
 
 

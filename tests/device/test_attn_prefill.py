@@ -13,7 +13,8 @@ import pytest
 
 from engine.backends.base import Batch
 from engine.backends.numpy_backend import NumpyBackend
-from engine.config import EngineSettings, parse_config
+from engine.config import EngineSettings
+from engine.model_config import parse_config
 from tests.device.test_kernels import TOL, _rel, _round, _up
 
 

@@ -9,7 +9,7 @@ from engine.backends.base import Batch
 from engine.backends.cuda.tuning import Tuning
 from engine.backends.numpy_backend import NumpyBackend, silu
 from engine.checkpoint.quantized import QuantizedTensor
-from engine.config import parse_config
+from engine.model_config import parse_config
 from engine.sampling import Draw
 
 SIZES = [1, 2, 17, 31, 33, 256, 2048]

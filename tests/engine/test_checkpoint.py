@@ -15,8 +15,8 @@ from engine.checkpoint import Checkpoint, QuantizedTensor
 from engine.checkpoint.names import expected_tensors, is_conv, is_zero_centred
 from engine.checkpoint.quantized import quantize
 from engine.checkpoint.safetensors_file import SafetensorsFile
-from engine.config import QuantSpec, parse_config
 from engine.errors import CheckpointError, ConfigError
+from engine.model_config import QuantSpec, parse_config
 
 TEXT = {
     "hidden_size": 64,

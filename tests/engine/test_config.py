@@ -1,7 +1,8 @@
 import pytest
 
-from engine.config import FULL, GIB, LINEAR, EngineSettings, parse_config
+from engine.config import GIB, EngineSettings
 from engine.errors import ConfigError
+from engine.model_config import FULL, LINEAR, parse_config
 
 TEXT = {
     "hidden_size": 64,

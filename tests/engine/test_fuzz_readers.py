@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 from engine.checkpoint.header import DTYPE_BITS
 from engine.checkpoint.safetensors_file import READABLE, SafetensorsFile
-from engine.config import ModelConfig, load_config, parse_config
 from engine.errors import CheckpointError, ConfigError, SnugError
+from engine.model_config import ModelConfig, load_config, parse_config
 
 EXAMPLES = int(os.environ.get("SNUG_FUZZ_EXAMPLES", "200"))
 DEADLINE = timedelta(seconds=3)

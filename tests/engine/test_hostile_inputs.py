@@ -18,8 +18,8 @@ import pytest
 
 from engine.checkpoint import Checkpoint
 from engine.checkpoint.safetensors_file import SafetensorsFile
-from engine.config import load_config, parse_config
 from engine.errors import CheckpointError, ConfigError
+from engine.model_config import load_config, parse_config
 
 TEXT = {
     "hidden_size": 64,

@@ -15,8 +15,9 @@ import pytest
 
 from engine.checkpoint import Checkpoint
 from engine.cli import main as snug
-from engine.config import EngineSettings, QuantSpec, parse_config
+from engine.config import EngineSettings
 from engine.errors import ConfigError
+from engine.model_config import QuantSpec, parse_config
 from engine.session import Engine
 
 pytest.importorskip("mlx_lm")

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from engine.checkpoint import Checkpoint
-from engine.config import EngineSettings, load_config, parse_config
+from engine.config import EngineSettings
+from engine.model_config import load_config, parse_config
 from engine.session import Engine, GenerationParams
 
 pytest.importorskip("torch")

@@ -44,11 +44,12 @@ from engine.backends.cuda.state import StreamState
 from engine.backends.cuda.tuning import Tuning
 from engine.backends.cuda.verify_rows import DeviceVerifyRows
 from engine.backends.cuda.weights import upload
-from engine.config import EngineSettings, ModelConfig, parse_device_props
+from engine.config import EngineSettings, parse_device_props
 from engine.errors import DeviceOutOfMemory
 from engine.memory.plan import verify_step_rows
 from engine.memory.pool import is_out_of_memory
 from engine.memory.workspace import ATTN_QUERY_ROWS
+from engine.model_config import ModelConfig
 from engine.snapshot_store import HostSnapshot
 
 if TYPE_CHECKING:

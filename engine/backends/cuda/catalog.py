@@ -63,8 +63,8 @@ from engine.backends.cuda.tuning import Tuning
 from engine.backends.cuda.w4_mma import w4_applies, w4_symbol
 from engine.backends.cuda.weights import fused_groups
 from engine.checkpoint.names import MTP_LAYER
-from engine.config import FULL, ModelConfig
 from engine.memory.scratch import ATTN_SPLITS
+from engine.model_config import FULL, ModelConfig
 
 # The most streams a decode step's attention grid is sized for in the catalog: its warps a
 # block depend on splits x KV heads x rows only through their product (decode_kernel), so

@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.backends.base import Batch
 from engine.backends.cuda.carver import RegionCarver
-from engine.config import ModelConfig
+from engine.model_config import ModelConfig
 
 META_ROWS = 8
 

@@ -39,9 +39,9 @@ import numpy as np
 
 from engine.backends.base import KV_SCALE_PARTS, STATE_PARTS
 from engine.backends.cuda.launch import Kernels, on_stream
-from engine.config import ModelConfig
 from engine.errors import DeviceOutOfMemory
 from engine.memory.arena import ALIGN, padded
+from engine.model_config import ModelConfig
 from engine.snapshot_store import HostSnapshot, SnapshotMismatch
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from engine.backends.cuda.attention import MAX_GROUP, STATIC_SMEM, decode_held, decode_smem
 from engine.backends.cuda.card import MIN_CAPABILITY, nvrtc_needed, runs_bf16
-from engine.config import ENV_BACKEND, ENV_DTYPE, ModelConfig
+from engine.config import ENV_BACKEND, ENV_DTYPE
 from engine.errors import UnsupportedModel
+from engine.model_config import ModelConfig
 
 NUMPY = f"use the numpy backend ({ENV_BACKEND}=numpy or --backend numpy)"
 DECODE_WARPS = 4  # the fewest warps attn_decode runs with (its static shared memory)

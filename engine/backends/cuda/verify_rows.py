@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.backends.base import Batch
 from engine.backends.cuda.launch import on_stream
-from engine.config import ModelConfig
+from engine.model_config import ModelConfig
 
 
 class DeviceVerifyRows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import date, datetime, time, timedelta
+from time import time as time_now
 
 from PySide6.QtCore import Qt
 
@@ -16,9 +17,12 @@ def _noon(day: date) -> float:
     return datetime.combine(day, time(12)).timestamp()
 
 
-def _early(day: date) -> float:
-    """Five past midnight: before now on any day but in its first minutes."""
-    return datetime.combine(day, time(0, 5)).timestamp()
+def _stamp(days: int, offset: float = 0.0) -> float:
+    """A moment `days` before today, `offset` seconds earlier than now (today) or than noon
+    (before): today's stays today and before now, whenever the test runs."""
+    if days == 0:
+        return time_now() - offset
+    return _noon(date.today() - timedelta(days=days)) - offset
 
 
 def test_each_age_has_its_group():
@@ -52,7 +56,7 @@ def test_headings_go_above_each_groups_first_chat_and_follow_a_chat_moved_up(
     today = date.today()
     ages = {"a": 0, "b": 0, "c": 1, "d": 3, "e": 4, "f": 45}
     for name, days in ages.items():
-        _write(chats_dir, name, _early(today - timedelta(days=days)) - ord(name))
+        _write(chats_dir, name, _stamp(days, ord(name) / 1000))
     window = make_window()
     window.show()
     qtbot.waitExposed(window)
@@ -108,7 +112,7 @@ def test_a_pinned_chat_is_listed_first_under_pinned_and_kept_so_in_its_file(
 
     today = date.today()
     for name, days in {"new": 0, "old": 40, "older": 50}.items():
-        _write(chats_dir, name, _early(today - timedelta(days=days)))
+        _write(chats_dir, name, _stamp(days))
     window = make_window()
     listed, chats = window.sidebar.list, window.ctx.chats
 
@@ -130,8 +134,8 @@ def test_a_pinned_chat_is_listed_first_under_pinned_and_kept_so_in_its_file(
     window.sidebar._menu(listed.visualItemRect(listed.item(row)).center())
     assert chosen[-1][0] == "Pin chat"
     older = chats.store.get("older")
-    assert older.pinned and older.updated == _early(today - timedelta(days=50))  # date kept
-    month = date_group(_early(today - timedelta(days=40)), today)
+    assert older.pinned and older.updated == _stamp(50)  # date kept
+    month = date_group(_stamp(40), today)
     assert rows() == [("older", "Pinned"), ("new", "Today"), ("old", month)]
     # The pin is in the chat's file: a restart lists it first.
     assert json.loads(chats.store.path("older").read_text("utf-8"))["pinned"] is True

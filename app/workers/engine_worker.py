@@ -138,6 +138,7 @@ class EngineWorker(QObject):
                 self.prompt_progress.emit(request_id, done, total)
 
         more = progress_args(self._engine, progress)  # not for a remote or stand-in engine
+        events: Any = None
         try:
             ids, left_out = self._prompt(request)
             budget = request.thinking_budget
@@ -153,23 +154,21 @@ class EngineWorker(QObject):
                 events = self._engine.generate(ids, params, cancel, thinking_budget=budget)
             else:
                 events = self._engine.generate(ids, params, cancel, **more)
-            try:
-                for event in events:
-                    if event.text:
-                        pending.append(event.text)
-                        thought.see(event.text)
-                    count += event.token_id != NO_TOKEN
-                    now = time.monotonic()
-                    if pending and (now - last >= BATCH_S or event.finished):
-                        self.tokens.emit(request_id, "".join(pending), count)
-                        pending.clear()
-                        last = now
-                    if event.finished:
-                        final = event
-                        break
-            finally:
-                _close(events)
+            for event in events:
+                if event.text:
+                    pending.append(event.text)
+                    thought.see(event.text)
+                count += event.token_id != NO_TOKEN
+                now = time.monotonic()
+                if pending and (now - last >= BATCH_S or event.finished):
+                    self.tokens.emit(request_id, "".join(pending), count)
+                    pending.clear()
+                    last = now
+                if event.finished:
+                    final = event
+                    break
         except Exception as exc:  # ScratchGrowFailed, out of memory, template errors...
+            _close(events)
             if pending:
                 self.tokens.emit(request_id, "".join(pending), count)
             self.failed.emit(request_id, type(exc).__name__, str(exc))
@@ -183,6 +182,9 @@ class EngineWorker(QObject):
         if left_out:
             summary["left_out"] = left_out  # the stats line says so (engine/context_fit.py)
         self.finished.emit(request_id, summary)
+        # Then the engine saves the reply's state (a disk copy too) and frees its stream, after
+        # the window has the reply and before the next request or the memory figure.
+        _close(events)
         self.held.emit(self._held())
 
     def _prompt(self, request: ReplyRequest) -> tuple[Any, int]:
@@ -229,8 +231,8 @@ class EngineWorker(QObject):
 
 def _close(events: Any) -> None:
     """End a reply read to its final event (or left on an error): the engine saves its state
-    and frees its stream now, before the reply is said to be finished, not whenever the
-    generator is let go. A failure there (a state not saved) is logged: the reply is whole."""
+    and frees its stream now, not whenever the generator is let go. A failure there (a state
+    not saved) is logged: the reply is whole."""
     close = getattr(events, "close", None)
     if close is None:
         return

@@ -1,6 +1,6 @@
-"""The engine thread ends each reply (the engine saves its state and frees its stream) before
-it says the reply is finished, not whenever its generator is let go; a failure there is
-logged and the reply stays whole."""
+"""The engine thread ends each reply (the engine saves its state and frees its stream) once
+it has said the reply is finished, before it says what the engine holds, not whenever its
+generator is let go; a failure there is logged and the reply stays whole."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def _worker():
     finished, failed, seen = [], [], []
     worker.finished.connect(lambda rid, summary: finished.append(rid))
     worker.failed.connect(lambda rid, cls, msg: failed.append((cls, msg)))
-    worker.finished.connect(lambda rid, summary: seen.append(list(worker._engine.ended)))
+    # What had ended each time the memory held is said after a reply.
+    worker.held.connect(lambda _held: finished and seen.append(len(worker._engine.ended)))
     return worker, finished, failed, seen
 
 
@@ -49,11 +50,11 @@ def _ask(worker, request_id):
     worker.generate(request_id, request)
 
 
-def test_a_reply_has_ended_when_it_is_said_to_be_finished(qtbot):
+def test_a_reply_has_ended_when_the_memory_it_leaves_is_said(qtbot):
     worker, finished, failed, seen = _worker()
     _ask(worker, 1)
     assert finished == [1] and not failed
-    assert len(seen[0]) == 1  # ended before `finished` was emitted
+    assert seen == [1]  # ended after `finished`, before `held`
 
 
 def test_a_reply_that_fails_to_end_is_still_whole_and_the_failure_logged(qtbot, caplog):

@@ -52,6 +52,7 @@ class MainWindow(QMainWindow):
         self.setMinimumSize(960, 600)
         self.sidebar = ChatSidebar(ctx.chats)
         self.chat = ChatPanel(ctx.chats)
+        self.sidebar.found_picked.connect(self.chat.show_found)
         self.gauge = GaugePanel(ctx.machine)
         self.library = LibraryPanel(ctx.library, ctx.downloads, ctx.advisor)
         self.load = LoadPanel(ctx.advisor, ctx.engine)

@@ -38,6 +38,7 @@ from app.widgets.system_prompt import SystemPromptDialog
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 GROW_MS = 50  # the least time between two redraws of a streamed reply
 PAGE = 20  # messages drawn when a chat is shown, and added by "Show earlier messages"
+FOUND_MS = 2500  # how long a message found by the chat search stays marked
 
 
 class Composer(QPlainTextEdit):
@@ -386,6 +387,24 @@ class ChatPanel(QWidget):
         self._busy(self.chats.busy)
         QTimer.singleShot(0, self, lambda: bar.setValue(bar.maximum() - from_end))
 
+    def show_found(self, query: str) -> None:
+        """Bring the chat's last message that holds `query` (casefolded; its text or an
+        attached file's name) into view, drawing the earlier messages down to it, and mark
+        it for FOUND_MS; nothing where only the chat's title holds it."""
+        turns = self.chats.current.turns
+        found = next((i for i in range(len(turns) - 1, -1, -1) if turns[i].holds(query)), None)
+        if found is None:
+            return
+        while found < self._first:
+            self.show_earlier()
+        widget = self._messages[found - self._first]
+        widget.setProperty("found", True)
+        widget.style().unpolish(widget)
+        widget.style().polish(widget)
+        # After the layout (and the scroll to the end that a chat shown asks for).
+        QTimer.singleShot(0, self, lambda: self.scroll.ensureWidgetVisible(widget, 0, 40))
+        QTimer.singleShot(FOUND_MS, widget, lambda: _unmark(widget))
+
     def _show_earlier_button(self) -> None:
         shown = min(self._first, PAGE)
         self.earlier_button.setText(
@@ -499,3 +518,9 @@ def _tab_after(before: QWidget, messages: list[MessageWidget]) -> None:
         for item in widget.focus_order():
             QWidget.setTabOrder(before, item)
             before = item
+
+
+def _unmark(widget: QWidget) -> None:
+    widget.setProperty("found", False)
+    widget.style().unpolish(widget)
+    widget.style().polish(widget)

@@ -8,7 +8,7 @@ import re
 from datetime import date
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QObject, QStandardPaths, Qt, QTimer
+from PySide6.QtCore import QEvent, QObject, QStandardPaths, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -44,16 +44,14 @@ def place(chat: Chat) -> tuple[bool, float]:
 
 def matches(chat: Chat, query: str) -> bool:
     """Whether the chat's title or one of its messages holds `query` (casefolded)."""
-    if query in chat.title.casefold():
-        return True
-    return any(query in t.content.casefold() for t in chat.turns) or any(
-        query in a.name.casefold() for t in chat.turns for a in t.attachments
-    )
+    return query in chat.title.casefold() or any(t.holds(query) for t in chat.turns)
 
 
 class ChatSidebar(QWidget):
     """The list of chats, newest first, with a New chat button and a search box (titles and
-    messages)."""
+    messages). `found_picked(query)`: a chat the search found was picked."""
+
+    found_picked = Signal(str)
 
     def __init__(self, chats: ChatController, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -205,6 +203,8 @@ class ChatSidebar(QWidget):
     def _picked(self, item: QListWidgetItem | None, _prev: object = None) -> None:
         if item is not None:
             self.chats.select(item.data(Qt.ItemDataRole.UserRole))
+            if self._query():  # a chat the search found: the chat shows where
+                self.found_picked.emit(self._query())
 
     def _menu(self, pos) -> None:
         item = self.list.itemAt(pos)

@@ -73,6 +73,13 @@ class Turn:
             **({"sent": self.sent} if self.sent is not None else {}),
         }
 
+    def holds(self, query: str) -> bool:
+        """Whether its text or one of its files' names holds `query` (casefolded already):
+        what the chat search finds."""
+        return query in self.content.casefold() or any(
+            query in a.name.casefold() for a in self.attachments
+        )
+
     @property
     def prompt(self) -> str:
         """What the model reads of the turn: its attached files, then its text."""

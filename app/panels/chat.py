@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import QMimeData, QStandardPaths, Qt, QTimer, Signal
+from PySide6.QtCore import QMimeData, QPoint, QStandardPaths, Qt, QTimer, Signal
 from PySide6.QtGui import (
     QDragEnterEvent,
     QDropEvent,
@@ -124,6 +124,8 @@ class ChatPanel(QWidget):
         self.body_layout.addWidget(self.empty_hint)
         self.body_layout.addStretch(1)
         self.scroll.setWidget(body)
+        self._found: QWidget | None = None  # a message the search found, held in view a moment
+        self.scroll.verticalScrollBar().rangeChanged.connect(self._keep_found)
         outer.addWidget(self.scroll, 1)
 
         bottom = QWidget()
@@ -332,6 +334,7 @@ class ChatPanel(QWidget):
         chat = self.chats.current
         self._grow_timer.stop()
         self._pending = None
+        self._found = None  # a message found by the search is not held in view any more
         other = chat.id != self._drawn
         if other:  # another chat: the message box holds its own draft, and its files
             self.keep_draft()
@@ -401,9 +404,27 @@ class ChatPanel(QWidget):
         widget.setProperty("found", True)
         widget.style().unpolish(widget)
         widget.style().polish(widget)
-        # After the layout (and the scroll to the end that a chat shown asks for).
-        QTimer.singleShot(0, self, lambda: self.scroll.ensureWidgetVisible(widget, 0, 40))
-        QTimer.singleShot(FOUND_MS, widget, lambda: _unmark(widget))
+        # In the middle of the view, after the scroll to the end that a chat shown asks for,
+        # and again as the messages drawn take their heights (the range grows), while marked.
+        self._found = widget
+        QTimer.singleShot(0, self, lambda: self._centre(widget))
+        QTimer.singleShot(FOUND_MS, widget, lambda: self._unmark(widget))
+
+    def _centre(self, widget: QWidget) -> None:
+        top = widget.mapTo(self.scroll.widget(), QPoint(0, 0)).y()
+        room = self.scroll.viewport().height() - widget.height()
+        self.scroll.verticalScrollBar().setValue(max(0, top - max(0, room) // 2))
+
+    def _keep_found(self, *_range: int) -> None:
+        if self._found is not None:
+            self._centre(self._found)
+
+    def _unmark(self, widget: QWidget) -> None:
+        if self._found is widget:
+            self._found = None
+        widget.setProperty("found", False)
+        widget.style().unpolish(widget)
+        widget.style().polish(widget)
 
     def _show_earlier_button(self) -> None:
         shown = min(self._first, PAGE)
@@ -518,9 +539,3 @@ def _tab_after(before: QWidget, messages: list[MessageWidget]) -> None:
         for item in widget.focus_order():
             QWidget.setTabOrder(before, item)
             before = item
-
-
-def _unmark(widget: QWidget) -> None:
-    widget.setProperty("found", False)
-    widget.style().unpolish(widget)
-    widget.style().polish(widget)

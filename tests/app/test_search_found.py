@@ -49,7 +49,7 @@ def test_a_chat_found_by_a_message_opens_at_that_message(
         QCoreApplication.processEvents()
         viewport = panel.scroll.viewport()
         top = found.mapTo(viewport, found.rect().topLeft()).y()
-        return 0 <= top < viewport.height()
+        return 0 <= top and top + found.height() <= viewport.height()  # all of it
 
     qtbot.waitUntil(in_view, timeout=2000)
     qtbot.waitUntil(lambda: found.property("found") is False, timeout=2000)  # the mark goes

@@ -401,9 +401,7 @@ class ChatPanel(QWidget):
         while found < self._first:
             self.show_earlier()
         widget = self._messages[found - self._first]
-        widget.setProperty("found", True)
-        widget.style().unpolish(widget)
-        widget.style().polish(widget)
+        _mark(widget, True)
         # In the middle of the view, after the scroll to the end that a chat shown asks for,
         # and again as the messages drawn take their heights (the range grows), while marked.
         self._found = widget
@@ -422,9 +420,7 @@ class ChatPanel(QWidget):
     def _unmark(self, widget: QWidget) -> None:
         if self._found is widget:
             self._found = None
-        widget.setProperty("found", False)
-        widget.style().unpolish(widget)
-        widget.style().polish(widget)
+        _mark(widget, False)
 
     def _show_earlier_button(self) -> None:
         shown = min(self._first, PAGE)
@@ -539,3 +535,10 @@ def _tab_after(before: QWidget, messages: list[MessageWidget]) -> None:
         for item in widget.focus_order():
             QWidget.setTabOrder(before, item)
             before = item
+
+
+def _mark(widget: QWidget, found: bool) -> None:
+    """A message marked (or not) as the one the chat search found (style.qss draws it)."""
+    widget.setProperty("found", found)
+    widget.style().unpolish(widget)  # the style sheet read again for the new property
+    widget.style().polish(widget)

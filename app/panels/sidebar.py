@@ -30,8 +30,6 @@ from app.widgets.chat_groups import GROUP_ROLE, GroupHeadings
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 SEARCH_MS = 200  # the pause in typing after which the search runs
 DAY_CHECK_MS = 60_000  # how often the headings look for a new day (Today becomes Yesterday)
-UPDATED_ROLE = Qt.ItemDataRole.UserRole + 2  # an item's chat's last change (seconds)
-PINNED_ROLE = Qt.ItemDataRole.UserRole + 3  # whether an item's chat is pinned
 PINNED = "Pinned"  # the heading of the pinned chats, listed first
 KEY_PRESS, SHORTCUT_OVERRIDE = QEvent.Type.KeyPress, QEvent.Type.ShortcutOverride
 
@@ -140,8 +138,10 @@ class ChatSidebar(QWidget):
         last, changed = None, False
         for row in range(self.list.count()):
             item = self.list.item(row)
-            pinned = item.data(PINNED_ROLE)
-            group = PINNED if pinned else date_group(item.data(UPDATED_ROLE), self._today)
+            chat = self.chats.store.get(item.data(Qt.ItemDataRole.UserRole))
+            if chat is None:  # gone: the list is built again (chats_changed)
+                continue
+            group = PINNED if chat.pinned else date_group(chat.updated, self._today)
             heading = group if group != last else None
             last = group
             if item.data(GROUP_ROLE) != heading:
@@ -160,8 +160,6 @@ class ChatSidebar(QWidget):
         item = QListWidgetItem(chat.title)
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
         item.setData(Qt.ItemDataRole.UserRole, chat.id)
-        item.setData(UPDATED_ROLE, chat.updated)
-        item.setData(PINNED_ROLE, chat.pinned)
         item.setToolTip(chat.title)
         self._items[chat.id] = item
         return item

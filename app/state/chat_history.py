@@ -187,8 +187,9 @@ class Chat:
         parts = [f"# {self.title}"]
         if self.system_prompt and self.system_prompt.strip():
             parts.append(f"*System prompt:* {self.system_prompt.strip()}")
+        now = datetime.now()
         for turn in self.turns:
-            when = "" if turn.sent is None else f" ({message_time(turn.sent, datetime.now())[1]})"
+            when = "" if turn.sent is None else f" ({message_time(turn.sent, now)[1]})"
             if turn.role == "assistant":
                 split = split_reply(turn.content, turn.thinking_enabled)
                 parts.append(f"**Snug**{when}")

@@ -2,8 +2,9 @@
 
     GET  /health                 liveness, streams running and waiting (no key needed)
     GET  /v1/models              the one loaded model (Anthropic's shape with anthropic-version)
-    POST /v1/chat/completions    chat template (tools included), thinking apart, tool calls
-    POST /v1/completions         a prompt string or token ids, as is
+    POST /v1/chat/completions    chat template (tools included), thinking apart, tool calls,
+                                 `n` replies (openai_api.py)
+    POST /v1/completions         prompt strings or token ids, as they are (a batch, `n` each)
     POST /v1/responses           the Responses API (GET, DELETE /v1/responses/{id}: kept ones)
     POST /v1/messages            Anthropic's Messages API (and /v1/messages/count_tokens)
 
@@ -20,7 +21,7 @@ import hmac
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -41,25 +42,20 @@ from engine.scheduler import QueueFull, Scheduler
 from engine.server.body import read_json
 from engine.server.errors import api_error, http_error, shutting_down
 from engine.server.generation import Generation
-from engine.server.legacy import as_function_call, finish, read_legacy
 from engine.server.llama_api import LlamaApi
-from engine.server.logprobs import LogprobFormat
 from engine.server.messages_api import MessagesApi, model_info, model_list, wants_anthropic
 from engine.server.ollama import OllamaApi
+from engine.server.openai_api import ChatCompletionsApi
 from engine.server.protocol import (
     ApiError,
     ChatRequest,
     CompletionRequest,
     Options,
     bad,
-    read_chat,
-    read_completion,
-    streamed_error,
     tool_schemas,
 )
 from engine.server.reply import ReplySplitter, prompt_opens_thinking
 from engine.server.response_store import ResponsesApi
-from engine.server.sse import data, sse
 from engine.server.tokenize_api import TokenizeApi
 
 MAX_BODY = 32 << 20  # bytes of one request body (files sent in a request: base64 PDFs)
@@ -109,8 +105,7 @@ class OpenAIServer:
         api = [
             ("/models", self.models, "GET"),
             ("/models/{model:path}", self.model, "GET"),
-            ("/chat/completions", self.chat, "POST"),
-            ("/completions", self.completions, "POST"),
+            *ChatCompletionsApi(self).routes(),
             *ResponsesApi(self).routes(),
             *MessagesApi(self).routes(),
             *TokenizeApi(self).routes(),
@@ -183,68 +178,20 @@ class OpenAIServer:
             return JSONResponse(model_info(self))
         return JSONResponse(self._model_card())
 
-    async def chat(self, request: Request) -> Any:
-        self._authorize(request)
-        body, legacy = read_legacy(await self._body(request))
-        chat = read_chat(body)
-        self._check_model(chat.options.model)
-        gen = await self._submit(request, chat, "messages")
-        head = self._head("chatcmpl", chat.options)
-        if chat.options.stream:
-            events = self._chat_events(gen, head, chat.options.include_usage, legacy)
-            return sse(events, gen)
-        reasoning, content, calls = [], [], []
-        async for piece in gen.pieces():
-            if piece.kind == "tool_call":
-                calls.append(piece.call.as_dict())  # type: ignore[union-attr]
-            else:
-                (reasoning if piece.kind == "reasoning" else content).append(piece.text)
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": "".join(content) if content or not calls else None,
-        }
-        if reasoning:
-            message["reasoning_content"] = message["reasoning"] = "".join(reasoning)
-        if calls:
-            message["tool_calls"] = calls
-        choice = {
-            "index": 0,
-            "message": as_function_call(message) if legacy else message,
-            "logprobs": self._logprobs(gen, True),
-            "finish_reason": finish(gen.finish_reason) if legacy else gen.finish_reason,
-        }
-        body = {**head, "object": "chat.completion", "choices": [choice], "usage": gen.usage}
-        return JSONResponse(_with_timings(body, gen))
-
-    async def completions(self, request: Request) -> Any:
-        self._authorize(request)
-        req = read_completion(await self._body(request))
-        self._check_model(req.options.model)
-        gen = await self._submit_completion(request, req)
-        head = self._head("cmpl", req.options)
-        if req.options.stream:
-            return sse(self._completion_events(gen, head, req.options.include_usage), gen)
-        text = "".join([piece.text async for piece in gen.pieces()])
-        choice = {
-            "index": 0,
-            "text": text,
-            "finish_reason": gen.finish_reason,
-            "logprobs": self._logprobs(gen, False),
-        }
-        body = {**head, "object": "text_completion", "choices": [choice], "usage": gen.usage}
-        return JSONResponse(_with_timings(body, gen))
-
     async def _submit_completion(self, request: Request, req: CompletionRequest) -> Generation:
-        """Tokenize (or check the ids of) a completion's prompt, ready its grammar, submit."""
-        if isinstance(req.prompt, str):
-            ids = await run_in_threadpool(self.tokenizer.encode, req.prompt)
-        else:
-            ids = req.prompt
-            vocab = self.engine.vocab_rows
-            if any(not 0 <= t < vocab for t in ids):
-                raise bad(f"'prompt' has token ids outside the vocabulary [0, {vocab})", "prompt")
+        """A completion of one prompt: its ids, its grammar readied, submitted."""
+        ids = await self._completion_ids(req.prompt)
         await self._grammar_ready(req.options)
         return self._start(request, ids, req.options, None)
+
+    async def _completion_ids(self, prompt: str | list[int]) -> list[int]:
+        """A completion's prompt tokenized, or its ids checked against the vocabulary."""
+        if isinstance(prompt, str):
+            return await run_in_threadpool(self.tokenizer.encode, prompt)
+        vocab = self.engine.vocab_rows
+        if any(not 0 <= t < vocab for t in prompt):
+            raise bad(f"'prompt' has token ids outside the vocabulary [0, {vocab})", "prompt")
+        return prompt
 
     async def _submit(
         self,
@@ -261,12 +208,32 @@ class OpenAIServer:
         context loses its oldest turns, as Ollama's API does; `prefix`: ids the prompt
         goes on from, Ollama's `context`; `started`: the reply's first words, which it
         goes on from: Anthropic's prefill)."""
+        prompt_text, ids = await self._prompt(chat, where, truncate, started)
+        await self._grammar_ready(chat.options)
+        ids = [*prefix, *ids]
+        return self._start_chat(request, chat, prompt_text, ids, chat.options, fit, started)
+
+    async def _prompt(
+        self, chat: ChatRequest, where: str, truncate: bool = False, started: str = ""
+    ) -> tuple[str, list[int]]:
+        """The chat's prompt, text and ids, rendered on a thread (`_submit`'s arguments)."""
         render = self._truncated if truncate else self._render
         try:
-            prompt_text, ids = await run_in_threadpool(render, chat, started)
+            return await run_in_threadpool(render, chat, started)
         except TemplateError as exc:
             raise bad(str(exc), where, "template_error") from exc
-        ids = [*prefix, *ids]
+
+    def _start_chat(
+        self,
+        request: Request,
+        chat: ChatRequest,
+        prompt_text: str,
+        ids: list[int],
+        options: Options,
+        fit: bool = False,
+        started: str = "",
+    ) -> Generation:
+        """Submit one reply to a rendered chat (`options`: the chat's, or one choice's)."""
         splitter = ReplySplitter(
             prompt_opens_thinking(prompt_text),
             bool(chat.tools),
@@ -274,91 +241,22 @@ class OpenAIServer:
             one_call=chat.one_call,
             lead=not started,
         )
-        await self._grammar_ready(chat.options)
         budget = chat.thinking_budget or self.thinking_budget
-        return self._start(request, ids, chat.options, splitter, fit, budget)
+        return self._start(request, ids, options, splitter, fit, budget)
 
-    # ----- streaming ------------------------------------------------------------------------
-    async def _chat_events(
-        self, gen: Generation, head: dict, usage: bool, legacy: bool = False
-    ) -> AsyncIterator[str]:
-        """A chat reply's chunks (`legacy`: its call as the older API's `function_call`)."""
-        fmt = LogprobFormat(self.tokenizer)
-
-        def chunk(delta: dict, finish: str | None = None) -> str:
-            logprobs = self._logprobs(gen, True, fmt, finish is not None)
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
-            body = {**head, "object": "chat.completion.chunk", "choices": [choice]}
-            body = _with_timings(body, gen) if finish is not None else body
-            return data({**body, "usage": None} if usage else body)
-
-        calls, streamed = 0, None  # calls ended; the id of the one sent as it was written
-        try:
-            yield chunk({"role": "assistant", "content": ""})
-            async for piece in gen.pieces(call_parts=True):
-                kind, call = piece.kind, piece.call
-                if kind == "reasoning":
-                    yield chunk({"reasoning_content": piece.text, "reasoning": piece.text})
-                elif kind == "content":
-                    yield chunk({"content": piece.text})
-                elif legacy and calls:  # the older API held one call a reply
-                    continue
-                elif kind == "call_start":
-                    streamed = call.id  # type: ignore[union-attr]
-                    yield chunk(_call_delta(call.as_dict(calls), legacy))  # type: ignore[union-attr]
-                elif kind == "call_args":
-                    part = {"index": calls, "function": {"arguments": piece.text}}
-                    yield chunk(_call_delta(part, legacy))
-                else:  # the whole call: sent already, or now
-                    if call.id != streamed:  # type: ignore[union-attr]
-                        yield chunk(_call_delta(call.as_dict(calls), legacy))  # type: ignore[union-attr]
-                    calls += 1
-            yield chunk({}, finish(gen.finish_reason) if legacy else gen.finish_reason)
-            if usage:
-                yield data(
-                    {**head, "object": "chat.completion.chunk", "choices": [], "usage": gen.usage}
-                )
-        except Exception as exc:  # the reply failed after it started: its error, then [DONE]
-            yield data(streamed_error(exc).body())
-        yield "data: [DONE]\n\n"
-
-    async def _completion_events(
-        self, gen: Generation, head: dict, usage: bool
-    ) -> AsyncIterator[str]:
-        fmt = LogprobFormat(self.tokenizer)
-
-        def chunk(text: str, finish: str | None = None) -> str:
-            logprobs = self._logprobs(gen, False, fmt, finish is not None)
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
-            body = {**head, "object": "text_completion", "choices": [choice]}
-            body = _with_timings(body, gen) if finish is not None else body
-            return data({**body, "usage": None} if usage else body)
-
-        try:
-            async for piece in gen.pieces():
-                yield chunk(piece.text)
-            yield chunk("", gen.finish_reason)
-            if usage:
-                yield data({**head, "object": "text_completion", "choices": [], "usage": gen.usage})
-        except Exception as exc:  # the reply failed after it started: its error, then [DONE]
-            yield data(streamed_error(exc).body())
-        yield "data: [DONE]\n\n"
+    def _check_replies(self, replies: int) -> None:
+        """A request's replies (its `n`, times a completion's prompts) are each a request
+        to the scheduler: refused at once where they could never all be taken together."""
+        streams, queue = self.engine.streams, self.scheduler.queue_size
+        if replies > streams + queue:
+            raise bad(
+                f"the request asks for {replies} replies ('n' times the prompts) but this "
+                f"server takes at most {streams + queue} at once ({streams} streams, {queue} "
+                "waiting); ask for fewer, or restart it with more --streams or --queue",
+                "n",
+            )
 
     # ----- helpers --------------------------------------------------------------------------
-    def _logprobs(
-        self, gen: Generation, chat: bool, fmt: LogprobFormat | None = None, final: bool = True
-    ) -> dict | None:
-        """The log-probabilities of the tokens `gen` received since the last call, in the
-        endpoint's shape; None where the request did not ask, or (before the final chunk
-        of a stream) where no token came."""
-        if not gen.wants_logprobs:
-            return None
-        entries = gen.take_logprobs()
-        if not entries and not final:
-            return None
-        fmt = fmt or LogprobFormat(self.tokenizer)
-        return fmt.chat(entries) if chat else fmt.completion(entries)
-
     def _authorize(self, request: Request) -> None:
         if self.api_key is None:
             return
@@ -497,16 +395,3 @@ class OpenAIServer:
             "created": int(time.time()),
             "model": options.model or self.model_id,
         }
-
-
-def _with_timings(body: dict, gen: Generation) -> dict:
-    """`body` with llama.cpp's `timings` object (`Generation.timings`) where the reply has
-    them: OpenAI clients ignore the field, llama.cpp's clients read tokens/s from it."""
-    timings = gen.timings
-    return body if timings is None else {**body, "timings": timings}
-
-
-def _call_delta(part: dict[str, Any], legacy: bool) -> dict[str, Any]:
-    """A chunk's delta for part of a call (`part` as one entry of `tool_calls`), or as the
-    older API's `function_call` (`legacy`): its function alone."""
-    return {"function_call": part["function"]} if legacy else {"tool_calls": [part]}

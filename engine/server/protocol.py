@@ -158,6 +158,13 @@ class Options:
     logprobs: int | None = None
     frequency_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit)
+    n: int = 1  # replies to the prompt (chat and completions); the other APIs take one
+
+    def choice(self, i: int) -> Options:
+        """The options of reply `i` of `n`: a seed moves on by one a reply, so that seeded
+        replies differ from each other and each is the same again with the same seed."""
+        seed = self.seed if self.seed is None or i == 0 else (self.seed + i) % 2**63
+        return replace(self, seed=seed, n=1)
 
     def params(self, max_new_tokens: int) -> GenerationParams:
         given = {
@@ -196,10 +203,23 @@ def read_logprobs(body: dict, chat: bool) -> int | None:
     return in_range("logprobs", field(body, "logprobs", "integer"), 0, MAX_TOP_LOGPROBS)
 
 
+def read_choices(body: dict) -> int:
+    """`n`: the replies asked for the prompt (each its own request, drawn apart). The
+    completions' `best_of` may only say the same: every reply written is returned."""
+    n = field(body, "n", "integer", 1)
+    if n < 1:
+        raise bad(f"'n' = {n} must be at least 1", "n")
+    best_of = field(body, "best_of", "integer", n)
+    if best_of != n:
+        raise bad(
+            f"'best_of' = {best_of}: this server returns every reply it writes, so best_of "
+            f"must equal n ({n}) or be left out",
+            "best_of",
+        )
+    return n
+
+
 def read_options(body: dict, max_tokens_default: int | None, chat: bool = True) -> Options:
-    for name in ("n", "best_of"):
-        if field(body, name, "integer", 1) != 1:
-            raise bad(f"'{name}' must be 1: this server returns one choice per request", name)
     max_tokens = field(body, "max_completion_tokens", "integer")
     if max_tokens is None:
         max_tokens = field(body, "max_tokens", "integer", max_tokens_default)
@@ -241,6 +261,7 @@ def read_options(body: dict, max_tokens_default: int | None, chat: bool = True) 
             "frequency_penalty", field(body, "frequency_penalty", "number"), -2, 2
         ),
         logit_bias=read_logit_bias(body),
+        n=read_choices(body),
     )
 
 
@@ -520,23 +541,33 @@ def tool_schemas(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]
 @dataclass(frozen=True)
 class CompletionRequest:
     options: Options
-    prompt: str | list[int]
+    prompts: tuple[str | list[int], ...]  # a batch: each prompt's replies are choices
+
+    @property
+    def prompt(self) -> str | list[int]:
+        """The one prompt of an API that takes one (llama.cpp's)."""
+        if len(self.prompts) != 1:
+            raise bad(f"'prompt' holds {len(self.prompts)} prompts; send one", "prompt")
+        return self.prompts[0]
 
 
 def read_completion(body: dict) -> CompletionRequest:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    ints = isinstance(prompt, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    )
-    if not (isinstance(prompt, str) or ints) or not prompt:
-        raise bad(
-            "'prompt' must be a non-empty string or list of token ids (one prompt per request)",
-            "prompt",
+    raw = body.get("prompt")
+    batch = isinstance(raw, list) and bool(raw) and all(isinstance(p, str | list) for p in raw)
+    prompts = raw if batch else [raw]
+    for i, prompt in enumerate(prompts):
+        ints = isinstance(prompt, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
         )
+        if not (isinstance(prompt, str) or ints) or not prompt:
+            where = f"prompt[{i}]" if batch else "prompt"
+            raise bad(
+                f"'{where}' must be a non-empty string or list of token ids (or 'prompt' a "
+                "list of them, a batch)",
+                "prompt",
+            )
     if field(body, "echo", "boolean", False):
         raise bad("'echo' is not supported by this server", "echo")
     if body.get("suffix"):
         raise bad("'suffix' is not supported by this server", "suffix")
-    return CompletionRequest(read_options(body, 16, chat=False), prompt)
+    return CompletionRequest(read_options(body, 16, chat=False), tuple(prompts))

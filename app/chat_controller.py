@@ -220,11 +220,11 @@ class ChatController(QObject):
         so far; what comes is added to it."""
         if not self.can_continue():
             return False
-        params = self._params()
-        if params is None:
-            return False
         chat = self.current
         turn = chat.turns[-1]
+        params = self._params(turn.thinking_enabled)  # the set it was written with
+        if params is None:
+            return False
         messages = chat.messages(self.settings.system_prompt)[:-1]
         self._tokens_before = int(turn.stats.get("new_tokens") or 0)
         self._rate_from = None
@@ -262,13 +262,17 @@ class ChatController(QObject):
         self.engine.stop()
 
     # -- engine side
-    def _params(self) -> Any:
-        """The request's parameters, or None when the engine refuses the settings: then the
-        reason is said (`notice`, `refused`) and the chat is left as it was."""
+    def _params(self, thinking: bool | None = None) -> Any:
+        """The request's parameters: the sampling set for a reply that thinks first, or
+        for one that does not (`thinking`; None: as the Thinking box says now). None when
+        the engine refuses the settings: then the reason is said (`notice`, `refused`) and
+        the chat is left as it was."""
+        thinking = self.settings.thinking if thinking is None else thinking
         try:
-            return engine_bridge.make_params(self.settings.sampling())
+            return engine_bridge.make_params(self.settings.sampling(thinking))
         except (SnugError, ValueError, TypeError) as exc:
-            message = f"Not sent: {exc}. Change it in Settings > Sampling."
+            group = "Sampling while thinking" if thinking else "Sampling"
+            message = f"Not sent: {exc}. Change it in Settings > {group}."
             self.notice.emit(message)
             self.refused.emit(message)
             return None

@@ -56,9 +56,9 @@ PROMPTS = "512,8192,16384,32768"
 MARGIN = 64  # tokens of context past the longest prompt and its reply, without a limit
 PROMPT_IDS = 400  # random prompts draw ids below this: text in every tokenizer here
 MIN_CELL_S = 30.0  # a cell is not started with less of the time budget left
-# `--sampled`: the app's sampling defaults (app/state/settings.py, which imports Qt): its
-# temperature, top-k and top-p are SamplingParams' own; its presence penalty (drawn on the
-# device with the penalty's bitmap) is this.
+# `--sampled`: the app's sampling defaults for replies without thinking (app/state/
+# settings.py, which imports Qt): its temperature, top-k and top-p are SamplingParams' own;
+# its presence penalty (drawn on the device with the penalty's bitmap) is this.
 APP_PRESENCE_PENALTY = 1.5
 GRACE_S = 20.0  # a cell's process may run this far past the budget before it is stopped
 

@@ -65,11 +65,18 @@ FIELDS: tuple[Field, ...] = (
     Field("engine/kv_cache", str, "bf16", "KV cache", True, choices=KV_CACHES),
     # Tokens drafted a step with the checkpoint's MTP head (Hugging Face checkpoints only).
     Field("engine/draft_tokens", str, "off", "Drafting", True, choices=DRAFT_CHOICES),
+    # Two sets, as Qwen3.5's model cards recommend one for replies without thinking and
+    # another for replies that think first (SAMPLING_KNOBS; `AppSettings.sampling`).
     Field("sampling/temperature", float, 0.7, "Temperature", lo=0, hi=100),
     Field("sampling/top_p", float, 0.8, "Top-p", lo=0, hi=1),
     Field("sampling/top_k", int, 20, "Top-k", lo=0, hi=1 << 24),
     Field("sampling/presence_penalty", float, 1.5, "Presence penalty", lo=-100, hi=100),
     Field("sampling/min_p", float, 0.0, "Min-p", lo=0, hi=1),
+    Field("thinking_sampling/temperature", float, 1.0, "Temperature", lo=0, hi=100),
+    Field("thinking_sampling/top_p", float, 0.95, "Top-p", lo=0, hi=1),
+    Field("thinking_sampling/top_k", int, 20, "Top-k", lo=0, hi=1 << 24),
+    Field("thinking_sampling/presence_penalty", float, 1.5, "Presence penalty", lo=-100, hi=100),
+    Field("thinking_sampling/min_p", float, 0.0, "Min-p", lo=0, hi=1),
     Field("sampling/max_new_tokens", int, 2048, "Max new tokens", lo=1, hi=1 << 24),
     Field("chat/thinking", bool, False, "Thinking"),
     # The most tokens a reply thinks before it answers (0: no limit; engine/thinking_budget.py).
@@ -91,6 +98,14 @@ FIELDS: tuple[Field, ...] = (
     Field("cache/disk_gib", float, 8.0, "Prompt cache on disk (GiB, 0 = off)", True, 0, MAX_GIB),
 )
 BY_KEY = {f.key: f for f in FIELDS}
+# The sampling settings of each set, by the engine's names (GenerationParams).
+SAMPLING_KNOBS = {
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "presence_penalty": float,
+    "min_p": float,
+}
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
 
@@ -277,12 +292,9 @@ class AppSettings(QObject):
             prompt_cache_disk_bytes=int(round(float(self.get("cache/disk_gib")) * GIB)),
         )
 
-    def sampling(self) -> dict[str, float | int]:
-        return {
-            "temperature": float(self.get("sampling/temperature")),
-            "top_p": float(self.get("sampling/top_p")),
-            "top_k": int(self.get("sampling/top_k")),
-            "presence_penalty": float(self.get("sampling/presence_penalty")),
-            "min_p": float(self.get("sampling/min_p")),
-            "max_new_tokens": int(self.get("sampling/max_new_tokens")),
-        }
+    def sampling(self, thinking: bool = False) -> dict[str, float | int]:
+        """A reply's sampling: the set for replies that think first (`thinking`), or the
+        one for replies without thinking; the token limit is one for both."""
+        group = "thinking_sampling" if thinking else "sampling"
+        out = {name: kind(self.get(f"{group}/{name}")) for name, kind in SAMPLING_KNOBS.items()}
+        return {**out, "max_new_tokens": int(self.get("sampling/max_new_tokens"))}

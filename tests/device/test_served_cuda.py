@@ -102,3 +102,29 @@ def test_a_thinking_budget_is_held_on_the_gpu(served):
         pytest.skip("the model closed its thinking within the budget")
     assert whole.json()["usage"]["completion_tokens"] == 120
     assert streamed_text(chat(served[1], stream=True, **body)) == (message["content"] or "")
+
+
+def test_n_replies_share_the_batch_on_the_gpu(served):
+    """`n` = 4 on two streams and a queue: four replies, each drawn apart and written in
+    full, whole and streamed; greedy, every reply is the reply a request of one gets."""
+    _, url = served
+    body = {"max_tokens": 16, "temperature": 0.8, "seed": 3, "ignore_eos": True, "n": 4}
+    whole = chat(url, **body)
+    assert whole.status_code == 200, whole.text
+    out = whole.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    assert out["usage"]["completion_tokens"] == 64
+    texts = [c["message"]["content"] for c in out["choices"]]
+    assert len(set(texts)) > 1, texts
+    streamed = chat(url, stream=True, **body)
+    assert streamed.status_code == 200, streamed.text
+    parts = ["", "", "", ""]
+    for line in streamed.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:]).get("choices", []):
+                parts[choice["index"]] += choice["delta"].get("content") or ""
+    assert all(parts), parts
+    greedy = {"max_tokens": 16, "temperature": 0}
+    one = chat(url, **greedy).json()["choices"][0]["message"]["content"]
+    three = chat(url, n=3, **greedy).json()["choices"]
+    assert [c["message"]["content"] for c in three] == [one] * 3

@@ -27,6 +27,7 @@ from engine.cli_progress import cpu_note, load_progress, prompt_progress
 from engine.config import DRAFT_CHOICES, EngineSettings
 from engine.errors import CheckpointError, RequestRefused, SnugError
 from engine.request_types import progress_args
+from engine.sampling import RECOMMENDED
 from engine.server.cli import add_serve_parser, run_serve
 
 
@@ -81,12 +82,24 @@ def _add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int) -> None
         help=f"at least 1 (default {max_new_tokens})",
     )
     p.add_argument("--greedy", action="store_true")
-    p.add_argument("--temperature", type=finite_float, default=0.7)
-    p.add_argument("--top-k", type=int_at_least(0), default=20, help="0 = off (default 20)")
-    p.add_argument("--top-p", type=finite_float, default=0.8)
-    p.add_argument("--min-p", type=finite_float, default=0.0)
-    p.add_argument("--presence-penalty", type=finite_float, default=0.0)
+    # Unset, each knob takes Qwen3.5's recommended value for the reply's mode (RECOMMENDED:
+    # one set where the reply thinks first, one where it does not).
+    mode = "{}, or {} where the reply thinks first: the model card's"
+    for name, kind in _SAMPLING_FLAGS:
+        plain, thinking = RECOMMENDED[False][name], RECOMMENDED[True][name]
+        said = f"{plain}" if plain == thinking else mode.format(plain, thinking)
+        off = "; 0 = off" if name == "top_k" else ""
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"default {said}{off}")
     p.add_argument("--seed", type=int_at_least(0), default=None)
+
+
+_SAMPLING_FLAGS = (
+    ("temperature", finite_float),
+    ("top_k", int_at_least(0)),
+    ("top_p", finite_float),
+    ("min_p", finite_float),
+    ("presence_penalty", finite_float),
+)
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -194,9 +207,11 @@ def run_chat(args: argparse.Namespace) -> int:
     from engine.checkpoint.checkpoint import model_name
     from engine.cli_chat import chat
 
-    params = _params(args)  # a sampling flag out of range is refused before the load
+    _params(args)  # a sampling flag out of range is refused before the load
     engine = _load(args)
     thinking = {"on": True, "off": False}.get(args.thinking)
+    probe = engine.chat_ids([{"role": "user", "content": "Hi"}], enable_thinking=thinking)
+    params = _params(args, _thinks(engine, probe))  # every reply of the chat starts so
     name, streams = model_name(args.model), (sys.stdin, sys.stdout, sys.stderr)
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the chat, which
         sys.stdin.reconfigure(errors="surrogateescape")  # refuses that message alone
@@ -232,20 +247,19 @@ def _load(args: argparse.Namespace):
     return engine
 
 
-def _params(args: argparse.Namespace):
-    """The sampling flags as GenerationParams; one out of range is refused by its flag."""
+def _params(args: argparse.Namespace, thinking: bool = False):
+    """The sampling flags as GenerationParams, those not given as Qwen3.5's recommended
+    values for a reply that thinks first or not (`thinking`); a flag out of range is
+    refused by its name."""
     from engine.session import GenerationParams
 
     values = {
         "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "min_p": args.min_p,
-        "presence_penalty": args.presence_penalty,
+        **{name: getattr(args, name) for name, _ in _SAMPLING_FLAGS},
         "seed": args.seed,
         "greedy": args.greedy,
     }
+    values |= {k: v for k, v in RECOMMENDED[thinking].items() if values[k] is None}
     try:
         return GenerationParams(**values)
     except SnugError as exc:
@@ -255,6 +269,14 @@ def _params(args: argparse.Namespace):
             except SnugError:
                 raise SnugError(f"--{key.replace('_', '-')} {value}: {exc}") from None
         raise
+
+
+def _thinks(engine, prompt_ids: list[int]) -> bool:
+    """Whether a reply to `prompt_ids` starts inside a thinking block."""
+    from engine.constraint import opens_thinking
+
+    tokenizer = getattr(engine, "tokenizer", None)
+    return tokenizer is not None and opens_thinking(prompt_ids, tokenizer)
 
 
 def _prompt_ids(engine, args: argparse.Namespace) -> list[int]:
@@ -278,7 +300,7 @@ def _generate(engine, args: argparse.Namespace) -> int:
     from engine.thinking_budget import applies, generate_within
 
     prompt_ids = _prompt_ids(engine, args)
-    params = _params(args)
+    params = _params(args, _thinks(engine, prompt_ids))
     output_ids, text, stats, finish = [], [], None, None
     t0 = time.perf_counter()
     more = progress_args(engine, prompt_progress())

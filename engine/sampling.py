@@ -15,6 +15,14 @@ import numpy as np
 
 from engine.errors import SnugError
 
+# Qwen3.5's model cards recommend one sampling for replies without thinking and another
+# for replies that think first (general tasks; no repetition penalty). The app's two
+# sampling sets start from these; the command line takes them where no flag is given.
+RECOMMENDED: dict[bool, dict[str, float | int]] = {
+    False: {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "presence_penalty": 1.5},
+    True: {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "presence_penalty": 1.5},
+}
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -27,6 +27,7 @@ from engine.config import (
     default_prompt_cache_dir,
 )
 from engine.errors import ConfigError
+from engine.sampling import RECOMMENDED
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,16 @@ class Field:
 BACKENDS = ("auto", "cuda", "numpy")
 BACKEND_ALIASES = {"cpu": "numpy"}  # the name settings files written before used
 
+# The settings of each sampling set: the engine's name (GenerationParams), type, label and
+# range.
+SAMPLING_KNOBS = (
+    ("temperature", float, "Temperature", 0, 100),
+    ("top_p", float, "Top-p", 0, 1),
+    ("top_k", int, "Top-k", 0, 1 << 24),
+    ("presence_penalty", float, "Presence penalty", -100, 100),
+    ("min_p", float, "Min-p", 0, 1),
+)
+
 FIELDS: tuple[Field, ...] = (
     Field("memory/reserve_gib", float, 0.5, "Memory reserve (GiB)", True, 0, 1024),
     Field("memory/limit_gib", float, 0.0, "Memory limit (GiB, 0 = none)", True, 0, MAX_GIB),
@@ -66,17 +77,12 @@ FIELDS: tuple[Field, ...] = (
     # Tokens drafted a step with the checkpoint's MTP head (Hugging Face checkpoints only).
     Field("engine/draft_tokens", str, "off", "Drafting", True, choices=DRAFT_CHOICES),
     # Two sets, as Qwen3.5's model cards recommend one for replies without thinking and
-    # another for replies that think first (SAMPLING_KNOBS; `AppSettings.sampling`).
-    Field("sampling/temperature", float, 0.7, "Temperature", lo=0, hi=100),
-    Field("sampling/top_p", float, 0.8, "Top-p", lo=0, hi=1),
-    Field("sampling/top_k", int, 20, "Top-k", lo=0, hi=1 << 24),
-    Field("sampling/presence_penalty", float, 1.5, "Presence penalty", lo=-100, hi=100),
-    Field("sampling/min_p", float, 0.0, "Min-p", lo=0, hi=1),
-    Field("thinking_sampling/temperature", float, 1.0, "Temperature", lo=0, hi=100),
-    Field("thinking_sampling/top_p", float, 0.95, "Top-p", lo=0, hi=1),
-    Field("thinking_sampling/top_k", int, 20, "Top-k", lo=0, hi=1 << 24),
-    Field("thinking_sampling/presence_penalty", float, 1.5, "Presence penalty", lo=-100, hi=100),
-    Field("thinking_sampling/min_p", float, 0.0, "Min-p", lo=0, hi=1),
+    # another for replies that think first (engine.sampling.RECOMMENDED; `sampling()`).
+    *(
+        Field(f"{group}/{name}", kind, RECOMMENDED[thinking][name], label, lo=lo, hi=hi)
+        for thinking, group in ((False, "sampling"), (True, "thinking_sampling"))
+        for name, kind, label, lo, hi in SAMPLING_KNOBS
+    ),
     Field("sampling/max_new_tokens", int, 2048, "Max new tokens", lo=1, hi=1 << 24),
     Field("chat/thinking", bool, False, "Thinking"),
     # The most tokens a reply thinks before it answers (0: no limit; engine/thinking_budget.py).
@@ -98,14 +104,6 @@ FIELDS: tuple[Field, ...] = (
     Field("cache/disk_gib", float, 8.0, "Prompt cache on disk (GiB, 0 = off)", True, 0, MAX_GIB),
 )
 BY_KEY = {f.key: f for f in FIELDS}
-# The sampling settings of each set, by the engine's names (GenerationParams).
-SAMPLING_KNOBS = {
-    "temperature": float,
-    "top_p": float,
-    "top_k": int,
-    "presence_penalty": float,
-    "min_p": float,
-}
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
 
@@ -296,5 +294,5 @@ class AppSettings(QObject):
         """A reply's sampling: the set for replies that think first (`thinking`), or the
         one for replies without thinking; the token limit is one for both."""
         group = "thinking_sampling" if thinking else "sampling"
-        out = {name: kind(self.get(f"{group}/{name}")) for name, kind in SAMPLING_KNOBS.items()}
+        out = {name: kind(self.get(f"{group}/{name}")) for name, kind, *_ in SAMPLING_KNOBS}
         return {**out, "max_new_tokens": int(self.get("sampling/max_new_tokens"))}

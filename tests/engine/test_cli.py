@@ -1,3 +1,4 @@
+import io
 import json
 import os
 import signal
@@ -319,3 +320,39 @@ def test_a_misspelled_flag_is_refused_with_the_commands_own_usage(capsys):
     err = capsys.readouterr().err
     assert "usage: snug generate" in err and "--max-new-tokens" in err
     assert err.endswith("snug generate: error: unrecognized arguments: --max-tokens 5\n")
+
+
+def test_unset_sampling_flags_take_the_model_cards_values_for_the_mode(
+    tiny_checkpoint, monkeypatch, capsys
+):
+    """Qwen3.5's model cards recommend one sampling where the reply thinks first and one
+    where it does not: `snug generate` and `snug chat` take the set for the reply's mode
+    wherever a flag does not say otherwise."""
+    from engine.session import Engine
+
+    seen = []
+    real = Engine.generate
+
+    def spy(self, prompt_ids, params, *args, **kwargs):
+        seen.append(params)
+        return real(self, prompt_ids, params, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", spy)
+    model = str(tiny_checkpoint("untied-l8-r2", "hf-fp32"))
+    args = ["generate", "--model", model, "--prompt", "Why?", "--max-new-tokens", "2"]
+    args += ["--backend", "numpy", "--json"]
+
+    def knobs(params):
+        return (params.temperature, params.top_p, params.top_k, params.presence_penalty)
+
+    assert main([*args, "--thinking", "on"]) == 0
+    assert knobs(seen[-1]) == (1.0, 0.95, 20, 1.5)
+    assert main([*args, "--thinking", "off"]) == 0
+    assert knobs(seen[-1]) == (0.7, 0.8, 20, 1.5)
+    assert main([*args, "--thinking", "on", "--temperature", "0.3", "--top-k", "5"]) == 0
+    assert knobs(seen[-1]) == (0.3, 0.95, 5, 1.5)
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n"))
+    chat = ["chat", "--model", model, "--backend", "numpy", "--max-new-tokens", "2"]
+    assert main([*chat, "--thinking", "on"]) == 0
+    assert knobs(seen[-1]) == (1.0, 0.95, 20, 1.5)

@@ -38,6 +38,7 @@ def load_tiny(qtbot, window, tiny, max_new_tokens: int) -> dict:
     s.set("engine/backend", "numpy")
     s.set("sampling/max_new_tokens", max_new_tokens)
     s.set("sampling/temperature", 0.0)
+    s.set("thinking_sampling/temperature", 0.0)  # greedy with thinking on too
     window.choose(Entry("folder:tiny", "tiny", "", 0, "folder", local_dir=str(tiny)))
     s.set("engine/context", 256)
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=20000) as loaded:

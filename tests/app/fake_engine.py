@@ -100,13 +100,15 @@ class FakeEngine:
         n = 0
         most = getattr(params, "max_new_tokens", None) or len(self.script)
         for i, text in enumerate(self.script):
-            if cancel is not None and cancel.is_set():
-                yield self._final(i, "cancelled", prompt_ids, n, start, first)
-                return
             if n == most:
                 yield self._final(i, "length", prompt_ids, n, start, first)
                 return
             time.sleep(self.delay)
+            # After the token's time, as an engine sees a stop that came while it read the
+            # prompt or worked out the token: the token is not given.
+            if cancel is not None and cancel.is_set():
+                yield self._final(i, "cancelled", prompt_ids, n, start, first)
+                return
             if self.fail_with is not None and i == len(self.script) // 2:
                 raise self.fail_with
             first = first if first is not None else time.monotonic() - start

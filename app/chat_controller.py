@@ -117,19 +117,32 @@ class ChatController(QObject):
             return
         self.select(self.store.create().id)
 
-    def branch(self, index: int) -> bool:
+    def branch(self, index: int, draft: Turn | None = None) -> bool:
         """A new chat holding the chat on show up to its message `index` (its system prompt
-        too, and a reply's others), shown: the conversation tried another way from there,
-        the first kept as it is."""
+        too, and a reply's others; -1: none of its messages), shown: the conversation tried
+        another way from there, the first kept as it is. `draft`: a message put in the new
+        chat's message box, its text and files, to change and send."""
         chat = self.current
-        if not 0 <= index < len(chat.turns) or (self.busy and self._reply_chat == chat.id):
+        if not -1 <= index < len(chat.turns) or (self.busy and self._reply_chat == chat.id):
             return False
         copy = self.store.create()
         copy.turns = [Turn.from_dict(t.to_dict(), "turn") for t in chat.turns[: index + 1]]
         copy.system_prompt = chat.system_prompt
         self.store.rename(copy.id, f"{chat.title} (branch)")  # written with its turns
+        if draft is not None:
+            self.store.set_draft(copy.id, draft.content, draft.attachments)
         self.select(copy.id)
         return True
+
+    def edit_earlier(self, index: int) -> bool:
+        """Change the chat's message `index`, one of the user's before the last: a branch
+        of the chat up to the message before it, shown with the message in its message
+        box; the chat itself stays as it is (Edit on the last message changes it in place:
+        `edit_last`)."""
+        turns = self.current.turns
+        if not 0 <= index < len(turns) or turns[index].role != "user":
+            return False
+        return self.branch(index - 1, draft=turns[index])
 
     def delete_chat(self, chat_id: str) -> None:
         """Delete the chat; where it is the one on show, the newest other chat (or a new

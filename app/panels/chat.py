@@ -39,6 +39,8 @@ DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 GROW_MS = 50  # the least time between two redraws of a streamed reply
 PAGE = 20  # messages drawn when a chat is shown, and added by "Show earlier messages"
 FOUND_MS = 2500  # how long a message found by the chat search stays marked
+EDIT_LAST = "Change this message and send it again"
+EDIT_EARLIER = "Change this message in a new chat (this one stays as it is)"
 
 
 class Composer(QPlainTextEdit):
@@ -434,17 +436,30 @@ class ChatPanel(QWidget):
     def _connect(self, widget: MessageWidget) -> None:
         # Edit and Continue act on the chat's last message and reply (`_busy` shows them
         # there only), so every message's buttons can be connected once, as it is drawn.
-        widget.edit_button.clicked.connect(self.edit_last)
+        widget.edit_button.clicked.connect(lambda: self._edit(widget))
         widget.continue_button.clicked.connect(self.chats.continue_reply)
         widget.prev_reply.clicked.connect(lambda: self.chats.show_reply(widget.turn.shown - 1))
         widget.next_reply.clicked.connect(lambda: self.chats.show_reply(widget.turn.shown + 1))
         widget.branch_button.clicked.connect(lambda: self._branch(widget))
 
     def _branch(self, widget: MessageWidget) -> None:
-        turns = self.chats.current.turns
-        index = next((i for i, t in enumerate(turns) if t is widget.turn), None)
+        index = self._index(widget)
         if index is not None:
             self.chats.branch(index)
+
+    def _edit(self, widget: MessageWidget) -> None:
+        """Edit: the last message back in the composer; an earlier one in a branch."""
+        users = [m for m in self._messages if m.property("role") == "user"]
+        index = self._index(widget)
+        if users and widget is users[-1]:
+            self.edit_last()
+        elif index is not None and self.chats.edit_earlier(index):
+            self.input.setFocus()
+
+    def _index(self, widget: MessageWidget) -> int | None:
+        """The message's place in the chat on show."""
+        turns = self.chats.current.turns
+        return next((i for i, t in enumerate(turns) if t is widget.turn), None)
 
     def _add(self, widget: MessageWidget) -> None:
         self._connect(widget)
@@ -517,7 +532,8 @@ class ChatPanel(QWidget):
         self.regen_button.setEnabled(self.chats.can_regenerate())
         users = [m for m in self._messages if m.property("role") == "user"]
         for m in users:
-            m.edit_button.setVisible(m is users[-1] and not busy)
+            m.edit_button.setVisible(not busy)
+            m.edit_button.setToolTip(EDIT_LAST if m is users[-1] else EDIT_EARLIER)
         can_continue = self.chats.can_continue()
         for m in self._messages:
             m.continue_button.setVisible(can_continue and m is self._messages[-1])

@@ -13,6 +13,7 @@ from PySide6.QtGui import QGuiApplication
 
 from app.dates import message_time
 from app.engine_bridge import LoadRequest
+from app.panels.chat import EDIT_EARLIER, EDIT_LAST
 from app.state.chat_history import Turn
 from app.state.chat_store import TITLE_MAX
 
@@ -95,7 +96,9 @@ def test_the_last_message_comes_back_to_the_composer_to_edit(qtbot, make_window)
         chats.stop()
     qtbot.waitUntil(lambda: not chats.busy, timeout=1000)
     shown = [(m.property("role"), not m.edit_button.isHidden()) for m in panel.message_widgets()]
-    assert shown == [("user", False), ("assistant", False), ("user", True), ("assistant", False)]
+    assert shown == [("user", True), ("assistant", False), ("user", True), ("assistant", False)]
+    tips = [m.edit_button.toolTip() for m in panel.message_widgets()[::2]]
+    assert tips == [EDIT_EARLIER, EDIT_LAST]  # the first one's Edit branches the chat
     panel.input.setPlainText("a draft")
     qtbot.mouseClick(panel.message_widgets()[2].edit_button, Qt.MouseButton.LeftButton)
     assert panel.input.toPlainText() == "Second question, with a typo\n\na draft"
@@ -225,7 +228,8 @@ def test_a_long_chat_redraws_only_its_tail(qtbot, make_window):
     after = panel.message_widgets()
     assert len(after) == 82 and all(a is b for a, b in zip(before, after[:80], strict=True))
     assert after[-1].answer_text().startswith("Hello")  # the reply, drawn at its end
-    assert not after[80].edit_button.isHidden() and before[-2].edit_button.isHidden()
+    assert not after[80].edit_button.isHidden()
+    assert before[-2].edit_button.toolTip() == EDIT_EARLIER  # no more the last
     qtbot.mouseClick(after[80].edit_button, Qt.MouseButton.LeftButton)
     assert panel.input.toPlainText() == "one more"
     assert panel.message_widgets() == before  # the tail went; the rest stayed as drawn

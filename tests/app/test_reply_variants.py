@@ -151,3 +151,45 @@ def test_branch_starts_a_new_chat_from_a_message(qtbot, make_window, settings_st
     _reply(qtbot, window, loader, "Lyon is second.", send="And the second city?")
     assert len(chats.store.get(first.id).turns) == 4 and len(branch.turns) == 4
     assert not chats.branch(99)
+
+
+def test_edit_on_an_earlier_message_changes_it_in_a_branch(qtbot, make_window):
+    """Edit on one of the user's messages before the last: a new chat with the conversation
+    before it (the system prompt too), the message and its files in the message box; the
+    first chat stays as it was. On the chat's first message the branch holds no message."""
+    from engine.attachments import Attachment
+
+    loader = FakeEngine.loader()
+    window = make_window(loader=loader)
+    _load(qtbot, window)
+    chats, panel = window.ctx.chats, window.chat
+    chats.store.set_system_prompt(chats.current.id, "Be brief.")
+    _reply(qtbot, window, loader, "Paris.", send="Capital of France?")
+    _reply(qtbot, window, loader, "About 2 million.", send="Population?")
+    _reply(qtbot, window, loader, "Lyon.", send="Second city?")
+    first = chats.current
+    first.turns[2].attachments = [Attachment("notes.txt", "census figures")]
+    panel.input.setPlainText("a draft of the first chat")
+    qtbot.mouseClick(panel.message_widgets()[2].edit_button, Qt.MouseButton.LeftButton)
+    branch = chats.current
+    assert branch.id != first.id and branch.title == f"{first.title} (branch)"
+    assert [t.content for t in branch.turns] == ["Capital of France?", "Paris."]
+    assert branch.system_prompt == "Be brief."
+    assert panel.input.toPlainText() == "Population?"
+    assert [a.name for a in panel.tray.files] == ["notes.txt"]
+    assert len(chats.store.get(first.id).turns) == 6  # left as it was, its draft kept
+    assert chats.store.get(first.id).draft == "a draft of the first chat"
+    panel.input.setPlainText("Population of Paris with its suburbs?")
+    loader.made[-1].script = ["About 11 million."]
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        panel.send()
+    assert [t.content for t in branch.turns][2:] == [
+        "Population of Paris with its suburbs?",
+        "About 11 million.",
+    ]
+    assert branch.turns[2].attachments[0].name == "notes.txt"
+    chats.select(first.id)
+    qtbot.mouseClick(panel.message_widgets()[0].edit_button, Qt.MouseButton.LeftButton)
+    fresh = chats.current
+    assert fresh.id not in (first.id, branch.id) and fresh.turns == []
+    assert fresh.system_prompt == "Be brief." and panel.input.toPlainText() == "Capital of France?"

@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from engine.checkpoint.checkpoint import model_name
+from engine.constraint import opens_thinking
 from engine.context_fit import fit_prompt
 from engine.errors import SnugError, TemplateError
 from engine.scheduler import QueueFull, Scheduler
@@ -371,7 +372,8 @@ class OpenAIServer:
         if self.closing:
             raise shutting_down()
         try:
-            params = options.params(options.max_tokens or room)
+            thinks = opens_thinking(ids, self.tokenizer)  # the mode's sampling defaults
+            params = options.params(options.max_tokens or room, thinks)
             gen = Generation(
                 self.scheduler,
                 ids,

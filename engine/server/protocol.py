@@ -18,7 +18,7 @@ from typing import Any
 from engine.attachments import Attachment, AttachmentRefused, compose, sent_file
 from engine.constraint import json_grammar, tool_call_grammar
 from engine.errors import RequestRefused
-from engine.sampling import MAX_TOP_LOGPROBS
+from engine.sampling import MAX_TOP_LOGPROBS, RECOMMENDED
 from engine.scheduler import QueueFull
 from engine.server.schema import RecursiveSchema, has_refs, inline_refs
 from engine.session import GenerationParams
@@ -166,7 +166,12 @@ class Options:
         seed = self.seed if self.seed is None or i == 0 else (self.seed + i) % 2**63
         return replace(self, seed=seed, n=1)
 
-    def params(self, max_new_tokens: int) -> GenerationParams:
+    def params(self, max_new_tokens: int, thinking: bool = False) -> GenerationParams:
+        """The request's sampling; the knobs it leaves out take the values Qwen3.5's model
+        cards recommend for a reply that thinks first, or for one that does not
+        (`thinking`; engine.sampling.RECOMMENDED), all but the presence penalty, which stays
+        off as in OpenAI's API unless asked."""
+        defaults = {k: v for k, v in RECOMMENDED[thinking].items() if k != "presence_penalty"}
         given = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -182,7 +187,7 @@ class Options:
             grammar=self.grammar,
             logprobs=self.logprobs,
             logit_bias=self.logit_bias,
-            **chosen,
+            **{**defaults, **chosen},
         )
 
 

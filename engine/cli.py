@@ -81,7 +81,11 @@ def _add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int) -> None
         default=max_new_tokens,
         help=f"at least 1 (default {max_new_tokens})",
     )
-    p.add_argument("--greedy", action="store_true")
+    p.add_argument(
+        "--greedy",
+        action="store_true",
+        help="the likeliest token each step (no presence penalty unless --presence-penalty)",
+    )
     # Unset, each knob takes Qwen3.5's recommended value for the reply's mode (RECOMMENDED:
     # one set where the reply thinks first, one where it does not).
     mode = "{}, or {} where the reply thinks first: the model card's"
@@ -260,6 +264,8 @@ def _params(args: argparse.Namespace, thinking: bool = False):
         "greedy": args.greedy,
     }
     values |= {k: v for k, v in RECOMMENDED[thinking].items() if values[k] is None}
+    if (args.greedy or values["temperature"] == 0) and args.presence_penalty is None:
+        values["presence_penalty"] = 0.0  # greedy is the plain argmax unless a penalty is asked
     try:
         return GenerationParams(**values)
     except SnugError as exc:

@@ -351,6 +351,10 @@ def test_unset_sampling_flags_take_the_model_cards_values_for_the_mode(
     assert knobs(seen[-1]) == (0.7, 0.8, 20, 1.5)
     assert main([*args, "--thinking", "on", "--temperature", "0.3", "--top-k", "5"]) == 0
     assert knobs(seen[-1]) == (0.3, 0.95, 5, 1.5)
+    assert main([*args, "--greedy"]) == 0  # the plain argmax: no penalty unless asked
+    assert seen[-1].is_greedy and seen[-1].presence_penalty == 0.0
+    assert main([*args, "--temperature", "0", "--presence-penalty", "0.5"]) == 0
+    assert seen[-1].is_greedy and seen[-1].presence_penalty == 0.5
     capsys.readouterr()
     monkeypatch.setattr("sys.stdin", io.StringIO("Hello\n"))
     chat = ["chat", "--model", model, "--backend", "numpy", "--max-new-tokens", "2"]

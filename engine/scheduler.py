@@ -94,6 +94,10 @@ class Request:
         self.sampler: Sampler | None = None
         self.decoder: Any = None
         self.todo: list[int] = []  # prompt ids still to prefill
+        # Whether the prompt cache was read for the prompt: at its first chunk, not at
+        # admission, so that a request admitted beside another with the same prompt
+        # restores the state that one saved at its prompt's end (prefills go one at a time).
+        self.resumed = False
         self.cut: int | None = None  # Engine.turn_start of the prompt
         self.generated: list[int] = []
         self.next_token = NO_TOKEN  # picked, not yet fed to the stream
@@ -266,7 +270,7 @@ class Scheduler:
                 request.sampler = self.engine._sampler(request.params, request.prompt_ids)
                 request.decoder = StreamDecoder(self.engine.tokenizer)
                 request.stream = self.engine._open_stream()
-                request.todo = self.engine._resume(request.stream, request.prompt_ids)
+                request.todo = list(request.prompt_ids)  # until the cache is read
                 request.cut = self.engine.turn_start(request.prompt_ids)
             except Exception as exc:
                 self._fail(request, exc)
@@ -292,6 +296,13 @@ class Scheduler:
             return False
         self._drain()  # the prefill's forward rewrites what a launched step follows
         assert request.stream is not None
+        if not request.resumed:
+            request.resumed = True
+            try:
+                request.todo = self.engine._resume(request.stream, request.prompt_ids)
+            except Exception as exc:
+                self._fail(request, exc)
+                return True
         position = len(request.stream.ids)
         _, end = next(aligned_chunks(position, len(request.todo), self.prefill_chunk, request.cut))
         chunk, request.todo = request.todo[:end], request.todo[end:]

@@ -227,3 +227,27 @@ def test_host_buffers_for_the_next_moves_are_pinned_only_once_none_decodes(engin
     run_until_done(scheduler, reqs)
     assert readied == [(0, 2)]  # once: after the longer one's final event, none running
     assert all(tokens(drain(r)) for r in reqs)
+
+
+def test_a_prompt_admitted_beside_the_same_prompt_reads_its_history_once(engine4):
+    """Three requests of one chat prompt admitted together (as a request's `n` replies
+    are): prefills go one at a time, and each after the first restores the state the first
+    saved at the start of the prompt's last turn instead of reading the conversation again;
+    each reply is the one it gets alone."""
+    history = []
+    for i in range(6):
+        history += [
+            {"role": "user", "content": f"Question {i} about the harbour and its boats?"},
+            {"role": "assistant", "content": f"Answer {i}: the boats leave at dawn."},
+        ]
+    ids = engine4.chat_ids([*history, {"role": "user", "content": "And the tides?"}])
+    cut = engine4.turn_start(ids)
+    assert cut and 64 < cut < len(ids)
+    expected = solo(engine4, ids, GREEDY)
+    engine4.prompt_cache.clear()
+    scheduler = Scheduler(engine4)
+    requests = [scheduler.submit(ids, GREEDY) for _ in range(3)]
+    run_until_done(scheduler, requests)
+    events = [drain(r) for r in requests]
+    assert [tokens(e) for e in events] == [expected] * 3
+    assert [e[-1].stats.cached_tokens for e in events] == [0, cut, cut]

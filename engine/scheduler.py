@@ -96,7 +96,8 @@ class Request:
         self.todo: list[int] = []  # prompt ids still to prefill
         # Whether the prompt cache was read for the prompt: at its first chunk, not at
         # admission, so that a request admitted beside another with the same prompt
-        # restores the state that one saved at its prompt's end (prefills go one at a time).
+        # restores what that one saved while it read it (the start of the prompt's last
+        # turn), prefills going one at a time.
         self.resumed = False
         self.cut: int | None = None  # Engine.turn_start of the prompt
         self.generated: list[int] = []

@@ -434,8 +434,9 @@ class ChatPanel(QWidget):
         self.earlier_button.setVisible(self._first > 0)
 
     def _connect(self, widget: MessageWidget) -> None:
-        # Edit and Continue act on the chat's last message and reply (`_busy` shows them
-        # there only), so every message's buttons can be connected once, as it is drawn.
+        # Edit finds its message's place when clicked, and Continue acts on the chat's last
+        # reply (`_busy` shows it there only), so every message's buttons can be connected
+        # once, as it is drawn.
         widget.edit_button.clicked.connect(lambda: self._edit(widget))
         widget.continue_button.clicked.connect(self.chats.continue_reply)
         widget.prev_reply.clicked.connect(lambda: self.chats.show_reply(widget.turn.shown - 1))

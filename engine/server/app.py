@@ -41,20 +41,14 @@ from engine.context_fit import fit_prompt
 from engine.errors import SnugError, TemplateError
 from engine.scheduler import QueueFull, Scheduler
 from engine.server.body import read_json
+from engine.server.chat_request import ChatRequest, tool_schemas
 from engine.server.errors import api_error, http_error, shutting_down
 from engine.server.generation import Generation
 from engine.server.llama_api import LlamaApi
 from engine.server.messages_api import MessagesApi, model_info, model_list, wants_anthropic
 from engine.server.ollama import OllamaApi
 from engine.server.openai_api import ChatCompletionsApi
-from engine.server.protocol import (
-    ApiError,
-    ChatRequest,
-    CompletionRequest,
-    Options,
-    bad,
-    tool_schemas,
-)
+from engine.server.protocol import ApiError, CompletionRequest, Options, bad
 from engine.server.reply import ReplySplitter, prompt_opens_thinking
 from engine.server.response_store import ResponsesApi
 from engine.server.tokenize_api import TokenizeApi

@@ -27,10 +27,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from engine.errors import SnugError, TemplateError
+from engine.server.chat_request import read_chat
 from engine.server.errors import error_response
 from engine.server.generation import Generation
 from engine.server.messages import MessagesRequest, error_body, request_id
-from engine.server.protocol import ApiError, bad, error_of, read_chat, streamed_error
+from engine.server.protocol import ApiError, bad, error_of, streamed_error
 from engine.server.reply import Piece
 from engine.server.sse import sse
 

@@ -32,18 +32,12 @@ from starlette.routing import Route
 
 from engine import __version__
 from engine.errors import SnugError
+from engine.server.chat_request import read_chat
 from engine.server.errors import error_response
 from engine.server.generation import Generation
 from engine.server.logprobs import LogprobFormat
 from engine.server.ollama_models import ModelCard, stamp
-from engine.server.protocol import (
-    ApiError,
-    bad,
-    field,
-    read_chat,
-    read_completion,
-    streamed_error,
-)
+from engine.server.protocol import ApiError, bad, field, read_completion, streamed_error
 from engine.server.reply import Piece
 
 if TYPE_CHECKING:

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from engine.server.chat_request import read_chat
 from engine.server.generation import Generation
 from engine.server.legacy import as_function_call, finish, read_legacy
 from engine.server.logprobs import LogprobFormat
-from engine.server.protocol import read_chat, read_completion, streamed_error
+from engine.server.protocol import read_completion, streamed_error
 from engine.server.sse import data, sse
 
 if TYPE_CHECKING:

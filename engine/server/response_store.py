@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from engine.server.chat_request import read_chat
 from engine.server.logprobs import LogprobFormat
-from engine.server.protocol import ApiError, bad, read_chat
+from engine.server.protocol import ApiError, bad
 from engine.server.responses import ResponseOutput, ResponsesRequest
 from engine.server.sse import sse
 

@@ -26,7 +26,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from engine.errors import TemplateError
-from engine.server.protocol import bad, field, read_chat
+from engine.server.chat_request import read_chat
+from engine.server.protocol import bad, field
 
 if TYPE_CHECKING:
     from engine.server.app import OpenAIServer

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine.server.protocol import read_chat
+from engine.server.chat_request import read_chat
 from engine.server.reply import ReplySplitter, StopFilter, parse_tool_call
 from engine.tokenizer import Tokenizer
 

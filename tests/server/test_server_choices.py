@@ -6,6 +6,7 @@ leaves nothing running."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -125,3 +126,30 @@ def test_a_client_that_leaves_a_stream_of_n_replies_cancels_them_all(served):
             while not next(lines).startswith("data: {"):
                 pass
     served.wait_idle(timeout=2)  # the three would take far longer to write
+
+
+def test_each_of_n_replies_has_its_own_tool_call(scripted):
+    """Tools with `n` = 2: each reply's call is read on its own (its own id), whole and as
+    the `openai` client gathers a stream of both choices."""
+    from tests.server.conftest import PARIS_CALL, WEATHER_PARAMETERS
+
+    tools = [{"type": "function", "function": {"name": "get_weather",
+                                               "parameters": WEATHER_PARAMETERS}}]  # fmt: skip
+    client = scripted.client()
+    kwargs = {"model": scripted.model, "messages": USER, "tools": tools, "n": 2}
+    kwargs["extra_body"] = OFF
+    scripted.scheduler.say(PARIS_CALL)
+    whole = client.chat.completions.create(**kwargs)
+    calls = [c.message.tool_calls for c in whole.choices]
+    assert [c.finish_reason for c in whole.choices] == ["tool_calls", "tool_calls"]
+    assert [[t.function.name for t in each] for each in calls] == [["get_weather"]] * 2
+    assert calls[0][0].id != calls[1][0].id
+    assert all(json.loads(each[0].function.arguments) == {"city": "Paris", "days": 2}
+               for each in calls)  # fmt: skip
+    with client.chat.completions.stream(**kwargs) as stream:
+        final = stream.get_final_completion()
+    assert [c.index for c in final.choices] == [0, 1]
+    for choice in final.choices:
+        assert choice.message.content == "I will check."
+        (call,) = choice.message.tool_calls
+        assert json.loads(call.function.arguments) == {"city": "Paris", "days": 2}

@@ -210,12 +210,13 @@ def run_generate(args: argparse.Namespace) -> int:
 def run_chat(args: argparse.Namespace) -> int:
     from engine.checkpoint.checkpoint import model_name
     from engine.cli_chat import chat
+    from engine.thinking_budget import starts_thinking
 
     _params(args)  # a sampling flag out of range is refused before the load
     engine = _load(args)
     thinking = {"on": True, "off": False}.get(args.thinking)
     probe = engine.chat_ids([{"role": "user", "content": "Hi"}], enable_thinking=thinking)
-    params = _params(args, _thinks(engine, probe))  # every reply of the chat starts so
+    params = _params(args, starts_thinking(engine, probe))  # every reply of the chat starts so
     name, streams = model_name(args.model), (sys.stdin, sys.stdout, sys.stderr)
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the chat, which
         sys.stdin.reconfigure(errors="surrogateescape")  # refuses that message alone
@@ -277,14 +278,6 @@ def _params(args: argparse.Namespace, thinking: bool = False):
         raise
 
 
-def _thinks(engine, prompt_ids: list[int]) -> bool:
-    """Whether a reply to `prompt_ids` starts inside a thinking block."""
-    from engine.constraint import opens_thinking
-
-    tokenizer = getattr(engine, "tokenizer", None)
-    return tokenizer is not None and opens_thinking(prompt_ids, tokenizer)
-
-
 def _prompt_ids(engine, args: argparse.Namespace) -> list[int]:
     if args.prompt_ids is not None:
         outside = [i for i in args.prompt_ids if i >= engine.vocab_rows]
@@ -303,10 +296,10 @@ def _prompt_ids(engine, args: argparse.Namespace) -> list[int]:
 
 
 def _generate(engine, args: argparse.Namespace) -> int:
-    from engine.thinking_budget import applies, generate_within
+    from engine.thinking_budget import applies, generate_within, starts_thinking
 
     prompt_ids = _prompt_ids(engine, args)
-    params = _params(args, _thinks(engine, prompt_ids))
+    params = _params(args, starts_thinking(engine, prompt_ids))
     output_ids, text, stats, finish = [], [], None, None
     t0 = time.perf_counter()
     more = progress_args(engine, prompt_progress())

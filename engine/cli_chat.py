@@ -26,12 +26,11 @@ from typing import Any, TextIO
 
 from engine.attachments import Attachment, AttachmentRefused, compose, read_attachment
 from engine.cli_progress import prompt_progress
-from engine.constraint import opens_thinking
 from engine.context_fit import fit_prompt
 from engine.errors import RequestRefused
 from engine.request_types import progress_args
 from engine.server.reply import ReplySplitter
-from engine.thinking_budget import applies, generate_within
+from engine.thinking_budget import applies, generate_within, starts_thinking
 
 HELP = (
     "Type a message and press Enter (end a line with \\ to go on to the next).\n"
@@ -248,7 +247,7 @@ def _reply(
         handler = signal.signal(signal.SIGINT, lambda *_: cancel.set())
     parts: list[str] = []
     stats, reason = None, None
-    shown = Shown(out, _opens_thinking(engine, ids), resumed=bool(partial))
+    shown = Shown(out, starts_thinking(engine, ids), resumed=bool(partial))
     extra = progress_args(engine, prompt_progress())
     try:
         if applies(engine, ids, budget):  # a reply gone on with has thought `more` so far
@@ -267,11 +266,6 @@ def _reply(
         shown.finish()
     note = _note(stats, reason, left_out, engine.context)
     return "".join(parts), note, left_out, reason
-
-
-def _opens_thinking(engine: Any, ids: list[int]) -> bool:
-    tokenizer = getattr(engine, "tokenizer", None)
-    return tokenizer is not None and opens_thinking(ids, tokenizer)
 
 
 class Shown:

@@ -48,11 +48,17 @@ class _Either:
         self.stop.set()
 
 
+def starts_thinking(engine: Any, prompt_ids: list[int]) -> bool:
+    """Whether a reply to `prompt_ids` on `engine` starts inside a thinking block (False on
+    an engine whose tokenizer is not here: a remote server's)."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    return tokenizer is not None and opens_thinking(prompt_ids, tokenizer)
+
+
 def applies(engine: Any, prompt_ids: list[int], budget: int) -> bool:
     """Whether a `budget` (tokens; 0: none) holds a reply to `prompt_ids` on `engine`: one
     that starts inside a thinking block, on an engine whose tokenizer is here."""
-    tokenizer = getattr(engine, "tokenizer", None)
-    return budget > 0 and tokenizer is not None and opens_thinking(prompt_ids, tokenizer)
+    return budget > 0 and starts_thinking(engine, prompt_ids)
 
 
 def generate_within(

@@ -366,7 +366,12 @@ class OpenAIServer:
         if self.closing:
             raise shutting_down()
         try:
-            thinks = opens_thinking(ids, self.tokenizer)  # the mode's sampling defaults
+            # The reply's mode, for its sampling defaults: a chat's splitter has read it
+            # from the prompt's text; a completion's ids are read for it.
+            if splitter is not None:
+                thinks = splitter.mode == "reasoning"
+            else:
+                thinks = opens_thinking(ids, self.tokenizer)
             params = options.params(options.max_tokens or room, thinks)
             gen = Generation(
                 self.scheduler,

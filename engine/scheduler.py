@@ -170,8 +170,7 @@ class Scheduler:
         with self._cond:
             if self._stopping:
                 raise RequestRefused("the scheduler has stopped; load the model again")
-            capacity = self.engine.streams + self.queue_size
-            if len(self._running) + len(self._waiting) >= capacity:
+            if len(self._running) + len(self._waiting) >= self.capacity:
                 self.stats.refused += 1
                 raise QueueFull(
                     f"all {self.engine.streams} streams are busy and {len(self._waiting)} "
@@ -197,6 +196,11 @@ class Scheduler:
             yield from request
         finally:
             request.cancel()
+
+    @property
+    def capacity(self) -> int:
+        """The requests it holds at once: one a stream, and the queue."""
+        return self.engine.streams + self.queue_size
 
     @property
     def running(self) -> int:

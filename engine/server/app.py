@@ -242,12 +242,13 @@ class OpenAIServer:
     def _check_replies(self, replies: int) -> None:
         """A request's replies (its `n`, times a completion's prompts) are each a request
         to the scheduler: refused at once where they could never all be taken together."""
-        streams, queue = self.engine.streams, self.scheduler.queue_size
-        if replies > streams + queue:
+        s = self.scheduler
+        if replies > s.capacity:
             raise bad(
                 f"the request asks for {replies} replies ('n' times the prompts) but this "
-                f"server takes at most {streams + queue} at once ({streams} streams, {queue} "
-                "waiting); ask for fewer, or restart it with more --streams or --queue",
+                f"server takes at most {s.capacity} at once ({s.engine.streams} streams, "
+                f"{s.queue_size} waiting); ask for fewer, or restart it with more --streams "
+                "or --queue",
                 "n",
             )
 

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 
 from app.controllers import EngineController
 from app.server_controller import ServerController
-from app.state.settings import BACKENDS, BY_KEY, AppSettings
+from app.state.settings import BACKENDS, BY_KEY, SAMPLING_KNOBS, AppSettings
 from app.theme import THEMES
 from engine.config import DRAFT_CHOICES, KV_CACHES
 
@@ -40,11 +40,6 @@ RANGES = {
     "sampling/top_k": (0, 1000, 1, 0),
     "sampling/presence_penalty": (0.0, 2.0, 0.1, 2),
     "sampling/min_p": (0.0, 0.99, 0.01, 2),
-    "thinking_sampling/temperature": (0.0, 2.0, 0.05, 2),
-    "thinking_sampling/top_p": (0.01, 1.0, 0.05, 2),
-    "thinking_sampling/top_k": (0, 1000, 1, 0),
-    "thinking_sampling/presence_penalty": (0.0, 2.0, 0.1, 2),
-    "thinking_sampling/min_p": (0.0, 0.99, 0.01, 2),
     "sampling/max_new_tokens": (16, 32768, 256, 0),
     "chat/thinking_budget": (0, 32768, 256, 0),
     "server/port": (1024, 65535, 1, 0),
@@ -52,6 +47,9 @@ RANGES = {
     "cache/host_gib": (0.0, 256.0, 0.5, 1),
     "cache/disk_gib": (0.0, 4096.0, 1.0, 1),
 }
+# The set for replies that think first takes the same boxes (app/state/settings.py).
+THINKING_KEYS = tuple(f"thinking_sampling/{name}" for name, *_ in SAMPLING_KNOBS)
+RANGES |= {key: RANGES[key.removeprefix("thinking_")] for key in THINKING_KEYS}
 # What a spin box shows at its minimum, where the minimum means "the engine chooses".
 AT_MINIMUM = {"engine/max_rows": "Auto", "chat/thinking_budget": "No limit"}
 BACKEND_LABELS = {"auto": "Auto", "cuda": "GPU (CUDA)", "numpy": "CPU (numpy)"}
@@ -96,16 +94,7 @@ GROUPS = (
             "sampling/max_new_tokens",
         ),
     ),
-    (
-        "Sampling while thinking",
-        (
-            "thinking_sampling/temperature",
-            "thinking_sampling/top_p",
-            "thinking_sampling/top_k",
-            "thinking_sampling/presence_penalty",
-            "thinking_sampling/min_p",
-        ),
-    ),
+    ("Sampling while thinking", THINKING_KEYS),
     ("Chat", ("chat/thinking", "chat/thinking_budget", "chat/system_prompt")),
     ("App", ("app/theme", "app/chat_text_size", "app/load_last_model")),
     ("Local server", ("server/enabled", "server/port")),

@@ -25,6 +25,15 @@ prefilled afresh. A restore from disk reads the file into the buffer the backend
 back once the slot holds the state (the state stays on disk, not in the host tier, so the
 pinned memory held is that one buffer and the host tier's budget); where none is lent, the
 store's own buffer goes to the host tier.
+
+A prompt sent again whole (Regenerate, several replies to one prompt, a client's retry)
+extends no saved state by a token, so the longest prefix would leave its last turn to read
+again. For the last END_LOGITS prompts whose state was saved at their end, the logits of
+their last token are kept in host memory beside it (about 1 MB each at Qwen3.5's
+vocabulary): `restore_end` puts such a state into the slot and hands back those logits, and
+the reply's first token is picked with no forward at all. They are the logits the prompt's
+own prefill computed from the same state, so the reply is the one a fresh read gives
+(invariant 6). They are not written to disk: after a restart the last turn is read again.
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ TIERS = ("device", "host", "disk")
 # the last one and NEXT_TURN_TOKENS more, would move are pinned ahead.
 MOVES_AHEAD = 2
 NEXT_TURN_TOKENS = 256  # the next turn's states, over the last: a user's message and headers
+END_LOGITS = 8  # prompts whose last token's logits are kept beside their prompt-end state
 
 
 @dataclass(frozen=True)
@@ -188,6 +198,7 @@ class CacheStats:
     """What the tiers did (tests and logs read it)."""
 
     hits: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    whole: int = 0  # of the hits, prompts restored whole with their last logits (no forward)
     misses: int = 0
     refused: int = 0  # matching snapshots that did not check out (prefilled afresh)
     saved: int = 0
@@ -214,6 +225,8 @@ class TieredPromptCache:
         self.stats = CacheStats()
         self._deferred: list[tuple[int, ...]] = []  # saved, their disk copy not yet queued
         self._in_reply = False  # a save inside a request: moves down without waiting
+        # The last token's logits of the prompts last saved at their end, oldest first.
+        self._ends: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
         self.ready_next()
 
     @property
@@ -252,16 +265,28 @@ class TieredPromptCache:
         return name, ids
 
     # ----- save --------------------------------------------------------------------------
-    def save(self, slot: int, ids: list[int], defer_disk: bool = False) -> None:
+    def save(
+        self,
+        slot: int,
+        ids: list[int],
+        defer_disk: bool = False,
+        end_logits: np.ndarray | None = None,
+    ) -> None:
         """Keep the slot's state, which holds exactly `ids`: in the device tier where it
         has room, else in the host tier; on disk too (queued to the writer). With
         `defer_disk` (a save inside a request: its prompt's turn start or end) the disk copy,
-        which costs a copy to the host, waits for `persist_deferred` at the request's end."""
+        which costs a copy to the host, waits for `persist_deferred` at the request's end.
+        `end_logits`: the last token's logits, where `ids` is a whole prompt (`restore_end`)."""
         key = tuple(ids)
         if self.disk is not None:
             self.disk.reap()
         if not key:
             return
+        if end_logits is not None:
+            self._ends[key] = np.array(end_logits, dtype=np.float32)  # a copy: samplers mask
+            self._ends.move_to_end(key)
+            while len(self._ends) > END_LOGITS:
+                self._ends.popitem(last=False)
         for tier in (self.device, self.host):
             if key in tier:  # the same ids hold the same state (resumed = fresh)
                 tier.touch(key)
@@ -397,6 +422,34 @@ class TieredPromptCache:
             self.stats.refused += 1
             self.backend.reset_slot(slot)
 
+    def restore_end(self, slot: int, prompt: list[int]) -> np.ndarray | None:
+        """Put the state saved at the end of exactly `prompt` into the slot and return its
+        last token's logits (a copy), where both are still kept; else None, the slot as it
+        was (then `restore` takes the longest prefix)."""
+        key = tuple(prompt)
+        logits = self._ends.get(key)
+        if logits is None:
+            return None
+        if self.disk is not None:
+            self.disk.reap()
+        memory = (("device", self.device), ("host", self.host))
+        held = [name for name, tier in memory if key in tier]
+        if not held and self.disk is not None and self.disk.store.contains(key):
+            held = ["disk"]
+        if not held:  # its state is gone from every tier
+            del self._ends[key]
+            return None
+        if not self._restore_from(held[0], slot, key):
+            self.stats.refused += 1
+            self.backend.reset_slot(slot)
+            del self._ends[key]
+            return None
+        self.stats.hits[held[0]] += 1
+        self.stats.whole += 1
+        self._ends.move_to_end(key)
+        log.debug("prompt cache: restored a whole prompt of %d tokens (%s)", len(key), held[0])
+        return logits.copy()
+
     def _restore_from(self, tier: str, slot: int, ids: tuple[int, ...]) -> bool:
         lent: list[np.ndarray] = []  # the backend's host buffer a disk read went into
         try:
@@ -466,6 +519,7 @@ class TieredPromptCache:
 
     def clear(self) -> None:
         """Drop every saved state in memory, and this model's on disk."""
+        self._ends.clear()
         self.device.clear()
         self.host.clear()
         if self.disk is not None:

@@ -301,32 +301,40 @@ class Scheduler:
             return False
         self._drain()  # the prefill's forward rewrites what a launched step follows
         assert request.stream is not None
+        t = time.perf_counter()
+        logits = None
         if not request.resumed:
             request.resumed = True
-            try:
-                request.todo = self.engine._resume(request.stream, request.prompt_ids)
+            try:  # a prompt sent again whole needs no forward; else its longest saved prefix
+                logits = self.engine._restore_end(request.stream, list(request.prompt_ids))
+                if logits is None:
+                    request.todo = self.engine._resume(request.stream, request.prompt_ids)
+                else:
+                    request.todo = []
+                    token = self._first_token(request, logits)
             except Exception as exc:
                 self._fail(request, exc)
                 return True
-        position = len(request.stream.ids)
-        _, end = next(aligned_chunks(position, len(request.todo), self.prefill_chunk, request.cut))
-        chunk, request.todo = request.todo[:end], request.todo[end:]
-        t = time.perf_counter()
-        try:
-            logits = self.engine.prefill(request.stream, chunk, cut=request.cut)
-            token = NO_TOKEN if request.todo else self._first_token(request, logits)
-        except Exception as exc:
-            self._fail(request, exc)
-            return True
+        if logits is None:
+            position = len(request.stream.ids)
+            chunks = aligned_chunks(position, len(request.todo), self.prefill_chunk, request.cut)
+            _, end = next(chunks)
+            chunk, request.todo = request.todo[:end], request.todo[end:]
+            try:
+                logits = self.engine.prefill(request.stream, chunk, cut=request.cut)
+                token = NO_TOKEN if request.todo else self._first_token(request, logits)
+            except Exception as exc:
+                self._fail(request, exc)
+                return True
+            self.stats.prefill_chunks += 1
         now = time.perf_counter()
-        self.stats.prefill_chunks += 1
         self.stats.longest_chunk_s = max(self.stats.longest_chunk_s, now - t)
         if token != NO_TOKEN:
             request.t_first = now
             self._take(request, token, now)
             cheap = self.engine.backend.cheap_snapshots
             if request.stream is not None and cheap:  # fed nothing yet: the prompt's end
-                self.engine._save(request.stream, defer_disk=True)
+                self.engine._save(request.stream, defer_disk=True, end_logits=logits)
         return True
 
     def _decode_one(self) -> bool:

@@ -28,9 +28,9 @@ from engine.backend_choice import select_backend
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
 from engine.constraint import THINK_CLOSE, Constraint, GrammarTokenizer, opens_thinking
-from engine.errors import DoesNotFit, NumericalError, RequestRefused
-from engine.memory import BASE_ROWS, Card, Decision, checkpoint_specs, decide
-from engine.memory.arena import act_itemsize
+from engine.errors import NumericalError, RequestRefused
+from engine.load_admission import admit_load
+from engine.memory import BASE_ROWS, Decision
 from engine.models.qwen35 import Qwen35Model
 from engine.prompt_cache import open_prompt_cache
 from engine.request_types import NO_TOKEN, GenerationParams, GenerationStats, TokenEvent
@@ -72,44 +72,6 @@ def vocab_rows(tokenizer: Any, config: Any) -> int:
     """Rows of the LM head that are real tokens: the checkpoint pads its vocabulary past the
     tokenizer's, and sampling never picks a padding row."""
     return min(tokenizer.vocab_size, config.vocab_size)
-
-
-def admit_load(
-    checkpoint: Any,
-    backend: Backend,
-    settings: EngineSettings,
-    context: int | None,
-    streams: int,
-    max_rows: int | None,
-) -> Decision:
-    """Plan `checkpoint` against the backend's card before anything is allocated, through
-    the one admission route (`engine.memory.decide`); DoesNotFit with its suggestions."""
-    assert backend.pool is not None
-    # The planner sizes activations from the settings; the backend must agree.
-    assert backend.act_itemsize == act_itemsize(settings), (backend.act_itemsize, settings)
-    pool = backend.pool
-    from engine.device import probe_gpu
-
-    gpu = probe_gpu()  # NVML: the card's bandwidth and tensor throughput, for the prediction
-    speed = gpu.speed if gpu is not None else None
-    fused = backend.fused_prefill_attention(checkpoint.config)
-    card = Card(pool.card_total(), pool.card_free(), backend.held_bytes(), speed, fused)
-    decision = decide(
-        checkpoint_specs(checkpoint),
-        checkpoint.config,
-        settings,
-        card,
-        context=context,
-        streams=streams,
-        max_rows=max_rows,
-    )
-    if not decision.fits:
-        hints = "; ".join(decision.suggestions) or "choose a smaller model"
-        raise DoesNotFit(
-            f"{checkpoint.dir.name} does not fit: {decision.reason}. To make it fit: {hints}",
-            decision,
-        )
-    return decision
 
 
 class Engine:
@@ -416,13 +378,16 @@ class Engine:
         completed = False
         try:
             t0 = time.perf_counter()
-            todo = self._resume(stream, list(prompt_ids))
-            cut = self.turn_start(prompt_ids)
-            logits = self.prefill(stream, todo, cut=cut, cancel=cancel, progress=progress)
+            logits = self._restore_end(stream, list(prompt_ids))
+            if logits is None:
+                todo = self._resume(stream, list(prompt_ids))
+                cut = self.turn_start(prompt_ids)
+                logits = self.prefill(stream, todo, cut=cut, cancel=cancel, progress=progress)
             if logits is None:  # stopped while the prompt ran
                 stats = self._stats(len(prompt_ids), 0, t0, time.perf_counter(), stream)
                 yield TokenEvent(NO_TOKEN, "", True, "cancelled", stats)
                 return
+            prompt_logits = logits
             generated: list[int] = []
             token = sampler(logits, generated)
             t_first = time.perf_counter()
@@ -450,7 +415,7 @@ class Engine:
                 if len(generated) == 1 and self.backend.cheap_snapshots:
                     # The state is the prompt's, fed nothing yet. Its disk copy (a copy to
                     # the host) waits for the reply's end, off the decode's path.
-                    self._save(stream, defer_disk=True)
+                    self._save(stream, defer_disk=True, end_logits=prompt_logits)
                 if launch is None:
                     token = self._next_tokens([stream], [token], [sampler], [generated])[0]
                     continue
@@ -505,6 +470,19 @@ class Engine:
             return None
         return sampler.device_draw(generated, stream.slot)
 
+    def _restore_end(self, stream: _Stream, prompt_ids: list[int]) -> np.ndarray | None:
+        """A prompt sent again whole (Regenerate, `n` replies, a retry): its state saved at
+        its end, restored into the stream, and its last token's logits; None where the
+        prompt cache no longer keeps both, or a drafter follows the prompt (its head needs
+        the prompt's last hidden row, which is not kept)."""
+        if self.drafter is not None:
+            return None
+        logits = self.prompt_cache.restore_end(stream.slot, prompt_ids)
+        if logits is not None:
+            stream.ids = list(prompt_ids)
+            stream.reused = len(prompt_ids)
+        return logits
+
     def _resume(self, stream: _Stream, prompt_ids: list[int]) -> list[int]:
         """Restore the longest saved state that the prompt extends, from whichever tier of
         the prompt cache has it; return the ids left to prefill."""
@@ -512,9 +490,12 @@ class Engine:
         stream.reused = len(stream.ids)
         return prompt_ids[len(stream.ids) :]
 
-    def _save(self, stream: _Stream, defer_disk: bool = False) -> None:
-        """Keep the stream's state (the prompt's end, a reply's end) for a later prompt."""
-        self.prompt_cache.save(stream.slot, stream.ids, defer_disk=defer_disk)
+    def _save(
+        self, stream: _Stream, defer_disk: bool = False, end_logits: np.ndarray | None = None
+    ) -> None:
+        """Keep the stream's state (the prompt's end, with its last logits; a reply's end)
+        for a later prompt."""
+        self.prompt_cache.save(stream.slot, stream.ids, defer_disk, end_logits)
 
     def generate_many(
         self, prompts: list[list[int]], params: GenerationParams | None = None

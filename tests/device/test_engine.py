@@ -179,6 +179,23 @@ def test_pipelined_replies_equal_waiting_ones_on_the_gpu(model_dir, monkeypatch)
     engine.unload()
 
 
+def test_a_prompt_sent_again_on_the_gpu_is_read_from_its_saved_end(model_dir):
+    """A prompt sent again whole restores the state saved at its end and picks its first
+    token from the logits kept with it: the greedy and device-drawn replies of a fresh
+    read."""
+    engine = Engine.load(model_dir, cuda(), context=1024, max_rows=128)
+    ids = prompt(150, seed=12)
+    sampled = GenerationParams(max_new_tokens=24, temperature=0.7, top_k=20, seed=3)
+    fresh = []
+    for params in (GREEDY, sampled):
+        engine.prompt_cache.clear()
+        fresh.append(tokens(engine, ids, params))
+    cache = engine.prompt_cache
+    assert [tokens(engine, ids, p) for p in (GREEDY, sampled)] == fresh
+    assert cache.stats.whole == 2
+    engine.unload()
+
+
 def test_warm_up_can_tune_the_step_by_its_own_time(model_dir, monkeypatch):
     """An eager load re-chooses the one-row step's projections in the captured graph
     (DecodeGraphs.tune) and leaves the slots as it found them: the graphs are there, and two

@@ -232,8 +232,8 @@ def test_host_buffers_for_the_next_moves_are_pinned_only_once_none_decodes(engin
 def test_a_prompt_admitted_beside_the_same_prompt_reads_its_history_once(engine4):
     """Three requests of one chat prompt admitted together (as a request's `n` replies
     are): prefills go one at a time, and each after the first restores the state the first
-    saved at the start of the prompt's last turn instead of reading the conversation again;
-    each reply is the one it gets alone."""
+    saved at the prompt's end, with its last logits, instead of reading the conversation
+    again; each reply is the one it gets alone."""
     history = []
     for i in range(6):
         history += [
@@ -250,4 +250,5 @@ def test_a_prompt_admitted_beside_the_same_prompt_reads_its_history_once(engine4
     run_until_done(scheduler, requests)
     events = [drain(r) for r in requests]
     assert [tokens(e) for e in events] == [expected] * 3
-    assert [e[-1].stats.cached_tokens for e in events] == [0, cut, cut]
+    assert [e[-1].stats.cached_tokens for e in events] == [0, len(ids), len(ids)]
+    assert engine4.prompt_cache.stats.whole == 2

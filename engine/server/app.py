@@ -359,9 +359,9 @@ class OpenAIServer:
             options = replace(options, max_tokens=room)
         if options.max_tokens is not None and options.max_tokens > room:
             raise bad(
-                f"max_tokens = {options.max_tokens} but the context of {context} tokens leaves "
-                f"{room} after the prompt's {prompt}; ask for at most {room}",
-                "max_tokens",
+                f"{options.limit_name} = {options.max_tokens} but the context of {context} "
+                f"tokens leaves {room} after the prompt's {prompt}; ask for at most {room}",
+                options.limit_name,
                 "context_length_exceeded",
             )
         if self.closing:

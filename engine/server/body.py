@@ -3,11 +3,15 @@ declared length checked before anything is read, a compressed body's inflated by
 too), `Content-Encoding` gzip or deflate inflated (any other refused with 415, by name), and
 a body that is not a JSON object refused with 400 saying what was sent. A client that hangs
 up before its body is whole gets a 400 (which it will not read) rather than a server error.
+A lone UTF-16 surrogate written as a JSON escape ("\\ud83d": JavaScript's JSON.stringify
+writes one where a string was cut inside an emoji) is no character: it is read as U+FFFD,
+as Go's JSON decoder (Ollama's) reads it, rather than failing wherever the text goes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from typing import Any
 
@@ -18,6 +22,8 @@ from engine.server.protocol import ApiError, bad
 # zlib's window bits: 32 + 15 reads a gzip or a zlib stream (HTTP's deflate), its header
 # saying which.
 _INFLATE = {"gzip": 32 + 15, "x-gzip": 32 + 15, "deflate": 32 + 15}
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 async def read_json(request: Request, max_body: int) -> dict[str, Any]:
@@ -73,4 +79,21 @@ async def read_json(request: Request, max_body: int) -> dict[str, Any]:
         ) from exc
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object", code="invalid_json")
-    return body
+    if not _SURROGATE_ESCAPE.search(raw):
+        return body
+    try:
+        return _whole_characters(body)
+    except RecursionError:
+        raise bad("the body's JSON is nested too deeply", code="invalid_json") from None
+
+
+def _whole_characters(value: Any) -> Any:
+    """`value` with each lone surrogate in its strings (keys too) as U+FFFD (json.loads
+    has joined the escaped pairs into their characters already)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_whole_characters(v) for v in value]
+    if isinstance(value, dict):
+        return {_whole_characters(k): _whole_characters(v) for k, v in value.items()}
+    return value

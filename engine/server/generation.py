@@ -103,6 +103,11 @@ class Generation:
         }
 
     @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt's token ids, as submitted (before any thinking budget's second part)."""
+        return list(self._prompt)
+
+    @property
     def reply_ids(self) -> list[int]:
         """The reply's token ids so far (the closing words of a thinking budget among them)."""
         return list(self._ids)

@@ -136,6 +136,9 @@ def _message(message: Any, i: int) -> dict[str, Any]:
     if message.get("thinking"):
         out["reasoning_content"] = message["thinking"]
     if message.get("tool_calls"):
+        if not isinstance(message["tool_calls"], list):
+            where = f"messages[{i}].tool_calls"
+            raise bad(f"'{where}' must be a list of tool calls", where)
         out["tool_calls"] = [
             {"type": "function", "function": c.get("function", {})} if isinstance(c, dict) else c
             for c in message["tool_calls"]
@@ -250,8 +253,10 @@ class Reply:
             "eval_count": gen.completion_tokens,
             "eval_duration": total - prompt,
         }
-        if self.keeps_context:  # the prompt and the reply, to send back as `context`
-            out["context"] = [*gen.request.prompt_ids, *gen.request.generated]
+        if self.keeps_context:  # the prompt and the reply, to send back as `context`: the
+            # tokens the reply was read from, not those the engine ran ahead with before a
+            # cancel (at a stop string) reached it
+            out["context"] = [*gen.prompt_ids, *gen.reply_ids]
         return out
 
 

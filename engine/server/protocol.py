@@ -156,6 +156,7 @@ class Options:
     frequency_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit)
     n: int = 1  # replies to the prompt (chat and completions); the other APIs take one
+    limit_name: str = "max_tokens"  # the field `max_tokens` was read from, for its errors
 
     def choice(self, i: int) -> Options:
         """The options of reply `i` of `n`: a seed moves on by one a reply, so that seeded
@@ -222,13 +223,15 @@ def read_choices(body: dict) -> int:
 
 
 def read_options(body: dict, max_tokens_default: int | None, chat: bool = True) -> Options:
-    max_tokens = field(body, "max_completion_tokens", "integer")
+    limit = "max_completion_tokens"  # OpenAI's newer name, which takes the place of the other
+    max_tokens = field(body, limit, "integer")
     if max_tokens is None:
-        max_tokens = field(body, "max_tokens", "integer", max_tokens_default)
+        limit = "max_tokens"
+        max_tokens = field(body, limit, "integer", max_tokens_default)
     if max_tokens == -1:  # "no limit", as LM Studio's clients send it: the context's room
         max_tokens = None
     if max_tokens is not None and max_tokens < 1:
-        raise bad(f"'max_tokens' = {max_tokens} must be at least 1", "max_tokens")
+        raise bad(f"'{limit}' = {max_tokens} must be at least 1", limit)
     top_k = field(body, "top_k", "integer")
     if top_k is not None and top_k < -1:
         raise bad(f"'top_k' = {top_k} must be -1 or 0 (off) or a positive count", "top_k")
@@ -264,6 +267,7 @@ def read_options(body: dict, max_tokens_default: int | None, chat: bool = True) 
         ),
         logit_bias=read_logit_bias(body),
         n=read_choices(body),
+        limit_name=limit,
     )
 
 

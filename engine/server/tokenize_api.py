@@ -35,6 +35,14 @@ if TYPE_CHECKING:
 MAX_IDS = 1 << 20  # a /detokenize request's ids at most
 
 
+def _text(body: dict, name: str) -> str:
+    """The text to tokenize, `body[name]`: a string (null is refused by name too)."""
+    text = field(body, name, "string")
+    if text is None:
+        raise bad(f"'{name}' must be of type string, got null", name)
+    return text
+
+
 class TokenizeApi:
     """The routes, over the server's tokenizer and template (`OpenAIServer`)."""
 
@@ -54,14 +62,14 @@ class TokenizeApi:
         body = await s._body(request)
         s._check_model(field(body, "model", "string"))
         if "content" in body:  # llama.cpp's request
-            ids = await run_in_threadpool(s.tokenizer.encode, field(body, "content", "string"))
+            ids = await run_in_threadpool(s.tokenizer.encode, _text(body, "content"))
             if not field(body, "with_pieces", "boolean", False):
                 return JSONResponse({"tokens": ids})
             return JSONResponse({"tokens": [{"id": t, "piece": self._piece(t)} for t in ids]})
         if "messages" in body:
             text = await self._rendered(body)
         elif "prompt" in body:
-            text = field(body, "prompt", "string")
+            text = _text(body, "prompt")
         else:
             raise bad(
                 "/tokenize takes 'prompt' or 'messages' (as vLLM's server), or 'content' "

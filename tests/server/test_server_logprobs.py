@@ -66,7 +66,9 @@ def test_completions_give_tokens_offsets_and_alternatives(served):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
     if "\ufffd" not in "".join(lp.tokens):
         assert "".join(lp.tokens) == choice.text
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert lp.text_offset == sorted(lp.text_offset)
+    for token, at in zip(lp.tokens, lp.text_offset, strict=True):
+        assert "\ufffd" in token or choice.text[at:].startswith(token)
     for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
         assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(value)
         assert top.get(token) == pytest.approx(value)

@@ -92,9 +92,18 @@ def _add_sampling_flags(p: argparse.ArgumentParser, max_new_tokens: int) -> None
     for name, kind in _SAMPLING_FLAGS:
         plain, thinking = RECOMMENDED[False][name], RECOMMENDED[True][name]
         said = f"{plain}" if plain == thinking else mode.format(plain, thinking)
-        off = "; 0 = off" if name == "top_k" else ""
+        off = {"top_k": "; 0 = off", "presence_penalty": "; from -2 to 2"}.get(name, "")
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"default {said}{off}")
     p.add_argument("--seed", type=int_at_least(0), default=None)
+
+
+def _penalty(text: str) -> float:
+    """--presence-penalty: from -2 to 2, as the server and OpenAI's API take it (a penalty far
+    outside that range takes every token seen off the table, or leaves only them)."""
+    value = finite_float(text)
+    if not -2 <= value <= 2:
+        raise argparse.ArgumentTypeError(f"must be from -2 to 2, got {value:g}")
+    return value
 
 
 _SAMPLING_FLAGS = (
@@ -102,7 +111,7 @@ _SAMPLING_FLAGS = (
     ("top_k", int_at_least(0)),
     ("top_p", finite_float),
     ("min_p", finite_float),
-    ("presence_penalty", finite_float),
+    ("presence_penalty", _penalty),
 )
 
 
@@ -218,13 +227,32 @@ def run_chat(args: argparse.Namespace) -> int:
     probe = engine.chat_ids([{"role": "user", "content": "Hi"}], enable_thinking=thinking)
     params = _params(args, starts_thinking(engine, probe))  # every reply of the chat starts so
     name, streams = model_name(args.model), (sys.stdin, sys.stdout, sys.stderr)
-    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the chat, which
-        sys.stdin.reconfigure(errors="surrogateescape")  # refuses that message alone
+    _utf8_input(sys.stdin)
     try:
         budget = args.thinking_budget
         return chat(engine, name, params, args.system, thinking, *streams, thinking_budget=budget)
     finally:
         engine.unload()
+
+
+def _utf8_input(stdin) -> None:
+    """The chat's input read so that bytes that are not UTF-8 reach the chat (which refuses
+    that message alone), and, where the input's encoding is ASCII (PYTHONIOENCODING=ascii),
+    read as UTF-8, of which ASCII is a part: a message typed in UTF-8 is then read as typed
+    rather than refused as not UTF-8."""
+    if not hasattr(stdin, "reconfigure"):
+        return
+    try:
+        ascii_only = codecs.lookup(stdin.encoding or "").name == "ascii"
+    except (LookupError, TypeError):
+        ascii_only = False
+    try:
+        if ascii_only:
+            stdin.reconfigure(encoding="utf-8", errors="surrogateescape")
+        else:
+            stdin.reconfigure(errors="surrogateescape")
+    except (OSError, ValueError):  # already read from: it stays as it was
+        pass
 
 
 def _add_budget_flag(parser: argparse.ArgumentParser) -> None:
@@ -441,6 +469,8 @@ def _model_folder(where: str) -> Path:
     """--model's checkpoint folder: a folder, or a repository id in the HF cache."""
     from engine.checkpoint.checkpoint import find_model
 
+    if not where.strip():  # not the current folder by accident
+        raise CheckpointError("--model is empty; give a checkpoint's folder or repository id")
     path = find_model(where)
     if not path.exists():
         raise CheckpointError(f"--model {where}: there is no such folder ({path.absolute()})")
@@ -472,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # said with the command's own usage, which lists the flags it takes
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        if getattr(args, "model", None):  # a folder, or a repository id in the HF cache
+        if getattr(args, "model", None) is not None:  # a folder, or a repository id
             args.model = str(_model_folder(args.model))
         if args.command == "generate":
             return run_generate(args)

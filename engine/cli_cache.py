@@ -54,14 +54,13 @@ def run_cache(args: argparse.Namespace) -> int:
 
     folder = Path(args.dir) if args.dir else default_prompt_cache_dir()
     folder = folder.expanduser()  # as the engine reads SNUG_PROMPT_CACHE_DIR
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{folder} is a file, not a prompt cache folder; check {_setting(args)}")
     foreign = others(folder)
     if args.cache_command == "clear" and foreign:
-        setting = "--dir" if args.dir else ENV_PROMPT_CACHE
-        if not args.dir and not os.environ.get(ENV_PROMPT_CACHE, "").strip():
-            setting = "the app's data folder"  # the default folder holds something else
         raise ConfigError(
             f"{folder} is not a prompt cache folder: it holds {_some(foreign)}, which are no "
-            f"saved prompt states; nothing was removed. Check {setting}"
+            f"saved prompt states; nothing was removed. Check {_setting(args)}"
         )
     if args.cache_command == "clear":
         model = None
@@ -94,6 +93,15 @@ def run_cache(args: argparse.Namespace) -> int:
     if foreign:
         print(f"  and {_some(foreign)}, which are no saved prompt states")
     return 0
+
+
+def _setting(args: argparse.Namespace) -> str:
+    """What named the folder: --dir, SNUG_PROMPT_CACHE_DIR, or neither (the default)."""
+    if args.dir:
+        return "--dir"
+    if os.environ.get(ENV_PROMPT_CACHE, "").strip():
+        return ENV_PROMPT_CACHE
+    return "the app's data folder"
 
 
 def _some(names: list[str]) -> str:

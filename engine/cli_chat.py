@@ -7,11 +7,12 @@ next. Commands: /continue goes on with a reply cut by the token limit or by Ctrl
 answers the last message again, /attach
 FILE puts a text file, PDF or Word document before the next message (engine/attachments.py), /reset
 starts a new conversation, /exit (or Ctrl+D) ends, /help; a line that starts like a
-command but is none of them (/rest), or is not UTF-8, is not sent. Ctrl+C stops a reply (what it
-said so far is kept); at the prompt it ends the chat. A request the
-engine refuses (a message longer than the context, say) is reported, and the conversation
-stays as it was. A reply's thinking shows between "Thinking…" and "…done thinking." (dimmed
-on a terminal). Reads lines from a pipe as well, one message a line.
+command but is none of them (/rest), a command other than /attach with more after it
+(/reset please), or a line that is not UTF-8, is not sent. Ctrl+C stops a reply (what it
+said so far is kept); at the prompt it ends the chat. A request the engine refuses (a
+message longer than the context, say, or one the chat template refuses) is reported, and
+the conversation stays as it was. A reply's thinking shows between "Thinking…" and "…done
+thinking." (dimmed on a terminal). Reads lines from a pipe as well, one message a line.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, TextIO
 from engine.attachments import Attachment, AttachmentRefused, compose, read_attachment
 from engine.cli_progress import prompt_progress
 from engine.context_fit import fit_prompt
-from engine.errors import RequestRefused
+from engine.errors import RequestRefused, TemplateError
 from engine.request_types import progress_args
 from engine.server.reply import ReplySplitter
 from engine.thinking_budget import applies, generate_within, starts_thinking
@@ -80,9 +81,9 @@ def chat(
         if text in ("/help", "/?"):
             err.write(HELP)
             continue
-        unknown = _unknown_command(text)
-        if unknown:
-            err.write(f"(unknown command {unknown}: /help lists them; nothing was sent)\n")
+        misused = _command_note(text)
+        if misused:
+            err.write(f"({misused}; nothing was sent)\n")
             continue
         invalid = _not_utf8(text)
         if invalid:
@@ -107,7 +108,7 @@ def chat(
             reply, note, left_out, reason = _reply(
                 engine, asked, params, thinking, left_out, out, partial, thinking_budget
             )
-        except RequestRefused as exc:
+        except (RequestRefused, TemplateError) as exc:  # the template may refuse one message
             _undo(history, going_on, replaced)  # the conversation stays as it was
             err.write(f"snug: {exc}\n")
             continue
@@ -136,12 +137,19 @@ def _undo(history: list[dict], going_on: bool, replaced: dict | None) -> None:
 COMMANDS = ("/continue", "/retry", "/attach", "/reset", "/exit", "/quit", "/bye", "/help", "/?")
 
 
-def _unknown_command(text: str) -> str | None:
-    """The first word of a message that starts like a command (`/rest`, `/atach notes.txt`)
-    but is none of them, or None. One that starts with a path (`/usr/bin/env ...`) is a
-    message."""
-    word = text.split(maxsplit=1)[0]
-    return None if word in COMMANDS or not re.fullmatch(r"/[A-Za-z]+", word) else word
+def _command_note(text: str) -> str | None:
+    """Why a message that starts like a command is not sent: its first word is no command
+    (`/rest`, `/atach notes.txt`), or a command that takes nothing has more after it
+    (`/reset please`, which would otherwise reach the model as a message). None for a
+    message, and for one that starts with a path (`/usr/bin/env ...`)."""
+    word, *rest = text.split(maxsplit=1)
+    if word not in COMMANDS:
+        if re.fullmatch(r"/[A-Za-z]+", word):
+            return f"unknown command {word}: /help lists them"
+        return None
+    if rest and word != "/attach":
+        return f"{word} takes nothing after it: type {word} alone"
+    return None
 
 
 def _not_utf8(text: str) -> str | None:
@@ -311,13 +319,14 @@ class Shown:
 def _note(stats: Any, reason: str | None, left_out: int, context: int) -> str:
     bits = []
     if stats is not None:
-        bits.append(f"{stats.new_tokens} tokens")
-        bits.append(f"{stats.decode_tok_s:.1f} tok/s")
+        bits.append(f"{stats.new_tokens} token{'' if stats.new_tokens == 1 else 's'}")
+        if stats.new_tokens > 1 and stats.decode_tok_s > 0:  # one token has no decode rate
+            bits.append(f"{stats.decode_tok_s:.1f} tok/s")
         bits.append(f"first token {stats.ttft_s:.2f} s")
         bits.append(f"{stats.prompt_tokens + stats.new_tokens:,} of {context:,} tokens of context")
     cut = getattr(stats, "thinking_cut", 0)  # a stand-in engine's stats may not say
     if cut:
-        bits.append(f"thinking closed at its budget of {cut:,} tokens")
+        bits.append(f"thinking closed at its budget of {cut:,} token{'' if cut == 1 else 's'}")
     if left_out:
         bits.append(f"{left_out} earlier message{'' if left_out == 1 else 's'} left out")
     if reason == "cancelled":

@@ -200,7 +200,7 @@ def card_table(
 
 
 def _format_card_table(rows: list[dict], card_total: int, context: int) -> str:
-    at = f"at {context:,} tokens"
+    at = f"at {context:,} token{'' if context == 1 else 's'}"
     head = (
         f"{'shape':<6} {'format':<6} {'weights':>9}  {at:<28} {'largest context':<17} "
         f"{'int8 KV':<9} fastest prefill to"

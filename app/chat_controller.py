@@ -274,6 +274,13 @@ class ChatController(QObject):
     def stop(self) -> None:
         self.engine.stop()
 
+    def close(self) -> None:
+        """At exit, once the engine's thread has ended: a reply whose end never came is
+        kept as far as it came, as stopped, and saved (else what streamed since its last
+        save would be lost, and it would open again as a reply still under way)."""
+        if self._request is not None:
+            self._on_finished(self._request, {"finish_reason": "cancelled"})
+
     # -- engine side
     def _params(self, thinking: bool | None = None) -> Any:
         """The request's parameters: the sampling set for a reply that thinks first, or

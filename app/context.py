@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QCoreApplication, QSettings
 
 from app import engine_bridge
 from app.chat_controller import ChatController
@@ -47,6 +47,10 @@ class AppContext:
         self.chats.stop()
         self.server.stop()
         ok = self.engine.shutdown()
+        # What the engine's thread said last (the reply's last tokens, its end) reaches the
+        # chat now: the event loop may not run again to deliver it.
+        QCoreApplication.sendPostedEvents(self.engine)
+        self.chats.close()
         self.advisor.shutdown()
         ok = self.downloads.shutdown() and ok
         ok = self.poller.shutdown() and ok

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from app.chat_controller import ChatController
 from app.theme import THEME
 from app.widgets.attachment_tray import AttachmentTray, local_files
+from app.widgets.elided_label import ElidedLabel
 from app.widgets.message import MessageWidget, fingerprint
 from app.widgets.system_prompt import SystemPromptDialog
 
@@ -96,7 +97,7 @@ class ChatPanel(QWidget):
         header.setObjectName("chatHeader")
         hl = QHBoxLayout(header)
         hl.setContentsMargins(24, 8, 16, 8)
-        self.title = QLabel()
+        self.title = ElidedLabel()  # a long title ends in "…": the columns keep their widths
         self.title.setObjectName("chatTitle")
         hl.addWidget(self.title, 1)
         self.system_button = QToolButton()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
@@ -149,6 +149,10 @@ class LibraryPanel(QWidget):
         self.list.setSpacing(3)
         self.list.currentItemChanged.connect(self._current_changed)
         self.list.itemDoubleClicked.connect(lambda *_: self._use())
+        # Rows as wide as the list, as tall as their cards at that width (`_fit_rows`): a
+        # card's wrapped reason never makes every row wider than the list.
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.viewport().installEventFilter(self)
         layout.addWidget(self.list, 1)
 
         self.progress = QProgressBar()
@@ -218,11 +222,11 @@ class LibraryPanel(QWidget):
             item.setData(Qt.ItemDataRole.UserRole, entry.key)
             card = EntryCard(entry, self.advisor.verdict(entry))
             self.decisions[entry.key] = card.decision
-            item.setSizeHint(card.sizeHint())
             self.list.addItem(item)
             self.list.setItemWidget(item, card)
             if current is not None and current.key == entry.key:
                 self.list.setCurrentItem(item)
+        self._fit_rows()
         if self.library.scan_error:
             self._say(f"Could not read the Hugging Face cache: {self.library.scan_error}")
         self._update_hint()
@@ -238,8 +242,28 @@ class LibraryPanel(QWidget):
             decision = self.advisor.verdict(card.entry)
             self.decisions[card.entry.key] = decision
             if card.set_decision(decision):
-                item.setSizeHint(card.sizeHint())
+                self._fit_row(item, card)
         self._update_hint()
+
+    def _fit_row(self, item: QListWidgetItem, card: QWidget) -> None:
+        """The row as tall as its card is at the list's width; no wider than the list (the
+        list stretches each row to its width, but never narrows one)."""
+        width = max(1, self.list.viewport().width() - 2 * self.list.spacing())
+        height = card.heightForWidth(width) if card.hasHeightForWidth() else -1
+        hint = QSize(0, max(height, card.minimumSizeHint().height()))
+        if item.sizeHint() != hint:
+            item.setSizeHint(hint)
+
+    def _fit_rows(self) -> None:
+        for i in range(self.list.count()):
+            card = self.list.itemWidget(self.list.item(i))
+            if card is not None:
+                self._fit_row(self.list.item(i), card)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt override)
+        if watched is self.list.viewport() and event.type() == QEvent.Type.Resize:
+            self._fit_rows()  # a narrower list wraps the reasons on more lines
+        return super().eventFilter(watched, event)
 
     def _update_hint(self) -> None:
         if self.advisor.on_cpu() and self.advisor.machine.no_gpu:

@@ -197,7 +197,8 @@ class Chat:
                     parts.append(
                         f"<details><summary>Thought</summary>\n\n{split.thinking}\n\n</details>"
                     )
-                parts.append(split.answer)
+                if split.answer:  # none where it was stopped while it thought
+                    parts.append(split.answer)
             else:
                 parts.append(("**You**" if turn.role == "user" else "**Engine error**") + when)
                 parts.append(turn.prompt)

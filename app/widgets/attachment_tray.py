@@ -7,12 +7,24 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from PySide6.QtCore import QMimeData, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QWidget
+from PySide6.QtCore import QMimeData, Qt, Signal
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QScrollArea,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
+from app.widgets.flow_layout import FlowLayout
 from engine.attachments import Attachment, AttachmentRefused, compose, read_attachment
 
 MAX_FILES = 20  # a message's files at most: past that, a folder's worth went in by mistake
+CHIP_PX = 320  # the most a chip's text takes: a longer file name is cut in its middle
+TRAY_PX = 96  # the most height the chips take (about three lines), scrolled past that
 
 
 def local_files(mime: QMimeData) -> list[str]:
@@ -42,10 +54,21 @@ class AttachmentTray(QWidget):
         self._tokens: list[int | None] = []  # each file's tokens, where they were counted
         self._reading = 0  # readers not yet back
         self._generation = 0  # bumped by take() and clear(): files read for a sent message drop
-        self._layout = QHBoxLayout(self)
-        self._layout.setContentsMargins(0, 0, 0, 0)
-        self._layout.setSpacing(6)
-        self._layout.addStretch(1)
+        # The chips wrap onto more lines, however many (the tray never widens the chat),
+        # and scroll past TRAY_PX (nor does it take the messages' room).
+        self._scroll = QScrollArea()
+        self._scroll.setObjectName("trayScroll")
+        self._scroll.setWidgetResizable(True)
+        self._scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self._scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        body = QWidget()
+        body.setObjectName("trayBody")
+        self._layout = FlowLayout(body)
+        self._scroll.setWidget(body)
+        self.setStyleSheet("#trayScroll, #trayBody { background: transparent; border: none; }")
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self._scroll)
         self._files_read.connect(self._arrived)
         self._recounted.connect(self._counts_arrived)
         self.hide()
@@ -154,7 +177,7 @@ class AttachmentTray(QWidget):
         self.read_done.emit([])
 
     def _redraw(self) -> None:
-        while self._layout.count() > 1:  # the chips; the stretch at the end stays
+        while self._layout.count():
             chip = self._layout.takeAt(0).widget()
             if chip is not None:
                 chip.hide()  # gone from view now; deleted when the event loop comes round
@@ -165,8 +188,12 @@ class AttachmentTray(QWidget):
             row = QHBoxLayout(chip)
             row.setContentsMargins(8, 2, 2, 2)
             row.setSpacing(2)
-            label = QLabel(attachment.summary() + (f" · {tokens:,} tokens" if tokens else ""))
-            label.setToolTip(preview(attachment))
+            text = attachment.summary() + (f" · {tokens:,} tokens" if tokens else "")
+            label = QLabel()
+            shown = label.fontMetrics().elidedText(text, Qt.TextElideMode.ElideMiddle, CHIP_PX)
+            label.setText(shown)
+            tip = preview(attachment)
+            label.setToolTip(tip if shown == text else f"{text}\n\n{tip}")  # the whole name
             drop = QToolButton()
             drop.setObjectName("removeAttachment")
             drop.setText("×")
@@ -178,6 +205,19 @@ class AttachmentTray(QWidget):
             self._layout.insertWidget(i, chip)
             chip.show()  # now, not when the layout's queued show comes round
         self.setVisible(bool(self._files))
+        self._fit()
+
+    def _fit(self) -> None:
+        """As tall as the chips' lines at the tray's width, up to TRAY_PX."""
+        bar = self._scroll.verticalScrollBar()
+        need = self._layout.heightForWidth(max(1, self.width()))
+        if need > TRAY_PX:  # the chips are laid out beside the scroll bar
+            need = self._layout.heightForWidth(max(1, self.width() - bar.sizeHint().width()))
+        self._scroll.setFixedHeight(min(need, TRAY_PX))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._fit()  # narrower: the chips take more lines
 
 
 def _counted(count: Callable[[str], int] | None, attachment: Attachment) -> int | None:

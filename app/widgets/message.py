@@ -39,7 +39,7 @@ from app.theme import THEME, colour
 from app.thinking import split_reply
 from app.widgets.attachment_tray import preview
 from app.widgets.formulas import draw_formulas
-from engine.attachments import compose
+from engine.attachments import Attachment, compose
 
 MARKDOWN = QTextDocument.MarkdownFeature(
     QTextDocument.MarkdownFeature.MarkdownDialectGitHub.value
@@ -147,6 +147,17 @@ def _duration(seconds: float) -> str:
     return f"{minutes} min {rest} s"
 
 
+NAME_CHARS = 48  # the most of a file's name a message shows (the tooltip has all of it)
+
+
+def _short(attachment: Attachment) -> str:
+    """'notes.md, 2 lines', a name longer than NAME_CHARS cut in its middle."""
+    name, whole = attachment.name, attachment.summary()
+    if len(name) <= NAME_CHARS:
+        return whole
+    return name[: NAME_CHARS - 16] + "…" + name[-15:] + whole[len(name) :]
+
+
 def fingerprint(turn: Turn) -> tuple:
     """What a message's drawing shows of its turn: a turn whose fingerprint changed is drawn
     again (ChatPanel.rebuild)."""
@@ -237,10 +248,14 @@ class MessageWidget(QFrame):
         top.addWidget(self.copy_button)
         layout.addLayout(top)
         files = turn.attachments
-        self.attachments_label = QLabel("Attached: " + " · ".join(a.summary() for a in files))
+        self.attachments_label = QLabel("Attached: " + " · ".join(_short(a) for a in files))
         self.attachments_label.setObjectName("attachmentsLabel")
         self.attachments_label.setWordWrap(True)
-        self.attachments_label.setToolTip("\n\n".join(preview(a, 6) for a in files))
+        # A long name that cannot wrap would widen the message past the chat's view.
+        self.attachments_label.setMinimumWidth(1)
+        self.attachments_label.setToolTip(
+            "\n\n".join(f"{a.summary()}\n{preview(a, 6)}" for a in files)
+        )
         self.attachments_label.setVisible(bool(files))
         layout.addWidget(self.attachments_label)
 
@@ -286,8 +301,10 @@ class MessageWidget(QFrame):
                 # kept by the turn, so a chat shown again goes on counting).
                 so_far = time.monotonic() - _thinking_since(self.turn)
                 label = f"Thinking… {so_far:.0f} s" if so_far >= 1 else "Thinking…"
-            elif not split.thinking_done:
+            elif not split.thinking_done and not done:
                 label = "Thinking…"
+            elif not split.thinking_done:  # it ended in its thinking: stopped, or cut
+                label = f"Thinking cut short ({words} {plural})"
             elif isinstance(took, int | float):
                 label = f"Thought for {_duration(took)} ({words} {plural})"
             else:

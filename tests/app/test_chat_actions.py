@@ -10,6 +10,7 @@ from fake_engine import THINKING_REPLY, FakeEngine
 from helpers import answer_next_dialog
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QLabel
 
 from app.dates import message_time
 from app.engine_bridge import LoadRequest
@@ -80,6 +81,26 @@ def test_a_chat_renamed_in_the_sidebar_keeps_its_name_and_place(qtbot, make_wind
     again = make_window(loader=FakeEngine.loader())
     titles = [again.sidebar.list.item(i).text() for i in range(again.sidebar.list.count())]
     assert "x" * TITLE_MAX + "…" in titles
+
+
+def test_a_long_title_ends_in_an_ellipsis_and_leaves_the_columns_as_they_were(qtbot, make_window):
+    """A title of TITLE_MAX wide letters is cut with "…" above the chat (the whole of it in
+    the tooltip), and neither widens the chat's column nor squeezes the sidebar and the
+    right column."""
+    window = make_window()
+    chats = window.ctx.chats
+    qtbot.wait(50)
+    widths = window.splitter.sizes()
+    chats.store.rename(chats.current.id, "W" * TITLE_MAX)
+    qtbot.wait(50)
+    assert window.splitter.sizes() == widths
+    title = window.chat.title
+    assert title.text() == "W" * TITLE_MAX and title.toolTip() == "W" * TITLE_MAX
+    assert QLabel.text(title).endswith(
+        "…"
+    ) and title.width() < title.fontMetrics().horizontalAdvance("W" * TITLE_MAX)
+    chats.store.rename(chats.current.id, "Short")
+    assert QLabel.text(title) == "Short" and title.toolTip() == ""
 
 
 def test_the_last_message_comes_back_to_the_composer_to_edit(qtbot, make_window):

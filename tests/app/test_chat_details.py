@@ -129,3 +129,25 @@ def test_a_reply_still_thinking_counts_its_seconds(qtbot, make_window):
     live = [t for t in labels if t.startswith("Thinking… ")]
     assert live and re.fullmatch(r"Thinking… \d+ s", live[-1]), labels[-3:]
     assert window.chat.message_widgets()[-1].think_toggle.text().startswith("Thought for ")
+
+
+def test_a_reply_stopped_while_it_thinks_is_not_said_to_think_still(qtbot, make_window):
+    """A reply stopped (or cut by the token limit) inside its thinking has ended: its label
+    says so, not "Thinking…", and says so again when its chat is shown again."""
+    window = make_window(loader=FakeEngine.loader(script=["hmm "] * 400, delay=0.01))
+    _load(qtbot, window)
+    window.ctx.settings.set("chat/thinking", True)
+    chats = window.ctx.chats
+    chats.send("Think hard")
+    qtbot.waitUntil(lambda: chats.current.turns[-1].content.count("hmm") >= 3, timeout=3000)
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        chats.stop()
+    asked = chats.current.id
+    words = len(chats.current.turns[-1].content.split())
+    label = f"Thinking cut short ({words} words)"
+    assert window.chat.message_widgets()[-1].think_toggle.text() == label
+    chats.new_chat()
+    chats.select(asked)
+    assert window.chat.message_widgets()[-1].think_toggle.text() == label
+    exported = chats.current.markdown()  # its thinking, and no empty answer after it
+    assert exported.endswith("hmm\n\n</details>\n") and "\n\n\n" not in exported

@@ -307,3 +307,36 @@ def test_unsent_files_too_large_for_the_chat_file_stay_in_memory(tmp_path, monke
     written = json.loads(store.path(chat.id).read_text("utf-8"))
     assert written["draft_files"] == [] and written["draft"] == "big"
     assert ChatStore(tmp_path / "chats").get(chat.id).draft == "big"  # read back at start
+
+
+def test_many_files_or_long_names_keep_to_the_chats_width(qtbot, make_window, tmp_path):
+    """The tray's chips wrap onto lines and scroll past TRAY_PX, and a long name is cut in
+    its middle (in the tray and in the message sent): the chat never grows wider than its
+    column, nor squeezes the columns beside it, and each message's buttons stay in view."""
+    from app.widgets.attachment_tray import MAX_FILES, TRAY_PX
+
+    window = make_window(loader=FakeEngine.loader(script=["Read."]))
+    _load(qtbot, window)
+    panel = window.chat
+    qtbot.wait(50)
+    widths, least = window.splitter.sizes(), window.minimumSizeHint().width()
+    names = [f"quarterly-report-section-{i:02}-{'x' * 180}.md" for i in range(MAX_FILES)]
+    for name in names:
+        (tmp_path / name).write_text("totals\n", encoding="utf-8")
+    assert _attach(qtbot, panel, *(tmp_path / n for n in names)) == []
+    qtbot.wait(50)
+    assert window.splitter.sizes() == widths and window.minimumSizeHint().width() == least
+    assert panel.tray.height() <= TRAY_PX
+    shown = chips(panel)
+    assert len(shown) == MAX_FILES and all("…" in text for text in shown)
+    panel.input.setPlainText("Sum them up")
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        panel.send()
+    qtbot.wait(50)
+    assert window.splitter.sizes() == widths and window.minimumSizeHint().width() == least
+    view = panel.scroll.viewport()
+    for message in panel.message_widgets():
+        right = message.copy_button.mapTo(view, message.copy_button.rect().topRight()).x()
+        assert right < view.width(), message.property("role")
+    label = panel.message_widgets()[0].attachments_label
+    assert names[0] in label.toolTip() and names[0] not in label.text()

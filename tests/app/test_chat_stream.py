@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from fake_engine import THINKING_REPLY, FakeEngine
 from PySide6.QtCore import QTimer
 
@@ -206,6 +207,34 @@ def test_a_streaming_reply_is_saved_as_it_goes(qtbot, make_window, monkeypatch):
     assert chats.busy  # saved mid-stream, not at the end
     chats.stop()
     qtbot.waitUntil(lambda: not chats.busy, timeout=3000)
+
+
+@pytest.mark.parametrize("end_arrives", [True, False])
+def test_closing_the_window_while_a_reply_streams_keeps_it_as_stopped(
+    qtbot, make_window, monkeypatch, end_arrives
+):
+    """The reply under way when the window closes is saved as far as it came, as stopped
+    (Continue offered), not left as it was at its last save; also where the engine's end
+    of it never reaches the window (`end_arrives` False)."""
+    import json
+
+    from PySide6.QtCore import QCoreApplication
+
+    if not end_arrives:
+        monkeypatch.setattr(QCoreApplication, "sendPostedEvents", lambda *_a: None)
+    window = make_window(loader=FakeEngine.loader(script=["word "] * 400, delay=0.01))
+    _load(qtbot, window)
+    chats = window.ctx.chats
+    chats.send("Tell me a long story")
+    qtbot.waitUntil(lambda: len(chats.current.turns[-1].content) >= 40, timeout=3000)
+    shown, path = chats.current.turns[-1].content, chats.store.path(chats.current.id)
+    window.close()
+    reply = json.loads(path.read_text(encoding="utf-8"))["turns"][-1]
+    assert reply["role"] == "assistant" and reply["content"].startswith(shown)
+    assert reply["stats"]["finish_reason"] == "cancelled"
+    again = make_window(loader=FakeEngine.loader())
+    message = again.chat.message_widgets()[-1]
+    assert message.answer_text().startswith("word word") and "stopped" in message.stats_label.text()
 
 
 def test_a_slow_save_is_made_less_often_while_a_reply_streams(qtbot, make_window, monkeypatch):

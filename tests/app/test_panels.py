@@ -309,3 +309,26 @@ def test_the_load_panel_plans_the_sizes_the_settings_hold(qtbot, make_window):
     asked = {(c["context"], c["streams"]) for c in calls if c.get("model_dir") == "/m"}
     assert asked == {(100, 32)}
     assert (panel.context_spin.value(), panel.streams_spin.value()) == (100, 32)
+
+
+def test_a_long_reason_neither_widens_the_library_nor_is_cut_off(qtbot, make_window):
+    """A card with a long reason keeps to the list's width (no scrolling sideways, every
+    badge in view), its reason wrapped on as many lines as it takes, at any width."""
+
+    def plan(**kw):
+        long = "needs 1.00 GiB more than this card can give, " * 6
+        return FakeDecision(FakeVerdict("does not fit"), {}, 1, kw["context"], False, (), long)
+
+    window = make_window(gpu_source=FakeGpu, planner=plan)
+    window.tabs.setCurrentWidget(window.library)
+    panel = window.library
+    qtbot.waitUntil(lambda: panel.card("qwen3.5-0.8b-4bit").badge.text() == "Does not fit")
+    for width in (1280, 960):
+        window.resize(width, 800)
+        qtbot.wait(50)
+        room = panel.list.viewport().width()
+        assert panel.list.horizontalScrollBar().maximum() == 0
+        for i in range(panel.list.count()):
+            card = panel.list.itemWidget(panel.list.item(i))
+            assert card.geometry().right() <= room, card.entry.key
+            assert card.height() >= card.heightForWidth(card.width()), card.entry.key

@@ -10,7 +10,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSlider,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
@@ -23,6 +22,7 @@ from app.state import host_fit
 from app.state.catalog import Entry
 from app.state.fit import CHECKING, FitAdvisor, verdict_label
 from app.state.settings import BY_KEY
+from app.widgets.number_box import IntBox
 from app.widgets.stacked_bar import Legend, StackedBar
 from engine.memory.decision import streams_text
 
@@ -56,7 +56,7 @@ class LoadPanel(QWidget):
         ctx_row = QHBoxLayout()
         self.context_slider = QSlider(Qt.Orientation.Horizontal)
         self.context_slider.setRange(0, len(CONTEXT_STEPS) - 1)
-        self.context_spin = QSpinBox()
+        self.context_spin = IntBox()
         # The settings' own ranges, so the panel plans what the Models tab plans (a context
         # past the model's own limit is planned at that limit by both).
         self.context_spin.setRange(int(BY_KEY["engine/context"].lo or 1), CONTEXT_STEPS[-1])
@@ -66,11 +66,11 @@ class LoadPanel(QWidget):
         ctx_row.addWidget(self.context_slider, 1)
         ctx_row.addWidget(self.context_spin)
         form.addRow("Context", ctx_row)
-        self.streams_spin = QSpinBox()
+        self.streams_spin = IntBox()
         self.streams_spin.setRange(1, int(BY_KEY["engine/streams"].hi or 1))
         self.streams_spin.setMaximumWidth(112)
         form.addRow("Streams", self.streams_spin)
-        self.rows_spin = QSpinBox()
+        self.rows_spin = IntBox()
         self.rows_spin.setRange(0, 8192)
         self.rows_spin.setSingleStep(64)
         # 0: the plan chooses (512 rows, wider where the card has memory left over)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QAbstractSpinBox,
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
@@ -24,6 +23,7 @@ from app.controllers import EngineController
 from app.server_controller import ServerController
 from app.state.settings import BACKENDS, BY_KEY, SAMPLING_KNOBS, AppSettings
 from app.theme import THEMES
+from app.widgets.number_box import DecimalBox, IntBox
 from engine.config import DRAFT_CHOICES, KV_CACHES
 
 # Bounds the engine accepts (engine.sampling.SamplingParams.__post_init__): top_p in (0, 1],
@@ -210,17 +210,17 @@ class SettingsPanel(QScrollArea):
             return edit
         lo, hi, step, decimals = RANGES[key]
         if field.kind is float:
-            spin = QDoubleSpinBox()
+            spin = DecimalBox()
             spin.setDecimals(decimals)
             spin.valueChanged.connect(lambda v: s.set(key, round(v, decimals)))
         else:
-            spin = QSpinBox()
+            spin = IntBox()
             spin.valueChanged.connect(lambda v: s.set(key, v))
         spin.setRange(lo, hi)
         spin.setSingleStep(step)
         spin.setSpecialValueText(AT_MINIMUM.get(key, ""))
-        # Typed text below the minimum ("0" in top-p) becomes the minimum, not the old value.
-        spin.setCorrectionMode(QAbstractSpinBox.CorrectionMode.CorrectToNearestValue)
+        # Typed text below the minimum ("0" in top-p) becomes the minimum; a box left empty
+        # goes back to its value from before the edit (app/widgets/number_box.py).
         spin.setValue(value)
         return spin
 

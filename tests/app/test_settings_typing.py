@@ -100,3 +100,83 @@ def test_restore_defaults_asks_before_it_wipes_the_settings(qtbot, make_window):
     window.settings.reset_button.click()
     assert s.system_prompt != "Answer in French." and s.get("sampling/temperature") == 0.7
     assert window.settings.editors["sampling/temperature"].value() == 0.7
+
+
+def _focus(qtbot, widget) -> None:
+    widget.setFocus()
+    qtbot.waitUntil(widget.hasFocus, timeout=1000)
+
+
+def _clear(qtbot, spin) -> None:
+    """Select the box's text and delete it, as a user does."""
+    qtbot.keyClick(spin, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
+    qtbot.keyClick(spin, Qt.Key.Key_Delete)
+    assert spin.text() == spin.prefix() + spin.suffix()
+
+
+def test_a_number_box_left_empty_keeps_its_value(qtbot, make_window):
+    """A box cleared and left (focus moves on, or Enter) shows and stores the value it had
+    before, not its minimum: "Max new tokens" 16 cut every reply short."""
+    window = make_window()
+    window.tabs.setCurrentWidget(window.settings)
+    window.activateWindow()
+    editors, s = window.settings.editors, window.ctx.settings
+    elsewhere = editors["chat/system_prompt"]
+    stored: list[tuple[str, object]] = []
+    s.changed.connect(lambda key, value: stored.append((key, value)))
+    for key in (
+        "sampling/max_new_tokens",
+        "engine/context",
+        "sampling/temperature",
+        "sampling/top_p",
+        "engine/max_rows",
+    ):
+        spin, before = editors[key], s.get(key)
+        shown = spin.text()
+        for leave in ("focus", "enter"):
+            _focus(qtbot, spin)
+            _clear(qtbot, spin)
+            with qtbot.waitSignal(spin.editingFinished, timeout=1000):
+                if leave == "enter":
+                    qtbot.keyClick(spin, Qt.Key.Key_Return)
+                else:
+                    _focus(qtbot, elsewhere)
+            assert (key, leave, spin.text(), s.get(key)) == (key, leave, shown, before)
+        # Nothing else on the way (Enter stores the value shown, which is this one).
+        assert {v for k, v in stored if k == key} <= {before}, key
+
+
+def test_an_emptied_box_goes_back_to_before_the_edit(qtbot, make_window):
+    """Digits typed and then erased (stored as typed on the way) leave the value from before
+    the edit; so does a value set from elsewhere, and the Load tab's boxes do the same."""
+    window = make_window()
+    window.tabs.setCurrentWidget(window.settings)
+    window.activateWindow()
+    editors, s = window.settings.editors, window.ctx.settings
+    elsewhere = editors["chat/system_prompt"]
+    context = editors["engine/context"]
+    before = s.context
+    _focus(qtbot, context)
+    _type(qtbot, context, "3000")
+    assert s.context == 3000
+    for _ in range(4):
+        qtbot.keyClick(context, Qt.Key.Key_Backspace)
+    _focus(qtbot, elsewhere)
+    assert s.context == before and context.value() == before
+    # Restore defaults sets the boxes with their signals blocked.
+    temperature = editors["sampling/temperature"]
+    s.set("sampling/temperature", 0.3)
+    s.reset()
+    _focus(qtbot, temperature)
+    _clear(qtbot, temperature)
+    _focus(qtbot, elsewhere)
+    assert s.get("sampling/temperature") == 0.7 and temperature.text() == "0.70"
+
+    window.tabs.setCurrentWidget(window.load)
+    spin = window.load.context_spin
+    _focus(qtbot, spin)
+    _type(qtbot, spin, "3000")
+    for _ in range(4):
+        qtbot.keyClick(spin, Qt.Key.Key_Backspace)
+    _focus(qtbot, window.load.streams_spin)
+    assert spin.value() == before and s.context == before and spin.text() == f"{before} tokens"

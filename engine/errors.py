@@ -23,6 +23,11 @@ class TemplateError(TokenizerError):
     """The chat template failed to render or tried to reach outside its sandbox."""
 
 
+class SettingOutOfRange(SnugError, ValueError):
+    """A request's setting (a sampling knob, max_new_tokens) is out of its range; the message
+    names the setting and its value."""
+
+
 class BackendUnavailable(SnugError):
     """The requested backend cannot run here (for example: no NVIDIA GPU for `cuda`)."""
 

@@ -5,8 +5,11 @@ token as it comes (TokenEvent), and the reply's figures on the last one (Generat
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
-from engine.errors import SnugError
+import numpy as np
+
+from engine.errors import RequestRefused, SettingOutOfRange, quoted
 from engine.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprobs
 
 NO_TOKEN = -1  # the token id of a final event that carries no token (cancelled, stopped)
@@ -25,13 +28,55 @@ class GenerationParams(SamplingParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+            raise SettingOutOfRange(
+                f"max_new_tokens {quoted(n)} must be a whole number of at least 1 (the most "
+                "tokens the reply may have)"
+            )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise SnugError(
+            raise SettingOutOfRange(
                 f"logprobs {self.logprobs}: at most {MAX_TOP_LOGPROBS} alternatives a token"
             )
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(**{f.name: getattr(self, f.name) for f in fields(SamplingParams)})
+
+
+def id_list(prompt_ids: Any, vocab_rows: int) -> list[int]:
+    """The prompt's token ids as a list of ints, checked before anything runs: any sequence
+    of ints (a list, a tuple, a numpy integer array), not empty, each id in
+    [0, vocab_rows). RequestRefused names the first id at fault and its position."""
+    try:
+        ids = np.asarray(prompt_ids)
+    except (TypeError, ValueError, OverflowError):  # ragged, or not a sequence at all
+        ids = np.asarray(None)
+    if ids.ndim != 1:
+        raise RequestRefused(
+            f"the prompt must be a sequence of token ids (ints), not {quoted(prompt_ids, 80)}"
+        )
+    if ids.size == 0:
+        raise RequestRefused("the prompt is empty; type a message first")
+    ints = ids.dtype.kind in "iu"
+    if ints:
+        bad = (ids < 0) | (ids >= vocab_rows)
+    else:  # floats, bools, strings, ints past 64 bits: read one by one
+        bad = np.array([not _is_int(t) or not 0 <= t < vocab_rows for t in prompt_ids])
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        token = int(ids[i]) if ints else prompt_ids[i]
+        what = f"is outside the model's vocabulary [0, {vocab_rows})"
+        if not _is_int(token):
+            what = f"is not an integer (the ids are whole numbers in [0, {vocab_rows}))"
+        raise RequestRefused(
+            f"the prompt's token id {quoted(token, 80)} at position {i} {what}; send ids that "
+            "this model's tokenizer gives"
+        )
+    return ids.tolist() if ints else [int(t) for t in prompt_ids]
+
+
+def _is_int(token: Any) -> bool:
+    return isinstance(token, int | np.integer) and not isinstance(token, bool)
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,14 @@ to 248320 columns); they are masked before anything else so they can never be sa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from engine.errors import SnugError
+from engine.errors import SettingOutOfRange
 
 # Qwen3.5's model cards recommend one sampling for replies without thinking and another
 # for replies that think first (general tasks; no repetition penalty). The app's two
@@ -47,18 +48,33 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         checks = (
-            (self.temperature >= 0, f"temperature {self.temperature} must be >= 0"),
+            (
+                self.temperature >= 0 and math.isfinite(self.temperature),
+                f"temperature {self.temperature} must be a finite number >= 0",
+            ),
             (self.top_k >= 0, f"top_k {self.top_k} must be >= 0 (0 = off)"),
             (0 < self.top_p <= 1, f"top_p {self.top_p} must be in (0, 1]"),
             (0 <= self.min_p < 1, f"min_p {self.min_p} must be in [0, 1)"),
             (
+                math.isfinite(self.presence_penalty),
+                f"presence_penalty {self.presence_penalty} must be a finite number",
+            ),
+            (
+                math.isfinite(self.frequency_penalty),
+                f"frequency_penalty {self.frequency_penalty} must be a finite number",
+            ),
+            (
                 all(t >= 0 for t, _ in self.logit_bias),
                 "logit_bias names a negative token id",
+            ),
+            (
+                not any(math.isnan(b) for _, b in self.logit_bias),
+                "logit_bias gives a token a bias that is not a number (NaN)",
             ),
         )
         for ok, message in checks:
             if not ok:
-                raise SnugError(f"sampling setting out of range: {message}")
+                raise SettingOutOfRange(f"sampling setting out of range: {message}")
 
     @property
     def is_greedy(self) -> bool:
@@ -101,6 +117,18 @@ def token_logprobs(logits: np.ndarray, token: int, top: int, vocab_rows: int) ->
         ids = ids[np.lexsort((ids, -x[ids]))]  # most likely first, ties by id
         alts = tuple((int(i), float(x[i] - lse)) for i in ids)
     return TokenLogprobs(float(x[token] - lse), alts)
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _shift(x: np.ndarray, ids: Any, amount: Any) -> None:
+    """`x[ids] += amount` in float32, held within float32's finite range: a huge penalty or
+    bias moves a token as far as float32 goes, never to an infinity (two of which would
+    make NaN once the largest score is taken off)."""
+    with np.errstate(over="ignore"):
+        moved = x[ids] + amount
+    x[ids] = np.clip(moved, -_F32_MAX, _F32_MAX)
 
 
 class Draw(NamedTuple):
@@ -194,14 +222,16 @@ class Sampler:
         if p.presence_penalty:
             seen = np.fromiter(set(counted), dtype=np.int64)
             seen = seen[seen < self.vocab_rows]
-            x[seen] -= p.presence_penalty
+            _shift(x, seen, -p.presence_penalty)
         if p.frequency_penalty:
             ids, counts = np.unique(np.fromiter(counted, dtype=np.int64), return_counts=True)
             inside = ids < self.vocab_rows
-            x[ids[inside]] -= (p.frequency_penalty * counts[inside]).astype(np.float32)
+            with np.errstate(over="ignore"):
+                amounts = (p.frequency_penalty * counts[inside]).astype(np.float32)
+            _shift(x, ids[inside], -amounts)
         for token, bias in p.logit_bias:
             if token < self.vocab_rows:
-                x[token] += bias
+                _shift(x, token, bias)
         if self.constraint is not None:
             self.constraint.mask(x, generated)  # type: ignore[arg-type]
         return x
@@ -217,8 +247,20 @@ class Sampler:
             cand = np.flatnonzero(x >= kth)
         else:
             cand = np.arange(x.size)
-        xc = x[cand].astype(np.float64) / p.temperature
-        probs = np.exp(xc - xc.max())
+        xc = x[cand].astype(np.float64)
+        with np.errstate(over="ignore"):
+            scaled = xc / p.temperature
+        peak, top = scaled.max(), xc.max()
+        if np.isfinite(peak):
+            probs = np.exp(scaled - peak)
+        elif np.isfinite(top):
+            # x / temperature overflowed (a temperature near 0): the largest score taken off
+            # first, (x - top) <= 0 cannot reach +inf, and every score below the largest goes
+            # to -inf: greedy among the maxima, the limit, never inf - inf = NaN.
+            with np.errstate(over="ignore"):
+                probs = np.exp((xc - top) / p.temperature)
+        else:  # +inf logits, or every candidate at -inf: an even draw among those at `top`
+            probs = (xc == top).astype(np.float64)
         probs /= probs.sum()
         if p.min_p > 0:
             probs[probs < p.min_p * probs.max()] = 0.0
@@ -252,6 +294,8 @@ class Sampler:
         (all of them, after a clear, on the request's first device draw)."""
         p = self.params
         seed = int(self.rng.integers(1 << 62))
+        # Within float32's range, as on the host (`_shift`): the device reads it as float32.
+        penalty = min(max(p.presence_penalty, -_F32_MAX), _F32_MAX)
         mark, clear = (), False
         if p.presence_penalty:
             clear = self._marked is None
@@ -259,5 +303,5 @@ class Sampler:
             mark = (*p.earlier, *mark) if clear else mark
             self._marked = len(generated) + 1  # the draw marks its own pick
         if p.is_greedy:
-            return Draw(1.0, 1, 1.0, seed, p.presence_penalty, slot, mark, clear)
-        return Draw(p.temperature, p.top_k, p.top_p, seed, p.presence_penalty, slot, mark, clear)
+            return Draw(1.0, 1, 1.0, seed, penalty, slot, mark, clear)
+        return Draw(p.temperature, p.top_k, p.top_p, seed, penalty, slot, mark, clear)

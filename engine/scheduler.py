@@ -46,6 +46,7 @@ from engine.session import Engine, GenerationParams, TokenEvent, _Stream, aligne
 from engine.tokenizer import StreamDecoder
 
 Sink = Callable[[Any], None]  # receives TokenEvents, or one exception that ends the request
+STOPPED = "the scheduler has stopped; load the model again"
 
 
 class QueueFull(RequestRefused):
@@ -158,8 +159,9 @@ class Scheduler:
     ) -> Request:
         """Queue a request; RequestRefused (QueueFull when no room) if it cannot be taken."""
         params = params or GenerationParams()
-        if not prompt_ids:
-            raise RequestRefused("the prompt is empty; type a message first")
+        if self._stopping:  # (checked again below, under the lock)
+            raise RequestRefused(STOPPED)
+        prompt_ids = self.engine.checked_prompt(prompt_ids)  # empty, or an id out of range
         context = self.engine.context
         if len(prompt_ids) >= context:
             raise RequestRefused(
@@ -169,7 +171,7 @@ class Scheduler:
         request = Request(next(self._ids), prompt_ids, params, cancel, sink, ignore_eos)
         with self._cond:
             if self._stopping:
-                raise RequestRefused("the scheduler has stopped; load the model again")
+                raise RequestRefused(STOPPED)
             if len(self._running) + len(self._waiting) >= self.capacity:
                 self.stats.refused += 1
                 raise QueueFull(

@@ -28,12 +28,12 @@ from engine.backend_choice import select_backend
 from engine.backends.base import Backend, Batch
 from engine.config import EngineSettings
 from engine.constraint import THINK_CLOSE, Constraint, GrammarTokenizer, opens_thinking
-from engine.errors import NumericalError, RequestRefused
+from engine.errors import ConfigError, NumericalError, RequestRefused
 from engine.load_admission import admit_load
 from engine.memory import BASE_ROWS, Decision
 from engine.models.qwen35 import Qwen35Model
 from engine.prompt_cache import open_prompt_cache
-from engine.request_types import NO_TOKEN, GenerationParams, GenerationStats, TokenEvent
+from engine.request_types import NO_TOKEN, GenerationParams, GenerationStats, TokenEvent, id_list
 from engine.sampling import Sampler
 
 Progress = Callable[[str, float], None]
@@ -66,6 +66,23 @@ def aligned_chunks(
             end = cut - position
         yield start, end
         start = end
+
+
+def check_sizes(context: int | None, streams: int, max_rows: int | None) -> None:
+    """Engine.load's sizes: each a whole number of at least 1 (context and max_rows may be
+    None: the plan chooses)."""
+    for name, value, none_ok in (
+        ("context", context, True),
+        ("streams", streams, False),
+        ("max_rows", max_rows, True),
+    ):
+        if value is None and none_ok:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise ConfigError(
+                f"Engine.load {name}={value!r}: the {name} must be a whole number of at least "
+                f"1{' (or None: the plan chooses)' if none_ok else ''}; raise the {name} setting"
+            )
 
 
 def vocab_rows(tokenizer: Any, config: Any) -> int:
@@ -147,6 +164,7 @@ class Engine:
         from engine.checkpoint import Checkpoint
         from engine.tokenizer import Tokenizer
 
+        check_sizes(context, streams, max_rows)
         settings = settings or EngineSettings.from_env()
         report = progress or (lambda _stage, _fraction: None)
         report("reading checkpoint", 0.0)
@@ -214,13 +232,24 @@ class Engine:
                     "raise the streams setting and reload"
                 )
             slot = self._free_slots.pop(0)
-        self.backend.reset_slot(slot)
+        try:
+            self.backend.reset_slot(slot)
+        except BaseException:  # the slot goes back: no request holds it
+            self._close_stream(_Stream(slot))
+            raise
         return _Stream(slot)
 
     def _close_stream(self, stream: _Stream) -> None:
         with self._lock:
             self._free_slots.append(stream.slot)
             self._free_slots.sort()
+
+    def checked_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        """The prompt as a list of ints, refused (RequestRefused) before anything runs where
+        it is empty, holds an id outside the vocabulary, or the model was unloaded."""
+        if self.backend is None:
+            raise RequestRefused("the model was unloaded; load it again to generate")
+        return id_list(prompt_ids, self.vocab_rows)
 
     def _check_room(self, stream: _Stream, new_rows: int) -> None:
         if len(stream.ids) + new_rows > self.context:
@@ -370,17 +399,16 @@ class Engine:
         from engine.tokenizer import StreamDecoder
 
         params = params or GenerationParams()
-        if not prompt_ids:
-            raise RequestRefused("the prompt is empty; type a message first")
+        prompt_ids = self.checked_prompt(prompt_ids)
         sampler = self._sampler(params, prompt_ids)
         decoder = StreamDecoder(self.tokenizer)
         stream = self._open_stream()
         completed = False
         try:
             t0 = time.perf_counter()
-            logits = self._restore_end(stream, list(prompt_ids))
+            logits = self._restore_end(stream, prompt_ids)
             if logits is None:
-                todo = self._resume(stream, list(prompt_ids))
+                todo = self._resume(stream, prompt_ids)
                 cut = self.turn_start(prompt_ids)
                 logits = self.prefill(stream, todo, cut=cut, cancel=cancel, progress=progress)
             if logits is None:  # stopped while the prompt ran
@@ -502,13 +530,16 @@ class Engine:
     ) -> list[list[int]]:
         """Serve several prompts concurrently (one decode batch); return each one's tokens."""
         params = params or GenerationParams()
-        streams = [self._open_stream() for _ in prompts]
+        prompts = [self.checked_prompt(ids) for ids in prompts]
+        streams: list[_Stream] = []
         try:
+            for _ in prompts:  # those opened before one is refused are closed below
+                streams.append(self._open_stream())
             samplers = [self._sampler(params, ids) for ids in prompts]
             outputs: list[list[int]] = [[] for _ in prompts]
             next_ids = []
             for s, ids, sampler, out in zip(streams, prompts, samplers, outputs, strict=True):
-                logits = self.prefill(s, list(ids), cut=self.turn_start(ids))
+                logits = self.prefill(s, ids, cut=self.turn_start(ids))
                 next_ids.append(sampler(logits, out))
             active = list(range(len(prompts)))
             while active:
@@ -553,7 +584,9 @@ class Engine:
 
     def unload(self) -> None:
         """Release weights and state (the prompt cache's disk writes are finished first);
-        the engine cannot be used afterwards."""
+        the engine cannot be used afterwards (its requests are refused). Again: nothing."""
+        if self.backend is None:
+            return
         self.prompt_cache.close()
         self.backend.release()
         self.model = None  # type: ignore[assignment]

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from engine.errors import TemplateError, TemplateLimitError, TokenizerError, quoted
 from engine.json_limits import read_json_file
-from engine.template_sandbox import BoundedSandbox, LimitHit, TemplateLimits
+from engine.template_sandbox import BoundedSandbox, LimitHit, TemplateLimits, measure
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -206,14 +206,32 @@ class Tokenizer:
                 f"({exc}); the template is unsafe, replace it or use raw prompts"
             ) from exc
         except (LimitHit, RecursionError, MemoryError) as exc:
-            raise self._limit_error(exc, "rendering") from None
+            raise self._limit_error(exc, "rendering", variables) from None
         except Exception as exc:  # any Jinja or Python error inside the template
             raise TemplateError(
                 f"{self.template_source}: rendering the chat template failed "
                 f"({type(exc).__name__}: {str(exc)[:200]})"
             ) from exc
 
-    def _limit_error(self, exc: BaseException, stage: str) -> TemplateLimitError:
+    def _limit_error(
+        self, exc: BaseException, stage: str, variables: Mapping[str, Any] | None = None
+    ) -> TemplateLimitError:
+        source = self.template_source or TEMPLATE_FILE
+        limits = self.template_limits
+        if isinstance(exc, LimitHit) and variables is not None:
+            # What the request gave the template (its messages with their attached files, its
+            # tools): half the limit or more, and it is the conversation that is too long.
+            given = {k: variables.get(k) for k in ("messages", "tools", "documents")}
+            size = measure(given, limits)
+            if 2 * size >= limits.max_size:
+                most = limits.max_size
+                amount = f"about {size:,}" if size <= most else f"over {most:,}"
+                return TemplateLimitError(
+                    "the conversation and its attached files are too long for the chat "
+                    f"template: {amount} characters, and {source} renders at most {most:,}; "
+                    "shorten the conversation (or start a new chat), or attach fewer or "
+                    "smaller files"
+                )
         if isinstance(exc, RecursionError):
             what = "nests too deeply (Python's recursion limit)"
         elif isinstance(exc, MemoryError):
@@ -221,7 +239,7 @@ class Tokenizer:
         else:
             what = str(exc)
         return TemplateLimitError(
-            f"{self.template_source or TEMPLATE_FILE}: {stage} the chat template was stopped: "
+            f"{source}: {stage} the chat template was stopped: "
             f"it {what}; a real chat template stays far inside these limits, so replace the "
             "template or use raw prompts"
         )

@@ -35,7 +35,7 @@ Decision from the same bytes.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from engine.config import GIB, EngineSettings
@@ -237,17 +237,15 @@ def _suggest(
             texts.append(f"use the 8-bit KV cache, int8 ({_gib(saved)} less stream state)")
             fixes.append(("kv_cache", "int8"))
     if plan.streams > 1:
-        fewer = max(
-            (n for n in range(1, plan.streams) if _fits(plan.resized(streams=n), *args)), default=0
-        )
+        fewer = _largest(1, plan.streams - 1, lambda n: _fits(plan.resized(streams=n), *args))
         if fewer:
             texts.append(f"use {streams_text(fewer)} instead of {plan.streams}")
             fixes.append(("streams", fewer))
     if plan.prompt_cache_states > 0 and _fits(plan.resized(prompt_cache_states=0), *args):
-        kept = max(
-            n
-            for n in range(plan.prompt_cache_states)
-            if _fits(plan.resized(prompt_cache_states=n), *args)
+        kept = _largest(
+            0,
+            plan.prompt_cache_states - 1,
+            lambda n: _fits(plan.resized(prompt_cache_states=n), *args),
         )
         texts.append(
             f"keep {kept} saved prompt state{'s' if kept != 1 else ''} instead of "
@@ -280,6 +278,22 @@ def _suggest(
     return tuple(texts), tuple(fixes)
 
 
+def _largest(low: int, high: int, ok: Callable[[int], bool]) -> int:
+    """The largest n in [low, high] with `ok(n)`, by bisection, or `low - 1` where none is:
+    `ok` holds up to some count and not past it (a plan only fits more easily with fewer
+    streams or fewer saved states), so this is what trying each count from the top finds,
+    in log2(high) checks instead of `high` (a plan asked for 10**9 streams)."""
+    if low > high or not ok(low):
+        return low - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if ok(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 def _four_bit(plan: Plan) -> Plan:
     """The same choices with the weights of the model's MLX 4-bit build."""
     q_config = replace(plan.config, quantization=_MLX4, source=plan.config.source)
@@ -299,8 +313,19 @@ def _combined(
     streams or a shorter context where that fits (checked), else a smaller model. Its fix
     names every setting it changes: (setting, value, setting, value, ...)."""
     args = (card_free, card_total, held, s)
-    for n in range(plan.streams, 0, -1) if four_bit is not None else ():
-        ctx = min(largest_context(four_bit.resized(streams=n), *args), plan.context)
+
+    def context_at(n: int) -> int:  # the 4-bit build's longest context with n streams
+        assert four_bit is not None
+        return min(largest_context(four_bit.resized(streams=n), *args), plan.context)
+
+    def has_context(n: int) -> bool:
+        ctx = context_at(n)
+        return ctx >= CONTEXT_STEP or ctx >= plan.context
+
+    # From the most streams that leave the 4-bit build a context (fewer only leave more).
+    most = 0 if four_bit is None else _largest(1, plan.streams, has_context)
+    for n in range(most, 0, -1):
+        ctx = context_at(n)
         if ctx < CONTEXT_STEP and ctx < plan.context:
             continue
         fix: tuple[str | int | float, ...] = ("format", "mlx4")

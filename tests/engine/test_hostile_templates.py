@@ -249,3 +249,29 @@ def test_long_conversation_renders_well_inside_the_budget(tokenizer):
     out = render(tokenizer, QWEN_STYLE, messages=turns)
     assert out.count("<|im_start|>") == 2002
     assert time.perf_counter() - t0 < TemplateLimits().seconds / 2
+
+
+@pytest.mark.parametrize("sizes", [[9_000_000], [4_500_000, 4_500_000], [1_000] * 9_000])
+def test_a_conversation_too_long_for_the_template_is_named_so(tokenizer, sizes):
+    """Messages (or attached files) past the template's output limit: the error says the
+    conversation is too long and what to do, not that the template is at fault."""
+    from engine.errors import TemplateLimitError
+
+    messages = [{"role": "user", "content": "x" * n} for n in sizes]
+    t0 = time.perf_counter()
+    with pytest.raises(TemplateLimitError) as info:
+        tokenizer.apply_chat_template(messages)
+    text = str(info.value)
+    assert "conversation and its attached files are too long" in text, text
+    assert "8,388,608" in text and "attach fewer or smaller files" in text
+    assert "raw prompts" not in text and "replace" not in text
+    assert time.perf_counter() - t0 < 10
+
+
+def test_a_template_that_writes_too_much_is_still_named(tokenizer):
+    """A short conversation that a template blows past the limit: the template's fault."""
+    from engine.errors import TemplateLimitError
+
+    with pytest.raises(TemplateLimitError, match="replace the template") as info:
+        render(tokenizer, HOSTILE["output"][0])
+    assert "conversation" not in str(info.value)

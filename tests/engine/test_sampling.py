@@ -128,3 +128,79 @@ def test_logit_bias_bars_and_favours_tokens():
 def test_bad_settings_are_named(kwargs):
     with pytest.raises(SnugError, match=list(kwargs)[0]):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 5e-324, 1e-30])
+def test_a_temperature_near_zero_is_greedy_among_the_maxima(temperature):
+    x = logits(3)
+    best = int(np.argmax(x[:REAL]))
+    for top_k, top_p in ((20, 0.8), (0, 1.0)):
+        sampler = Sampler(SamplingParams(temperature, top_k, top_p, seed=0), REAL)
+        assert sampler(x) == best
+        dist = sampler.distribution(x)
+        assert dist[best] == 1.0 and dist.sum() == 1.0
+    x[7] = x[best]  # two maxima: an even draw between them
+    sampler = Sampler(SamplingParams(temperature, seed=0), REAL)
+    assert {sampler(x) for _ in range(60)} == {7, best}
+    assert sampler.distribution(x)[[7, best]].tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "generated", "allowed"),
+    [
+        ({"presence_penalty": 1e39}, [4], None),
+        ({"presence_penalty": -1e39}, [4, 9], {4, 9}),  # both raised as far as float32 goes
+        ({"frequency_penalty": 1e38}, [4] * 10, None),
+        ({"frequency_penalty": -1e300}, [4, 9, 9], {4, 9}),
+        ({"logit_bias": ((3, 1e300), (5, float("inf")))}, [], {3, 5}),
+        ({"logit_bias": ((3, -float("inf")),)}, [], None),
+    ],
+)
+def test_huge_penalties_and_biases_give_no_nan(kwargs, generated, allowed):
+    x = logits(4)
+    for temperature in (0.7, 1e-310, 0.0):
+        sampler = Sampler(SamplingParams(temperature=temperature, seed=1, **kwargs), REAL)
+        picks = {sampler(x, generated) for _ in range(40)}
+        dist = sampler.distribution(x, generated)
+        assert np.isfinite(dist).all() and abs(dist.sum() - 1.0) < 1e-12
+        if allowed is not None:
+            assert picks <= allowed
+        else:
+            assert not picks & {4, 3}
+
+
+def test_ordinary_draws_keep_their_probabilities():
+    """Where x / temperature does not overflow, the probabilities are those of the softmax
+    of the top-k scores at the temperature, to the bit (the seeded draws stay the same)."""
+    x = logits(5)
+    for temperature in (0.01, 0.7, 1.3):
+        sampler = Sampler(SamplingParams(temperature=temperature, top_k=20, top_p=1.0), REAL)
+        top = np.flatnonzero(x[:REAL] >= np.partition(x[:REAL], -20)[-20])
+        scaled = x[top].astype(np.float64) / temperature
+        want = np.exp(scaled - scaled.max())
+        want /= want.sum()
+        want /= want.sum()  # twice, as the sampler normalises after its cuts again
+        np.testing.assert_array_equal(sampler.distribution(x)[top], want)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": float("inf")},
+        {"temperature": float("nan")},
+        {"presence_penalty": float("nan")},
+        {"presence_penalty": float("-inf")},
+        {"frequency_penalty": float("inf")},
+        {"logit_bias": ((3, float("nan")),)},
+    ],
+)
+def test_settings_that_are_not_numbers_are_named(kwargs):
+    with pytest.raises(SnugError, match=list(kwargs)[0]):
+        SamplingParams(**kwargs)
+
+
+def test_a_huge_presence_penalty_reaches_the_device_within_float32():
+    for penalty, want in ((1e39, np.finfo(np.float32).max), (-1e300, -np.finfo(np.float32).max)):
+        draw = Sampler(SamplingParams(presence_penalty=penalty), REAL).device_draw([4], 0)
+        assert draw.penalty == float(want) and np.isfinite(np.float32(draw.penalty))
+    assert Sampler(SamplingParams(presence_penalty=1.5), REAL).device_draw([4], 0).penalty == 1.5

@@ -133,6 +133,10 @@ class Scheduler:
     decoding streams and lengthen the prompt's time to first token.
     """
 
+    # What a refusal for want of room says to change: the command line's flags; the app,
+    # which starts its scheduler with its own settings, names those (ScheduledEngine).
+    more_room = "raise the queue size (--queue) or the streams (--streams)"
+
     def __init__(self, engine: Engine, queue_size: int = 16, prefill_chunk: int | None = None):
         if queue_size < 0:
             raise ValueError(f"queue_size {queue_size} must be >= 0")
@@ -177,7 +181,7 @@ class Scheduler:
                 raise QueueFull(
                     f"all {self.engine.streams} streams are busy and {len(self._waiting)} "
                     f"requests already wait (queue size {self.queue_size}); retry later, or "
-                    "raise the queue size (--queue) or the streams (--streams)"
+                    f"{self.more_room}"
                 )
             self._waiting.append(request)
             beyond = len(self._running) + len(self._waiting) - self.engine.streams
@@ -558,7 +562,9 @@ class ScheduledEngine:
 
     def __init__(self, engine: Engine, queue_size: int = 16, prefill_chunk: int | None = None):
         self.engine = engine
-        self.scheduler = Scheduler(engine, queue_size, prefill_chunk).start()
+        self.scheduler = Scheduler(engine, queue_size, prefill_chunk)
+        self.scheduler.more_room = "load the model again with more streams (Load tab, Streams)"
+        self.scheduler.start()
         self.backend_name = engine.backend_name
         self.decision = engine.decision
         # The chat reads replies with it: to go on with one (Continue), hold its thinking to

@@ -247,8 +247,7 @@ class OpenAIServer:
             raise bad(
                 f"the request asks for {replies} replies ('n' times the prompts) but this "
                 f"server takes at most {s.capacity} at once ({s.engine.streams} streams, "
-                f"{s.queue_size} waiting); ask for fewer, or restart it with more --streams "
-                "or --queue",
+                f"{s.queue_size} waiting); ask for fewer, or {s.more_room}",
                 "n",
             )
 

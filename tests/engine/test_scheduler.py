@@ -143,6 +143,17 @@ def test_queue_full_is_refused_naming_the_queue_and_the_setting(tiny_checkpoint)
         scheduler.submit(prompt(300), GREEDY)
     run_until_done(scheduler, [first, second])
     assert scheduler.stats.peak_running == 1 and scheduler.stats.refused == 1
+    # The app's scheduler (its chat and its server share it) names the app's setting.
+    scheduled = ScheduledEngine(engine, queue_size=0)
+    try:
+        with scheduled.scheduler._cond:  # the one stream held: the next request finds no room
+            scheduled.scheduler._running.append(first)
+            with pytest.raises(QueueFull, match=r"Load tab, Streams") as refused:
+                scheduled.scheduler.submit(prompt(8), GREEDY)
+            scheduled.scheduler._running.clear()
+        assert "--" not in str(refused.value)
+    finally:
+        scheduled.unload()
 
 
 def test_a_failing_request_leaves_the_others_running(engine4):

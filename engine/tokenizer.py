@@ -22,18 +22,23 @@ from jinja2.sandbox import SecurityError
 from tokenizers import Tokenizer as _HFTokenizer
 
 from engine.errors import TemplateError, TemplateLimitError, TokenizerError, quoted
-from engine.json_limits import read_json_file
 from engine.template_sandbox import BoundedSandbox, LimitHit, TemplateLimits, measure
+from engine.tokenizer_files import (
+    DEFAULT,
+    TEMPLATE_FILE,
+    TOKENIZER_CONFIG,
+    TOOL_USE,
+    ChatTemplates,
+    find_templates,
+    read_tokenizer_config,
+    template_tokens,
+)
 
 TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG = "tokenizer_config.json"
-TEMPLATE_FILE = "chat_template.jinja"
-EXTRA_TEMPLATES = "additional_chat_templates"  # transformers 5 saves named templates here
 MAX_TIME_FORMAT = 256  # characters of a strftime_now format
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # Qwen's thinking block
 REPLACEMENT = "\ufffd"
-MAX_TOKENIZER_CONFIG_BYTES = 16 << 20  # Qwen3.5's is 16 KB, template included
 # Where a message's reasoning may be; transformers copies it to `reasoning_content` and
 # `thinking` before rendering, so a template reads it under either name.
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -54,22 +59,20 @@ class Tokenizer:
         tok: _HFTokenizer,
         *,
         source: Path,
-        template: str | None = None,
-        template_source: str | None = None,
+        templates: ChatTemplates | None = None,
         special: Mapping[str, str] | None = None,
         eos_ids: Sequence[int] = (),
-        tool_template: str | None = None,
     ) -> None:
         self._tok = tok
         self.source = source
-        self.template = template
-        self.template_source = template_source
+        self._templates = templates = templates or ChatTemplates()
+        self.template = templates.default
+        self.template_source = templates.default_source
         # The named `tool_use` template, which transformers picks over the default when
         # the request has tools.
-        self.tool_template = tool_template
+        self.tool_template = templates.tool_use
         self._special = dict(special or {})  # bos_token, eos_token, ... for templates
         self._compiled_by_name: dict[str, jinja2.Template] = {}
-        self._env: BoundedSandbox | None = None
         self.vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
         self.eos_ids = self._collect_eos(eos_ids)
         self._byte_chars: dict[str, int] | None = None  # token_bytes, read at its first call
@@ -95,16 +98,13 @@ class Tokenizer:
             tok = _HFTokenizer.from_file(str(path))
         except Exception as exc:  # the Rust library raises a bare Exception on bad input
             raise TokenizerError(f"{path}: cannot be loaded by `tokenizers` ({exc})") from exc
-        tok_config = _read_tokenizer_config(folder / TOKENIZER_CONFIG)
-        template, template_source, tool_template = _find_template(folder, tok_config)
+        tok_config = read_tokenizer_config(folder / TOKENIZER_CONFIG)
         return cls(
             tok,
             source=path,
-            template=template,
-            template_source=template_source,
-            special=_template_tokens(tok_config),
+            templates=find_templates(folder, tok_config),
+            special=template_tokens(folder, tok_config),
             eos_ids=tuple(eos_token_ids),
-            tool_template=tool_template,
         )
 
     def _collect_eos(self, config_ids: Sequence[int]) -> tuple[int, ...]:
@@ -181,7 +181,7 @@ class Tokenizer:
         """
         chat = _chat_messages(messages)
         tools = None if tools is None else _tool_specs(tools)
-        template = self._get_template("tool_use" if tools is not None else "default")
+        template = self._get_template(TOOL_USE if tools is not None else DEFAULT)
         variables: dict[str, Any] = {
             **self._special,
             "messages": chat,
@@ -195,28 +195,32 @@ class Tokenizer:
 
     def _render(self, template: jinja2.Template, variables: dict[str, Any]) -> str:
         env = template.environment
-        assert isinstance(env, BoundedSandbox)
+        assert isinstance(env, _SandboxEnvironment)
+        source = env.source  # the file (or tokenizer_config.json entry) the template is from
         try:
             return env.render_bounded(template, variables)
         except TemplateError:
             raise
         except SecurityError as exc:
             raise TemplateError(
-                f"{self.template_source}: the chat template tried to reach outside its sandbox "
+                f"{source}: the chat template tried to reach outside its sandbox "
                 f"({exc}); the template is unsafe, replace it or use raw prompts"
             ) from exc
         except (LimitHit, RecursionError, MemoryError) as exc:
-            raise self._limit_error(exc, "rendering", variables) from None
+            raise self._limit_error(exc, "rendering", source, variables) from None
         except Exception as exc:  # any Jinja or Python error inside the template
             raise TemplateError(
-                f"{self.template_source}: rendering the chat template failed "
+                f"{source}: rendering the chat template failed "
                 f"({type(exc).__name__}: {str(exc)[:200]})"
             ) from exc
 
     def _limit_error(
-        self, exc: BaseException, stage: str, variables: Mapping[str, Any] | None = None
+        self,
+        exc: BaseException,
+        stage: str,
+        source: str,
+        variables: Mapping[str, Any] | None = None,
     ) -> TemplateLimitError:
-        source = self.template_source or TEMPLATE_FILE
         limits = self.template_limits
         if isinstance(exc, LimitHit) and variables is not None:
             # What the request gave the template (its messages with their attached files, its
@@ -253,21 +257,20 @@ class Tokenizer:
         """Token ids of the rendered chat, ending in the assistant generation prompt."""
         return self.encode(self.apply_chat_template(messages, True, enable_thinking, tools))
 
-    def _get_template(self, name: str = "default") -> jinja2.Template:
+    def _get_template(self, name: str = DEFAULT) -> jinja2.Template:
         """The compiled template: `tool_use` (for a request with tools) when the model
-        names one, else the default, as transformers' `get_chat_template` chooses."""
-        text = self.tool_template if name == "tool_use" else None
+        names one, else the default, as transformers' `get_chat_template` chooses. Each
+        compiles in its own sandbox, whose errors name the file it came from."""
+        found = self._templates
+        text, source = (found.tool_use, found.tool_use_source) if name == TOOL_USE else (None, None)
         if text is None:
-            name, text = "default", self.template
+            name, text, source = DEFAULT, found.default, found.default_source
         if name in self._compiled_by_name:
             return self._compiled_by_name[name]
         if text is None:
-            raise TokenizerError(
-                f"{self.source.parent}: no chat template (neither {TEMPLATE_FILE} nor "
-                f"`chat_template` in {TOKENIZER_CONFIG}); use raw prompts for this model"
-            )
-        source = self.template_source or TEMPLATE_FILE
-        env = self._env or self._make_env(source)
+            raise TokenizerError(self._no_template())
+        source = source or TEMPLATE_FILE
+        env = self._make_env(source)
         try:
             compiled = env.compile_bounded(text)
         except jinja2.TemplateSyntaxError as exc:
@@ -275,17 +278,32 @@ class Tokenizer:
                 f"{source}: line {exc.lineno}: the chat template is not valid Jinja ({exc.message})"
             ) from exc
         except (LimitHit, RecursionError, MemoryError) as exc:
-            raise self._limit_error(exc, "compiling") from None
+            raise self._limit_error(exc, "compiling", source) from None
         except Exception as exc:  # Python's compiler refusing the generated code, and the like
             raise TemplateError(
                 f"{source}: the chat template cannot be compiled ({type(exc).__name__}: "
                 f"{str(exc)[:200]})"
             ) from exc
-        self._env = env
         self._compiled_by_name[name] = compiled
         return compiled
 
-    def _make_env(self, source: str) -> BoundedSandbox:
+    def _no_template(self) -> str:
+        """Why there is no template for a request without tools."""
+        found = self._templates
+        if not found.names:
+            return (
+                f"{self.source.parent}: no chat template (neither {TEMPLATE_FILE} nor "
+                f"`chat_template` in {TOKENIZER_CONFIG}); use raw prompts for this model"
+            )
+        names = ", ".join(repr(n) for n in found.names)
+        tools = f" ({TOOL_USE!r} is for requests with tools only)" if found.tool_use else ""
+        return (
+            f"{found.where}: chat templates named {names} but none named {DEFAULT!r}, the one "
+            f"a request without tools renders with{tools}; add a default template or use raw "
+            "prompts for this model"
+        )
+
+    def _make_env(self, source: str) -> _SandboxEnvironment:
         """The sandbox as transformers configures its own: trim_blocks, lstrip_blocks, loop
         controls, `{% generation %}`, its `tojson`, `raise_exception` and `strftime_now`."""
 
@@ -301,6 +319,7 @@ class Tokenizer:
         env.filters["tojson"] = env.guard_filter(_tojson, "tojson")
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = _strftime_now
+        env.source = source
         return env
 
 
@@ -380,7 +399,10 @@ class StreamDecoder:
 
 
 class _SandboxEnvironment(BoundedSandbox):
-    """Raise on unsafe attribute access instead of rendering an empty Undefined."""
+    """Raise on unsafe attribute access instead of rendering an empty Undefined. `source`:
+    where the template compiled in it came from, for error messages."""
+
+    source: str = TEMPLATE_FILE
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         raise SecurityError(
@@ -488,81 +510,3 @@ def _refuse_media(content: Any, index: int) -> None:
                 "part of the model only and cannot see images, video or audio. Send the text "
                 "alone, or describe the picture in words"
             )
-
-
-def _template_tokens(config: Mapping[str, Any]) -> dict[str, str]:
-    """The special tokens transformers 5 passes to a chat template: the named ones
-    (bos_token ... mask_token), any other `*_token` entry of tokenizer_config.json and the
-    `model_specific_special_tokens` / `extra_special_tokens` maps (image_token, ...)."""
-    out: dict[str, str] = {}
-    for key, value in config.items():
-        if isinstance(key, str) and key.endswith("_token"):
-            if (text := _token_text(value)) is not None:
-                out[key] = text
-    for group in ("extra_special_tokens", "model_specific_special_tokens"):
-        named = config.get(group)
-        if isinstance(named, Mapping):
-            for key, value in named.items():
-                if isinstance(key, str) and (text := _token_text(value)) is not None:
-                    out[key] = text
-    return out
-
-
-def _read_tokenizer_config(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    data = read_json_file(path, TokenizerError, MAX_TOKENIZER_CONFIG_BYTES)
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path}: the top level must be a JSON object")
-    return data
-
-
-def _read_template(path: Path) -> str:
-    limit = 4 * TemplateLimits.max_template_chars  # bytes: up to 4 per character
-    try:
-        if path.stat().st_size > limit:
-            raise TokenizerError(
-                f"{path}: is {path.stat().st_size:,} bytes, over the {limit:,} a chat "
-                "template ever needs (Qwen3.5's is 8 KB); replace the file"
-            )
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TokenizerError(f"{path}: cannot be read ({exc})") from exc
-
-
-def _find_template(
-    folder: Path, tok_config: Mapping[str, Any]
-) -> tuple[str | None, str | None, str | None]:
-    """(default template, where it came from (for error messages), `tool_use` template).
-
-    As transformers 5 loads them: the files chat_template.jinja and
-    additional_chat_templates/tool_use.jinja when either exists, else tokenizer_config.json's
-    `chat_template`, a string or a list of named templates.
-    """
-    path, extra = folder / TEMPLATE_FILE, folder / EXTRA_TEMPLATES / "tool_use.jinja"
-    if path.is_file() or extra.is_file():
-        template = _read_template(path) if path.is_file() else None
-        tool = _read_template(extra) if extra.is_file() else None
-        return template, str(path if template is not None else extra), tool
-    raw = tok_config.get("chat_template")
-    where = f"{folder / TOKENIZER_CONFIG} [chat_template]"
-    if isinstance(raw, str):
-        return raw, where, None
-    if isinstance(raw, list):  # named templates: [{"name": "default", "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
-        default, tool = named.get("default"), named.get("tool_use")
-        return (
-            default if isinstance(default, str) else None,
-            where,
-            tool if isinstance(tool, str) else None,
-        )
-    return None, None, None
-
-
-def _token_text(value: Any) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None

@@ -73,10 +73,16 @@ class EngineController(QObject):
         self._active: int | None = None
         self._cancel: threading.Event | None = None
         self._load_cancel: threading.Event | None = None
+        self._loading_dir = ""  # the model the load under way reads
 
     @property
     def state(self) -> str:
         return self._state
+
+    def in_use(self, model_dir: str) -> bool:
+        """Whether the engine is loading `model_dir`, or has it loaded."""
+        used = (self._loading_dir if self._state == "loading" else "", self._info.get("model_dir"))
+        return bool(model_dir) and model_dir in used
 
     @property
     def info(self) -> dict:
@@ -94,6 +100,7 @@ class EngineController(QObject):
 
     def load(self, request: LoadRequest) -> None:
         self.stop()
+        self._loading_dir = str(request.model_dir)
         self._set_state("loading")
         self._load_cancel = threading.Event()
         self._do_load.emit(replace(request, cancel=self._load_cancel))

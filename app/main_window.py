@@ -98,6 +98,7 @@ class MainWindow(QMainWindow):
 
         self.library.chosen.connect(self.choose)
         self.library.connect_requested.connect(self._connect)
+        self.library.in_use = ctx.engine.in_use
         ctx.engine.state_changed.connect(self._engine_state)
         ctx.engine.loaded.connect(self._engine_state)
         ctx.engine.held.connect(self._engine_state)

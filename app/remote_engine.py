@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from app.remote_wire import (
     DEFAULT_URL,
+    WHERE,
     Events,
     RemoteError,
     StreamedReply,
@@ -36,6 +37,7 @@ from app.remote_wire import (
     pick_model,
     public,
     read_models,
+    watch_connection,
 )
 from engine.config import EngineSettings
 
@@ -97,15 +99,40 @@ class RemoteEvent:
     token_id: int = -1  # the server sends text, not ids
 
 
-def _client(url: str, api_key: str, timeout: float) -> Any:
+def _client(url: str, api_key: str, timeout: float, replies: bool = False) -> Any:
+    """An OpenAI client for `url`; `replies`: the chat's, whose every reply goes on a
+    connection of its own that Stop can close before the answer begins (app/remote_wire.py's
+    watch_connection)."""
     try:
-        from openai import OpenAI, Timeout
+        from openai import DefaultHttpxClient, OpenAI, Timeout
     except ImportError as exc:
         raise RemoteError(
             "talking to a server needs the `openai` package: pip install openai"
         ) from exc
+    api_key = sendable_key(api_key)
     limit = Timeout(timeout, connect=min(timeout, CONNECT_S))
-    return OpenAI(base_url=url, api_key=api_key or "none", max_retries=0, timeout=limit)
+    extra: dict[str, Any] = {}
+    if replies:
+        extra["http_client"] = DefaultHttpxClient(event_hooks={"request": [watch_connection]})
+        extra["default_headers"] = {"Connection": "close"}
+    return OpenAI(base_url=url, api_key=api_key or "none", max_retries=0, timeout=limit, **extra)
+
+
+def sendable_key(api_key: str) -> str:
+    """`api_key` as it can go in the Authorization header: without a pasted "Bearer " (the
+    client writes its own); a key holding a character no header can carry (a line break, a
+    letter from outside ASCII, an invisible space copied from a web page) is a RemoteError
+    that says so, not a failure to reach the server."""
+    key = api_key.strip()
+    if key[:7].lower() == "bearer ":
+        key = key[7:].strip()
+    odd = next((c for c in key if not (c.isascii() and c.isprintable())), None)
+    if odd is not None:
+        raise RemoteError(
+            f"the API key holds a character that cannot be sent ({ascii(odd)[1:-1]}): paste "
+            f"the key again under API key {WHERE}, with nothing before or after it"
+        )
+    return key
 
 
 def list_models(url: str, api_key: str = "", timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -172,7 +199,7 @@ class RemoteEngine:
         # The context the server runs the model with, where it says (None: unknown).
         self.served_context = target.context or listed.get(self.model)
         self.kind = server_kind(self.url, target.api_key)
-        self.client = _client(self.url, target.api_key, timeout)
+        self.client = _client(self.url, target.api_key, timeout, replies=True)
 
     @property
     def ollama(self) -> bool:

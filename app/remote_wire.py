@@ -183,10 +183,31 @@ def _status_error(exc: Any, url: str, model: str, key: str) -> RemoteError:
         )
     if status == 503:
         return RemoteError(f"{said}: it is not ready yet (loading its model?); try again soon")
+    if status in (502, 504):  # a proxy's: the server behind it did not answer
+        return RemoteError(
+            f"{said}: a proxy stands before the server, which did not answer it; is the "
+            "server running? Try again (Regenerate) once it is"
+        )
+    if status >= 500:
+        return RemoteError(
+            f"{said}: the server failed on its side (its log says why); try again "
+            "(Regenerate), or restart the server"
+        )
     return RemoteError(said)
 
 
 Opener = Callable[[], AbstractContextManager[Any]]
+_opening = threading.local()  # the StreamedReply whose request this thread is making
+
+
+def watch_connection(request: Any) -> None:
+    """A request hook of the chat's HTTP client: the request a StreamedReply makes reports
+    the connection it opens (httpx's `trace` extension), so that Stop can hang up before
+    the server's answer has begun. The client sends each reply on a connection of its own
+    (`Connection: close`), so every reply opens one."""
+    reply = getattr(_opening, "reply", None)
+    if reply is not None:
+        request.extensions["trace"] = reply.traced
 
 
 class StreamedReply:
@@ -203,11 +224,24 @@ class StreamedReply:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._response: Any = None
+        self._socket: socket.socket | None = None  # the request's, before any answer
         self._closed = False
         self.began = False  # the server's answer has come (its status and headers)
         threading.Thread(target=self._read, name="snug-remote-reply", daemon=True).start()
 
+    def traced(self, event: str, info: dict[str, Any]) -> None:
+        """httpx's trace of this reply's request: the connection, once it is made."""
+        if not event.endswith("connect_tcp.complete"):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        with self._lock:
+            self._socket, closed = sock, self._closed
+        if closed:  # Stop came while the connection was being made
+            _hang_up(sock)
+
     def _read(self) -> None:
+        _opening.reply = self  # watch_connection hands the request's trace to `traced`
         try:
             with self._open() as response:
                 with self._lock:
@@ -222,6 +256,8 @@ class StreamedReply:
             self._queue.put(("end", None))
         except BaseException as exc:  # handed to the caller's thread
             self._queue.put(("error", exc))
+        finally:
+            _opening.reply = None
 
     def lines(self, cancel: threading.Event | None = None) -> Iterator[str]:
         while True:
@@ -245,16 +281,21 @@ class StreamedReply:
     def close(self) -> None:
         """Hang up: the reading thread ends, and the server hears the client has gone."""
         with self._lock:
-            self._closed, response = True, self._response
-        if response is None:
-            return  # the reading thread closes it once the server answers
-        stream = response.http_response.extensions.get("network_stream")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if isinstance(sock, socket.socket):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes the reading thread at once
-            except OSError:
-                pass
+            self._closed, response, sock = True, self._response, self._socket
+        if response is not None:
+            stream = response.http_response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else sock
+        # No answer yet (a long prompt, a model loading): the request's own connection, where
+        # `traced` saw it made; else the reading thread closes it once the server answers.
+        _hang_up(sock)
+
+
+def _hang_up(sock: Any) -> None:
+    if isinstance(sock, socket.socket):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the reading thread at once
+        except OSError:  # closed already
+            pass
 
 
 def check_stream(response: Any, url: str) -> None:

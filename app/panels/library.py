@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
 from PySide6.QtWidgets import (
@@ -136,6 +137,9 @@ class LibraryPanel(QWidget):
     ) -> None:
         super().__init__(parent)
         self.library, self.downloads, self.advisor = library, downloads, advisor
+        # Whether the engine is loading or has loaded a folder (the window sets it): its
+        # files are not deleted from under it.
+        self.in_use: Callable[[str], bool] = lambda _folder: False
         self.decisions: dict[str, object] = {}
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 12, 12, 12)
@@ -346,6 +350,12 @@ class LibraryPanel(QWidget):
         box.setIcon(QMessageBox.Icon.Question)
         if entry.source == "hub" and not entry.downloaded:
             self._say(self.library.delete(entry))  # nothing on disk to ask about
+            return
+        if entry.source != "folder" and self.in_use(entry.local_dir):
+            self._say(
+                f"{entry.title} is loaded or loading, so its files stay: Unload it first "
+                "(the Unload or Cancel button under the model), then delete it."
+            )
             return
         if entry.source == "folder":
             box.setWindowTitle("Remove from the list")

@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from app.workers.downloader import explain
+from app.workers.downloader import LOGIN, explain
 from app.workers.hub_files import commit_hash
 from engine.model_config import parse_config
 
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
-HUB_URL = re.compile(r"^https?://(www\.)?(huggingface\.co|hf\.co)/")
+HUB_URL = re.compile(r"^(https?://)?(www\.)?(huggingface\.co|hf\.co)/", re.IGNORECASE)
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -35,10 +35,14 @@ class RepoInfo:
 
 
 def repo_id(text: str) -> str:
-    """`owner/name` from what a person types or pastes (a hub URL, a trailing slash)."""
-    text = HUB_URL.sub("", text.strip()).strip("/")
+    """`owner/name` from what a person types or pastes: a hub address with or without its
+    scheme, of the repository or of a page or file in it (`/tree/main`, `/blob/main/x`,
+    `/resolve/main/x`, `?library=…`, `#…`), a trailing slash."""
+    text = re.sub(r"\s*/\s*", "/", HUB_URL.sub("", text.strip())).strip("/")
+    text = re.split(r"[?#]", text, maxsplit=1)[0].strip("/")
     parts = text.split("/")
-    text = "/".join(parts[:2]) if len(parts) > 2 and parts[2] in ("tree", "blob") else text
+    pages = ("tree", "blob", "resolve", "discussions", "commits", "commit")
+    text = "/".join(parts[:2]) if len(parts) > 2 and parts[2] in pages else text
     if not REPO_ID.fullmatch(text):
         raise RepoRefused(
             f"'{text}' is not a repository id: write it as owner/name, for example "
@@ -71,6 +75,7 @@ def probe_repo(text: str, endpoint: str | None = None) -> RepoInfo:
         said = explain(exc, repo)
         if said.startswith("Cannot reach"):  # nothing was downloaded: no parts to speak of
             said = f"{said.split('. ')[0]}. Check the network connection and add it again."
+        said = said.replace("and download again", "and add it again")  # nothing to resume
         raise RepoRefused(said) from exc
     _check_qwen35(repo, config)
     return RepoInfo(repo, config, weights, commit)
@@ -83,7 +88,7 @@ def _config(repo: str, commit: str, endpoint: str | None) -> dict[str, Any]:
 
     url = hf_hub_url(repo, "config.json", revision=commit, endpoint=endpoint)
     with httpx.stream("GET", url, headers=build_hf_headers(), follow_redirects=True) as r:
-        r.raise_for_status()
+        _check_answer(repo, r)
         body = b""
         for chunk in r.iter_bytes():
             body += chunk
@@ -96,6 +101,24 @@ def _config(repo: str, commit: str, endpoint: str | None) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise RepoRefused(f"{repo}'s config.json does not hold a JSON object.")
     return raw
+
+
+def _check_answer(repo: str, response: Any) -> None:
+    """A refusal of the config.json said as what to do: the Hub lists a gated repository's
+    files to anyone, then answers 401 (403 once logged in without access) for each one."""
+    status = response.status_code
+    if status < 400:
+        return
+    if status in (401, 403) and response.headers.get("X-Error-Code") == "GatedRepo":
+        raise RepoRefused(
+            f"{repo} is gated: accept its licence on its page on huggingface.co, then "
+            f"{LOGIN}, and add it again."
+        )
+    if status in (401, 403):
+        raise RepoRefused(f"The Hub refused {repo}'s config.json ({status}): {LOGIN}.")
+    raise RepoRefused(
+        f"The Hub answered {status} for {repo}'s config.json; try adding it again later."
+    )
 
 
 def _check_qwen35(repo: str, raw: dict[str, Any]) -> None:

@@ -24,7 +24,9 @@ Switches, set after construction: `loading` (llama.cpp's 503), `stall_s` (nothin
 for that long before the answer, then the reply), `pause_after` (chunks sent before it
 stalls the rest of `stall_s`), `cut_after` (chunks sent before the connection drops),
 `end_early_after` (chunks sent before a clean end without finish_reason or [DONE]),
-`fail_after` (chunks before a mid-stream error), `slow_list_s`, `context` (vLLM's
+`fail_after` (chunks before a mid-stream error), `chat_status` (a status every chat
+request is answered with, as nginx's web page: 502 for a server behind it that is down),
+`slow_list_s`, `context` (vLLM's
 --max-model-len: a request for more tokens than it leaves is a 400), `version` (what Ollama's
 GET /api/version answers, after `stall_s`: JSON, or a text such as PORTAL, sent as a web
 page; None: no such route). `requests` records each request's (method, path, JSON body,
@@ -89,6 +91,7 @@ class FakeServer:
         self.cut_after: int | None = None
         self.end_early_after: int | None = None
         self.fail_after: int | None = None
+        self.chat_status: int | None = None
         self.slow_list_s = 0.0
         self.context = 32768  # vLLM's --max-model-len
         self.version: Any = {"version": "0.12.6"}  # Ollama's GET /api/version
@@ -320,6 +323,9 @@ class FakeServer:
                 refused = fake.refusal(path, auth, body)
                 if refused is not None:
                     return self.answer(*refused)
+                if fake.chat_status and path.endswith("/completions"):
+                    page = f"<html><head><title>{fake.chat_status} Error</title></head></html>"
+                    return self.answer(fake.chat_status, page, "text/html")
                 if path.endswith("/models"):
                     time.sleep(fake.slow_list_s)
                     return self.answer(200, fake.listing())

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import pytest
 from hf_server import FakeHub
 
+from app.engine_bridge import LoadRequest
 from app.workers.hub_probe import RepoRefused, format_of, probe_repo, repo_id
 from tests.app.conftest import FakeGpu
 
@@ -27,6 +29,16 @@ def test_repository_ids_are_read_as_people_write_them():
     assert repo_id("https://hf.co/mlx-community/Qwen3.5-4B-MLX-4bit/") == (
         "mlx-community/Qwen3.5-4B-MLX-4bit"
     )
+    # Pasted from the browser: no scheme, a file's or a page's address, a query, spaces.
+    for pasted in (
+        "huggingface.co/Qwen/Qwen3.5-4B",
+        "HF.co/Qwen/Qwen3.5-4B",
+        "https://huggingface.co/Qwen/Qwen3.5-4B/resolve/main/config.json",
+        "https://huggingface.co/Qwen/Qwen3.5-4B?library=transformers",
+        "https://huggingface.co/Qwen/Qwen3.5-4B#model-card",
+        "Qwen / Qwen3.5-4B",
+    ):
+        assert repo_id(pasted) == "Qwen/Qwen3.5-4B", pasted
     for bad in ("model-without-owner", "a/b/c/d", "../etc/passwd", "owner/na me"):
         with pytest.raises(RepoRefused, match="owner/name"):
             repo_id(bad)
@@ -54,6 +66,24 @@ def test_a_repository_snug_cannot_run_is_refused_before_any_download(tiny_checkp
         assert not any(path.endswith(".safetensors") for _m, path, _r in hub.requests)
     with pytest.raises(RepoRefused, match=r"Cannot reach the Hugging Face Hub \(\w+\)\. Check"):
         probe_repo("a/llama", "http://127.0.0.1:9")  # nothing listens there
+
+
+def test_a_gated_or_private_repository_says_how_to_log_in_before_any_download(
+    tiny_checkpoint, hf_home
+):
+    """The Hub lists a gated repository's files to anyone, then refuses its config.json."""
+    files = published(tiny_checkpoint("untied-l8-r2", "mlx4-g64"))
+    with FakeHub({"a/gated": files, "a/private": files}) as hub:
+        hub.refuse = {"a/gated": (401, "GatedRepo"), "a/private": (403, "")}
+        for repo, words in (
+            ("a/gated", "a/gated is gated: accept its licence"),
+            ("a/private", "The Hub refused a/private's config.json (403)"),
+        ):
+            with pytest.raises(RepoRefused, match=re.escape(words)) as refused:
+                probe_repo(repo, hub.url)
+            assert "hf auth login" in str(refused.value)
+            assert "HTTPStatusError" not in str(refused.value)
+        assert "download again" not in str(refused.value)
 
 
 def test_add_plan_download_and_keep_a_hub_model(qtbot, make_window, tiny_checkpoint, hf_home):
@@ -106,3 +136,49 @@ def test_odd_saved_repositories_are_skipped(make_window, settings_store):
     settings_store.setValue("library/repos", "{not json")
     again = make_window()  # read as none, the window starts
     assert not [e for e in again.ctx.library.entries() if e.source == "hub"]
+
+
+def test_a_model_loading_or_loaded_is_not_deleted_from_under_the_engine(
+    qtbot, make_window, hf_home
+):
+    """Delete while the model loads (its files being read) or while it is loaded: the files
+    stay and the panel says to unload it first; once unloaded, Delete deletes."""
+    from fake_engine import FakeEngine
+    from helpers import answer_next_dialog
+
+    repo = "mlx-community/Qwen3.5-0.8B-MLX-4bit"  # a catalog model
+    files = {"config.json": b'{"model_type": "qwen3_5"}', "model.safetensors": b"w" * 4096}
+    go = threading.Event()
+
+    def slow(request, progress=None):
+        go.wait(10)
+        return FakeEngine()
+
+    window = make_window(loader=slow)
+    with FakeHub({repo: files}) as hub:
+        window.ctx.downloads._worker.endpoint = hub.url
+        with qtbot.waitSignal(window.ctx.downloads.finished, timeout=10000):
+            window.ctx.downloads.download(repo)
+    entry = next(e for e in window.ctx.library.entries() if e.repo == repo and e.downloaded)
+    panel, engine = window.library, window.ctx.engine
+    panel.select(entry.key)
+    engine.load(LoadRequest(entry.local_dir, window.ctx.settings.engine_settings(), 4096))
+    for state in ("loading", "ready"):
+        assert engine.state == state
+        asked: list[str] = []
+        answer_next_dialog("Cancel", asked, timeout_ms=200)  # where it were asked
+        panel.delete_button.click()
+        assert (
+            asked == [] and "Unload it first" in panel.message.text() and panel.message.isVisible()
+        )
+        assert Path(entry.local_dir, "model.safetensors").is_file()
+        if state == "loading":
+            with qtbot.waitSignal(engine.loaded, timeout=5000):
+                go.set()
+    qtbot.wait(250)  # the watch for a question above is over
+    with qtbot.waitSignal(engine.unloaded, timeout=5000):
+        engine.unload()
+    seen: list[str] = []
+    answer_next_dialog("Delete from disk", seen)
+    panel.delete_button.click()
+    assert not Path(entry.local_dir).exists() and "Delete model" in seen

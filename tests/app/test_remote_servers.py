@@ -281,3 +281,45 @@ def test_stats_come_from_llama_cpp_timings_where_no_usage_is_sent():
     # tokens but no text (all of it stopped or filtered): no rate made up from nothing
     silent = _stats({"prompt_tokens": 5, "completion_tokens": 8}, time.perf_counter(), None)
     assert silent.new_tokens == 8 and silent.decode_tok_s == 0.0
+
+
+def test_stop_before_the_answer_begins_hangs_up_at_once():
+    """A long prompt or a model still loading: the server has not answered yet when Stop
+    comes, and is told at once (the connection closes), each time, so that its slot is free
+    for the next message rather than busy with a reply nobody waits for."""
+    with FakeServer("ollama") as server:
+        engine = RemoteEngine(RemoteTarget(server.url))
+        server.stall_s = 5.0
+        for _ in range(2):
+            server.hung_up.clear()
+            cancel = threading.Event()
+            threading.Timer(0.2, cancel.set).start()
+            assert reply(engine, cancel=cancel)[1] == "cancelled"
+            assert server.hung_up.wait(1.0)
+        server.stall_s = 0.0
+        assert reply(engine)[1] == "stop"  # and the next message is answered
+
+
+@pytest.mark.parametrize("key", ["sesame\nsesame", "sésame", "sesame\u200b"])
+def test_an_api_key_no_header_can_carry_is_said_as_the_keys_fault(key):
+    """A key pasted with a line break, a letter from outside ASCII or an invisible space
+    copied from a web page is not taken for a server that cannot be reached."""
+    with FakeServer("vllm", key="sesame") as server:
+        with pytest.raises(RemoteError, match="API key holds a character") as error:
+            list_models(server.url, key)
+        assert "cannot reach" not in str(error.value) and WHERE in str(error.value)
+        assert list_models(server.url, " Bearer sesame ")  # as pasted from a curl line
+
+
+@pytest.mark.parametrize(
+    ("status", "what"), [(500, "failed on its side"), (502, "a proxy"), (504, "a proxy")]
+)
+def test_a_server_or_proxy_failing_says_what_to_do(status, what):
+    """llama.cpp's 500 (out of memory, a crash), nginx's 502 or 504 page before a server
+    that is down or stuck: each says where the fault is and what to try."""
+    with FakeServer("llamacpp") as server:
+        engine = RemoteEngine(RemoteTarget(server.url))
+        server.chat_status = status
+        with pytest.raises(RemoteError, match=f"answered {status}") as error:
+            reply(engine)
+        assert what in str(error.value) and "Regenerate" in str(error.value)

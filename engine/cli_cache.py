@@ -50,7 +50,7 @@ def others(folder: Path) -> list[str]:
 
 
 def run_cache(args: argparse.Namespace) -> int:
-    from engine.snapshot_store import clear_folder, model_fingerprint
+    from engine.snapshot_store import clear_folder, files_size, model_fingerprint
 
     folder = Path(args.dir) if args.dir else default_prompt_cache_dir()
     folder = folder.expanduser()  # as the engine reads SNUG_PROMPT_CACHE_DIR
@@ -78,14 +78,15 @@ def run_cache(args: argparse.Namespace) -> int:
     for meta_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         if meta_path.name in foreign:
             continue
-        data = meta_path.with_suffix(".safetensors")
-        nbytes += meta_path.stat().st_size + (data.stat().st_size if data.exists() else 0)
-        entries += 1
         try:
             meta = json.loads(meta_path.read_text())
             kind = f"engine {meta.get('engine')}, {meta.get('precision')}"
+        except FileNotFoundError:
+            continue  # evicted since the listing by an engine using the folder
         except (OSError, ValueError, AttributeError, RecursionError):
             kind = "unreadable"
+        nbytes += files_size(folder, meta_path.stem)
+        entries += 1
         kinds[kind] = kinds.get(kind, 0) + 1
     print(f"{folder}: {entries} saved prompt states, {_mib(nbytes)}")
     for kind, count in sorted(kinds.items()):

@@ -51,7 +51,6 @@ import numpy as np
 
 from engine.errors import DeviceOutOfMemory
 from engine.snapshot_store import (
-    DiskWriter,
     HostSnapshot,
     SnapshotMismatch,
     SnapshotStore,
@@ -59,6 +58,7 @@ from engine.snapshot_store import (
     entry_name,
     model_fingerprint,
 )
+from engine.snapshot_writer import DiskWriter
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +290,13 @@ class TieredPromptCache:
         for tier in (self.device, self.host):
             if key in tier:  # the same ids hold the same state (resumed = fresh)
                 tier.touch(key)
+                if self.disk is not None and not self.disk.has(key):
+                    # gone from the disk since (`snug cache clear`, another engine's
+                    # eviction): written again
+                    if defer_disk:
+                        self._deferred.append(key)
+                    else:
+                        self._write(key, tier.get(key).snapshot)
                 return
         self._in_reply = defer_disk
         try:

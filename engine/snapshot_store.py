@@ -5,13 +5,13 @@ recurrent state) plus the token ids it holds. On disk each one is two files in t
 folder, named by a hash of what it is (model, engine, precision) and of the ids:
 
     <hash>.safetensors   the state's arrays (bf16 as uint16 bits), written with safetensors
-    <hash>.json          what it is: the ids, the model's fingerprint (config.json and the
-                         tensor headers), the engine version, the precision, the arrays'
-                         names, dtypes and shapes, and the safetensors file's XXH3-128
-                         checksums (the `xxhash` library: a 16K-token state of the 4B is
-                         0.55 GB, which sha256 takes most of a second to check), one per
-                         block of `block_bytes` bytes (`xxh3_128`, a list; the last block
-                         may be shorter)
+    <hash>.json          what it is: the ids, the model's fingerprint (config.json, the
+                         tensor headers and a sample of the weights), the engine version,
+                         the precision, the arrays' names, dtypes and shapes, and the
+                         safetensors file's XXH3-128 checksums (the `xxhash` library: a
+                         16K-token state of the 4B is 0.55 GB, which sha256 takes most of
+                         a second to check), one per block of `block_bytes` bytes
+                         (`xxh3_128`, a list; the last block may be shorter)
 
 Both are written to temporary names and renamed into place, the JSON last, so a crash or a
 full disk mid-write leaves the old cache valid (an entry without its JSON is not an entry).
@@ -19,42 +19,49 @@ A restore reads the file once into one buffer (a new one, or the caller's: the C
 backend's pinned memory), on up to READ_THREADS threads that each check the blocks they
 read as they read them, so the checksums cost little past the read; then it checks the
 header (the safetensors rules of engine/checkpoint/header.py) and hands out views of the
-buffer. A file that does not check out (truncated, corrupt, another model, engine version,
-precision or format) is refused with a logged reason; the caller prefills afresh, never
-restores a wrong state. Several models and engine versions may share the folder: the byte
-budget counts every entry in it, and the least recently used go first, whoever wrote them.
+buffer (engine.snapshot_file). A file that does not check out (truncated, corrupt, another
+model, engine version, precision or format) is refused with a logged reason; the caller
+prefills afresh, never restores a wrong state. Several models and engine versions may
+share the folder: the byte budget counts every entry in it, and the least recently used go
+first, whoever wrote them.
 
-`DiskWriter` saves on a thread of its own, so that a reply never waits for the disk.
+Several engines may use the folder at once (two app windows, the app and `snug serve`, and
+`snug cache clear` beside them). A save, the removal of what an interrupted save left and a
+clear hold the folder's lock file (LOCK_NAME, with the `filelock` library), so none of them
+deletes another's temporary files or data whose JSON is still to come; a restore takes no
+lock (it reads whole files, checked). Before a save evicts for room, and at each lookup, the
+store brings its index up to the folder (`_refresh`): entries that others saved count
+against the budget, and those others evicted or cleared are neither restored nor taken for
+saved. `engine.snapshot_writer.DiskWriter` saves on a thread of its own, so that a reply
+never waits for the disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import itertools
 import json
 import logging
 import os
-import queue
 import re
 import tempfile
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from engine.snapshot_file import block_checksums, read_checked
+
 log = logging.getLogger(__name__)
 
 FORMAT = 3  # bump when the layout of a snapshot changes (3: XXH3-128 checksums per block)
-WRITE_QUEUE_DEPTH = 4  # snapshots waiting for the writer; past it a write is skipped
+LOCK_NAME = ".snug-cache.lock"  # no saved state's name: `snug cache clear` leaves it
+LOCK_WAIT_S = 30.0  # past it (another engine's save hung on the disk) a save is skipped
 BLOCK_BYTES = 8 << 20  # a checksum's block: 69 of them in a 16K-token state of the 4B
-READ_THREADS = min(8, os.cpu_count() or 1)  # threads reading (and checking) a saved file
-READ_CHUNK = 1 << 20  # each read is hashed while it is still in the reading core's cache
 
 
 class SnapshotMismatch(ValueError):
@@ -135,118 +142,42 @@ def entry_name(key: StoreKey, ids: tuple[int, ...] | list[int]) -> str:
 
 
 def model_fingerprint(model_dir: str | os.PathLike[str], tensors: dict[str, Any]) -> str:
-    """sha256 of config.json's bytes and every tensor's name, shape and dtype."""
+    """sha256 of config.json's bytes, every tensor's name, shape and dtype, and a sample of
+    every stored tensor's values (`_weights_sample`): a fine-tune of the same architecture
+    often keeps config.json and every shape, and its states are not the base model's. The
+    folder's name and place are not in it (a renamed or moved model keeps its cache)."""
     h = hashlib.sha256(Path(model_dir, "config.json").read_bytes())
     for name in sorted(tensors):
         info = tensors[name]
         h.update(f"{name}:{tuple(info.shape)}:{info.dtype};".encode())
+    for file in sorted({f for f in (getattr(i, "file", None) for i in tensors.values()) if f}):
+        h.update(_weights_sample(Path(model_dir, file)))
     return h.hexdigest()
 
 
-def _block_checksums(path: Path, block_bytes: int = BLOCK_BYTES) -> list[str]:
-    """XXH3-128 of each `block_bytes` block of a file, the last one shorter (read back on
-    the writer's thread)."""
-    import xxhash
-
-    with open(path, "rb") as f:
-        return [xxhash.xxh3_128_hexdigest(b) for b in iter(lambda: f.read(block_bytes), b"")]
-
-
-# numpy's type for each safetensors dtype a saved state uses (bf16 is stored as U16 bits).
-_NUMPY_DTYPES = {
-    "U8": np.uint8,
-    "I8": np.int8,
-    "U16": np.uint16,
-    "I16": np.int16,
-    "F16": np.float16,
-    "I32": np.int32,
-    "U32": np.uint32,
-    "F32": np.float32,
-    "I64": np.int64,
-    "F64": np.float64,
-}
-
-
-def read_checked(
-    path: Path,
-    checksums: list[str],
-    block_bytes: int,
-    buffer: Callable[[int], np.ndarray | None] | None = None,
-) -> dict[str, np.ndarray]:
-    """The arrays of a saved state's safetensors file, as views of one buffer the file is
-    read into once; ValueError (with the reason) when its length, a block's checksum or its
-    header does not check out. `buffer(nbytes)`: where to read it (a writable contiguous
-    uint8 array of at least `nbytes`, whose first `nbytes` it fills), or None to read it
-    into a new array. Writing the parser here, not calling safetensors' loader, saves a
-    copy of every array and a second read of the file for the checksums."""
+def _weights_sample(path: Path, span: int = 64) -> bytes:
+    """`span` bytes from the middle of each tensor stored in a safetensors file (one short
+    read each, of pages the weights' load has just read)."""
     from engine.checkpoint.header import parse_header
     from engine.errors import CheckpointError
 
-    size = path.stat().st_size
-    blocks = -(-size // block_bytes) if block_bytes > 0 else -1
-    if size < 8 or blocks != len(checksums):
-        raise ValueError(
-            f"its {size} bytes are not the {len(checksums)} blocks of {block_bytes} bytes its "
-            "checksums cover (truncated or rewritten)"
-        )
-    out = buffer(size) if buffer is not None else None
-    if out is None:
-        buf = np.empty(size, np.uint8)
-    else:
-        assert out.dtype == np.uint8 and out.ndim == 1 and out.nbytes >= size, out.shape
-        assert out.flags.c_contiguous and out.flags.writeable
-        buf = out[:size]
-    _read_blocks(path, buf, checksums, block_bytes)
-    n = int.from_bytes(buf[:8].tobytes(), "little")
-    if n > min(size - 8, 100_000_000):
-        raise ValueError(f"its header length {n} does not fit the file")
-    try:
-        entries, _ = parse_header(buf[8 : 8 + n].tobytes(), path, size)
-    except CheckpointError as exc:
-        raise ValueError(str(exc)[:300]) from None
-    arrays = {}
-    for name, e in entries.items():
-        if e.dtype not in _NUMPY_DTYPES:
-            raise ValueError(f"array {name[:80]!r} has dtype {e.dtype[:16]!r}")
-        arrays[name] = buf[e.start : e.end].view(_NUMPY_DTYPES[e.dtype]).reshape(e.shape)
-    return arrays
+    out = bytearray()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        n = int.from_bytes(f.read(8), "little")
+        try:
+            entries, _ = parse_header(f.read(min(n, size)), path, size)
+        except CheckpointError as exc:  # the checkpoint loaded: not expected
+            raise OSError(f"{path}: {exc}") from None
+        for name in sorted(entries):
+            e = entries[name]
+            f.seek(max(e.start, (e.start + e.end - span) // 2))
+            out += f.read(min(span, e.end - e.start))
+    return bytes(out)
 
 
-def _read_blocks(path: Path, buf: np.ndarray, checksums: list[str], block_bytes: int) -> None:
-    """Fill `buf` with the file's bytes, block by block on up to READ_THREADS threads (the
-    reads and the hashing release the GIL), each block checked against its checksum as it
-    is read; ValueError naming the first block that does not check out. Every thread is
-    done with `buf` when this returns (the caller holds the last reference: a pinned
-    buffer is freed on the engine thread)."""
-    import xxhash
-
-    size = buf.nbytes
-
-    def check(block: int) -> bool:
-        start, end = block * block_bytes, min(size, (block + 1) * block_bytes)
-        h = xxhash.xxh3_128()
-        with open(path, "rb", buffering=0) as f:  # a handle each: no shared file offset
-            f.seek(start)
-            while start < end:
-                view = memoryview(buf[start : min(end, start + READ_CHUNK)])
-                got = f.readinto(view)
-                if not got:
-                    return False  # the file got shorter since its size was read
-                h.update(view[:got])
-                start += got
-        return h.hexdigest() == checksums[block]
-
-    threads = max(1, min(READ_THREADS, len(checksums)))
-    with ThreadPoolExecutor(threads, thread_name_prefix="snug-cache-read") as pool:
-        good = list(pool.map(check, range(len(checksums))))
-    if not all(good):
-        bad = good.index(False)
-        raise ValueError(
-            f"its block {bad} of {len(good)} does not match its checksum (corrupt or truncated)"
-        )
-
-
-def _files_size(folder: Path, name: str) -> int:
+def files_size(folder: Path, name: str) -> int:
+    """Bytes of an entry's files (0 for one that is gone: another engine evicted it)."""
     total = 0
     for suffix in (".json", ".safetensors"):
         try:
@@ -256,11 +187,45 @@ def _files_size(folder: Path, name: str) -> int:
     return total
 
 
+def _unlink(path: Path) -> bool:
+    """Remove a file; False (logged, naming it) where it cannot be (a read-only folder, a
+    file another program holds open on Windows): a restore or a save never fails on it."""
+    try:
+        path.unlink(missing_ok=True)
+        return True
+    except OSError as exc:
+        log.warning("prompt cache: could not remove %s (%s)", path, exc)
+        return False
+
+
+@contextlib.contextmanager
+def folder_lock(
+    folder: Path, wait: float = LOCK_WAIT_S, level: int = logging.WARNING
+) -> Iterator[bool]:
+    """Hold `folder`'s lock file (LOCK_NAME) against the other engines and `snug cache`
+    using the folder: True while held; False (logged at `level`) where it could not be had
+    in `wait` seconds or made (a read-only folder), and the caller does without what needs
+    it."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(folder / LOCK_NAME, timeout=wait)
+    try:
+        lock.acquire()
+    except (Timeout, OSError) as exc:
+        log.log(level, "prompt cache: could not lock %s (%s)", folder, exc)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
 class SnapshotStore:
     """A folder of snapshots, restored for one (model, engine, precision), bounded by
     `budget_bytes` over everything in the folder. Safe to use from two threads (the engine
     thread reads, the writer thread saves): the index is guarded by a lock, and a file is
-    only ever replaced whole."""
+    only ever replaced whole; and beside other stores on the same folder (`folder_lock`)."""
 
     def __init__(self, folder: str | os.PathLike[str], key: StoreKey, budget_bytes: int):
         self.folder = Path(folder)
@@ -268,38 +233,78 @@ class SnapshotStore:
         self.budget_bytes = max(0, int(budget_bytes))
         self._entries: dict[str, _Entry] = {}
         self._told: set[str] = set()  # foreign entries whose refusal was logged
+        self._stuck: set[str] = set()  # removed from the index, its files not from the disk
+        self._said_too_large = False
+        self._lock_level = logging.WARNING  # of the next "could not lock"
         self._lock = threading.RLock()
         self.folder.mkdir(parents=True, exist_ok=True)
         self._scan()
 
     # ----- index -----------------------------------------------------------------------------
     def _scan(self) -> None:
-        """Index every entry (this key's, and others' for the budget); remove what an
-        interrupted save left (temporary files, data without its index)."""
-        for leftover in state_files(self.folder, "*.tmp"):
-            leftover.unlink(missing_ok=True)
-        for data in state_files(self.folder, "*.safetensors"):
-            if not data.with_suffix(".json").exists():
-                data.unlink(missing_ok=True)
-        for meta_path in state_files(self.folder, "*.json"):
-            name = meta_path.stem
+        """Remove what an interrupted save left (temporary files, data without its index),
+        under the folder's lock: another engine's save in flight holds it, and its files
+        are not leftovers. Then index every entry (this key's, and others' for the budget)."""
+        with folder_lock(self.folder) as held:
+            if held:
+                for leftover in state_files(self.folder, "*.tmp"):
+                    _unlink(leftover)
+                for data in state_files(self.folder, "*.safetensors"):
+                    if not data.with_suffix(".json").exists():
+                        _unlink(data)
+            self._refresh()
+
+    def _refresh(self) -> None:
+        """Bring the index up to the folder's entries: others (another engine on the folder,
+        `snug cache clear`) may have saved, used or removed some since it was read."""
+        try:
+            on_disk = {p.stem: p for p in state_files(self.folder, "*.json")}
+        except OSError:
+            return
+        for name in list(self._stuck):  # retried: the budget counts what is on the disk
+            if name not in on_disk or self._unlink_entry(name, quiet=True):
+                self._stuck.discard(name)
+        with self._lock:
+            for name in [n for n in self._entries if n not in on_disk]:
+                del self._entries[name]
+            known = set(self._entries)
+        for name, meta_path in on_disk.items():
+            if name in self._stuck:
+                continue
+            if name not in known:
+                self._index(meta_path)
+                continue
             try:
-                meta = json.loads(meta_path.read_text())
-                if not isinstance(meta, dict):
-                    raise TypeError("the index is not an object")
-                used = meta_path.stat().st_mtime
-                why = self._mismatch(meta)
-                if why:
-                    self._entries[name] = _Entry(
-                        _ids_or_none(meta), _files_size(self.folder, name), used, why
-                    )
-                    continue
+                used = meta_path.stat().st_mtime  # a restore by another engine touches it
+            except OSError:
+                continue
+            with self._lock:
+                entry = self._entries.get(name)
+                if entry is not None:
+                    entry.used = max(entry.used, used)
+
+    def _index(self, meta_path: Path) -> None:
+        name = meta_path.stem
+        try:
+            meta = json.loads(meta_path.read_text())
+            if not isinstance(meta, dict):
+                raise TypeError("the index is not an object")
+            used = meta_path.stat().st_mtime
+            why = self._mismatch(meta)
+            if why:
+                entry = _Entry(_ids_or_none(meta), files_size(self.folder, name), used, why)
+            else:
                 ids = tuple(int(i) for i in meta["ids"])
                 if entry_name(self.key, ids) != name:
                     raise ValueError("the ids do not hash to the file's name")
-                self._entries[name] = _Entry(ids, int(meta["nbytes"]), used)
-            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-                self._refuse(name, f"unreadable index ({type(exc).__name__}: {exc})")
+                entry = _Entry(ids, int(meta["nbytes"]), used)
+        except FileNotFoundError:
+            return  # removed since the folder was listed
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            self._refuse(name, f"unreadable index ({type(exc).__name__}: {exc})")
+            return
+        with self._lock:
+            self._entries[name] = entry
 
     def _mismatch(self, meta: dict) -> str:
         """Why an index is not this store's to restore ("" when it is)."""
@@ -328,12 +333,23 @@ class SnapshotStore:
             return sum(1 for e in self._entries.values() if not e.foreign)
 
     def contains(self, ids: tuple[int, ...] | list[int]) -> bool:
+        """Whether a state this store can restore is saved for exactly `ids` (its index is
+        still on the disk: `snug cache clear` or another engine may have removed it)."""
+        name = entry_name(self.key, ids)
         with self._lock:
-            return entry_name(self.key, ids) in self._entries
+            entry = self._entries.get(name)
+            if entry is None or entry.foreign:
+                return False
+        if (self.folder / f"{name}.json").exists():
+            return True
+        with self._lock:
+            self._entries.pop(name, None)
+        return False
 
     def lookup(self, prompt: list[int]) -> tuple[int, ...] | None:
         """The ids of the longest entry that is a proper prefix of `prompt`, or None. A
         longer one saved by another model, engine or precision is refused, and logged."""
+        self._refresh()
         best: tuple[int, ...] | None = None
         foreign: list[tuple[str, _Entry]] = []
         with self._lock:
@@ -361,18 +377,52 @@ class SnapshotStore:
     def save(self, ids: list[int] | tuple[int, ...], snapshot: HostSnapshot) -> bool:
         """Write one snapshot atomically; False (logged) when it cannot be kept. An entry
         already saved for the same ids is the same state (resumed = fresh): kept as it is."""
-        from safetensors.numpy import save_file
-
         key = tuple(int(i) for i in ids)
         nbytes = snapshot.nbytes
         if not key or nbytes > self.budget_bytes:
+            if key and not self._said_too_large:
+                self._said_too_large = True
+                log.info(
+                    "prompt cache: a saved state of %d bytes is larger than the disk budget "
+                    "of %d bytes (%s): such states are not written",
+                    nbytes,
+                    self.budget_bytes,
+                    self.folder,
+                )
             return False
         name = entry_name(self.key, key)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)  # removed by hand: made again
+        except OSError as exc:
+            log.warning("prompt cache: could not save a snapshot to %s (%s)", self.folder, exc)
+            return False
+        # The whole write holds the folder's lock: another engine's start or `snug cache
+        # clear` would take its temporary files, or its data before the JSON, for leftovers.
+        with folder_lock(self.folder, level=self._lock_level) as held:
+            if not held:
+                self._lock_level = logging.DEBUG  # said once (a read-only folder)
+                return False
+            self._refresh()  # what others saved counts against the budget too
+            with self._lock:
+                entry = self._entries.get(name)
+                if entry is not None and not entry.foreign:
+                    entry.used = time.time()
+                    with contextlib.suppress(OSError):
+                        os.utime(self.folder / f"{name}.json")  # for the other engines
+                    return True
+                self._entries.pop(name, None)  # another format's entry: replaced
+                self._make_room(nbytes, keep=name)
+            if not self._write(name, key, snapshot):
+                return False
         with self._lock:
-            if name in self._entries:
-                self._entries[name].used = time.time()
-                return True
-            self._make_room(nbytes, keep=name)
+            self._entries[name] = _Entry(key, nbytes)
+        self._stuck.discard(name)
+        return True
+
+    def _write(self, name: str, key: tuple[int, ...], snapshot: HostSnapshot) -> bool:
+        from safetensors import SafetensorError
+        from safetensors.numpy import save_file
+
         data, meta = self.folder / f"{name}.safetensors", self.folder / f"{name}.json"
         tmp_data = tmp_meta = None
         try:
@@ -388,28 +438,26 @@ class SnapshotStore:
                 "precision": self.key.precision,
                 "ids": list(key),
                 "length": snapshot.length,
-                "nbytes": nbytes,
+                "nbytes": snapshot.nbytes,
                 "arrays": {k: [str(v.dtype), list(v.shape)] for k, v in arrays.items()},
                 "block_bytes": BLOCK_BYTES,
-                "xxh3_128": _block_checksums(tmp_data, BLOCK_BYTES),
+                "xxh3_128": block_checksums(tmp_data, BLOCK_BYTES),
             }
             fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".json.tmp")
+            tmp_meta = Path(tmp)  # before the write: a full disk fails it, and it goes
             with os.fdopen(fd, "w") as f:
                 json.dump(info, f)
-            tmp_meta = Path(tmp)
             os.replace(tmp_data, data)
             tmp_data = None
             os.replace(tmp_meta, meta)  # the entry exists from here on
             tmp_meta = None
-        except OSError as exc:  # a full disk, a read-only folder: keep what was there
+        except (OSError, SafetensorError) as exc:  # a full disk, a read-only folder
             log.warning("prompt cache: could not save a snapshot to %s (%s)", self.folder, exc)
             return False
         finally:
             for leftover in (tmp_data, tmp_meta):
                 if leftover is not None:
-                    leftover.unlink(missing_ok=True)
-        with self._lock:
-            self._entries[name] = _Entry(key, nbytes)
+                    _unlink(leftover)
         return True
 
     def _make_room(self, nbytes: int, keep: str) -> None:
@@ -426,11 +474,24 @@ class SnapshotStore:
     def remove(self, name: str) -> None:
         with self._lock:
             self._entries.pop(name, None)
+        if not self._unlink_entry(name):
+            self._stuck.add(name)  # not indexed again; retried at each `_refresh`
+
+    def _unlink_entry(self, name: str, quiet: bool = False) -> bool:
         for suffix in (".json", ".safetensors"):  # the JSON first: no half entry is indexed
-            (self.folder / f"{name}{suffix}").unlink(missing_ok=True)
+            path = self.folder / f"{name}{suffix}"
+            if quiet:
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError:
+                    return False
+            elif not _unlink(path):
+                return False
+        return True
 
     def _refuse(self, name: str, why: str) -> None:
-        log.warning("prompt cache: refusing saved state %s: %s; it is removed", name, why)
+        path = self.folder / name  # the folder named: several may be in use
+        log.warning("prompt cache: refusing saved state %s: %s; it is removed", path, why)
         self.remove(name)
 
     # ----- read ------------------------------------------------------------------------------
@@ -444,6 +505,8 @@ class SnapshotStore:
         data, meta_path = self.folder / f"{name}.safetensors", self.folder / f"{name}.json"
         try:
             meta = json.loads(meta_path.read_text())
+            if not isinstance(meta, dict):
+                raise TypeError("the index is not an object")
             if self._mismatch(meta) or tuple(meta["ids"]) != tuple(ids):
                 self._refuse(name, "it was saved for another model, engine or precision")
                 return None
@@ -458,7 +521,7 @@ class SnapshotStore:
                 self._refuse(name, "its arrays are not the ones its index lists")
                 return None
             length = int(meta["length"])
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             self._refuse(name, f"it cannot be read ({type(exc).__name__}: {exc})")
             return None
         with self._lock:
@@ -488,102 +551,28 @@ def _ids_or_none(meta: dict) -> tuple[int, ...] | None:
 
 def clear_folder(folder: str | os.PathLike[str], model: str | None = None) -> tuple[int, int]:
     """Remove the saved states in `folder` (only those of the model with fingerprint `model`
-    when given), and what interrupted saves left; returns (entries, bytes) removed."""
+    when given), and what interrupted saves left; returns (entries, bytes) removed. Under
+    the folder's lock: a save in flight in an engine using the folder finishes first (its
+    temporary files are not leftovers); where the lock cannot be had, only whole entries go."""
     folder = Path(folder)
     if not folder.is_dir():
         return 0, 0
     count = removed = 0
-    for meta_path in state_files(folder, "*.json"):
-        if model is not None:
-            try:
-                if json.loads(meta_path.read_text()).get("model") != model:
-                    continue
-            except (OSError, ValueError, AttributeError, RecursionError):
-                continue  # not readable: not known to be this model's
-        removed += _files_size(folder, meta_path.stem)
-        count += 1
-        for suffix in (".json", ".safetensors"):
-            (folder / f"{meta_path.stem}{suffix}").unlink(missing_ok=True)
-    if model is None:
-        for leftover in (*state_files(folder, "*.tmp"), *state_files(folder, "*.safetensors")):
-            removed += leftover.stat().st_size
-            leftover.unlink(missing_ok=True)
+    with folder_lock(folder) as held:
+        for meta_path in state_files(folder, "*.json"):
+            if model is not None:
+                try:
+                    if json.loads(meta_path.read_text()).get("model") != model:
+                        continue
+                except (OSError, ValueError, AttributeError, RecursionError):
+                    continue  # not readable: not known to be this model's
+            removed += files_size(folder, meta_path.stem)
+            count += 1
+            for suffix in (".json", ".safetensors"):
+                _unlink(folder / f"{meta_path.stem}{suffix}")
+        if model is None and held:
+            for leftover in (*state_files(folder, "*.tmp"), *state_files(folder, "*.safetensors")):
+                with contextlib.suppress(OSError):
+                    removed += leftover.stat().st_size
+                _unlink(leftover)
     return count, removed
-
-
-class DiskWriter:
-    """Saves snapshots to a store on a thread of its own (bounded queue: a snapshot that
-    finds it full is not written now; `submit` returns False).
-
-    The thread touches numpy arrays only. The engine thread hands it host copies and keeps
-    a reference to each until its write is done (`reap`), so that the last reference to a
-    pinned buffer is never dropped here: freeing it is CuPy's business, on the engine thread.
-    """
-
-    def __init__(self, store: SnapshotStore, depth: int = WRITE_QUEUE_DEPTH) -> None:
-        self.store = store
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self._held: dict[int, tuple[tuple[int, ...], HostSnapshot]] = {}  # engine thread
-        self._done: deque[int] = deque()  # tickets written (or failed), from the writer
-        self._tickets = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def has(self, ids: tuple[int, ...]) -> bool:
-        """Saved, or queued to be."""
-        self.reap()
-        return any(held[0] == ids for held in self._held.values()) or self.store.contains(ids)
-
-    def submit(self, ids: tuple[int, ...], snapshot: HostSnapshot) -> bool:
-        """Queue one snapshot; False when the queue is full (the write is skipped)."""
-        if self.has(ids):
-            return True
-        ticket = next(self._tickets)
-        try:
-            self._queue.put_nowait((ticket, ids, snapshot))
-        except queue.Full:
-            log.info("prompt cache: the disk writer is busy; a saved state is not written now")
-            return False
-        self._held[ticket] = (ids, snapshot)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="snug-cache-writer")
-            self._thread.daemon = True  # an interrupted write leaves the old cache valid
-            self._thread.start()
-        return True
-
-    def reap(self) -> None:
-        """Drop the snapshots whose writes are done (engine thread)."""
-        while self._done:
-            self._held.pop(self._done.popleft(), None)
-
-    def flush(self) -> None:
-        """Wait until every queued snapshot is written."""
-        if self._thread is not None:
-            self._queue.join()
-        self.reap()
-
-    def close(self) -> None:
-        """Write what is queued, then stop the thread."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
-        self.reap()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                self._queue.task_done()
-                return
-            ticket = item[0]
-            self._write(item)
-            del item  # this thread's last reference goes before the engine thread may reap
-            self._done.append(ticket)
-            self._queue.task_done()
-
-    def _write(self, item: tuple[int, tuple[int, ...], HostSnapshot]) -> None:
-        _, ids, snapshot = item
-        try:
-            self.store.save(ids, snapshot)
-        except Exception:  # a bug in a write must not stop the writer: later saves go on
-            log.exception("prompt cache: writing a saved state to %s failed", self.store.folder)

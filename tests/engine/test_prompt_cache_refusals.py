@@ -24,13 +24,13 @@ from engine.config import GIB, EngineSettings, default_data_dir, default_prompt_
 from engine.errors import ConfigError
 from engine.session import Engine, GenerationParams
 from engine.snapshot_store import (
-    DiskWriter,
     HostSnapshot,
     SnapshotMismatch,
     SnapshotStore,
     StoreKey,
     model_fingerprint,
 )
+from engine.snapshot_writer import DiskWriter
 
 NUMPY = EngineSettings(backend="numpy")
 GREEDY = GenerationParams(max_new_tokens=8, greedy=True)
@@ -230,4 +230,4 @@ def test_snug_cache_clear(models, tmp_path, capsys):
     assert len(eng.prompt_cache.disk.store) == left  # the other model's are kept
     eng.unload()
     assert main(["cache", "clear", "--dir", str(tmp_path)]) == 0
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == [snapshot_store.LOCK_NAME]

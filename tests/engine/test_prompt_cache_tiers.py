@@ -358,7 +358,7 @@ def test_a_reply_whose_end_of_request_work_fails_still_gives_its_slot_back(model
 def test_a_write_skipped_while_the_writer_was_busy_happens_when_the_host_tier_evicts(
     model, monkeypatch, tmp_path
 ):
-    from engine.snapshot_store import DiskWriter
+    from engine.snapshot_writer import DiskWriter
 
     monkeypatch.setattr(session, "HOST_PROMPT_CACHE_BYTES", 0)
     real, calls = DiskWriter.submit, []

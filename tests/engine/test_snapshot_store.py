@@ -12,10 +12,15 @@ import numpy as np
 import pytest
 import xxhash
 
-from engine import snapshot_store
+from engine import snapshot_file, snapshot_store
 from engine.snapshot_store import HostSnapshot, SnapshotStore, StoreKey, entry_name
 
 KEY = StoreKey(model="m" * 64, engine="0.1.0", precision="numpy:float32")
+
+
+def listing(folder: Path) -> list[str]:
+    """The folder's files, less the lock file the engines using it share."""
+    return sorted(p.name for p in folder.iterdir() if p.name != snapshot_store.LOCK_NAME)
 
 
 def _snapshot(length: int, seed: int = 0) -> HostSnapshot:
@@ -91,7 +96,7 @@ def test_a_full_disk_keeps_the_old_cache(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         assert not store.save(list(range(30)), _snapshot(30, seed=1))
     assert "could not save" in caplog.text
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".safetensors"]
+    assert sorted(Path(n).suffix for n in listing(tmp_path)) == [".json", ".safetensors"]
     assert np.array_equal(store.load(tuple(old)).arrays["kv_k.0"], _snapshot(20).arrays["kv_k.0"])
 
 
@@ -114,7 +119,7 @@ def test_a_crash_before_the_index_is_written_leaves_no_entry(tmp_path, monkeypat
     assert not store.save(list(range(10)), _snapshot(10))
     monkeypatch.setattr(os, "replace", real)
     assert SnapshotStore(tmp_path, KEY, 1 << 30).lookup(list(range(11))) is None
-    assert list(tmp_path.iterdir()) == []  # the orphaned data went at the next start
+    assert listing(tmp_path) == []  # the orphaned data went at the next start
 
 
 def test_least_recently_used_go_first_past_the_budget(tmp_path):
@@ -177,7 +182,7 @@ def small_blocks(monkeypatch):
     """Blocks of 1 KiB read in chunks of 300 bytes: a snapshot spans several blocks, and a
     block several reads."""
     monkeypatch.setattr(snapshot_store, "BLOCK_BYTES", 1024)
-    monkeypatch.setattr(snapshot_store, "READ_CHUNK", 300)
+    monkeypatch.setattr(snapshot_file, "READ_CHUNK", 300)
     return 1024
 
 
@@ -192,7 +197,7 @@ def _saved(folder, ids, seed: int = 0) -> tuple[SnapshotStore, HostSnapshot, Pat
 def test_a_file_read_by_several_threads_gives_the_arrays_saved(
     tmp_path, monkeypatch, small_blocks, threads
 ):
-    monkeypatch.setattr(snapshot_store, "READ_THREADS", threads)
+    monkeypatch.setattr(snapshot_file, "READ_THREADS", threads)
     ids = list(range(30))
     _, snap, data = _saved(tmp_path, ids, seed=5)
     meta = json.loads(data.with_suffix(".json").read_text())
@@ -298,4 +303,4 @@ def test_files_that_are_no_saved_state_are_never_touched(tmp_path):
     assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.name in foreign} == foreign
     count, _ = snapshot_store.clear_folder(tmp_path)
     assert count == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(foreign)
+    assert listing(tmp_path) == sorted(foreign)

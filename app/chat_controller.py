@@ -396,7 +396,8 @@ class ChatController(QObject):
         prompt, new = stats.get("prompt_tokens"), stats.get("new_tokens")
         if not isinstance(context, int) or context <= 0 or prompt is None or new is None:
             return ""
-        return f"{int(prompt) + int(new):,} of {context:,} tokens of context"
+        used = min(int(prompt) + int(new), context)  # a reply that filled it: its last
+        return f"{used:,} of {context:,} tokens of context"  # token is never fed
 
     def _on_failed(self, request_id: int, cls: str, msg: str) -> None:
         found = self._reply_turn(request_id)

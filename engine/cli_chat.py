@@ -323,7 +323,8 @@ def _note(stats: Any, reason: str | None, left_out: int, context: int) -> str:
         if stats.new_tokens > 1 and stats.decode_tok_s > 0:  # one token has no decode rate
             bits.append(f"{stats.decode_tok_s:.1f} tok/s")
         bits.append(f"first token {stats.ttft_s:.2f} s")
-        bits.append(f"{stats.prompt_tokens + stats.new_tokens:,} of {context:,} tokens of context")
+        used = min(stats.prompt_tokens + stats.new_tokens, context)  # a reply's last token
+        bits.append(f"{used:,} of {context:,} tokens of context")  # is never fed
     cut = getattr(stats, "thinking_cut", 0)  # a stand-in engine's stats may not say
     if cut:
         bits.append(f"thinking closed at its budget of {cut:,} token{'' if cut == 1 else 's'}")

@@ -72,6 +72,13 @@ def test_a_one_token_reply_has_no_rate():
     assert "thinking closed at its budget of 1 token ·" in _note(stats, "length", 0, 4096)
 
 
+def test_a_reply_that_filled_the_context_says_so_without_passing_it():
+    """The last token of a reply is never fed: a reply cut at the context's end counts the
+    context's tokens, not one more."""
+    stats = SimpleNamespace(new_tokens=11, decode_tok_s=5.0, ttft_s=0.1, prompt_tokens=30)
+    assert "40 of 40 tokens of context" in _note(stats, "length", 0, 40)
+
+
 def test_input_in_ascii_is_read_as_utf8(tiny_checkpoint, monkeypatch, capsys):
     """PYTHONIOENCODING=ascii: a message typed in UTF-8 is read as typed, not refused as
     text that is not UTF-8 (it is)."""

@@ -51,7 +51,7 @@ CASES = [
     ),  # fmt: skip
     ("POST", "/chat/completions", chat(seed=2**64), 400, "seed", None, "must be in"),
     ("POST", "/chat/completions", chat(n=0), 400, "n", None, "at least 1"),
-    ("POST", "/chat/completions", chat(n=500), 400, "n", None, "--streams or --queue"),
+    ("POST", "/chat/completions", chat(n=500), 400, "n", None, "or the streams (--streams)"),
     ("POST", "/completions", {"prompt": ["a", "b"] * 40}, 400, "n", None, "80 replies"),
     ("POST", "/completions", {"prompt": "hi", "n": 2, "best_of": 3}, 400, "best_of", None, "equal"),
     ("POST", "/completions", {"prompt": ["hi", ""]}, 400, "prompt", None, "prompt[1]"),

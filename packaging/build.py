@@ -13,6 +13,7 @@ not given, CuPy with the CUDA libraries of the NVIDIA wheels. Needs the `bundle`
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
             "build.py: PyInstaller is not installed; run `.venv/bin/pip install -e '.[bundle]'`\n"
         )
         return 2
-    os.environ["SNUG_BUNDLE_CUDA"] = "0" if args.no_cuda else "1"
+    # CuPy goes in only when installed here (the spec reads the same variable).
+    cuda = not args.no_cuda and importlib.util.find_spec("cupy") is not None
+    os.environ["SNUG_BUNDLE_CUDA"] = "1" if cuda else "0"
     start = time.monotonic()
     pyinstaller.run(
         [
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     size = folder_bytes(out) / (1 << 20)
     sys.stdout.write(
         f"built {out / 'snug'} in {time.monotonic() - start:.0f} s: {size:.0f} MiB "
-        f"({'with' if os.environ['SNUG_BUNDLE_CUDA'] == '1' else 'without'} CuPy)\n"
+        f"({'with' if cuda else 'without'} CuPy)\n"
     )
     return 0
 

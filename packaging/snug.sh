@@ -17,21 +17,30 @@ stamp=.venv/.snug-install
 want="$( (cat pyproject.toml; echo "extra=${extra}") | sha256sum | cut -d' ' -f1)"
 if [ ! -x .venv/bin/snug ] || [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     echo "snug.sh: installing Snug into .venv (pyproject.toml changed or first run)..." >&2
+    # A .venv without pip is one Debian/Ubuntu's python3 left before python3-venv was
+    # installed: make it again (venv names the package to install while it is missing).
+    .venv/bin/python -m pip --version >/dev/null 2>&1 || "$PY" -m venv .venv
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e ".${extra}"
     echo "$want" > "$stamp"
 fi
-# Qt's X11 platform plugin needs a few system libraries that minimal Debian/Ubuntu lack.
+# Qt's X11 platform plugin needs a few system libraries that minimal Debian/Ubuntu lack:
+# installed here as root, else named when a display is there for the window to open on.
 # The list is read whole into a variable: `ldconfig -p | grep -q` under pipefail fails at
 # random (grep -q exits at the first match, ldconfig then dies of SIGPIPE).
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+if command -v ldconfig >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     libs="$(ldconfig -p 2>/dev/null || true)"
+    pkgs="libxcb-cursor0 libxkbcommon-x11-0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0
+          libxcb-render-util0 libxcb-shape0 libegl1 libgl1"
     case "$libs" in
         *libxcb-cursor.so.0*) ;;
         *)
-            apt-get update -qq && apt-get install -y -qq libxcb-cursor0 libxkbcommon-x11-0 \
-                libxcb-icccm4 libxcb-keysyms1 libxcb-image0 libxcb-render-util0 libxcb-shape0 \
-                libegl1 libgl1 >/dev/null
+            if [ "$(id -u)" = 0 ]; then
+                apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null
+            elif [ -n "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ]; then
+                echo "snug.sh: Qt's window needs libraries missing here:" \
+                    "sudo apt-get install" $pkgs >&2
+            fi
             ;;
     esac
 fi

@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
+# Also when a .venv has no pip: Debian/Ubuntu's python3 leaves one so before python3-venv is
+# installed (venv then names the package to install).
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip

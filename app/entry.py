@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,18 +46,57 @@ def version() -> str:
         return "unknown (not installed: run `pip install -e .`)"
 
 
-def no_display_reason(environ: Mapping[str, str], platform: str) -> str | None:
+def no_display_reason(
+    environ: Mapping[str, str],
+    platform: str,
+    reachable: Callable[[str], bool | None] = lambda d: x_reachable(d),
+) -> str | None:
     """Why the window cannot open here (Linux without a display), or None. Qt itself would
     abort the process with a core dump instead of saying so."""
     if not platform.startswith("linux") or environ.get("QT_QPA_PLATFORM"):
         return None
-    if environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"):
+    if environ.get("WAYLAND_DISPLAY"):
         return None
-    return (
-        "no display to open the window on (neither DISPLAY nor WAYLAND_DISPLAY is set). "
-        "Start Snug from the desktop, use `xvfb-run snug`, or run a command such as "
-        "`snug chat --model DIR` instead"
-    )
+    display = environ.get("DISPLAY")
+    if not display:
+        return (
+            "no display to open the window on (neither DISPLAY nor WAYLAND_DISPLAY is set). "
+            "Start Snug from the desktop, use `xvfb-run snug`, or run a command such as "
+            "`snug chat --model DIR` instead"
+        )
+    if reachable(display) is False:
+        return (
+            f"no X server answers at DISPLAY={display} (closed, or not this machine's). "
+            "Start Snug from the desktop, check DISPLAY (or ssh -X), use `xvfb-run snug`, or "
+            "run a command such as `snug chat --model DIR` instead"
+        )
+    return None
+
+
+def x_reachable(display: str) -> bool | None:
+    """Whether an X server answers at `display`, asked through libxcb (which Qt's X11
+    plugin connects with: where it cannot, Qt aborts the process); None where libxcb is not
+    there to ask (Qt then names the library it lacks). Qt has no call that tries a display
+    without aborting, so the connection is made here, with ctypes."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("xcb")
+    try:
+        xcb = ctypes.CDLL(name) if name else None
+    except OSError:
+        xcb = None
+    if xcb is None:
+        return None
+    xcb.xcb_connect.restype = ctypes.c_void_p
+    xcb.xcb_connect.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+    xcb.xcb_connection_has_error.argtypes = [ctypes.c_void_p]
+    xcb.xcb_disconnect.argtypes = [ctypes.c_void_p]
+    connection = xcb.xcb_connect(display.encode(), None)  # an error object when it fails
+    try:
+        return xcb.xcb_connection_has_error(connection) == 0
+    finally:
+        xcb.xcb_disconnect(connection)
 
 
 if __name__ == "__main__":

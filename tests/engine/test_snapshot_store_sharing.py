@@ -27,6 +27,26 @@ from tests.engine.test_snapshot_store import KEY, _snapshot, listing
 GREEDY = GenerationParams(max_new_tokens=6, greedy=True)
 
 
+def _save_held(store: SnapshotStore, monkeypatch):
+    """A save of 40 tokens on a thread of its own, held after its data file is written
+    (its JSON not yet renamed in) until `go_on` is set: (thread, [its result], go_on)."""
+    import safetensors.numpy
+
+    real, writing, go_on = safetensors.numpy.save_file, threading.Event(), threading.Event()
+
+    def slow(arrays, path):
+        real(arrays, path)
+        writing.set()
+        go_on.wait(5)
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", slow)
+    saved: list[bool] = []
+    thread = threading.Thread(target=lambda: saved.append(store.save(_ids(0), _snapshot(40))))
+    thread.start()
+    assert writing.wait(5)
+    return thread, saved, go_on
+
+
 def _ids(start: int, n: int = 40) -> list[int]:
     return list(range(start, start + n))
 
@@ -84,21 +104,8 @@ def test_a_state_another_store_evicted_is_neither_restored_nor_taken_for_saved(t
 def test_a_store_opened_while_another_saves_leaves_that_save_alone(tmp_path, monkeypatch):
     """A new engine's start removes what interrupted saves left, never the temporary files of
     a save in flight in another engine (nor its data before its JSON is renamed in)."""
-    import safetensors.numpy
-
     writer = SnapshotStore(tmp_path, KEY, 1 << 30)
-    real, writing, go_on = safetensors.numpy.save_file, threading.Event(), threading.Event()
-
-    def slow(arrays, path):
-        real(arrays, path)
-        writing.set()
-        go_on.wait(5)
-
-    monkeypatch.setattr(safetensors.numpy, "save_file", slow)
-    saved: list[bool] = []
-    thread = threading.Thread(target=lambda: saved.append(writer.save(_ids(0), _snapshot(40))))
-    thread.start()
-    assert writing.wait(5)
+    thread, saved, go_on = _save_held(writer, monkeypatch)
     opened: list[SnapshotStore] = []
     starter = threading.Thread(target=lambda: opened.append(SnapshotStore(tmp_path, KEY, 1 << 30)))
     starter.start()
@@ -112,21 +119,8 @@ def test_a_store_opened_while_another_saves_leaves_that_save_alone(tmp_path, mon
 
 
 def test_snug_cache_clear_during_a_save_waits_for_it_and_never_fails(tmp_path, monkeypatch):
-    import safetensors.numpy
-
     store = SnapshotStore(tmp_path, KEY, 1 << 30)
-    real, writing, go_on = safetensors.numpy.save_file, threading.Event(), threading.Event()
-
-    def slow(arrays, path):
-        real(arrays, path)
-        writing.set()
-        go_on.wait(5)
-
-    monkeypatch.setattr(safetensors.numpy, "save_file", slow)
-    saved: list[bool] = []
-    thread = threading.Thread(target=lambda: saved.append(store.save(_ids(0), _snapshot(40))))
-    thread.start()
-    assert writing.wait(5)
+    thread, saved, go_on = _save_held(store, monkeypatch)
     threading.Timer(0.3, go_on.set).start()
     assert clear_folder(tmp_path)[0] == 1  # the save finished first, and went
     thread.join(10)

@@ -173,11 +173,14 @@ class OpenAIServer:
             return JSONResponse(model_info(self))
         return JSONResponse(self._model_card())
 
-    async def _submit_completion(self, request: Request, req: CompletionRequest) -> Generation:
-        """A completion of one prompt: its ids, its grammar readied, submitted."""
+    async def _submit_completion(
+        self, request: Request, req: CompletionRequest, fit: bool = False
+    ) -> Generation:
+        """A completion of one prompt: its ids, its grammar readied, submitted (`fit`: as
+        `_start`)."""
         ids = await self._completion_ids(req.prompt)
         await self._grammar_ready(req.options)
-        return self._start(request, ids, req.options, None)
+        return self._start(request, ids, req.options, None, fit)
 
     async def _completion_ids(self, prompt: str | list[int]) -> list[int]:
         """A completion's prompt tokenized, or its ids checked against the vocabulary."""

@@ -7,7 +7,8 @@ protocol.py) and runs on the same path; the answer is llama.cpp's: `content`, th
 `completion_probabilities`. `stream` sends the text piece by piece as server-sent events,
 the last with `stop: true` and the figures.
 
-Its names: `n_predict` (-1, the default: until the reply ends or the context is full),
+Its names: `n_predict` (-1, the default: until the reply ends or the context is full; a
+count past the context's room also runs until it is full, as llama.cpp's server does),
 `temperature`, `top_k`, `top_p`, `min_p`, `presence_penalty`, `frequency_penalty`, `seed`
 (-1: none), `stop`, `ignore_eos`, `logit_bias` (`[[id, bias], ...]`, `false` bars a token),
 `json_schema`, `return_tokens`. Its samplers this engine does not have (`repeat_penalty`,
@@ -53,7 +54,7 @@ class LlamaApi:
         body = await s._body(request)
         req = read_completion(openai_body(body))
         s._check_model(req.options.model)
-        gen = await s._submit_completion(request, req)
+        gen = await s._submit_completion(request, req, fit=True)  # to the context's end
         answer = _Answer(s, gen, body)
         if req.options.stream:
             return sse(answer.events(), gen)

@@ -97,7 +97,12 @@ def chat_body(body: dict[str, Any], generate: bool) -> dict[str, Any]:
         if options.get(name) is not None:
             chat[ours] = options[name]
     predict = options.get("num_predict")
-    if isinstance(predict, int) and predict > 0:
+    if predict is not None and (isinstance(predict, bool) or not isinstance(predict, int)):
+        raise bad(  # as Ollama refuses it (its options are typed)
+            f"'options.num_predict' must be an integer, got {json.dumps(predict)[:40]}",
+            "options.num_predict",
+        )
+    if predict is not None and predict > 0:  # -1 and -2: no limit but the context's
         chat["max_tokens"] = predict
     if body.get("tools"):
         chat["tools"] = body["tools"]  # OpenAI's function tools, as Ollama takes them

@@ -33,6 +33,8 @@ def test_a_null_or_ill_typed_field_is_a_400_that_names_it(served):
          "messages[0].tool_calls"),
         ("/api/chat", {"model": served.model, "messages": [{**user, "tool_calls": True}]},
          "messages[0].tool_calls"),
+        ("/api/chat", {"model": served.model, "messages": [user],
+                       "options": {"num_predict": "x"}}, "options.num_predict"),
     ):  # fmt: skip
         got = post(served, route, body)
         assert got.status_code == 400, (route, body, got.text)

@@ -101,3 +101,13 @@ def test_props_and_what_is_refused(served):
     barred = post(served, {**plain, "logit_bias": [[first, False]]})
     assert barred.status_code == 200 and barred.json()["tokens"][0] != first
     served.wait_idle()
+
+
+def test_n_predict_past_the_context_runs_until_it_is_full(served, solo):
+    """As llama.cpp's server: a count past the context's room is no error, the reply ends
+    where the context does (or at its end of sequence)."""
+    got = post(served, {"prompt": PROMPT, "n_predict": 10**6, "temperature": 0, "ignore_eos": True})
+    assert got.status_code == 200, got.text
+    body = got.json()
+    assert body["tokens_evaluated"] + body["tokens_predicted"] <= served.engine.context
+    assert body["stop_type"] == "limit"

@@ -170,6 +170,12 @@ class EngineSettings:
                 raise ConfigError(
                     f"memory {name} {value!r} GiB: must be from 0 to {MAX_GIB:,.0f} ({where})"
                 )
+        if limit is not None and 0 < limit and round(limit * GIB) < 1:
+            # Not 0 (no limit), yet not one byte: refused here, by the setting's name.
+            raise ConfigError(
+                f"memory limit {limit!r} GiB is less than a byte: set 0 for no limit, or a "
+                f"limit the model fits in, such as 4 (--limit-gib, {ENV_LIMIT})"
+            )
         out = self
         if reserve is not None:
             out = replace(out, reserve_bytes=int(round(reserve * GIB)))
@@ -227,7 +233,10 @@ def _gib(text: str, name: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number of GiB") from None
+        comma = " (with a point, not a comma)" if "," in text else ""
+        raise ConfigError(
+            f"{name}={text!r} is not a number of GiB: set a plain number{comma}, such as 4 or 3.5"
+        ) from None
     if not math.isfinite(value) or not 0 <= value <= MAX_GIB:
         raise ConfigError(f"{name}={text!r} must be a number of GiB from 0 to {MAX_GIB:,.0f}")
     return value

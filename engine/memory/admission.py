@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 from engine.config import GIB, EngineSettings
 from engine.memory.arena import TensorSpec, act_itemsize, arena_bytes
-from engine.memory.decision import Breakdown, Decision, Verdict, streams_text
+from engine.memory.decision import Breakdown, Decision, Verdict, streams_text, tokens_text
 from engine.memory.draft import draft_choice
 from engine.memory.growth import ladder_below
 from engine.memory.plan import Plan, WeightBytes, make_plan
@@ -194,20 +194,29 @@ def largest_context(
     plan's streams; 0 when not even 256 tokens fit. `any_chunks`: the largest with prefill
     chunks of any size, not the largest that keeps the fastest chunks any context keeps."""
     s = settings or EngineSettings()
-    args = (card_free, card_total, held, s)
     # A shorter context before smaller or lazy chunks (invariant 8): the whole scratch at
     # max rows where any context allows it, else chunks of at least FAST_ROWS.
     for min_rows in (1,) if any_chunks else (plan.max_rows, FAST_ROWS, 1):
-        lo, hi = 0, plan.config.max_position_embeddings // CONTEXT_STEP
-        while lo < hi:  # largest k with context k*256 fitting; fitting shrinks as context grows
-            mid = (lo + hi + 1) // 2
-            if _fits(plan.resized(context=mid * CONTEXT_STEP), *args, min_rows):
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo:
-            return lo * CONTEXT_STEP
+        most = context_with_chunks(plan, card_free, card_total, held, s, min_rows)
+        if most:
+            return most
     return 0
+
+
+def context_with_chunks(
+    plan: Plan, card_free: int, card_total: int, held: int, s: EngineSettings, min_rows: int
+) -> int:
+    """Largest context (a multiple of 256, at most max_position_embeddings) admitted with
+    prefill chunks of at least `min_rows` (or max rows, where smaller); 0 where none is."""
+    args = (card_free, card_total, held, s)
+    lo, hi = 0, plan.config.max_position_embeddings // CONTEXT_STEP
+    while lo < hi:  # largest k with context k*256 fitting; fitting shrinks as context grows
+        mid = (lo + hi + 1) // 2
+        if _fits(plan.resized(context=mid * CONTEXT_STEP), *args, min_rows):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CONTEXT_STEP
 
 
 def args_of(b: Breakdown, s: EngineSettings) -> tuple[int, int, int, EngineSettings]:
@@ -216,6 +225,11 @@ def args_of(b: Breakdown, s: EngineSettings) -> tuple[int, int, int, EngineSetti
 
 
 def _gib(n: int) -> str:
+    """Bytes for a sentence: GiB to two places, or MiB (or bytes) where that would read 0 for
+    a size that is not (a shortfall of a few MiB is not "0 GiB")."""
+    if 0 < abs(n) < GIB // 200:
+        mib = f"{n / 2**20:.1f}".rstrip("0").rstrip(".")
+        return f"{mib} MiB" if mib not in ("0", "-0") else f"{n:,} bytes"
     return f"{n / GIB:.2f}".rstrip("0").rstrip(".") + " GiB"
 
 
@@ -343,7 +357,7 @@ def _combined(
     least = plan.resized(context=min(plan.context, CONTEXT_STEP), streams=1, prompt_cache_states=0)
     short = -_best(least, *args).breakdown.free_after
     return (
-        f"choose a smaller model: even at {least.context:,} tokens with 1 stream this one "
+        f"choose a smaller model: even at {tokens_text(least.context)} with 1 stream this one "
         f"needs {_gib(short)} more than {_can_give(s, held, card_free)}",
         ("model", "smaller"),
     )
@@ -391,7 +405,7 @@ def admit(
             suggestions=texts,
             fixes=fixes,
             reason=f"the model needs {_gib(short)} more than {_can_give(s, held, card_free)} "
-            f"({streams_text(plan.streams)} at {plan.context:,} tokens)",
+            f"({streams_text(plan.streams)} at {tokens_text(plan.context)})",
         )
     if best.eager and not best.host_embeddings:
         verdict = Verdict.FITS
@@ -421,10 +435,12 @@ def admit(
             f"; saved conversation states ({_gib(b.prompt_cache_on_host)}) are kept in the "
             "computer's RAM"
         )
-    if best.plan.max_rows < min(FAST_ROWS, plan.max_rows):
-        shorter = largest_context(plan.resized(context=CONTEXT_STEP), *args_of(b, s))
-        if shorter:
-            reason += f"; a context of {shorter:,} tokens keeps chunks of {FAST_ROWS} tokens"
+    fast = min(FAST_ROWS, plan.max_rows)
+    if best.plan.max_rows < fast:
+        # Only a context that really keeps such chunks, and only one shorter than this.
+        shorter = context_with_chunks(plan, *args_of(b, s), min_rows=fast)
+        if 0 < shorter < plan.context:
+            reason += f"; a context of {shorter:,} tokens keeps chunks of {fast:,} tokens"
     return Decision(
         verdict=verdict,
         breakdown=b,

@@ -135,7 +135,7 @@ class Decision:
         lines.append(card)
         if self.fits:
             lines.append(
-                f"admitted: {streams_text(self.streams)} at {self.context:,} tokens, "
+                f"admitted: {streams_text(self.streams)} at {tokens_text(self.context)}, "
                 f"max rows {self.max_rows}, scratch {'eager' if self.eager else 'lazy'}"
                 + (", 8-bit KV cache" if self.kv_cache == "int8" else "")
             )
@@ -151,6 +151,11 @@ class Decision:
 def streams_text(n: int) -> str:
     """'1 stream', '3 streams': how a count of concurrent streams reads in a sentence."""
     return f"{n} stream" if n == 1 else f"{n} streams"
+
+
+def tokens_text(n: int) -> str:
+    """'1 token', '4,096 tokens'."""
+    return f"{n:,} token" if n == 1 else f"{n:,} tokens"
 
 
 def _gib(n: int) -> str:

@@ -93,3 +93,21 @@ def test_overlap_launches_setting():
     assert EngineSettings.from_env({"SNUG_OVERLAP_LAUNCHES": " 1 "}).overlap_launches is True
     with pytest.raises(ConfigError, match="SNUG_OVERLAP_LAUNCHES='yes' must be 0 or 1"):
         EngineSettings.from_env({"SNUG_OVERLAP_LAUNCHES": "yes"})
+
+
+def test_a_limit_under_a_byte_is_refused_by_name():
+    """A limit above 0 (0 is none) whose bytes round to 0 names the setting and what to set."""
+    for make in (
+        lambda: EngineSettings().with_gib(limit=1e-10),
+        lambda: EngineSettings.from_env({"SNUG_MEMORY_LIMIT_GIB": "1e-10"}),
+    ):
+        with pytest.raises(ConfigError, match=r"1e-10 GiB .*set 0 for no limit.*MEMORY_LIMIT_GIB"):
+            make()
+    assert EngineSettings().with_gib(limit=1e-9).limit_bytes == 1
+
+
+def test_a_decimal_comma_is_refused_with_what_to_write():
+    with pytest.raises(ConfigError, match=r"RESERVE_GIB='0,5' .*a point, not a comma.*3\.5"):
+        EngineSettings.from_env({"SNUG_MEMORY_RESERVE_GIB": "0,5"})
+    with pytest.raises(ConfigError, match=r"LIMIT_GIB='4GiB' is not a number .*such as 4"):
+        EngineSettings.from_env({"SNUG_MEMORY_LIMIT_GIB": "4GiB"})

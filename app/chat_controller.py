@@ -17,8 +17,10 @@ from app.controllers import EngineController
 from app.state.chat_history import MAX_CHAT_BYTES, Chat, Turn
 from app.state.chat_store import ChatStore
 from app.state.settings import AppSettings
+from app.thinking import split_reply
 from engine.attachments import Attachment
 from engine.errors import SnugError
+from engine.thinking_budget import CLOSE as BUDGET_CLOSE
 
 SAVE_EVERY_S = 5.0  # a streaming reply is saved this often, so that a crash keeps it
 RATE_EVERY_S = 0.5  # the status line's tokens and rate, while a reply streams
@@ -57,6 +59,7 @@ class ChatController(QObject):
         self._request: int | None = None
         self._reply_chat: str | None = None
         self._tokens_before = 0  # a continued reply's tokens before it went on
+        self._stats_before: dict = {}  # ... and its stats then
         self._rate_from: tuple[float, int] | None = None  # the reply's first tokens: when, how many
         self._was_shown: int | None = None  # the reply shown before a Regenerate: its place
         self._rate_said = 0.0
@@ -214,6 +217,7 @@ class ChatController(QObject):
         shown_among(turn, replies, index)
         self.store.save(chat)
         self.turns_changed.emit(chat.id)  # the chat drawn again: Continue follows the reply
+        self.notice.emit(self.stats_line(turn.stats))  # the status line speaks of this one
         return True
 
     def can_continue(self) -> bool:
@@ -239,7 +243,12 @@ class ChatController(QObject):
         if params is None:
             return False
         messages = chat.messages(self.settings.system_prompt)[:-1]
+        rest = closing_rest(turn)
+        if rest:  # cut by the token limit inside the budget's closing words: they end first
+            turn.content += rest
+            self.reply_grew.emit(chat.id, turn.content)
         self._tokens_before = int(turn.stats.get("new_tokens") or 0)
+        self._stats_before = dict(turn.stats)
         self._rate_from = None
         self._reply_chat = chat.id
         self._saved_at, self._save_every = time.monotonic(), 0.0
@@ -305,7 +314,7 @@ class ChatController(QObject):
         saved = self._timed_save(chat)
         self.turns_changed.emit(chat.id)
         self._reply_chat = chat.id
-        self._tokens_before = 0
+        self._tokens_before, self._stats_before = 0, {}
         self._rate_from = None
         left_out = self._left_out(chat.turns[:-1])
         budget = self.settings.thinking_budget
@@ -378,16 +387,19 @@ class ChatController(QObject):
                 self.notice.emit("Stopped before the reply began (Regenerate asks again).")
             return
         turn.stats = {k: v for k, v in summary.items() if v is not None}
-        if "new_tokens" in turn.stats:
-            turn.stats["new_tokens"] += self._tokens_before  # the whole reply's count
+        if self._stats_before:
+            went_on(turn.stats, self._stats_before)
         if not self._end(chat):
             return  # the status line says the save failed, and what to do
         if chat.id != self._current:  # its stats are on the reply, in its own chat
             self.notice.emit("")
             return
-        line = format_stats(turn.stats)
-        used = self.context_used(turn.stats)
-        self.notice.emit(f"{line} · {used}" if line and used else line or used)
+        self.notice.emit(self.stats_line(turn.stats))
+
+    def stats_line(self, stats: dict) -> str:
+        """The status line for a reply's stats: `format_stats`, then the context it used."""
+        line, used = format_stats(stats), self.context_used(stats)
+        return f"{line} · {used}" if line and used else line or used
 
     def context_used(self, stats: dict) -> str:
         """'1,240 of 8,192 tokens of context': what the chat's prompt and this reply take of
@@ -463,6 +475,37 @@ def format_stats(stats: dict) -> str:
     elif stats.get("finish_reason") == "length":
         parts.append("hit the token limit")
     return " · ".join(parts)
+
+
+def went_on(stats: dict, before: dict) -> None:
+    """`stats`, a continued reply's last part's, made the whole reply's from `before` (its
+    stats when Continue was pressed): its tokens all counted; the prompt the reply answered,
+    without the reply so far that the engine read after it (else the context it used would
+    count those tokens twice); how long it thought and the budget that closed its thinking,
+    where that happened before it went on."""
+    if "new_tokens" not in stats:  # stopped before its first token: the reply as it was
+        for key, value in before.items():
+            stats.setdefault(key, value)
+        return
+    earlier = int(before.get("new_tokens") or 0)
+    stats["new_tokens"] += earlier
+    if "prompt_tokens" in stats:
+        stats["prompt_tokens"] = max(0, int(stats["prompt_tokens"]) - earlier)
+    for key in ("thinking_s", "thinking_cut"):
+        if before.get(key) and not stats.get(key):
+            stats[key] = before[key]
+
+
+def closing_rest(turn: Turn) -> str:
+    """The rest of the thinking budget's closing words, where the reply was cut by the token
+    limit while they were put in (its thinking closed at the budget and still open); ""
+    else. Continue puts them in first, so the thinking closes once and the answer follows."""
+    if not turn.stats.get("thinking_cut") or split_reply(turn.content, True).thinking_done:
+        return ""
+    for n in range(len(BUDGET_CLOSE) - 1, 0, -1):
+        if turn.content.endswith(BUDGET_CLOSE[:n]):
+            return BUDGET_CLOSE[n:]
+    return ""
 
 
 def shown_among(turn: Turn, replies: list[Turn], index: int) -> None:

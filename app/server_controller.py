@@ -4,8 +4,11 @@ The engine worker loads through `wrap_loader(loader)`: a local Engine comes back
 a `ScheduledEngine`, so the app's chat and the server's clients share one scheduler (the
 engine is touched by the scheduler's thread only). `start()` runs `engine.server` (uvicorn
 on a thread of its own) over that scheduler and reports the URL; `stop()` ends it. When the
-model is unloaded, call `stop()` (connect `EngineController.unloaded` to it); when another
-model is loaded while serving, the server moves to it by itself.
+model is unloaded, call `forget_engine()` (connect `EngineController.unloaded` to it); when
+another model is loaded while serving, the server moves to it by itself. The served engine's
+`unload` (on the worker thread: an Unload, or a Load of another model) stops the server
+first, so each reply under way ends with a 503 that says the server is going (not cut
+short as if it were whole) and the GUI thread never waits for uvicorn's thread.
 
     GUI thread                     worker thread              own threads
       start() / stop()  ------->   (nothing)                  uvicorn  --> Scheduler --> Engine
@@ -14,6 +17,7 @@ model is loaded while serving, the server moves to it by itself.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -33,15 +37,18 @@ class ServerController(QObject):
     url_changed = Signal(str)  # the base URL ("" when stopped)
     failed = Signal(str)
     _engine_replaced = Signal()  # emitted on the worker thread, handled on the GUI thread
+    _stopped_for_unload = Signal()  # likewise
 
     def __init__(self, queue_size: int = 16, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.queue_size = queue_size
         self._engine: ScheduledEngine | None = None
         self._lock = threading.Lock()
-        self._server: Any = None
+        self._server: Any = None  # swapped under the lock: the worker thread stops it too
+        self._served: ScheduledEngine | None = None  # the engine the server serves
         self._options: tuple[str, int, str | None] = ("127.0.0.1", 8000, None)
         self._engine_replaced.connect(self._follow_engine)
+        self._stopped_for_unload.connect(self._say_stopped)
 
     # ----- the load path (worker thread) -----------------------------------------------------
     def wrap_loader(
@@ -59,6 +66,7 @@ class ServerController(QObject):
             scheduled = None
             if is_local(engine) and serving():
                 engine = scheduled = ScheduledEngine(engine, self.queue_size)
+                scheduled.before_unload = lambda s=scheduled: self._stop_serving(s)
             with self._lock:
                 self._engine = scheduled
             self._engine_replaced.emit()
@@ -73,7 +81,8 @@ class ServerController(QObject):
 
     @property
     def url(self) -> str:
-        return self._server.url if self._server is not None else ""
+        server = self._server
+        return server.url if server is not None else ""
 
     def start(self, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> bool:
         """Serve the loaded model; False (and `failed`) when it cannot."""
@@ -93,20 +102,40 @@ class ServerController(QObject):
         try:
             check_bind(host, api_key)
             app = create_app(engine.scheduler, api_key=api_key or None)
-            self._server = ServerThread(app, host, port).start()
+            server = ServerThread(app, host, port).start()
         except (SnugError, OSError) as exc:
-            self._server = None
-            self.failed.emit(str(exc))
+            message = str(exc)
+            if port_taken(host, port):  # said in the app's words, not the command line's
+                message = (
+                    f"port {port} on {host} is in use by another program; choose another "
+                    "in Settings > Local server > Server port, then load the model again"
+                )
+            self.failed.emit(message)
             return False
+        with self._lock:
+            self._server, self._served = server, engine
         self.state_changed.emit("running")
-        self.url_changed.emit(self._server.url)
+        self.url_changed.emit(server.url)
         return True
 
     def stop(self) -> None:
-        server, self._server = self._server, None
+        with self._lock:
+            server, self._server, self._served = self._server, None, None
         if server is None:
             return
         server.stop()
+        self._say_stopped()
+
+    def _stop_serving(self, engine: ScheduledEngine) -> None:
+        """On the worker thread, before `engine` unloads: end the server serving it."""
+        with self._lock:
+            if self._served is not engine:
+                return
+            server, self._server, self._served = self._server, None, None
+        server.stop()
+        self._stopped_for_unload.emit()
+
+    def _say_stopped(self) -> None:
         self.state_changed.emit("stopped")
         self.url_changed.emit("")
 
@@ -125,3 +154,15 @@ class ServerController(QObject):
             self.stop()
         else:
             self.start(*self._options)
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether another program listens on `host`:`port` (binding there fails)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False

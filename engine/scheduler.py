@@ -562,6 +562,7 @@ class ScheduledEngine:
 
     def __init__(self, engine: Engine, queue_size: int = 16, prefill_chunk: int | None = None):
         self.engine = engine
+        self.before_unload: Callable[[], None] | None = None  # called first by `unload`
         self.scheduler = Scheduler(engine, queue_size, prefill_chunk)
         self.scheduler.more_room = "load the model again with more streams (Load tab, Streams)"
         self.scheduler.start()
@@ -586,5 +587,7 @@ class ScheduledEngine:
         return self.scheduler.generate(prompt_ids, params, cancel)
 
     def unload(self) -> None:
+        if self.before_unload is not None:  # a server over the scheduler ends its replies
+            self.before_unload()
         self.scheduler.close()
         self.engine.unload()

@@ -131,3 +131,12 @@ def make_window(qtbot, settings_store, chats_dir, hf_home):
     yield make
     for window in windows:
         window.close()
+
+
+@pytest.fixture
+def tiny(tiny_checkpoint):
+    """The default tiny checkpoint (tests/conftest.py), skipped where it cannot be built."""
+    try:
+        return tiny_checkpoint()
+    except ImportError as exc:  # the builder needs transformers
+        pytest.skip(f"cannot build a tiny checkpoint here: {exc}")

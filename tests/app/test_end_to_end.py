@@ -9,14 +9,6 @@ from app.state.catalog import Entry
 from engine.config import EngineSettings
 
 
-@pytest.fixture
-def tiny(tiny_checkpoint):
-    try:
-        return tiny_checkpoint()
-    except ImportError as exc:  # the builder needs transformers
-        pytest.skip(f"cannot build a tiny checkpoint here: {exc}")
-
-
 def test_plan_a_local_folder_with_the_real_planner(tiny):
     gpu = planning.Gpu("Test GPU", 4 << 30, 3 << 30)
     decision = planning.plan(

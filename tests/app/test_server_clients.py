@@ -14,14 +14,6 @@ from app.state.catalog import Entry
 
 
 @pytest.fixture
-def tiny(tiny_checkpoint):
-    try:
-        return tiny_checkpoint()
-    except ImportError as exc:  # the builder needs transformers
-        pytest.skip(f"cannot build a tiny checkpoint here: {exc}")
-
-
-@pytest.fixture
 def slow_steps(monkeypatch):
     """Each decode step of the shared scheduler takes 10 ms more, so that a client's reply
     is still streaming when the window acts."""

@@ -72,7 +72,13 @@ class ServerThread:
         self.host = host
         self.port = port
         self._server = uvicorn_server(app, host, port)
-        self._thread = threading.Thread(target=self._server.run, name="snug-http", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="snug-http", daemon=True)
+
+    def _serve(self) -> None:
+        try:
+            self._server.run()
+        except SystemExit:  # uvicorn exits where it cannot listen (it has logged why)
+            pass  # `start` sees the thread end before the server started, and says so
 
     @property
     def url(self) -> str:

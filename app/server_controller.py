@@ -27,7 +27,7 @@ from PySide6.QtCore import QObject, Signal
 from engine.errors import SnugError
 
 if TYPE_CHECKING:
-    from engine.scheduler import ScheduledEngine
+    from engine.scheduled_engine import ScheduledEngine
 
 
 class ServerController(QObject):
@@ -60,7 +60,7 @@ class ServerController(QObject):
 
         def load(request: Any, progress: Any = None) -> Any:
             from app.engine_bridge import is_local
-            from engine.scheduler import ScheduledEngine
+            from engine.scheduled_engine import ScheduledEngine
 
             engine = base(request, progress)
             scheduled = None

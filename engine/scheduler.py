@@ -224,16 +224,21 @@ class Scheduler:
         return self
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Stop the loop; requests still queued or running end as cancelled."""
+        """Stop the loop. Requests their callers cancelled end as cancelled; the others,
+        still queued or running, end with RequestRefused (STOPPED): a reply the scheduler
+        stopped is not one that ended, and a server's client is told so."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        for request in [*self._running, *self._waiting]:
-            request.cancel()
         self._drop_cancelled()
+        with self._cond:
+            left, self._waiting = [*self._running, *self._waiting], deque()
+        for request in left:
+            self._fail(request, RequestRefused(STOPPED))
+            request.cancel()  # whoever still reads it stops
 
     def __enter__(self) -> Scheduler:
         return self.start()
@@ -553,41 +558,3 @@ class Scheduler:
             request._sink(item)
         except Exception:  # the receiver is gone (a closed event loop): stop serving it
             request.cancel()
-
-
-class ScheduledEngine:
-    """An `Engine` whose generation goes through a `Scheduler` (the app's engine worker can
-    use it in place of the Engine: same `chat_ids` / `generate` / `held_bytes` / `unload`),
-    so the app's chat and a local server share the slots."""
-
-    def __init__(self, engine: Engine, queue_size: int = 16, prefill_chunk: int | None = None):
-        self.engine = engine
-        self.before_unload: Callable[[], None] | None = None  # called first by `unload`
-        self.scheduler = Scheduler(engine, queue_size, prefill_chunk)
-        self.scheduler.more_room = "load the model again with more streams (Load tab, Streams)"
-        self.scheduler.start()
-        self.backend_name = engine.backend_name
-        self.decision = engine.decision
-        # The chat reads replies with it: to go on with one (Continue), hold its thinking to
-        # a budget, count what attached files cost.
-        self.tokenizer = engine.tokenizer
-
-    def held_bytes(self) -> int:
-        return self.engine.held_bytes()
-
-    def chat_ids(self, messages: list[dict], enable_thinking: bool | None = None) -> list[int]:
-        return self.engine.chat_ids(messages, enable_thinking=enable_thinking)
-
-    def generate(
-        self,
-        prompt_ids: list[int],
-        params: GenerationParams | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Iterator[TokenEvent]:
-        return self.scheduler.generate(prompt_ids, params, cancel)
-
-    def unload(self) -> None:
-        if self.before_unload is not None:  # a server over the scheduler ends its replies
-            self.before_unload()
-        self.scheduler.close()
-        self.engine.unload()

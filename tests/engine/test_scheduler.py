@@ -8,7 +8,8 @@ import pytest
 
 from engine.config import EngineSettings
 from engine.errors import RequestRefused
-from engine.scheduler import NO_TOKEN, QueueFull, ScheduledEngine, Scheduler, SchedulerStats
+from engine.scheduled_engine import ScheduledEngine
+from engine.scheduler import NO_TOKEN, QueueFull, Scheduler, SchedulerStats
 from engine.session import Engine, GenerationParams
 
 NUMPY = EngineSettings(backend="numpy")
@@ -263,3 +264,20 @@ def test_a_prompt_admitted_beside_the_same_prompt_reads_its_history_once(engine4
     assert [tokens(e) for e in events] == [expected] * 3
     assert [e[-1].stats.cached_tokens for e in events] == [0, len(ids), len(ids)]
     assert engine4.prompt_cache.stats.whole == 2
+
+
+def test_closing_tells_the_requests_it_stops_and_keeps_the_cancelled_ones_cancelled(engine4):
+    """A request the scheduler stops at its close (the model unloaded under a server's
+    client) ends with the refusal that says so, not as a reply that ended; one its caller
+    had cancelled ends as cancelled; every slot comes back."""
+    scheduler = Scheduler(engine4)
+    running, cancelled, queued = (scheduler.submit(prompt(20, i), GREEDY) for i in range(3))
+    scheduler.run_once()  # the first chunk of a prompt: requests under way
+    cancelled.cancel()
+    scheduler.close()
+    assert drain(cancelled)[-1].finish_reason == "cancelled"
+    for request in (running, queued):
+        last = drain(request)[-1]
+        assert isinstance(last, RequestRefused) and "stopped" in str(last)
+        assert request.done.is_set() and request.cancelled
+    assert scheduler.running == scheduler.waiting == 0 and len(engine4._free_slots) == 4

@@ -187,7 +187,7 @@ def test_on_the_engine_the_answer_goes_on_from_the_saved_state(thinker, monkeypa
 def test_through_the_scheduler_as_the_app_runs_it_beside_its_server(thinker):
     """The app's chat beside `snug serve` goes through a ScheduledEngine: the budget holds
     there too (the scheduler's request cancelled through the budget's stop)."""
-    from engine.scheduler import ScheduledEngine
+    from engine.scheduled_engine import ScheduledEngine
 
     scheduled = ScheduledEngine(Engine.load(thinker, NUMPY, context=512, streams=2, max_rows=64))
     try:

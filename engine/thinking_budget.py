@@ -79,7 +79,10 @@ def generate_within(
         stop.set()  # the reply's first token is the budget's last
     generated: list[int] = []
     thinking, thought, close, before = True, 0, CloseWatch(), None
-    first = engine.generate(prompt_ids, params, _Either(cancel, stop), **more)
+    # A reply gone on with that the token limit cut inside the closing words: the rest of
+    # them first (not the model's next token and the whole words again).
+    rest = close_rest(engine.tokenizer, prompt_ids) if spent >= total else ""
+    first = iter(()) if rest else engine.generate(prompt_ids, params, _Either(cancel, stop), **more)
     try:
         for event in first:
             # Tokens past the budget (a scheduler's engine runs ahead of the stop) are not
@@ -109,8 +112,9 @@ def generate_within(
                 before = replace(event.stats, new_tokens=len(generated))
             break
     finally:
-        first.close()  # the stream's state saved and its slot free before the rest starts
-    said = closing_words(engine.tokenizer) if thinking else []
+        if not rest:
+            first.close()  # the stream's state saved and its slot free before the rest starts
+    said = closing_words(engine.tokenizer, rest or CLOSE) if thinking else []
     said = said[: max(0, params.max_new_tokens - len(generated))]  # the limit holds them too
     close_ids = [token for token, _ in said]
     yield from (TokenEvent(token, text) for token, text in said)
@@ -134,9 +138,22 @@ def generate_within(
             yield event
 
 
-def closing_words(tokenizer: Any) -> list[tuple[int, str]]:
-    """CLOSE as tokens put in the reply (not the model's picks): each id with its text."""
-    decoder, ids = StreamDecoder(tokenizer), tokenizer.encode(CLOSE)
+def close_rest(tokenizer: Any, prompt_ids: list[int]) -> str:
+    """The rest of CLOSE where the reply at the end of `prompt_ids` stops inside it (cut by
+    the token limit while the closing words were put in), past their blank line; "" else
+    (a thinking that ends in a blank line of its own is no start of them)."""
+    tail = tokenizer.decode(list(prompt_ids[-64:]), skip_special_tokens=False)
+    lead = len(CLOSE) - len(CLOSE.lstrip())
+    for n in range(len(CLOSE) - 1, lead, -1):
+        if tail.endswith(CLOSE[:n]):
+            return CLOSE[n:]
+    return ""
+
+
+def closing_words(tokenizer: Any, text: str = CLOSE) -> list[tuple[int, str]]:
+    """CLOSE (or the `text` left of it) as tokens put in the reply (not the model's picks):
+    each id with its text."""
+    decoder, ids = StreamDecoder(tokenizer), tokenizer.encode(text)
     out = [(token, decoder.push(token)) for token in ids]
     if out:
         out[-1] = (out[-1][0], out[-1][1] + decoder.flush())
@@ -154,8 +171,10 @@ def joined(
     `seconds`: the second part's time, its prompt included): the prompt's as the first part
     read it, the decode's rate over every token after the first; `thinking_cut` the
     `budget` where the closing words were put in."""
-    if before is None:
-        return after
+    if before is None:  # no first part: the closing words' rest went in first
+        if after is None or not forced:
+            return after
+        return replace(after, new_tokens=after.new_tokens + forced, thinking_cut=budget)
     new = before.new_tokens + forced + (after.new_tokens if after is not None else 0)
     first_decode = (before.new_tokens - 1) / before.decode_tok_s if before.decode_tok_s else 0.0
     decode = first_decode + seconds

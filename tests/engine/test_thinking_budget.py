@@ -32,7 +32,7 @@ class Words:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         words = {i: w for w, i in self.ids.items()}
-        return " ".join(words[i] for i in ids)
+        return " ".join(words.get(i, "?") for i in ids)  # a prompt's ids it never gave
 
 
 @dataclass
@@ -131,6 +131,26 @@ def test_a_reply_gone_on_with_has_spent_part_of_its_budget():
     engine = Scripted([["c", "d"], ["Paris"]])
     events = list(generate_within(engine, [1], GenerationParams(max_new_tokens=100), 4, None, 9))
     assert text(events) == "c " + CLOSE + "Paris "  # spent already: one token, then closed
+
+
+def test_a_reply_cut_inside_the_closing_words_goes_on_with_their_rest():
+    """Continue after the token limit fell inside the closing words: their rest goes in
+    first, without a token of the model's before it, and the answer follows; the words are
+    said once. A thinking that ends in a blank line of its own is no start of them."""
+    words = Words()
+    cut = " ".join(CLOSE.split(" ")[:3])  # "\n\nConsidering the limited"
+    prompt = words.encode("a b") + words.encode(cut)
+    engine = Scripted([["Paris"]], tokenizer=words)
+    params = GenerationParams(max_new_tokens=100)
+    events = list(generate_within(engine, prompt, params, 4, None, 9))
+    rest = words.encode(CLOSE[len(cut) :])
+    assert engine.calls == [(prompt + rest, 100 - len(rest))]
+    said = words.decode(prompt[2:] + [e.token_id for e in events if e.token_id > 0])
+    assert said.split() == CLOSE.split() + ["Paris"]
+    assert events[-1].text == "Paris " and events[-1].stats.thinking_cut == 4
+    blank = Scripted([["c", "d"], ["Paris"]], tokenizer=words)
+    events = list(generate_within(blank, words.encode("a \n\n"), params, 4, None, 9))
+    assert text(events) == "c " + CLOSE + "Paris "  # one token of the model's, then closed
 
 
 def test_the_last_token_before_the_stop_may_close_the_thinking_itself():

@@ -96,12 +96,7 @@ def chat_body(body: dict[str, Any], generate: bool) -> dict[str, Any]:
     for name, ours in OPTIONS.items():
         if options.get(name) is not None:
             chat[ours] = options[name]
-    predict = options.get("num_predict")
-    if predict is not None and (isinstance(predict, bool) or not isinstance(predict, int)):
-        raise bad(  # as Ollama refuses it (its options are typed)
-            f"'options.num_predict' must be an integer, got {json.dumps(predict)[:40]}",
-            "options.num_predict",
-        )
+    predict = field(options, "num_predict", "integer", where="options.")  # typed, as Ollama's
     if predict is not None and predict > 0:  # -1 and -2: no limit but the context's
         chat["max_tokens"] = predict
     if body.get("tools"):

@@ -254,9 +254,11 @@ class SnapshotStore:
                         _unlink(data)
             self._refresh()
 
-    def _refresh(self) -> None:
+    def _refresh(self, times: bool = False) -> None:
         """Bring the index up to the folder's entries: others (another engine on the folder,
-        `snug cache clear`) may have saved, used or removed some since it was read."""
+        `snug cache clear`) may have saved or removed some since it was read. With `times`
+        (before an eviction, the only reader of `used`), each entry's last use too: a
+        restore by another engine touches its JSON (a stat an entry: not on a lookup)."""
         try:
             on_disk = {p.stem: p for p in state_files(self.folder, "*.json")}
         except OSError:
@@ -273,6 +275,8 @@ class SnapshotStore:
                 continue
             if name not in known:
                 self._index(meta_path)
+                continue
+            if not times:
                 continue
             try:
                 used = meta_path.stat().st_mtime  # a restore by another engine touches it
@@ -402,7 +406,7 @@ class SnapshotStore:
             if not held:
                 self._lock_level = logging.DEBUG  # said once (a read-only folder)
                 return False
-            self._refresh()  # what others saved counts against the budget too
+            self._refresh(times=True)  # what others saved and used counts too
             with self._lock:
                 entry = self._entries.get(name)
                 if entry is not None and not entry.foreign:

@@ -293,10 +293,7 @@ class TieredPromptCache:
                 if self.disk is not None and not self.disk.has(key):
                     # gone from the disk since (`snug cache clear`, another engine's
                     # eviction): written again
-                    if defer_disk:
-                        self._deferred.append(key)
-                    else:
-                        self._write(key, tier.get(key).snapshot)
+                    self._persist(key, tier.get(key).snapshot, defer_disk)
                 return
         self._in_reply = defer_disk
         try:
@@ -311,10 +308,14 @@ class TieredPromptCache:
             self.host.store(key, snapshot, snapshot.nbytes)
         if snapshot is not None:
             self.stats.saved += 1
-            if defer_disk:
-                self._deferred.append(key)
-            else:
-                self._write(key, snapshot)
+            self._persist(key, snapshot, defer_disk)
+
+    def _persist(self, key: tuple[int, ...], snapshot: Any, defer_disk: bool) -> None:
+        """The disk copy of a saved state: queued now, or held for `persist_deferred`."""
+        if defer_disk:
+            self._deferred.append(key)
+        else:
+            self._write(key, snapshot)
 
     def persist_deferred(self) -> None:
         """Queue the disk copies of the saves `save(defer_disk=True)` held back, for those

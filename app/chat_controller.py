@@ -20,7 +20,7 @@ from app.state.settings import AppSettings
 from app.thinking import split_reply
 from engine.attachments import Attachment
 from engine.errors import SnugError
-from engine.thinking_budget import CLOSE as BUDGET_CLOSE
+from engine.thinking_budget import rest_of_close
 
 SAVE_EVERY_S = 5.0  # a streaming reply is saved this often, so that a crash keeps it
 RATE_EVERY_S = 0.5  # the status line's tokens and rate, while a reply streams
@@ -502,10 +502,7 @@ def closing_rest(turn: Turn) -> str:
     else. Continue puts them in first, so the thinking closes once and the answer follows."""
     if not turn.stats.get("thinking_cut") or split_reply(turn.content, True).thinking_done:
         return ""
-    for n in range(len(BUDGET_CLOSE) - 1, 0, -1):
-        if turn.content.endswith(BUDGET_CLOSE[:n]):
-            return BUDGET_CLOSE[n:]
-    return ""
+    return rest_of_close(turn.content)
 
 
 def shown_among(turn: Turn, replies: list[Turn], index: int) -> None:

@@ -143,9 +143,14 @@ def close_rest(tokenizer: Any, prompt_ids: list[int]) -> str:
     the token limit while the closing words were put in), past their blank line; "" else
     (a thinking that ends in a blank line of its own is no start of them)."""
     tail = tokenizer.decode(list(prompt_ids[-64:]), skip_special_tokens=False)
-    lead = len(CLOSE) - len(CLOSE.lstrip())
-    for n in range(len(CLOSE) - 1, lead, -1):
-        if tail.endswith(CLOSE[:n]):
+    return rest_of_close(tail, shortest=len(CLOSE) - len(CLOSE.lstrip()) + 1)
+
+
+def rest_of_close(text: str, shortest: int = 1) -> str:
+    """CLOSE past its first n characters where `text` ends with them (shortest <= n, and
+    not all of it); "" else."""
+    for n in range(len(CLOSE) - 1, shortest - 1, -1):
+        if text.endswith(CLOSE[:n]):
             return CLOSE[n:]
     return ""
 

@@ -32,6 +32,7 @@ from engine.tokenizer_files import (
     find_templates,
     read_tokenizer_config,
     template_tokens,
+    with_config_tokens,
 )
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -99,6 +100,7 @@ class Tokenizer:
         except Exception as exc:  # the Rust library raises a bare Exception on bad input
             raise TokenizerError(f"{path}: cannot be loaded by `tokenizers` ({exc})") from exc
         tok_config = read_tokenizer_config(folder / TOKENIZER_CONFIG)
+        tok = with_config_tokens(tok, path, tok_config)
         return cls(
             tok,
             source=path,

@@ -6,14 +6,22 @@ additional_chat_templates/tool_use.jinja), or in tokenizer_config.json's `chat_t
 string, a list of named templates (`[{"name": "default", "template": ...}, ...]`) or a map
 of them. Each template keeps the name of the place it came from, so that an error in one
 names that file (or entry) and not another.
+
+The added tokens (`<|im_end|>`, `<think>`) are tokenizer.json's, completed as transformers
+completes them from tokenizer_config.json: its `added_tokens_decoder` and the special tokens
+it names.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as _HFTokenizer
 
 from engine.errors import TokenizerError
 from engine.json_limits import read_json_file
@@ -137,3 +145,94 @@ def token_text(value: Any) -> str | None:
     if isinstance(value, dict) and isinstance(value.get("content"), str):
         return value["content"]
     return None
+
+
+# An added token's flags as tokenizer.json and tokenizer_config.json write them, with the
+# values `tokenizers.AddedToken` takes when one is left out (`normalized`: not `special`).
+TOKEN_FLAGS = {"single_word": False, "lstrip": False, "rstrip": False}
+
+
+def declared_added_tokens(path: Path, config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """tokenizer_config.json's `added_tokens_decoder` as tokenizer.json's `added_tokens`
+    entries (id, content, flags), in id order; [] where the file has none.
+
+    transformers builds a tokenizer's added vocabulary from this map where it is present,
+    so a token a fine-tune lists only here is one token there, not its pieces."""
+    raw = config.get("added_tokens_decoder")
+    if raw is None:
+        return []
+    where = f"{path} [added_tokens_decoder]"
+    if not isinstance(raw, Mapping):
+        raise TokenizerError(f"{where}: must be an object of token id -> token; fix the file")
+    out = []
+    for key, entry in raw.items():
+        try:
+            token_id = int(key)
+        except (TypeError, ValueError):
+            token_id = -1
+        if token_id < 0 or not isinstance(entry, Mapping):
+            raise TokenizerError(
+                f"{where[:-1]} {key!r}]: must be a token id with an object for the token; "
+                "fix the file"
+            )
+        if not isinstance(entry.get("content"), str) or not entry["content"]:
+            raise TokenizerError(f"{where[:-1]} {key!r}]: has no `content` text; fix the file")
+        flags = {name: bool(entry.get(name, default)) for name, default in TOKEN_FLAGS.items()}
+        special = bool(entry.get("special", False))
+        normalized = bool(entry.get("normalized", not special))
+        out.append(
+            {"id": token_id, "content": entry["content"], **flags}
+            | {"normalized": normalized, "special": special}
+        )
+    return sorted(out, key=lambda entry: entry["id"])
+
+
+def special_token_texts(folder: Path, config: Mapping[str, Any]) -> list[str]:
+    """Every special token tokenizer_config.json names (bos_token ..., image_token, the
+    `extra_special_tokens` and `additional_special_tokens` lists), which transformers adds
+    to the tokenizer as special tokens where tokenizer.json lacks them."""
+    texts = list(template_tokens(folder, config).values())
+    for group in ("extra_special_tokens", "additional_special_tokens"):
+        listed = config.get(group)
+        if isinstance(listed, list):
+            texts += [text for value in listed if (text := token_text(value)) is not None]
+    return list(dict.fromkeys(texts))
+
+
+def with_config_tokens(tok: _HFTokenizer, path: Path, config: dict[str, Any]) -> _HFTokenizer:
+    """`tok` with the added tokens transformers' AutoTokenizer gives the folder: those of
+    tokenizer_config.json's `added_tokens_decoder` (with its flags, ids in its order), then
+    each special token the config names that is not yet one.
+
+    Where the map lacks a token tokenizer.json adds, that token is kept (transformers drops
+    it for Qwen's tokenizer class; llama.cpp and every reader of tokenizer.json keep it)."""
+    folder = path.parent
+    declared = declared_added_tokens(folder / TOKENIZER_CONFIG, config)
+    present = {t.content: t for t in tok.get_added_tokens_decoder().values()}
+    if any(_differs(present.get(entry["content"]), entry) for entry in declared):
+        tok = _rebuilt(path, declared)
+    have = {t.content for t in tok.get_added_tokens_decoder().values()}
+    named = [text for text in special_token_texts(folder, config) if text not in have]
+    if named:
+        tok.add_tokens([AddedToken(text, special=True) for text in named])
+    return tok
+
+
+def _differs(token: AddedToken | None, entry: dict[str, Any]) -> bool:
+    names = (*TOKEN_FLAGS, "normalized", "special")
+    return token is None or any(getattr(token, name) != entry[name] for name in names)
+
+
+def _rebuilt(path: Path, declared: list[dict[str, Any]]) -> _HFTokenizer:
+    """tokenizer.json read again with its added tokens replaced by `declared` where both
+    name one, all in id order (`tokenizers` numbers added tokens in the order listed)."""
+    try:
+        data = json.loads(path.read_bytes())  # `tokenizers` has just read it whole
+        listed = {entry["content"]: entry for entry in data.get("added_tokens") or []}
+        listed.update({entry["content"]: entry for entry in declared})
+        data["added_tokens"] = sorted(listed.values(), key=lambda entry: int(entry["id"]))
+        return _HFTokenizer.from_str(json.dumps(data))
+    except Exception as exc:  # the Rust library raises a bare Exception on bad input
+        raise TokenizerError(
+            f"{path}: cannot take the added tokens tokenizer_config.json lists ({exc})"
+        ) from exc

@@ -300,7 +300,7 @@ class TieredPromptCache:
             snapshot = self._take(slot, key)
         finally:
             self._in_reply = False
-        if snapshot is None and (self.host.budget_bytes > 0 or self.disk is not None):
+        if snapshot is None and (self._host_fits(len(key)) or self.disk is not None):
             try:
                 snapshot = self.backend.save_slot_to_host(slot, len(key))
             except DeviceOutOfMemory:
@@ -309,6 +309,12 @@ class TieredPromptCache:
         if snapshot is not None:
             self.stats.saved += 1
             self._persist(key, snapshot, defer_disk)
+
+    def _host_fits(self, length: int) -> bool:
+        """Whether the host tier could keep a state of `length` tokens (the copy pins host
+        memory: not made for a tier it would not fit)."""
+        expected = self.backend.snapshot_bytes(length)
+        return self.host.budget_bytes >= (expected or 1)
 
     def _persist(self, key: tuple[int, ...], snapshot: Any, defer_disk: bool) -> None:
         """The disk copy of a saved state: queued now, or held for `persist_deferred`."""

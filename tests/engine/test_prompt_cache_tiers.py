@@ -219,6 +219,24 @@ def test_a_snapshot_too_large_for_the_device_tier_goes_to_the_host_tier(model, m
     assert cache.stats.hits["host"] == 1
 
 
+def test_a_state_too_large_for_the_host_tier_is_not_copied_there(model, monkeypatch):
+    """No device tier, a host tier smaller than a state, no disk: the save makes no host
+    copy (on a GPU, pinned memory) only to drop it; the reply is the same."""
+    monkeypatch.setattr(session, "HOST_PROMPT_CACHE_BYTES", 0)
+    engine = load(model, dataclasses.replace(NUMPY, prompt_cache_host_bytes=4096))
+    backend = engine.prompt_cache.backend
+    monkeypatch.setattr(backend, "snapshot_bytes", lambda length: 8192)
+    copies = []
+    real = backend.save_slot_to_host
+    monkeypatch.setattr(backend, "save_slot_to_host", lambda *a: copies.append(a) or real(*a))
+    first = prompt(40, seed=7)
+    assert tokens(engine, first) == tokens(load(model), first)
+    assert copies == [] and len(engine.prompt_cache) == 0
+    engine.prompt_cache.host.budget_bytes = 1 << 30  # a tier the state fits
+    tokens(engine, first + prompt(5, seed=8))
+    assert copies and len(engine.prompt_cache.host) > 0
+
+
 def _room_for_one(model, monkeypatch, tmp_path):
     """An engine whose "device" tier holds one saved state (with a disk tier in tmp_path),
     after a first turn: (engine, its prompt, its reply)."""

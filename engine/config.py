@@ -125,11 +125,11 @@ class EngineSettings:
         if env.get(ENV_LIMIT, "").strip():
             out = out.with_gib(limit=_gib(env[ENV_LIMIT], ENV_LIMIT))
         if env.get(ENV_BACKEND, "").strip():
-            out = replace(out, backend=env[ENV_BACKEND].strip())
+            out = replace(out, backend=env[ENV_BACKEND].strip().lower())
         if env.get(ENV_CACHE, "").strip():
             out = replace(out, cache_dir=env[ENV_CACHE].strip())
         if env.get(ENV_DTYPE, "").strip():
-            out = replace(out, compute_dtype=env[ENV_DTYPE].strip())
+            out = replace(out, compute_dtype=env[ENV_DTYPE].strip().lower())
         overlap = env_switch(ENV_OVERLAP, env)
         if overlap is not None:
             out = replace(out, overlap_launches=overlap)
@@ -149,7 +149,7 @@ class EngineSettings:
         if env.get(ENV_DEVICE_PROPS, "").strip():
             out = replace(out, device_props=env[ENV_DEVICE_PROPS].strip())
         if env.get(ENV_DRAFT, "").strip():
-            out = replace(out, draft_tokens=env[ENV_DRAFT])
+            out = replace(out, draft_tokens=env[ENV_DRAFT].strip().lower())
         return out
 
     @property

@@ -74,6 +74,11 @@ def test_bad_env_value_names_the_variable():
         EngineSettings.from_env({"SNUG_MEMORY_LIMIT_GIB": "four"})
     with pytest.raises(ConfigError, match="SNUG_BACKEND"):
         EngineSettings.from_env({"SNUG_BACKEND": "opencl"})
+    # Names as a person types them: any case, spaces around.
+    typed = {"SNUG_BACKEND": " NumPy", "SNUG_COMPUTE_DTYPE": "Float32 "}
+    typed["SNUG_DRAFT_TOKENS"] = "Auto"
+    s = EngineSettings.from_env(typed)
+    assert (s.backend, s.compute_dtype, s.draft_tokens) == ("numpy", "float32", "auto")
 
 
 def test_gib_settings_past_a_pib_are_refused_by_name():

@@ -100,6 +100,9 @@ class EngineController(QObject):
 
     def load(self, request: LoadRequest) -> None:
         self.stop()
+        # A reply under way stops; its end (finished, failed) still reaches the chat, but
+        # no longer sets the state: the engine is loading until this load ends.
+        self._active, self._cancel = None, None
         self._loading_dir = str(request.model_dir)
         self._set_state("loading")
         self._load_cancel = threading.Event()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFormLayout,
@@ -137,6 +139,7 @@ class LoadPanel(QWidget):
         self.settings.changed.connect(lambda *_: self._sync_from_settings())
         advisor.changed.connect(self.replan)
         advisor.decided.connect(self.replan)
+        advisor.library.changed.connect(self._library_changed)
         engine.state_changed.connect(self._state)
         engine.load_progress.connect(self._progress)
         engine.loaded.connect(self._loaded)
@@ -164,6 +167,18 @@ class LoadPanel(QWidget):
         self.entry = entry
         self.error.hide()
         self.replan()
+
+    def _library_changed(self) -> None:
+        """The model on show as the library lists it now: deleted from disk (Load waits
+        for a download), downloaded again, or gone with its folder."""
+        entry = self.entry
+        if entry is None:
+            return
+        now = self.advisor.library.find(entry.key)
+        if now is None and entry.local_dir is not None and Path(entry.local_dir).is_dir():
+            return  # a folder taken off the list: its files are still there to load
+        if now != entry:
+            self.set_entry(now)
 
     # -- planning
     def replan(self) -> None:

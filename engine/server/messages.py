@@ -6,7 +6,9 @@ As in Anthropic's API, the model thinks only when `thinking` is enabled; tools a
 `{name, description, input_schema}`; a tool's results come back as `tool_result` blocks of
 a user message; `output_config.format` holds the answer to a JSON schema; a `system`
 message may come mid-conversation; a final assistant message is the reply's start, which
-it goes on from (prefill). Errors have Anthropic's shape and name the Messages field.
+it goes on from (prefill). Errors have Anthropic's shape and name the Messages field. The
+server holds no conversation between requests: a `thread` is refused with the error code
+Anthropic's SDK reads to send the whole conversation instead (its tool runner asks for one).
 
 Coding agents (Claude Code, the Agent SDK) send Claude's model names, a per-request
 attribution line first in `system`, and images among tool results: the first are served
@@ -39,6 +41,9 @@ ERROR_TYPES = {
 ATTRIBUTION = re.compile(r"\Ax-anthropic-billing-header:(\s*[\w.-]+=[^;\n]*;)*\s*")
 # What the model reads in place of an image it cannot see.
 NO_IMAGE = "[an image ({}) was here; the model reads text only and cannot see it]"
+# Anthropic's error codes its SDK reads from `error.details.error_code` to recover: a
+# `thread` refused, it sends the whole conversation again, without one.
+DETAILED = ("thread_unsupported_request",)
 THINKING = ("enabled", "adaptive", "between_tools")  # `thinking.type`s that let it think
 _TOO_LONG = re.compile(r"the prompt has (\d+) tokens but the model's context is (\d+) tokens")
 
@@ -52,6 +57,8 @@ def error_body(exc: ApiError, request_id: str | None = None) -> dict[str, Any]:
     """An error in Anthropic's shape (with the id of the request it answers)."""
     kind = ERROR_TYPES.get(exc.status, "api_error")
     body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": exc.message}}
+    if exc.code in DETAILED:
+        body["error"]["details"] = {"error_code": exc.code}
     if request_id is not None:
         body["request_id"] = request_id
     return body
@@ -76,6 +83,15 @@ class MessagesRequest:
 
     def _chat_body(self) -> dict[str, Any]:
         body = self.body
+        if body.get("thread") is not None:
+            raise ApiError(
+                400,
+                "'thread' asks the server to hold the conversation between requests, which "
+                "this server does not: send the whole conversation in 'messages', without "
+                "'thread' (the SDK's tool runner does so on this error)",
+                param="thread",
+                code="thread_unsupported_request",
+            )
         messages: list[dict[str, Any]] = []
         system = body.get("system")
         if system:

@@ -79,7 +79,8 @@ class ChatSidebar(QWidget):
         self.list.setObjectName("chatList")
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.list.setItemDelegate(GroupHeadings(self.list))
+        self.headings = GroupHeadings(self.list)
+        self.list.setItemDelegate(self.headings)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.currentItemChanged.connect(self._picked)
@@ -183,6 +184,13 @@ class ChatSidebar(QWidget):
         query = self._query()
         found = not query or matches(chat, query)
         self.list.blockSignals(True)
+        if item is not None and self._renaming(item):
+            # Its title is being typed in place (a reply saves the chat as it streams): the
+            # item stays, as a move would close the editor and lose what is typed; the save
+            # the rename makes moves it.
+            self._regroup()
+            self.list.blockSignals(False)
+            return
         if item is not None:
             self.list.takeItem(self.list.row(item))
             del self._items[chat_id]
@@ -197,6 +205,11 @@ class ChatSidebar(QWidget):
         self._regroup()
         self.list.blockSignals(False)
         self._show_current()
+
+    def _renaming(self, item: QListWidgetItem) -> bool:
+        """Whether `item`'s title is being edited in place."""
+        edited = self.headings.editing
+        return edited is not None and edited.isValid() and edited.row() == self.list.row(item)
 
     def _picked(self, item: QListWidgetItem | None, _prev: object = None) -> None:
         if item is not None:

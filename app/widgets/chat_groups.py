@@ -18,7 +18,23 @@ Index = QModelIndex | QPersistentModelIndex
 
 
 class GroupHeadings(QStyledItemDelegate):
-    """Draws an item's group heading (GROUP_ROLE) in a band above the item itself."""
+    """Draws an item's group heading (GROUP_ROLE) in a band above the item itself, and
+    knows the item whose title is being renamed in place (`editing`)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.editing: QPersistentModelIndex | None = None
+
+    def createEditor(  # noqa: N802 (Qt override)
+        self, parent: QWidget, option: QStyleOptionViewItem, index: Index
+    ) -> QWidget:
+        editor = super().createEditor(parent, option, index)
+        self.editing = QPersistentModelIndex(index)
+        return editor
+
+    def destroyEditor(self, editor: QWidget, index: Index) -> None:  # noqa: N802 (Qt override)
+        self.editing = None
+        super().destroyEditor(editor, index)
 
     @staticmethod
     def _heading(index: Index) -> str | None:

@@ -10,9 +10,11 @@ Errors are `{"error": message}` (an unknown model: 404, "model 'NAME' not found"
 words it). The model stays loaded as long as the server runs, so a request to unload it
 (`keep_alive` 0 with nothing to answer) is refused by name. As Ollama does, a chat longer
 than the context loses its oldest turns (engine/context_fit.py; `"truncate": false`
-refuses it instead), and `num_predict` past the room left is cut to it. `/api/generate`
-answers with the conversation's token ids as `context`, which a client sends back with its
-next prompt to go on from there (the older way to keep a conversation, before `/api/chat`).
+refuses it instead), and `num_predict` past the room left is cut to it. A chat that ends
+with the assistant's words goes on from them (front-ends' "continue"), as Ollama's does.
+`/api/generate` answers with the conversation's token ids as `context`, which a client sends
+back with its next prompt to go on from there (the older way to keep a conversation, before
+`/api/chat`).
 The model's description (`/api/tags`, `/api/ps`, `/api/show`) is ollama_models.py's.
 """
 
@@ -146,6 +148,23 @@ def _message(message: Any, i: int) -> dict[str, Any]:
     if message.get("tool_name"):
         out["name"] = message["tool_name"]
     return out
+
+
+def prefill(chat: dict[str, Any]) -> str:
+    """A chat that ends with the assistant's words (no tool call) goes on from them, as
+    Ollama renders Qwen3.5's chat (front-ends' "continue" sends the reply so far): that
+    message taken out of `chat` and returned, the reply written after it, without
+    thinking first; "" where the chat ends otherwise."""
+    messages = chat["messages"]
+    last = messages[-1]
+    text = last.get("content")
+    if len(messages) < 2 or last.get("role") != "assistant" or last.get("tool_calls"):
+        return ""
+    if not isinstance(text, str) or not text:
+        return ""
+    messages.pop()
+    chat["chat_template_kwargs"] = {"enable_thinking": False}
+    return text
 
 
 def keep_alive(body: dict[str, Any]) -> float | None:
@@ -365,11 +384,19 @@ class OllamaApi:
             if raw:
                 gen, stream = await self._raw(request, body, earlier)
             else:
-                chat = read_chat(chat_body(body, generate))
+                asked = chat_body(body, generate)
+                started = "" if generate else prefill(asked)
+                chat = read_chat(asked)
                 self._check(chat.options.model)
                 truncate = not generate and body.get("truncate", True) is not False
                 gen = await s._submit(
-                    request, chat, "messages", fit=True, truncate=truncate, prefix=earlier
+                    request,
+                    chat,
+                    "messages",
+                    fit=True,
+                    truncate=truncate,
+                    prefix=earlier,
+                    started=started,
                 )
                 stream = chat.options.stream
         except (ApiError, SnugError) as exc:

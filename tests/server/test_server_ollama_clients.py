@@ -1,0 +1,49 @@
+"""Ollama's API as its front-ends use it beyond one question and its answer: a reply that
+goes on from the assistant's words already written (Open WebUI's "Continue Response"),
+the options' errors named as the client sent them, `num_predict` on a raw prompt, model
+names in any case, and `/api/pull` of the model that is served."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.conftest import KEY
+
+ollama = pytest.importorskip("ollama")
+
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+
+
+def client(served):
+    return ollama.Client(host=served.base, headers=HEADERS)
+
+
+def post(served, path: str, **body) -> httpx.Response:
+    return httpx.post(served.base + path, json=body, headers=HEADERS, timeout=30)
+
+
+def test_a_last_assistant_message_is_gone_on_from(scripted):
+    """As Ollama renders Qwen3.5's chat: the last message, the assistant's, is left open and
+    the reply goes on from its words (no new turn, no thinking first); the reply holds
+    only what follows them, streamed or not."""
+    c = client(scripted)
+    messages = [
+        {"role": "user", "content": "Tell me a story."},
+        {"role": "assistant", "content": "Once upon"},
+    ]
+    scripted.scheduler.say(" a time.")
+    reply = c.chat(model=scripted.model, messages=messages)
+    assert reply.message.content == " a time." and not reply.message.thinking
+    prompt = scripted.scheduler.last_prompt()
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nOnce upon")
+    assert prompt.count("<|im_start|>assistant") == 1
+    scripted.scheduler.say(" a time.")
+    parts = list(c.chat(model=scripted.model, messages=messages, stream=True, think=True))
+    assert "".join(p.message.content for p in parts) == " a time."
+    assert scripted.scheduler.last_prompt() == prompt
+    # An assistant turn with nothing written is no start of a reply: a new turn follows it.
+    scripted.scheduler.say("Hello.")
+    empty = [*messages[:1], {"role": "assistant", "content": ""}]
+    assert c.chat(model=scripted.model, messages=empty, think=False).message.content == "Hello."
+    assert scripted.scheduler.last_prompt().count("<|im_start|>assistant") == 2

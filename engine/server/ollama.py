@@ -421,8 +421,8 @@ class OllamaApi:
         self, request: Request, body: dict[str, Any], earlier: list[int]
     ) -> tuple[Generation, bool]:
         """generate with `raw`: the prompt as it is, no template (a completion), after the
-        `context` ids where they are sent. A system prompt has no place in it: refused, as
-        Ollama refuses it."""
+        `context` ids where they are sent, `num_predict` past the room left cut to it as for a
+        templated prompt. A system prompt has no place in it: refused, as Ollama refuses it."""
         s = self.server
         if body.get("system"):
             raise bad("raw mode does not support 'system': write it into the prompt", "system")
@@ -436,7 +436,7 @@ class OllamaApi:
             prompt = earlier + s.tokenizer.encode(prompt)
         req = read_completion({**completion, "prompt": prompt})
         self._check(req.options.model)
-        return await s._submit_completion(request, req), req.options.stream
+        return await s._submit_completion(request, req, fit=True), req.options.stream
 
 
 _NO_UNLOAD = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.server.conftest import KEY
+from tests.server.conftest import CONTEXT, KEY
 
 ollama = pytest.importorskip("ollama")
 
@@ -47,3 +47,14 @@ def test_a_last_assistant_message_is_gone_on_from(scripted):
     empty = [*messages[:1], {"role": "assistant", "content": ""}]
     assert c.chat(model=scripted.model, messages=empty, think=False).message.content == "Hello."
     assert scripted.scheduler.last_prompt().count("<|im_start|>assistant") == 2
+
+
+def test_num_predict_past_the_room_is_cut_on_a_raw_prompt_too(scripted):
+    """`num_predict` larger than the context leaves is cut to the room, whether the prompt
+    is templated or raw (Continue's autocomplete sends raw prompts with its own limit)."""
+    for raw in (False, True):
+        scripted.scheduler.say("Hello there.")
+        r = post(scripted, "/api/generate", model=scripted.model, prompt="Once", raw=raw,
+                 think=False, stream=False, options={"num_predict": 4 * CONTEXT})  # fmt: skip
+        assert r.status_code == 200, (raw, r.text)
+        assert r.json()["response"] == "Hello there." and r.json()["done_reason"] == "stop"

@@ -44,6 +44,14 @@ NO_IMAGE = "[an image ({}) was here; the model reads text only and cannot see it
 # Anthropic's error codes its SDK reads from `error.details.error_code` to recover: a
 # `thread` refused, it sends the whole conversation again, without one.
 DETAILED = ("thread_unsupported_request",)
+# The blocks only one role's messages carry, and that role.
+OWNER = {
+    "tool_use": "an assistant",
+    "thinking": "an assistant",
+    "tool_result": "a user",
+    "image": "a user",
+    "document": "a user",
+}
 THINKING = ("enabled", "adaptive", "between_tools")  # `thinking.type`s that let it think
 _TOO_LONG = re.compile(r"the prompt has (\d+) tokens but the model's context is (\d+) tokens")
 
@@ -251,7 +259,7 @@ def _message(message: dict[str, Any], where: str, last: bool) -> list[dict[str, 
         elif kind == "redacted_thinking":
             continue
         elif kind == "tool_use" and role == "assistant":
-            args = block.get("input", {})
+            args = field(block, "input", "object", {}, f"{at}.")
             calls.append(
                 {
                     "id": field(block, "id", "string", "", f"{at}."),
@@ -274,6 +282,8 @@ def _message(message: dict[str, Any], where: str, last: bool) -> list[dict[str, 
                     "tool_call_id": field(block, "tool_use_id", "string", "", f"{at}."),
                 }
             )
+        elif kind in OWNER:
+            raise bad(f"'{at}' is a '{kind}' block, which only {OWNER[kind]} message carries", at)
         else:
             name = kind if isinstance(kind, str) else type(block).__name__
             raise bad(

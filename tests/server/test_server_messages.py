@@ -113,6 +113,15 @@ def test_a_stop_sequence_is_named(scripted):
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "tools[0]"),
         ({"messages": []}, 400, "non-empty"),
         ({"stop_sequences": 5}, 400, "'stop_sequences' must be"),
+        ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "f", "input": "ls"}]}]}, 400,
+         "'messages[1].content[0].input' must be of type object"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]}]}, 400,
+         "'messages[0].content[0]' is a 'tool_use' block, which only an assistant message"),
+        ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a"}]}]}, 400,
+         "'messages[1].content[0]' is a 'tool_result' block, which only a user message"),
     ],
 )  # fmt: skip
 def test_errors_come_in_anthropics_shape(served, extra, status, words):

@@ -209,19 +209,20 @@ class SettingsPanel(QScrollArea):
             edit.textChanged.connect(lambda: s.set(key, edit.toPlainText()))
             return edit
         lo, hi, step, decimals = RANGES[key]
-        if field.kind is float:
-            spin = DecimalBox()
+        spin: IntBox | DecimalBox = IntBox() if field.kind is int else DecimalBox()
+        if isinstance(spin, DecimalBox):
             spin.setDecimals(decimals)
-            spin.valueChanged.connect(lambda v: s.set(key, round(v, decimals)))
-        else:
-            spin = IntBox()
-            spin.valueChanged.connect(lambda v: s.set(key, v))
         spin.setRange(lo, hi)
         spin.setSingleStep(step)
         spin.setSpecialValueText(AT_MINIMUM.get(key, ""))
         # Typed text below the minimum ("0" in top-p) becomes the minimum; a box left empty
         # goes back to its value from before the edit (app/widgets/number_box.py).
-        spin.setValue(value)
+        _show_number(spin, key, value)
+        # Connected once it shows the stored value: building the panel writes no setting.
+        if isinstance(spin, DecimalBox):
+            spin.valueChanged.connect(lambda v: s.set(key, round(v, decimals)))
+        else:
+            spin.valueChanged.connect(lambda v: s.set(key, v))
         return spin
 
     def _choice(self, key: str) -> str:
@@ -243,7 +244,7 @@ class SettingsPanel(QScrollArea):
                 # Only from elsewhere (Restore defaults, the Load tab): the box being typed in
                 # already holds this value, and setting it again would rewrite its text
                 # mid-edit ("1." becomes "1.00", so "1.25" could never be typed).
-                editor.setValue(value)
+                _show_number(editor, key, value)
             editor.blockSignals(False)
         loaded = self.engine is not None and self.engine.state in ("ready", "generating")
         if self.settings.needs_reload(key) and loaded and key not in self._pending:
@@ -261,6 +262,17 @@ class SettingsPanel(QScrollArea):
 
     def pending_reload(self) -> list[str]:
         return list(self._pending)
+
+
+def _show_number(spin: QSpinBox | QDoubleSpinBox, key: str, value: object) -> None:
+    """`value` in the box, its usual range (RANGES) widened as far as the value needs: a
+    value the setting holds and the usual range leaves out (a context or streams set in the
+    Load tab, a value an older version saved) is shown as it is, never cut to the range and
+    saved cut."""
+    lo, hi = RANGES[key][:2]
+    number = float(value) if isinstance(spin, QDoubleSpinBox) else int(value)
+    spin.setRange(min(lo, number), max(hi, number))
+    spin.setValue(number)
 
 
 def _same_number(editor: QWidget, value: object) -> bool:

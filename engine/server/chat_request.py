@@ -128,9 +128,12 @@ def _message(message: Any, i: int) -> dict[str, Any]:
         raise bad(f"'{where}role' must be one of {', '.join(ROLES)}", f"{where}role")
     out: dict[str, Any] = {
         "role": "system" if role == "developer" else role,
-        "content": _content(message.get("content"), where),
+        "content": _content(message.get("content"), where, role == "assistant"),
     }
     if role == "assistant":
+        refusal = message.get("refusal")  # a reply's message sent back as it came
+        if not out["content"] and isinstance(refusal, str):
+            out["content"] = refusal
         reasoning = message.get("reasoning_content", message.get("reasoning"))
         if isinstance(reasoning, str):  # "" too: the template then leaves the content whole
             out["reasoning_content"] = reasoning
@@ -147,9 +150,10 @@ def _message(message: Any, i: int) -> dict[str, Any]:
     return out
 
 
-def _content(content: Any, where: str) -> str:
+def _content(content: Any, where: str, assistant: bool = False) -> str:
     """Text content: a string, or a list of parts: its text parts joined, after the files
     sent as `file` parts (text, PDF or Word, each fenced under its name: engine/attachments.py).
+    An `assistant` message's `refusal` parts (an earlier reply's, sent back) are its words.
     Images are refused."""
     if content is None or isinstance(content, str):
         return content or ""
@@ -162,6 +166,8 @@ def _content(content: Any, where: str) -> str:
         # that share one message builder send those here too), or with no type at all.
         if kind in TEXT_PARTS or (kind is None and "text" in part):
             texts.append(field(part, "text", "string", "", f"{where}content."))
+        elif kind == "refusal" and assistant:
+            texts.append(field(part, "refusal", "string", "", f"{where}content."))
         elif kind == "file":
             files.append(sent_file_part(part, f"{where}content[{i}]"))
         else:

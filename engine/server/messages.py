@@ -146,7 +146,13 @@ class MessagesRequest:
             }
         thinking = field(body, "thinking", "object", {})
         # "adaptive": the model decides whether to think; Qwen3.5 thinks unless told not to.
-        kind = field(thinking, "type", "string", "disabled", "thinking.")
+        kind = field(thinking, "type", "string", None, "thinking.") if thinking else "disabled"
+        if kind not in (*THINKING, "disabled"):  # a typo would turn thinking off unsaid
+            raise bad(
+                "'thinking.type' must be enabled, disabled, adaptive or between_tools, got "
+                f"{json.dumps(kind)}",
+                "thinking.type",
+            )
         # A reply that goes on from its first words does not think first (nor in that API).
         chat["chat_template_kwargs"] = {"enable_thinking": kind in THINKING and not self.prefill}
         budget = field(thinking, "budget_tokens", "integer", 0, "thinking.")

@@ -122,6 +122,9 @@ def test_a_stop_sequence_is_named(scripted):
         ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a"}]}]}, 400,
          "'messages[1].content[0]' is a 'tool_result' block, which only a user message"),
+        ({"thinking": {"type": "enable"}}, 400,
+         "'thinking.type' must be enabled, disabled, adaptive or between_tools"),
+        ({"thinking": {"budget_tokens": 2048}}, 400, "'thinking.type' must be"),
     ],
 )  # fmt: skip
 def test_errors_come_in_anthropics_shape(served, extra, status, words):

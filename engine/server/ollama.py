@@ -63,6 +63,13 @@ OPTIONS = {
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
 }
+# The chat request's fields that an Ollama request sends under other names, as its errors
+# name them.
+SENT_AS = {ours: f"options.{name}" for name, ours in OPTIONS.items()} | {
+    "max_tokens": "options.num_predict",
+    "response_format": "format",
+    "response_format.json_schema.schema": "format",
+}
 # What /api/generate refuses by name rather than drop (Ollama's `template` is a Go template).
 REFUSED = {
     "images": "this server takes text prompts",
@@ -399,7 +406,9 @@ class OllamaApi:
                     started=started,
                 )
                 stream = chat.options.stream
-        except (ApiError, SnugError) as exc:
+        except ApiError as exc:
+            return _error(as_sent(exc))
+        except SnugError as exc:
             return _error(exc)
         fmt = LogprobFormat(s.tokenizer) if gen.wants_logprobs else None
         reply = Reply(body.get("model") or s.model_id, generate, generate and not raw, fmt)
@@ -455,6 +464,15 @@ def context_ids(body: dict[str, Any], vocab: int) -> list[int]:
             "context",
         )
     return ids
+
+
+def as_sent(exc: ApiError) -> ApiError:
+    """`exc` naming the field as the Ollama request sent it (`options.top_k`, `format`)."""
+    name = SENT_AS.get(exc.param or "")
+    if name is None:
+        return exc
+    message = exc.message.replace(f"'{exc.param}'", f"'{name}'")
+    return ApiError(exc.status, message, exc.kind, name, exc.code)
 
 
 def _loads_only(body: dict[str, Any], generate: bool) -> bool:

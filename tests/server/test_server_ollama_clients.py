@@ -58,3 +58,25 @@ def test_num_predict_past_the_room_is_cut_on_a_raw_prompt_too(scripted):
                  think=False, stream=False, options={"num_predict": 4 * CONTEXT})  # fmt: skip
         assert r.status_code == 200, (raw, r.text)
         assert r.json()["response"] == "Hello there." and r.json()["done_reason"] == "stop"
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_errors_name_the_fields_as_the_client_sent_them(served, raw):
+    """A sampling option is refused as `options.NAME` and a schema as `format`: the
+    request's own fields, not those of the chat request it is read as."""
+    for options, name in (
+        ({"temperature": 3}, "options.temperature"),
+        ({"top_k": "5"}, "options.top_k"),
+        ({"stop": [1, 2]}, "options.stop"),
+        ({"seed": 2**70}, "options.seed"),
+    ):
+        r = post(served, "/api/generate", model=served.model, prompt="Hi", raw=raw,
+                 options=options)  # fmt: skip
+        assert r.status_code == 400 and f"'{name}'" in r.json()["error"], (options, r.text)
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "[a-z"}}}
+    r = post(served, "/api/generate", model=served.model, prompt="Hi", raw=raw, format=schema)
+    assert r.status_code == 400 and r.json()["error"].startswith("'format'"), r.text
+    if not raw:
+        r = post(served, "/api/chat", model=served.model, format=schema,
+                 messages=[{"role": "user", "content": "Hi"}])  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"].startswith("'format'"), r.text

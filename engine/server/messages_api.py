@@ -275,6 +275,7 @@ class MessagesApi:
             body = await s._body(request)
             asked = MessagesRequest({**body, "stream": False, "max_tokens": None})
             chat = read_chat(asked.chat)
+            s._check_model(chat.options.model)  # another model's count would be wrong
             try:
                 _, ids = await run_in_threadpool(s._render, chat, asked.prefill)
             except TemplateError as exc:

@@ -136,6 +136,16 @@ def test_errors_come_in_anthropics_shape(served, extra, status, words):
     assert got["error"]["type"] == "invalid_request_error" and words in got["error"]["message"]
 
 
+def test_count_tokens_names_a_model_not_served(served):
+    """count_tokens checks `model` as a message does: another model's count would be wrong."""
+    with pytest.raises(anthropic.NotFoundError) as info:
+        client(served).messages.count_tokens(
+            model="gpt-4o", messages=[{"role": "user", "content": "Hi"}]
+        )
+    assert info.value.body["error"]["type"] == "not_found_error"
+    assert "'gpt-4o'" in info.value.body["error"]["message"]
+
+
 def test_the_key_goes_as_x_api_key(served):
     with pytest.raises(anthropic.AuthenticationError):
         client(served, key="wrong").messages.create(

@@ -324,8 +324,12 @@ class OllamaApi:
         return JSONResponse({"version": OLLAMA_VERSION, "snug_version": __version__})
 
     def _check(self, model: Any) -> None:
-        """`model` is the served one; else a 404 in Ollama's words ("model 'NAME' not
+        """`model` is the served one, its name in any case as Ollama matches names (with
+        the tag ":latest" or none); else a 404 in Ollama's words ("model 'NAME' not
         found"), which its clients show as it is, with the name that is served."""
+        served = self.server.model_id.lower()
+        if isinstance(model, str) and model.lower() in (served, f"{served}:latest"):
+            return
         try:
             self.server._check_model(model)
         except ApiError as exc:

@@ -80,3 +80,20 @@ def test_errors_name_the_fields_as_the_client_sent_them(served, raw):
         r = post(served, "/api/chat", model=served.model, format=schema,
                  messages=[{"role": "user", "content": "Hi"}])  # fmt: skip
         assert r.status_code == 400 and r.json()["error"].startswith("'format'"), r.text
+
+
+def test_the_model_is_found_by_its_name_in_any_case(scripted):
+    """Ollama matches model names without regard to case (`ollama run qwen3.5` finds
+    `Qwen3.5`): so do the chat, generate and show routes; the reply names the model as
+    asked."""
+    c = client(scripted)
+    for name in (scripted.model.upper(), scripted.model.lower() + ":LATEST"):
+        scripted.scheduler.say("Hello.")
+        reply = c.chat(model=name, messages=[{"role": "user", "content": "Hi"}], think=False)
+        assert reply.message.content == "Hello." and reply.model == name
+        scripted.scheduler.say("Hi.")
+        assert c.generate(model=name, prompt="Hi", raw=True).response == "Hi."
+        assert c.show(name).capabilities
+    with pytest.raises(ollama.ResponseError) as err:
+        c.chat(model=scripted.model.upper() + "-2", messages=[{"role": "user", "content": "Hi"}])
+    assert err.value.status_code == 404

@@ -144,10 +144,12 @@ class EngineController(QObject):
             self._cancel.set()
 
     def shutdown(self, timeout_ms: int = 30000) -> bool:
-        """Stop generation, unload, end the thread and wait for it. Safe to call twice."""
+        """Stop generation and any load, unload, end the thread and wait for it. Safe to
+        call twice."""
         if not self._thread.isRunning():
             return True
         self.stop()
+        self.cancel_load()  # a load under way (a first one compiles) ends at its next stage
         self._do_shutdown.emit()
         return self._thread.wait(timeout_ms)
 

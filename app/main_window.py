@@ -113,7 +113,8 @@ class MainWindow(QMainWindow):
         ctx.engine.load_failed.connect(lambda cls, msg: self.welcome.load_failed(f"{cls}: {msg}"))
         self._restore()
         ctx.engine.loaded.connect(self._remember_loaded)
-        ctx.engine.load_failed.connect(lambda *_: self._forget_loaded())
+        self._closing = False  # a load ended by quitting is no failed load (closeEvent)
+        ctx.engine.load_failed.connect(lambda *_: self._closing or self._forget_loaded())
         self.load.unload_button.clicked.connect(self._forget_loaded)
         self._last = self._last_loaded()
         ctx.machine.updated.connect(self._load_last)
@@ -244,5 +245,6 @@ class MainWindow(QMainWindow):
         self.ctx.settings.store.setValue("window/geometry", self.saveGeometry())
         self.ctx.settings.store.setValue("window/columns", self.splitter.saveState())
         self.chat.keep_draft()
+        self._closing = True
         self.ctx.shutdown()
         super().closeEvent(event)

@@ -38,3 +38,26 @@ def test_cancel_stops_a_load_at_its_next_stage(qtbot, make_window, tmp_path):
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
         panel.load_button.click()
     assert window.ctx.engine.state == "ready"
+
+
+def test_closing_the_window_during_a_load_stops_it_at_its_next_stage(qtbot, make_window, tmp_path):
+    """Quitting while a first load compiles does not wait for the whole load: the window
+    closes at the load's next stage, the engine's thread ended."""
+    stages = []
+
+    def slow(request, progress=None):
+        for i in range(100):
+            progress(f"compiling kernels, {i} of 100", 0.9)
+            stages.append(i)
+            time.sleep(0.05)
+        return FakeEngine()
+
+    window = make_window(loader=slow)
+    entry = window.ctx.library.add_folder(str(model_folder(tmp_path / "model")))
+    window.choose(entry)
+    window.load.load_button.click()
+    qtbot.waitUntil(lambda: len(stages) >= 2, timeout=3000)
+    started = time.monotonic()
+    window.close()
+    assert time.monotonic() - started < 1.5 and len(stages) < 50
+    assert not window.ctx.engine.thread.isRunning()

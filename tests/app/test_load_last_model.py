@@ -60,3 +60,36 @@ def test_the_setting_off_or_a_failed_load_keeps_it_unloaded(qtbot, make_window, 
     third = make_window(loader=failing)
     qtbot.waitUntil(lambda: third.ctx.settings.store.value(LOADED_KEY) is None, timeout=5000)
     assert third.ctx.engine.state == "empty"  # and the next start does not try again
+
+
+def test_quitting_while_the_last_model_loads_keeps_it_for_the_next_start(
+    qtbot, make_window, tmp_path
+):
+    """A first load compiles for a while: quitting during the start's load ends it at its
+    next stage, and the model is still the one loaded at the next start."""
+    import time
+
+    folder = model_folder(tmp_path / "model")
+    window = make_window(loader=FakeEngine.loader())
+    _load_folder(qtbot, window, folder)
+    window.close()
+
+    stages = []
+
+    def slow(request, progress=None):
+        for i in range(100):
+            progress(f"compiling kernels, {i} of 100", 0.9)
+            stages.append(i)
+            time.sleep(0.05)
+        return FakeEngine()
+
+    second = make_window(loader=slow)
+    qtbot.waitUntil(lambda: len(stages) >= 2, timeout=5000)
+    second.close()
+    assert len(stages) < 50
+    assert second.ctx.settings.store.value(LOADED_KEY) == str(folder.resolve())
+
+    loader = FakeEngine.loader()
+    third = make_window(loader=loader)
+    qtbot.waitUntil(lambda: third.ctx.engine.state == "ready", timeout=5000)
+    assert [r.model_dir for r in loader.requests] == [str(folder.resolve())]

@@ -36,7 +36,8 @@ def local_files(mime: QMimeData) -> list[str]:
 
 class AttachmentTray(QWidget):
     """The pending files. `add(paths)` reads them on a thread (a PDF can take seconds);
-    `read_done` reports what it refused, one line a file; `take()` hands the files to a
+    `read_done` reports what it refused, one line a file (and comes, with none, once the
+    files are counted again or one is taken off); `take()` hands the files to a
     message and empties the tray. With a `count` (the loaded model's tokenizer), each file
     is counted as the model will read it, on the same thread, and its chip says so."""
 
@@ -151,10 +152,12 @@ class AttachmentTray(QWidget):
         self.take()
 
     def remove(self, index: int) -> None:
+        """Take a file off; `read_done` (none refused) then speaks of the files left."""
         if 0 <= index < len(self._files):
             del self._files[index]
             del self._tokens[index]
             self._redraw()
+            self.read_done.emit([])
 
     def _arrived(self, generation: int, got: list, refused: list) -> None:
         self._reading -= 1

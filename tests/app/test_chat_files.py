@@ -340,3 +340,21 @@ def test_many_files_or_long_names_keep_to_the_chats_width(qtbot, make_window, tm
         assert right < view.width(), message.property("role")
     label = panel.message_widgets()[0].attachments_label
     assert names[0] in label.toolTip() and names[0] not in label.text()
+
+
+def test_taking_off_the_file_that_was_too_large_clears_the_warning(qtbot, make_window, tmp_path):
+    from PySide6.QtWidgets import QToolButton
+
+    small, big = tmp_path / "small.txt", tmp_path / "big.txt"
+    small.write_text("word " * 40, encoding="utf-8")
+    big.write_text("x" * 20_000, encoding="utf-8")
+    window = make_window(loader=FakeEngine.loader())
+    _load(qtbot, window)  # a 4,096-token context; the fake counts a token per 4 characters
+    panel = window.chat
+    with qtbot.waitSignal(panel.tray.read_done, timeout=5000):
+        panel.attach([str(small), str(big)])
+    assert "raise the context length (Load tab)" in panel.status.text()
+    drop = [b for b in panel.tray.findChildren(QToolButton, "removeAttachment") if b.isVisible()]
+    qtbot.mouseClick(drop[1], Qt.MouseButton.LeftButton)  # the big file's ×
+    assert len(chips(panel)) == 1 and chips(panel)[0].startswith("small.txt")
+    assert panel.status.text() == ""

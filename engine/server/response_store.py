@@ -2,7 +2,9 @@
 builds the reply) and the responses the server keeps, as OpenAI keeps them unless a request
 says `store: false`: `GET` and `DELETE /v1/responses/{id}`, and `previous_response_id`, which
 goes on from a kept response's conversation (its input, the conversation that input went on
-from, and its output) with only the new items sent, as agents send their tool results.
+from, and its output) with only the new items sent, as agents send their tool results; and
+`item_reference` input items, which name an item of a kept response by its id (clients that
+send the conversation whole send earlier outputs so).
 Neither `instructions` nor `tools` carry over, as in OpenAI's API.
 
 The server keeps the most recent responses in memory (RESPONSES of them, KEPT_BYTES of
@@ -50,24 +52,38 @@ class ResponseStore:
         self.most, self.most_bytes = most, most_bytes
         self._kept: OrderedDict[str, Kept] = OrderedDict()
         self._bytes = 0
+        # Item id -> (the kept response it came with, the item): for `item_reference`.
+        self._items: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def put(self, previous: str | None, items: list[Any], response: dict[str, Any]) -> None:
         size = len(json.dumps([items, response], ensure_ascii=False))
-        self._kept[response["id"]] = Kept(previous, items, response, size)
+        kept = Kept(previous, items, response, size)
+        self._kept[response["id"]] = kept
         self._bytes += size
+        for item in _with_ids(kept):
+            self._items[item["id"]] = (response["id"], item)
         while self._kept and (len(self._kept) > self.most or self._bytes > self.most_bytes):
-            _, old = self._kept.popitem(last=False)
-            self._bytes -= old.size
+            old_id, _ = next(iter(self._kept.items()))
+            self.delete(old_id)
 
     def get(self, response_id: str) -> dict[str, Any] | None:
         kept = self._kept.get(response_id)
         return None if kept is None else kept.response
 
+    def item(self, item_id: str) -> dict[str, Any] | None:
+        """The item of a kept response (its input or output) with the id `item_id`."""
+        found = self._items.get(item_id)
+        return None if found is None else found[1]
+
     def delete(self, response_id: str) -> bool:
         kept = self._kept.pop(response_id, None)
-        if kept is not None:
-            self._bytes -= kept.size
-        return kept is not None
+        if kept is None:
+            return False
+        self._bytes -= kept.size
+        for item in _with_ids(kept):
+            if self._items.get(item["id"], ("",))[0] == response_id:
+                del self._items[item["id"]]
+        return True
 
     def conversation(self, response_id: str) -> list[dict[str, Any]]:
         """The items of the conversation up to and with `response_id`'s output, oldest
@@ -97,6 +113,12 @@ class ResponseStore:
         return out
 
 
+def _with_ids(kept: Kept) -> list[dict[str, Any]]:
+    """A kept response's items (input and output) that have an id to be named by."""
+    items = [*kept.items, *kept.response["output"]]
+    return [i for i in items if isinstance(i, dict) and isinstance(i.get("id"), str)]
+
+
 class ResponsesApi:
     """The routes, over the server's path (`OpenAIServer`): auth, body, model check and
     submission are the server's."""
@@ -121,7 +143,7 @@ class ResponsesApi:
         if previous is not None and not isinstance(previous, str):
             raise bad("'previous_response_id' must be a string", "previous_response_id")
         earlier = self.store.conversation(previous) if previous else []
-        asked = ResponsesRequest(body, earlier)
+        asked = ResponsesRequest(body, earlier, self.store.item)
         try:
             chat = read_chat(asked.chat)
             s._check_model(chat.options.model)

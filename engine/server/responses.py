@@ -32,7 +32,12 @@ class ResponsesRequest:
     in `input` (`origin`), so that an error about `messages[i]` names the input item.
     `earlier`: the items of the conversation `previous_response_id` goes on from."""
 
-    def __init__(self, body: dict[str, Any], earlier: Sequence[dict[str, Any]] = ()) -> None:
+    def __init__(
+        self,
+        body: dict[str, Any],
+        earlier: Sequence[dict[str, Any]] = (),
+        refer: Callable[[str], dict[str, Any] | None] = lambda item_id: None,
+    ) -> None:
         self.body = body
         if body.get("conversation") is not None:
             raise bad(
@@ -50,7 +55,9 @@ class ResponsesRequest:
             raw = [{"type": "message", "role": "user", "content": raw}]
         elif not isinstance(raw, list) or not raw:
             raise bad("'input' must be a string or a non-empty list of items", "input")
-        self.items: list[Any] = raw  # this request's own input items (kept with its response)
+        # This request's own input items (kept with its response), each `item_reference`
+        # as the kept item it names (`refer`).
+        self.items: list[Any] = [_referred(item, i, refer) for i, item in enumerate(raw)]
         self.origin: list[str] = []
         self.chat = self._chat_body(list(earlier))
 
@@ -100,7 +107,8 @@ class ResponsesRequest:
             else:
                 raise bad(
                     f"'{where}.type' = {json.dumps(kind)[:40]} is not supported: use "
-                    "message, function_call, function_call_output or reasoning",
+                    "message, function_call, function_call_output, reasoning or "
+                    "item_reference",
                     f"{where}.type",
                 )
             self.origin.append(where)
@@ -165,6 +173,22 @@ class ResponsesRequest:
             r"^messages$": "input",
         }
         return renamed(exc, self.origin, words)
+
+
+def _referred(item: Any, i: int, refer: Callable[[str], dict[str, Any] | None]) -> Any:
+    """An input item; an `item_reference` as the item of a kept response it names."""
+    if not isinstance(item, dict) or item.get("type") != "item_reference":
+        return item
+    item_id = field(item, "id", "string", None, f"input[{i}].")
+    found = refer(item_id) if item_id else None
+    if found is None:
+        raise bad(
+            f"'input[{i}]' refers to the item {item_id!r}, which is not kept here: no "
+            "response the server keeps has it (sent with store false, deleted, or older than "
+            "the responses kept); send the item itself",
+            f"input[{i}]",
+        )
+    return found
 
 
 def _parts(parts: Any) -> list[dict[str, Any]]:

@@ -4,6 +4,8 @@ in the shape the client parses."""
 
 from __future__ import annotations
 
+import openai
+import pytest
 
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 
@@ -27,3 +29,30 @@ def test_an_assistant_refusal_sent_back_is_read_as_its_words(scripted):
         )
         assert reply.choices[0].message.content == "Ok."
         assert "assistant\nI cannot say.<|im_end|>" in scripted.scheduler.last_prompt()
+
+
+def test_items_of_kept_responses_are_taken_by_reference(scripted):
+    """A client that sends the conversation whole may name the items of a kept response by
+    id (`item_reference`, as Vercel's AI SDK and Codex send earlier outputs): each reads as
+    the item it names; an id not kept is refused, naming the input item and the id."""
+    client = scripted.client()
+    scripted.scheduler.say("Kind words.</think>\n\nHello, Ann.")
+    first = client.responses.create(model=scripted.model, input="Hi, I am Ann.")
+    reasoning, message = first.output
+    scripted.scheduler.say("Still Ann.</think>\n\nYou are Ann.")
+    history = [
+        {"role": "user", "content": "Hi, I am Ann."},
+        {"type": "item_reference", "id": reasoning.id},
+        {"type": "item_reference", "id": message.id},
+        {"role": "user", "content": "Who am I?"},
+    ]
+    second = client.responses.create(model=scripted.model, input=history)
+    assert second.output_text == "You are Ann."
+    prompt = scripted.scheduler.last_prompt()
+    assert "user\nHi, I am Ann.<|im_end|>\n<|im_start|>assistant\nHello, Ann.<|im_end|>" in prompt
+    assert prompt.endswith("user\nWho am I?<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    gone = [history[0], {"type": "item_reference", "id": "msg_gone"}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=scripted.model, input=gone)
+    error = refused.value.body
+    assert error["param"] == "input[1]" and "msg_gone" in error["message"]

@@ -106,7 +106,7 @@ def test_a_json_schema_holds_the_answer(served):
          "input[0].content", "text and file"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]", "function tools only"),
         ({"max_output_tokens": 10**7}, "max_output_tokens", "max_output_tokens"),
-        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "not supported"),
+        ({"input": [{"type": "web_search_call", "id": "x"}]}, "input[0].type", "not supported"),
         ({"input": []}, "input", "non-empty"),
     ],
 )  # fmt: skip

@@ -95,9 +95,10 @@ async def paced(pieces: AsyncGenerator[Piece], every: float) -> AsyncIterator[Pi
 class MessageOutput:
     """One reply's content blocks, built from its pieces (`add`), and the message object."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, asked: int | None = None) -> None:
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
+        self.asked = asked  # the request's max_tokens (None: none sent)
         self.blocks: list[dict[str, Any]] = []
 
     def add(self, piece: Piece) -> tuple[dict[str, Any], bool]:
@@ -126,9 +127,12 @@ class MessageOutput:
         return block, True
 
     def stop(self, gen: Generation) -> tuple[str, str | None]:
-        """(stop_reason, stop_sequence) as the API gives them."""
+        """(stop_reason, stop_sequence) as the API gives them: a reply cut where the
+        context ends, short of the max_tokens asked for (cut to the room left), stops with
+        `model_context_window_exceeded`, as that API's does."""
         if gen.finish_reason == "length":
-            return "max_tokens", None
+            cut = self.asked is None or self.asked > gen.params.max_new_tokens
+            return ("model_context_window_exceeded" if cut else "max_tokens"), None
         if any(b["type"] == "tool_use" for b in self.blocks):
             return "tool_use", None
         if gen.stop.hit:
@@ -244,7 +248,8 @@ class MessagesApi:
     async def create(self, request: Request) -> Any:
         """A message, read as the chat request it stands for; its errors in Anthropic's
         shape. A `max_tokens` past the context's room is cut to it: Anthropic's clients
-        send the most their model may write, whatever the context."""
+        send the most their model may write, whatever the context (a reply that ends there
+        stops with `model_context_window_exceeded`)."""
         s, rid, asked = self.server, request_id(), None
         try:
             s._authorize(request)
@@ -256,7 +261,7 @@ class MessagesApi:
             err = error_of(exc)
             err = asked.rename(err) if asked is not None else err
             return error_response(err, "anthropic", {"request-id": rid})
-        out = MessageOutput(chat.options.model or s.model_id)
+        out = MessageOutput(chat.options.model or s.model_id, chat.options.max_tokens)
         if chat.options.stream:
             response: Any = sse(out.events(gen), gen)
         else:

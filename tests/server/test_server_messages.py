@@ -172,6 +172,28 @@ def test_a_max_tokens_past_the_context_is_cut_to_the_room_left(scripted):
     assert reply.content[0].text == "Hello" and reply.stop_reason == "end_turn"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_that_fills_the_context_says_so(scripted, stream):
+    """A reply cut where the context ends, short of the max_tokens asked for, stops with
+    `model_context_window_exceeded` (as Anthropic's API says it), not `max_tokens`: the
+    client did not reach its own limit, and should not raise it to go on."""
+    messages = [{"role": "user", "content": "word " * 235}]
+    scripted.scheduler.say("one two three four five six seven " * 20)
+    c = client(scripted)
+    ask = {"model": scripted.model, "max_tokens": 16000, "messages": messages}
+    if stream:
+        with c.messages.stream(**ask) as s:
+            reply = s.get_final_message()
+    else:
+        reply = c.messages.create(**ask)
+    prompt = len(scripted.scheduler.prompts[-1])
+    assert reply.usage.output_tokens == 1024 - prompt > 0
+    assert reply.stop_reason == "model_context_window_exceeded"
+    scripted.scheduler.say("one two three four five six seven " * 20)
+    short = c.messages.create(**{**ask, "max_tokens": 4})
+    assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 4
+
+
 def test_the_streams_last_usage_holds_the_input_tokens_too(scripted):
     """Clients take message_delta's usage as the reply's final counts (LangChain's
     ChatAnthropic reads its input tokens there): it holds the prompt's tokens as well."""

@@ -24,7 +24,7 @@ _NO_EMBEDDINGS = (
     "this server runs one chat model and no embedding model: point the embedding setting "
     "at a server that runs one"
 )
-_MODELS_IN_APP = (
+MODELS_IN_APP = (
     "models are not added or removed over the API here: download them in Snug's Models tab "
     "(or with `hf download REPO`) and serve another with `snug serve --model`"
 )
@@ -33,11 +33,10 @@ ABSENT = {
     "/embeddings": _NO_EMBEDDINGS,
     "/api/embed": _NO_EMBEDDINGS,
     "/api/embeddings": _NO_EMBEDDINGS,
-    "/api/pull": _MODELS_IN_APP,
-    "/api/push": _MODELS_IN_APP,
-    "/api/create": _MODELS_IN_APP,
-    "/api/copy": _MODELS_IN_APP,
-    "/api/delete": _MODELS_IN_APP,
+    "/api/push": MODELS_IN_APP,
+    "/api/create": MODELS_IN_APP,
+    "/api/copy": MODELS_IN_APP,
+    "/api/delete": MODELS_IN_APP,
 }
 
 

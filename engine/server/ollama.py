@@ -1,21 +1,21 @@
 """Ollama's API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`, `/api/show`,
-`/api/version`), for the front-ends and the `ollama` client that speak it rather than
-OpenAI's. A request is read as the chat (or, with `raw`, completion) request it stands for
-and runs on the same path; the reply is Ollama's: the answer in `message.content`
-(`response` for generate), the thinking in `thinking` when `think` is on, tool calls with
-their arguments as objects (each with its `id` and, in `function`, its `index` in the
-reply), the tokens' log-probabilities where `logprobs` asks, and the counts and durations
-(nanoseconds) at the end. It streams unless `stream` is false, as newline-delimited JSON.
-Errors are `{"error": message}` (an unknown model: 404, "model 'NAME' not found", as Ollama
-words it). The model stays loaded as long as the server runs, so a request to unload it
-(`keep_alive` 0 with nothing to answer) is refused by name. As Ollama does, a chat longer
-than the context loses its oldest turns (engine/context_fit.py; `"truncate": false`
-refuses it instead), and `num_predict` past the room left is cut to it. A chat that ends
-with the assistant's words goes on from them (front-ends' "continue"), as Ollama's does.
-`/api/generate` answers with the conversation's token ids as `context`, which a client sends
-back with its next prompt to go on from there (the older way to keep a conversation, before
-`/api/chat`).
-The model's description (`/api/tags`, `/api/ps`, `/api/show`) is ollama_models.py's.
+`/api/version`, and `/api/pull` of the served model, which is here already), for the
+front-ends and the `ollama` client that speak it rather than OpenAI's. A request is read as
+the chat (or, with `raw`, completion) request it stands for and runs on the same path; the
+reply is Ollama's: the answer in `message.content` (`response` for generate), the thinking
+in `thinking` when `think` is on, tool calls with their arguments as objects (each with its
+`id` and, in `function`, its `index` in the reply), the tokens' log-probabilities where
+`logprobs` asks, and the counts and durations (nanoseconds) at the end. It streams unless
+`stream` is false, as newline-delimited JSON. Errors are `{"error": message}` (an unknown
+model: 404, "model 'NAME' not found", as Ollama words it). The model stays loaded as long as
+the server runs, so a request to unload it (`keep_alive` 0 with nothing to answer) is
+refused by name. As Ollama does, a chat longer than the context loses its oldest turns
+(engine/context_fit.py; `"truncate": false` refuses it instead), and `num_predict` past the
+room left is cut to it. A chat that ends with the assistant's words goes on from them
+(front-ends' "continue"), as Ollama's does. `/api/generate` answers with the conversation's
+token ids as `context`, which a client sends back with its next prompt to go on from there
+(the older way to keep a conversation, before `/api/chat`). The model's description
+(`/api/tags`, `/api/ps`, `/api/show`) is ollama_models.py's.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from starlette.routing import Route
 from engine import __version__
 from engine.errors import SnugError
 from engine.server.chat_request import read_chat
-from engine.server.errors import error_response
+from engine.server.errors import MODELS_IN_APP, error_response
 from engine.server.generation import Generation
 from engine.server.logprobs import LogprobFormat
 from engine.server.ollama_models import ModelCard, stamp
@@ -308,6 +308,7 @@ class OllamaApi:
             Route("/api/tags", self.tags, methods=["GET"]),
             Route("/api/ps", self.running, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
+            Route("/api/pull", self.pull, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
         ]
@@ -371,6 +372,30 @@ class OllamaApi:
         except ApiError as exc:
             return _error(exc)
         return JSONResponse(self.card.shown())
+
+    async def pull(self, request: Request) -> Response:
+        """`ollama pull`: the served model is here already, so its pull succeeds at once
+        (scripts pull a model before they use it), whole or as a stream of one line;
+        another is refused by name, with where models come from."""
+        s = self.server
+        try:
+            s._authorize(request)
+            body = await s._body(request)
+            model = body.get("model") or body.get("name")
+            if not model:
+                raise bad("model is required", "model")
+            stream = field(body, "stream", "boolean", True)
+            try:
+                self._check(model)
+            except ApiError:
+                message = f"'{model}' is not the model served here ('{s.model_id}'): "
+                raise ApiError(404, message + MODELS_IN_APP, param="model") from None
+        except ApiError as exc:
+            return _error(exc)
+        done = {"status": "success"}
+        if stream:
+            return Response(json.dumps(done) + "\n", media_type="application/x-ndjson")
+        return JSONResponse(done)
 
     async def chat(self, request: Request) -> Any:
         return await self._run(request, generate=False)

@@ -97,3 +97,20 @@ def test_the_model_is_found_by_its_name_in_any_case(scripted):
     with pytest.raises(ollama.ResponseError) as err:
         c.chat(model=scripted.model.upper() + "-2", messages=[{"role": "user", "content": "Hi"}])
     assert err.value.status_code == 404
+
+
+def test_pulling_the_served_model_succeeds_and_another_is_refused(served):
+    """Scripts and front-ends pull a model before they use it (`ollama.pull(NAME)`): the
+    one served is here already, so the pull succeeds at once, whole or streamed; another
+    is refused by name, with where models come from."""
+    c = client(served)
+    assert c.pull(served.model).status == "success"
+    assert c.pull(served.model.upper() + ":latest").status == "success"
+    assert [p.status for p in c.pull(served.model, stream=True)] == ["success"]
+    r = post(served, "/api/pull", name=served.model)  # older clients' `name`, streamed
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
+    with pytest.raises(ollama.ResponseError) as err:
+        c.pull("qwen3.5:4b")
+    assert err.value.status_code == 404 and "Models tab" in err.value.error
+    r = post(served, "/api/pull")
+    assert r.status_code == 400 and r.json() == {"error": "model is required"}

@@ -1,6 +1,7 @@
 """The Responses API's routes: `POST /v1/responses` (responses.py reads the request and
 builds the reply) and the responses the server keeps, as OpenAI keeps them unless a request
-says `store: false`: `GET` and `DELETE /v1/responses/{id}`, and `previous_response_id`, which
+says `store: false`: `GET` and `DELETE /v1/responses/{id}`, `GET
+/v1/responses/{id}/input_items` (the items it was asked with), and `previous_response_id`, which
 goes on from a kept response's conversation (its input, the conversation that input went on
 from, and its output) with only the new items sent, as agents send their tool results; and
 `item_reference` input items, which name an item of a kept response by its id (clients that
@@ -16,6 +17,7 @@ by name; the conversation can then be sent whole in `input`.
 from __future__ import annotations
 
 import json
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,6 +58,7 @@ class ResponseStore:
         self._items: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def put(self, previous: str | None, items: list[Any], response: dict[str, Any]) -> None:
+        items = [_identified(item) for item in items]
         size = len(json.dumps([items, response], ensure_ascii=False))
         kept = Kept(previous, items, response, size)
         self._kept[response["id"]] = kept
@@ -69,6 +72,11 @@ class ResponseStore:
     def get(self, response_id: str) -> dict[str, Any] | None:
         kept = self._kept.get(response_id)
         return None if kept is None else kept.response
+
+    def items(self, response_id: str) -> list[Any] | None:
+        """The input items a kept response was asked with (each with an id), or None."""
+        kept = self._kept.get(response_id)
+        return None if kept is None else kept.items
 
     def item(self, item_id: str) -> dict[str, Any] | None:
         """The item of a kept response (its input or output) with the id `item_id`."""
@@ -113,6 +121,35 @@ class ResponseStore:
         return out
 
 
+ID_PREFIXES = {"message": "msg", "function_call": "fc", "reasoning": "rs"}
+
+
+def _identified(item: Any) -> Any:
+    """An input item with an id of its own (as OpenAI gives each), for `input_items` and
+    `item_reference`; one sent with an id keeps it."""
+    if not isinstance(item, dict) or isinstance(item.get("id"), str):
+        return item
+    prefix = ID_PREFIXES.get(item.get("type", "message"), "item")
+    return {"id": f"{prefix}_{uuid.uuid4().hex}", **item}
+
+
+def _listed(item: Any) -> Any:
+    """An input item as `input_items` lists it: a message typed, its text as a part."""
+    if not isinstance(item, dict):
+        return item
+    out = {"type": "message", **item}
+    if out["type"] == "message" and isinstance(out.get("content", ""), str):
+        assistant = out.get("role") == "assistant"
+        part = {
+            "type": "output_text" if assistant else "input_text",
+            "text": out.get("content", ""),
+        }
+        out["content"] = [{**part, "annotations": []} if assistant else part]
+    if out["type"] in ("message", "function_call", "function_call_output"):
+        out.setdefault("status", "completed")
+    return out
+
+
 def _with_ids(kept: Kept) -> list[dict[str, Any]]:
     """A kept response's items (input and output) that have an id to be named by."""
     items = [*kept.items, *kept.response["output"]]
@@ -132,6 +169,7 @@ class ResponsesApi:
             ("/responses", self.create, "POST"),
             ("/responses/{response_id}", self.retrieve, "GET"),
             ("/responses/{response_id}", self.delete, "DELETE"),
+            ("/responses/{response_id}/input_items", self.input_items, "GET"),
         ]
 
     async def create(self, request: Request) -> Any:
@@ -181,6 +219,41 @@ class ResponsesApi:
         if not self.store.delete(response_id):
             raise _not_found(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    async def input_items(self, request: Request) -> JSONResponse:
+        """The input items of a kept response, a page at a time: `order` (desc, newest
+        first, unless asc), `limit` (1 to 100, 20 unless given) after the item `after`."""
+        self.server._authorize(request)
+        response_id = request.path_params["response_id"]
+        items = self.store.items(response_id)
+        if items is None:
+            raise _not_found(response_id)
+        query = request.query_params
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise bad(f"'order' = {order!r}: use asc or desc", "order")
+        limit = query.get("limit", "20")
+        if not limit.isdigit() or not 1 <= int(limit) <= 100:
+            raise bad(f"'limit' = {limit!r} must be a whole number from 1 to 100", "limit")
+        listed = [_listed(item) for item in items]
+        listed = listed[::-1] if order == "desc" else listed
+        after = query.get("after")
+        if after is not None:
+            at = [i for i, item in enumerate(listed) if item.get("id") == after]
+            if not at:
+                raise bad(f"'after' = {after!r} is not an input item of {response_id!r}",
+                          "after")  # fmt: skip
+            listed = listed[at[0] + 1 :]
+        page = listed[: int(limit)]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": page,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+                "has_more": len(listed) > len(page),
+            }
+        )
 
 
 def _not_found(response_id: str) -> ApiError:

@@ -56,3 +56,42 @@ def test_items_of_kept_responses_are_taken_by_reference(scripted):
         client.responses.create(model=scripted.model, input=gone)
     error = refused.value.body
     assert error["param"] == "input[1]" and "msg_gone" in error["message"]
+
+
+def test_a_kept_response_lists_its_input_items(scripted):
+    """`responses.input_items.list`: the items a kept response was asked with, each with an
+    id and in the shape the client parses, newest first unless `order="asc"`, in pages
+    (`limit`, `after`) the client follows."""
+    client = scripted.client()
+    scripted.scheduler.say("Kind words.</think>\n\nHello.")
+    asked = [
+        {"role": "user", "content": "Hi, I am Ann."},
+        {"role": "assistant", "content": "Hello, Ann."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "Sunny."},
+    ]
+    kept = client.responses.create(model=scripted.model, input=asked)
+    listed = client.responses.input_items.list(kept.id, order="asc")
+    assert [item.type for item in listed.data] == [
+        "message", "message", "message", "function_call", "function_call_output"
+    ]  # fmt: skip
+    assert all(item.id for item in listed.data) and not listed.has_more
+    first, answer, weather, call, output = listed.data
+    assert first.role == "user" and first.content[0].text == "Hi, I am Ann."
+    assert answer.role == "assistant" and answer.content[0].text == "Hello, Ann."
+    assert weather.content[0].type == "input_text" and weather.content[0].text == "Weather?"
+    assert call.name == "get_weather" and call.call_id == "c1" and output.output == "Sunny."
+    newest = client.responses.input_items.list(kept.id, limit=2)
+    assert [i.id for i in newest.data] == [output.id, call.id] and newest.has_more
+    every = [item.id for item in client.responses.input_items.list(kept.id, limit=2)]
+    assert every == [i.id for i in reversed(listed.data)]  # each page, after the last
+    scripted.scheduler.say("Still Ann.")  # the ids name the items: taken by reference
+    again = [{"type": "item_reference", "id": first.id}, {"role": "user", "content": "Who?"}]
+    client.responses.create(model=scripted.model, input=again)
+    assert "user\nHi, I am Ann.<|im_end|>" in scripted.scheduler.last_prompt()
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_gone")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.input_items.list(kept.id, limit=0)
+    assert refused.value.body["param"] == "limit"

@@ -6,9 +6,10 @@ they send it (chat front-ends that trim history, evaluation and training harness
                         `add_generation_prompt`, `chat_template_kwargs`) rendered by the
                         model's chat template as the chat route renders them; answers
                         `count`, `max_model_len` (the served context), `tokens` and, with
-                        `return_token_strs`, `token_strs`. llama.cpp: `content`; answers
-                        `tokens`, each with its `piece` (its text, or its bytes where they
-                        are not whole UTF-8) with `with_pieces`.
+                        `return_token_strs`, `token_strs`. llama.cpp: `content` (with
+                        `parse_special: false`, special tokens' text read as plain text);
+                        answers `tokens`, each with its `piece` (its text, or its bytes
+                        where they are not whole UTF-8) with `with_pieces`.
   POST /detokenize      `tokens` -> the text, as vLLM's `prompt` and llama.cpp's `content`
   POST /apply-template  llama.cpp: `messages` -> the rendered `prompt`
 
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from tokenizers import Tokenizer as HfTokenizer
 
 from engine.errors import TemplateError
 from engine.server.chat_request import read_chat
@@ -48,6 +50,7 @@ class TokenizeApi:
 
     def __init__(self, server: OpenAIServer) -> None:
         self.server = server
+        self._plain: HfTokenizer | None = None  # reads special tokens' text as text
 
     def routes(self) -> list[tuple[str, Any, str]]:
         return [
@@ -62,7 +65,10 @@ class TokenizeApi:
         body = await s._body(request)
         s._check_model(field(body, "model", "string"))
         if "content" in body:  # llama.cpp's request
-            ids = await run_in_threadpool(s.tokenizer.encode, _text(body, "content"))
+            text = _text(body, "content")
+            special = field(body, "parse_special", "boolean", True)
+            encode = s.tokenizer.encode if special else self._encode_plain
+            ids = await run_in_threadpool(encode, text)
             if not field(body, "with_pieces", "boolean", False):
                 return JSONResponse({"tokens": ids})
             return JSONResponse({"tokens": [{"id": t, "piece": self._piece(t)} for t in ids]})
@@ -120,6 +126,15 @@ class TokenizeApi:
             )
         except TemplateError as exc:
             raise bad(str(exc), "messages", "template_error") from exc
+
+    def _encode_plain(self, text: str) -> list[int]:
+        """`text`'s ids with special tokens' text (`<|im_start|>`) read as plain text, by a
+        copy of the tokenizer made for it (the served one reads them as the tokens)."""
+        if self._plain is None:
+            plain = HfTokenizer.from_str(self.server.tokenizer.hf_json())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain.encode(text, add_special_tokens=False).ids
 
     def _piece(self, token: int) -> str | list[int]:
         """A token's text as llama.cpp gives it: a string where its bytes are whole UTF-8,

@@ -358,13 +358,19 @@ class ChatPanel(QWidget):
                 if widget.turn is not turn or widget.fingerprint != fingerprint(turn):
                     break
                 keep += 1
+        # A reply whose thinking was opened stays open when it is drawn again (its end, a
+        # theme change).
+        opened = [w.turn for w in self._messages[keep:] if w.think_toggle.isChecked()]
         for widget in self._messages[keep:]:
             self.body_layout.removeWidget(widget)
             widget.hide()
             widget.deleteLater()
         self._messages = self._messages[:keep]
         for turn in chat.turns[self._first + keep :]:
-            self._add(MessageWidget(turn))
+            widget = MessageWidget(turn)
+            if any(turn is t for t in opened) and not widget.think_toggle.isHidden():
+                widget.think_toggle.setChecked(True)
+            self._add(widget)
         self._drawn = chat.id
         self._show_earlier_button()
         self._update_hint()

@@ -120,6 +120,8 @@ class CallReader:
         if not self.done:
             if self._key is not None:
                 value = self._buf[1:] if self._fresh and self._buf[:1] == "\n" else self._buf
+                # Cut inside its closing tag: the tag's start is not the value's.
+                value = value[: len(value) - partial_suffix(value, [PARAM_CLOSE, CALL_CLOSE])]
                 self._end_value(out, value)
             out.append("}" if self._written else "{}")
             self.done, self._buf = True, ""

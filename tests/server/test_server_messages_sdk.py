@@ -1,7 +1,7 @@
 """The Messages API as the `anthropic` SDK's own helpers drive it: the beta tool runner
 (an agent loop that runs `@beta_tool` functions and sends their results back), which asks
 the server to hold the conversation (`thread`) and sends the whole history again where the
-server says it holds none."""
+server says it holds none; a tool call cut by max_tokens as the client assembles it."""
 
 from __future__ import annotations
 
@@ -78,3 +78,32 @@ def test_a_thread_is_refused_as_anthropics_api_refuses_one_it_cannot_hold(script
             thread={"type": "continue", "previous_message_id": "msg_0"},
         )  # fmt: skip
     assert json.dumps(info.value.body).count("thread_unsupported_request") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_inside_its_closing_tag_keeps_its_value(scripted, stream):
+    """max_tokens cuts the reply inside `</parameter>`: the call's input holds the value
+    the model wrote, not the start of the tag after it."""
+    tokenizer = scripted.engine.tokenizer
+    ids = tokenizer.encode(WEATHER_CALL)
+    cut = next(
+        n
+        for n in range(len(ids))
+        if (tail := tokenizer.decode(ids[:n]).rpartition("Paris")[2])
+        and "<" in tail
+        and "\n</parameter>".startswith(tail)
+        and tail != "\n</parameter>"
+    )
+    weather = {"name": "get_weather", "input_schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}  # fmt: skip
+    scripted.scheduler.say(WEATHER_CALL)
+    ask = {"model": scripted.model, "max_tokens": cut, "tools": [weather],
+           "messages": [{"role": "user", "content": "Weather in Paris?"}]}  # fmt: skip
+    if stream:
+        with client(scripted).messages.stream(**ask) as s:
+            reply = s.get_final_message()
+    else:
+        reply = client(scripted).messages.create(**ask)
+    use = reply.content[-1]
+    assert reply.stop_reason == "max_tokens" and use.type == "tool_use"
+    assert use.input == {"city": "Paris"}

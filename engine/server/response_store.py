@@ -1,8 +1,8 @@
 """The Responses API's routes: `POST /v1/responses` (responses.py reads the request and
 builds the reply) and the responses the server keeps, as OpenAI keeps them unless a request
-says `store: false`: `GET` and `DELETE /v1/responses/{id}`, `GET
-/v1/responses/{id}/input_items` (the items it was asked with), and `previous_response_id`, which
-goes on from a kept response's conversation (its input, the conversation that input went on
+says `store: false`: `GET` (with `stream=true`, its events again) and `DELETE
+/v1/responses/{id}`, `GET /v1/responses/{id}/input_items` (the items it was asked with),
+and `previous_response_id`, which goes on from a kept response's conversation (its input, the conversation that input went on
 from, and its output) with only the new items sent, as agents send their tool results; and
 `item_reference` input items, which name an item of a kept response by its id (clients that
 send the conversation whole send earlier outputs so).
@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from engine.server.chat_request import read_chat
 from engine.server.logprobs import LogprobFormat
 from engine.server.protocol import ApiError, bad
-from engine.server.responses import ResponseOutput, ResponsesRequest
-from engine.server.sse import sse
+from engine.server.responses import ResponseOutput, ResponsesRequest, replayed
+from engine.server.sse import SSE_HEADERS, sse
 
 if TYPE_CHECKING:
     from engine.server.app import OpenAIServer
@@ -205,13 +205,22 @@ class ResponsesApi:
         keep(response)
         return JSONResponse(response)
 
-    async def retrieve(self, request: Request) -> JSONResponse:
+    async def retrieve(self, request: Request) -> JSONResponse | StreamingResponse:
+        """A kept response; with `stream=true`, its events again (after `starting_after`)."""
         self.server._authorize(request)
         response_id = request.path_params["response_id"]
         response = self.store.get(response_id)
         if response is None:
             raise _not_found(response_id)
-        return JSONResponse(response)
+        query = request.query_params
+        if query.get("stream", "false").lower() != "true":
+            return JSONResponse(response)
+        after = query.get("starting_after", "-1")
+        if not after.lstrip("-").isdigit():
+            raise bad(f"'starting_after' = {after!r} must be an event's sequence number",
+                      "starting_after")  # fmt: skip
+        events = replayed(response, int(after))
+        return StreamingResponse(iter(events), media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def delete(self, request: Request) -> JSONResponse:
         self.server._authorize(request)

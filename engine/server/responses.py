@@ -382,8 +382,7 @@ class ResponseOutput:
         def event(kind: str, **data: Any) -> str:
             nonlocal seq
             seq += 1
-            payload = {"type": kind, "sequence_number": seq - 1, **data}
-            return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+            return _event(kind, seq - 1, data)
 
         start = self.response(None, "in_progress")
         yield event("response.created", response=start)
@@ -446,6 +445,46 @@ class ResponseOutput:
         except Exception as exc:  # after the head went out: an error event
             err = streamed_error(exc)
             yield event("error", code=err.code, message=err.message, param=err.param)
+
+
+def _event(kind: str, seq: int, data: dict[str, Any]) -> str:
+    """One event of a stream, as the `sequence_number`-th."""
+    payload = {"type": kind, "sequence_number": seq, **data}
+    return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def replayed(response: dict[str, Any], after: int = -1) -> list[str]:
+    """A kept response's stream again (`GET /v1/responses/{id}?stream=true`), the events
+    after sequence number `after`: as `ResponseOutput.events` sent them, each text and
+    each call's arguments in one delta."""
+    start = {**response, "status": "in_progress", "output": [], "usage": None}
+    start["incomplete_details"] = None
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("response.created", {"response": start}),
+        ("response.in_progress", {"response": start}),
+    ]
+    for index, item in enumerate(response["output"]):
+        at = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "function_call":
+            added = {**item, "arguments": "", "status": "in_progress"}
+            events.append(("response.output_item.added", {"output_index": index, "item": added}))
+            if item["arguments"]:
+                delta = {**at, "delta": item["arguments"]}
+                events.append(("response.function_call_arguments.delta", delta))
+        else:
+            empty = _emptied(item)
+            events.append(("response.output_item.added", {"output_index": index, "item": empty}))
+            part = {**at, "content_index": 0, "part": empty["content"][0]}
+            events.append(("response.content_part.added", part))
+            text = item["content"][0]
+            message = item["type"] == "message"
+            extra = {"logprobs": text.get("logprobs", [])} if message else {}
+            kind = "response.output_text.delta" if message else "response.reasoning_text.delta"
+            if text["text"]:
+                events.append((kind, {**at, "content_index": 0, "delta": text["text"], **extra}))
+        events += _item_done(item, index)
+    events.append((f"response.{response['status']}", {"response": response}))
+    return [_event(kind, seq, data) for seq, (kind, data) in enumerate(events) if seq > after]
 
 
 def _emptied(item: dict[str, Any]) -> dict[str, Any]:

@@ -4,8 +4,12 @@ in the shape the client parses."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
+
+from tests.server.conftest import PARIS_CALL, WEATHER_PARAMETERS
 
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 
@@ -95,3 +99,23 @@ def test_a_kept_response_lists_its_input_items(scripted):
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.input_items.list(kept.id, limit=0)
     assert refused.value.body["param"] == "limit"
+
+
+def test_a_kept_response_streams_again_as_its_events(scripted):
+    """`responses.retrieve(id, stream=True)` answers with the kept response's events, as the
+    client's stream reads them (`starting_after`: those after that sequence number)."""
+    client = scripted.client()
+    scripted.scheduler.say("Kind words.</think>\n\nHello" + PARIS_CALL[len("I will check.") :])
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMETERS}
+    kept = client.responses.create(model=scripted.model, input="Hi", tools=[tool])
+    events = list(client.responses.retrieve(kept.id, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert events[-1].response.output == kept.output
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert text == "Hello" and json.loads(args) == {"city": "Paris", "days": 2}
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["reasoning", "message", "function_call"]
+    later = list(client.responses.retrieve(kept.id, stream=True, starting_after=3))
+    assert [e.sequence_number for e in later] == list(range(4, len(events)))

@@ -106,7 +106,7 @@ class MainWindow(QMainWindow):
             lambda cls, msg: self.statusBar().showMessage(f"Load failed: {cls}", 8000)
         )
         ctx.machine.gpu_missing.connect(lambda _r: self._engine_state())
-        self.welcome.load_requested.connect(self.choose_and_load)
+        self.welcome.load_requested.connect(self._welcome_load)
         self.welcome.dismissed.connect(self.close_welcome)
         self.welcome.browse.connect(self._browse)
         ctx.engine.loaded.connect(lambda _info: self.close_welcome())
@@ -138,6 +138,18 @@ class MainWindow(QMainWindow):
     def choose_and_load(self, entry: Entry) -> None:
         self.choose(entry)
         self.load.load()
+
+    def _welcome_load(self, entry: Entry) -> None:
+        """The first-run view's model, downloaded: loaded, unless a model was loaded (or is
+        loading) meanwhile, which stays."""
+        if self.ctx.engine.state != "empty":
+            self.statusBar().showMessage(
+                f"{entry.title} is downloaded; the model loaded stays. Load it from the Models "
+                "tab (Use) when you want it.",
+                12000,
+            )
+            return
+        self.choose_and_load(entry)
 
     def close_welcome(self) -> None:
         """Show the chat instead of the first-run view, for good."""

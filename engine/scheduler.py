@@ -342,10 +342,10 @@ class Scheduler:
         self.stats.longest_chunk_s = max(self.stats.longest_chunk_s, now - t)
         if token != NO_TOKEN:
             request.t_first = now
-            self._take(request, token, now)
             cheap = self.engine.backend.cheap_snapshots
-            if request.stream is not None and cheap:  # fed nothing yet: the prompt's end
+            if cheap:  # fed nothing yet: the prompt's end (before a reply of one token ends)
                 self.engine._save(request.stream, defer_disk=True, end_logits=logits)
+            self._take(request, token, now)
         return True
 
     def _decode_one(self) -> bool:

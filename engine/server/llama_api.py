@@ -8,7 +8,8 @@ protocol.py) and runs on the same path; the answer is llama.cpp's: `content`, th
 the last with `stop: true` and the figures.
 
 Its names: `n_predict` (-1, the default: until the reply ends or the context is full; a
-count past the context's room also runs until it is full, as llama.cpp's server does),
+count past the context's room also runs until it is full, as llama.cpp's server does; 0:
+no token written, the prompt read into the prompt cache, as clients warm it ahead),
 `temperature`, `top_k`, `top_p`, `min_p`, `presence_penalty`, `frequency_penalty`, `seed`
 (-1: none), `stop`, `ignore_eos`, `logit_bias` (`[[id, bias], ...]`, `false` bars a token),
 `json_schema`, `return_tokens`. Its samplers this engine does not have (`repeat_penalty`,
@@ -61,6 +62,11 @@ class LlamaApi:
         text = "".join([piece.text async for piece in gen.pieces()])
         return JSONResponse(answer.final(text))
 
+    @staticmethod
+    def prompt_only(body: dict) -> bool:
+        """`n_predict` 0: the prompt read, its one token drawn and left out of the reply."""
+        return body.get("n_predict") == 0
+
     async def props(self, request: Request) -> JSONResponse:
         """The server's settings as llama.cpp's `/props` gives them: the context a client
         reads to size its prompts, the slots (streams), the chat template."""
@@ -92,9 +98,14 @@ def openai_body(body: dict) -> dict:
         raise bad("'prompt' must be one string or one list of token ids here", "prompt")
     out["prompt"] = prompt
     n_predict = field(body, "n_predict", "integer", -1)
-    if n_predict < -1 or n_predict == 0:
-        raise bad(f"'n_predict' = {n_predict} must be -1 (until the end) or a count", "n_predict")
-    out["max_tokens"] = n_predict  # -1: the context's room, as LM Studio's clients ask too
+    if n_predict < -1:
+        message = (
+            f"'n_predict' = {n_predict} must be -1 (until the end), 0 (the prompt only) or a count"
+        )
+        raise bad(message, "n_predict")
+    # -1: the context's room, as LM Studio's clients ask too; 0: one token, which the
+    # reply leaves out (the prompt's state is kept once a token is drawn after it).
+    out["max_tokens"] = n_predict or 1
     probs = field(body, "n_probs", "integer", 0)
     if probs:
         out["logprobs"] = probs
@@ -130,11 +141,14 @@ class _Answer:
         self.server, self.gen, self.body = server, gen, body
         self.fmt = LogprobFormat(server.tokenizer)
         self.probs: list[dict[str, Any]] = []
+        self.prompt_only = LlamaApi.prompt_only(body)  # nothing of the reply is given
 
     async def events(self) -> AsyncIterator[str]:
         gen, text = self.gen, []
         try:
             async for piece in gen.pieces():
+                if self.prompt_only:
+                    continue
                 text.append(piece.text)
                 chunk = {"index": 0, "content": piece.text, "tokens": [], "stop": False}
                 chunk |= {"id_slot": -1, "tokens_predicted": gen.completion_tokens}
@@ -145,11 +159,16 @@ class _Answer:
             yield data(streamed_error(exc).body())
 
     def final(self, text: str) -> dict[str, Any]:
-        gen, s = self.gen, self.server
+        if self.prompt_only:
+            return self._with_probs(self._prompt_only(self._final("", "limit", "")))
+        gen = self.gen
         word = gen.stop.which if gen.stop.hit else ""
         stop_type = "word" if word else "limit" if gen.finish_reason == "length" else "eos"
-        params = gen.params
-        out = {
+        return self._with_probs(self._final(text, stop_type, word))
+
+    def _final(self, text: str, stop_type: str, word: str) -> dict[str, Any]:
+        gen, s, params = self.gen, self.server, self.gen.params
+        return {
             "index": 0,
             "content": text,
             "tokens": gen.reply_ids if field(self.body, "return_tokens", "boolean", False) else [],
@@ -176,13 +195,25 @@ class _Answer:
             "stopping_word": word,
             "timings": gen.timings or {},
         }
-        return self._with_probs(out)
+
+    @staticmethod
+    def _prompt_only(out: dict[str, Any]) -> dict[str, Any]:
+        """The last event of a reply asked for none (`n_predict` 0): the token drawn to keep
+        the prompt's state is not counted, nor timed."""
+        out |= {"tokens": [], "tokens_predicted": 0}
+        out["generation_settings"]["n_predict"] = 0
+        out["timings"] = {
+            k: 0 if k.startswith("predicted") else v for k, v in out["timings"].items()
+        }
+        return out
 
     def _with_probs(self, out: dict[str, Any]) -> dict[str, Any]:
         """`completion_probabilities` of the tokens since the last chunk, where asked."""
         if not self.gen.wants_logprobs:
             return out
         taken = self.gen.take_logprobs()
+        if self.prompt_only:
+            return {**out, "completion_probabilities": []}
         entries = []
         for (token, lp), entry in zip(taken, self.fmt.chat(taken)["content"], strict=True):
             tops = [

@@ -89,7 +89,7 @@ def test_props_and_what_is_refused(served):
     assert props["total_slots"] == served.engine.streams and props["chat_template"]
     for body, name in (
         ({"prompt": PROMPT, "grammar": "root ::= [a-z]+"}, "grammar"),
-        ({"prompt": PROMPT, "n_predict": 0}, "n_predict"),
+        ({"prompt": PROMPT, "n_predict": -2}, "n_predict"),
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"prompt": PROMPT, "logit_bias": "x"}, "logit_bias"),
     ):

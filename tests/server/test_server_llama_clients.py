@@ -4,6 +4,8 @@ prompt read into the cache, nothing written) and the token ids of a streamed rep
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from tests.server.conftest import KEY
@@ -35,3 +37,25 @@ def test_tokenize_reads_special_tokens_as_text_where_asked(served):
     assert tok.encode(text) == parsed  # the shared tokenizer still reads them as tokens
     bad = post(served, "/tokenize", {"content": text, "parse_special": "no"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "parse_special"
+
+
+def test_n_predict_0_reads_the_prompt_into_the_cache_and_writes_nothing(served):
+    """As llama.cpp documents it: `n_predict: 0` writes no token but reads the prompt into
+    the cache (clients warm it before they ask), so the same prompt then starts from it."""
+    prompt = "A prompt read ahead of its question, then asked:"
+    ids = served.engine.tokenizer.encode(prompt)
+    got = post(served, "/completion", {"prompt": prompt, "n_predict": 0, "return_tokens": True})
+    assert got.status_code == 200, got.text
+    body = got.json()
+    assert body["content"] == "" and body["tokens"] == [] and body["stop"] is True
+    assert body["tokens_predicted"] == 0 and body["tokens_evaluated"] == len(ids)
+    assert body["stop_type"] == "limit" and body["timings"]["predicted_n"] == 0
+    assert body["generation_settings"]["n_predict"] == 0
+    then = post(served, "/completion", {"prompt": prompt, "n_predict": 2, "temperature": 0})
+    assert then.json()["tokens_cached"] == len(ids)
+    stream = {"prompt": prompt, "n_predict": 0, "stream": True, "n_probs": 2}
+    with httpx.stream("POST", f"{served.base}/completion", json=stream, headers=AUTH) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert len(events) == 1 and events[0]["stop"] is True and events[0]["content"] == ""
+    assert events[0]["completion_probabilities"] == [] and events[0]["tokens_predicted"] == 0
+    served.wait_idle()

@@ -271,7 +271,7 @@ def _message(message: dict[str, Any], where: str, last: bool) -> list[dict[str, 
                     "id": field(block, "id", "string", "", f"{at}."),
                     "type": "function",
                     "function": {
-                        "name": field(block, "name", "string", None, f"{at}."),
+                        "name": _name(block, at),
                         "arguments": json.dumps(args, ensure_ascii=False),
                     },
                 }
@@ -359,7 +359,9 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
             "server runs client tools only",
             f"tools[{i}]",
         )
-    fn = {"name": tool.get("name"), "parameters": tool["input_schema"]}
+    where = f"tools[{i}]"
+    schema = field(tool, "input_schema", "object", None, f"{where}.")
+    fn = {"name": _name(tool, where), "parameters": schema}
     if tool.get("description"):
         fn["description"] = tool["description"]
     return {"type": "function", "function": fn}
@@ -372,5 +374,13 @@ def _tool_choice(choice: dict[str, Any]) -> Any:
     if kind == "any":
         return "required"
     if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name")}}
+        return {"type": "function", "function": {"name": _name(choice, "tool_choice")}}
     raise bad("'tool_choice.type' must be auto, any, tool or none", "tool_choice.type")
+
+
+def _name(block: dict[str, Any], at: str) -> str:
+    """The tool named at `at` (a tool, a tool_use block, a forced tool_choice)."""
+    name = block.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad(f"'{at}.name' must be a non-empty string, the tool's name", f"{at}.name")
+    return name

@@ -125,6 +125,15 @@ def test_a_stop_sequence_is_named(scripted):
         ({"thinking": {"type": "enable"}}, 400,
          "'thinking.type' must be enabled, disabled, adaptive or between_tools"),
         ({"thinking": {"budget_tokens": 2048}}, 400, "'thinking.type' must be"),
+        ({"tools": [{"name": "f", "input_schema": "x"}]}, 400,
+         "'tools[0].input_schema' must be of type object"),
+        ({"tools": [{"name": 5, "input_schema": {"type": "object"}}]}, 400,
+         "'tools[0].name' must be a non-empty string"),
+        ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "input": {}}]}]}, 400,
+         "'messages[1].content[0].name' must be a non-empty string"),
+        ({"tools": [{"name": "f", "input_schema": {"type": "object"}}],
+          "tool_choice": {"type": "tool"}}, 400, "'tool_choice.name' must be a non-empty string"),
     ],
 )  # fmt: skip
 def test_errors_come_in_anthropics_shape(served, extra, status, words):

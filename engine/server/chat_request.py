@@ -40,6 +40,8 @@ def read_chat(body: dict) -> ChatRequest:
         tools = [_tool(t, i) for i, t in enumerate(tools)] or None
     options = read_options(body, None)
     choice = body.get("tool_choice", "auto")
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        tools, choice = _allowed_tools(choice, tools)
     if choice == "none":
         tools = None
     elif choice not in ("auto", None):
@@ -73,6 +75,34 @@ def system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return head + rest
 
 
+def _allowed_tools(
+    choice: dict[str, Any], tools: list[dict[str, Any]] | None
+) -> tuple[list[dict[str, Any]] | None, str]:
+    """`tool_choice` {"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}: (the
+    request's tools it names, the only ones the model is offered; its mode, "auto" or
+    "required", as the tool_choice over them)."""
+    spec = field(choice, "allowed_tools", "object", {}, "tool_choice.")
+    mode = field(spec, "mode", "string", "auto", "tool_choice.allowed_tools.")
+    named = field(spec, "tools", "array", [], "tool_choice.allowed_tools.")
+    names = set()
+    for tool in named:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise bad("'tool_choice.allowed_tools.tools' must be a list of "
+                      '{"type": "function", "function": {"name": ...}}', "tool_choice")  # fmt: skip
+        names.add(name)
+    if mode not in ("auto", "required"):
+        raise bad(f"'tool_choice.allowed_tools.mode' = {json.dumps(mode)[:40]}: use auto or "
+                  "required", "tool_choice")  # fmt: skip
+    offered = {t["function"]["name"] for t in tools or ()}
+    missing = sorted(names - offered)
+    if missing or not names:
+        what = f"names {missing[0]!r}, which is not in 'tools'" if missing else "names no tool"
+        raise bad(f"'tool_choice' of type allowed_tools {what}", "tool_choice")
+    return [t for t in tools or () if t["function"]["name"] in names], mode
+
+
 def _forced_call(choice: Any, tools: list[dict[str, Any]] | None) -> str:
     """`tool_choice` "required" or {"type": "function", "function": {"name": ...}}: the
     grammar that holds the reply to one call (of that tool). It takes the place of any
@@ -84,8 +114,9 @@ def _forced_call(choice: Any, tools: list[dict[str, Any]] | None) -> str:
         name = fn.get("name") if isinstance(fn, dict) else None
         if choice.get("type", "function") != "function" or not isinstance(name, str):
             raise bad(
-                "'tool_choice' must be 'auto', 'none', 'required' or "
-                '{"type": "function", "function": {"name": ...}}',
+                "'tool_choice' must be 'auto', 'none', 'required', "
+                '{"type": "function", "function": {"name": ...}} or '
+                '{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}',
                 "tool_choice",
             )
     elif choice != "required":

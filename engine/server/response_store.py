@@ -2,10 +2,10 @@
 builds the reply) and the responses the server keeps, as OpenAI keeps them unless a request
 says `store: false`: `GET` (with `stream=true`, its events again) and `DELETE
 /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` (the items it was asked with),
-and `previous_response_id`, which goes on from a kept response's conversation (its input, the conversation that input went on
-from, and its output) with only the new items sent, as agents send their tool results; and
-`item_reference` input items, which name an item of a kept response by its id (clients that
-send the conversation whole send earlier outputs so).
+and `previous_response_id`, which goes on from a kept response's conversation (its input,
+the conversation that input went on from, and its output) with only the new items sent, as
+agents send their tool results; and `item_reference` input items, which name an item of a
+kept response by its id (clients that send the conversation whole send earlier outputs so).
 Neither `instructions` nor `tools` carry over, as in OpenAI's API.
 
 The server keeps the most recent responses in memory (RESPONSES of them, KEPT_BYTES of

@@ -137,6 +137,15 @@ class ResponsesRequest:
         choice = body.get("tool_choice")
         if isinstance(choice, dict) and choice.get("type") == "function":
             choice = {"type": "function", "function": {"name": choice.get("name")}}
+        if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+            named = [  # each as chat's {"type": "function", "function": {"name"}}
+                {"type": "function", "function": {"name": t.get("name")}}
+                if isinstance(t, dict) and "function" not in t
+                else t
+                for t in field(choice, "tools", "array", [], "tool_choice.")
+            ]
+            spec = {"mode": choice.get("mode"), "tools": named}
+            choice = {"type": "allowed_tools", "allowed_tools": spec}
         if choice is not None:
             chat["tool_choice"] = choice
         if body.get("parallel_tool_calls") is not None:

@@ -119,3 +119,68 @@ def test_a_kept_response_streams_again_as_its_events(scripted):
     assert added == ["reasoning", "message", "function_call"]
     later = list(client.responses.retrieve(kept.id, stream=True, starting_after=3))
     assert [e.sequence_number for e in later] == list(range(4, len(events)))
+
+
+UNITS = {
+    "type": "object",
+    "properties": {"unit": {"enum": ["c", "f"]}},
+    "required": ["unit"],
+    "additionalProperties": False,
+}
+TWO_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_PARAMETERS}},
+    {"type": "function", "function": {"name": "set_units", "parameters": UNITS}},
+]
+
+
+def allowed(mode: str, *names: str, responses: bool = False) -> dict:
+    """`tool_choice` of type allowed_tools, in chat's form or the Responses API's."""
+    if responses:
+        tools = [{"type": "function", "name": n} for n in names]
+        return {"type": "allowed_tools", "mode": mode, "tools": tools}
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}
+
+
+def test_allowed_tools_offer_only_those_tools(scripted):
+    """`tool_choice` {"type": "allowed_tools"} (mode auto): the model is offered the tools it
+    names, of those the request lists, and no other; in either API's form."""
+    client = scripted.client()
+    scripted.scheduler.say("Fine.")
+    client.chat.completions.create(
+        model=scripted.model,
+        messages=[{"role": "user", "content": "Hi"}],
+        tools=TWO_TOOLS,
+        tool_choice=allowed("auto", "set_units"),
+    )
+    prompt = scripted.scheduler.last_prompt()
+    assert '"name": "set_units"' in prompt and "get_weather" not in prompt
+    scripted.scheduler.say("Fine.")
+    tools = [{"type": "function", **t["function"]} for t in TWO_TOOLS]
+    choice = allowed("auto", "get_weather", responses=True)
+    client.responses.create(model=scripted.model, input="Hi", tools=tools, tool_choice=choice)
+    prompt = scripted.scheduler.last_prompt()
+    assert '"name": "get_weather"' in prompt and "set_units" not in prompt
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=scripted.model,
+            messages=[{"role": "user", "content": "Hi"}],
+            tools=TWO_TOOLS,
+            tool_choice=allowed("auto", "nope"),
+        )
+    assert refused.value.body["param"] == "tool_choice" and "nope" in refused.value.message
+
+
+def test_allowed_tools_required_holds_the_reply_to_a_call_of_one_of_them(served):
+    reply = served.client().chat.completions.create(
+        model=served.model,
+        messages=[{"role": "user", "content": "Use a tool"}],
+        tools=TWO_TOOLS,
+        tool_choice=allowed("required", "set_units"),
+        temperature=0,
+        max_tokens=300,
+        extra_body=OFF,
+    )
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "set_units"
+    assert json.loads(call.function.arguments)["unit"] in ("c", "f")

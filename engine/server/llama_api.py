@@ -142,15 +142,21 @@ class _Answer:
         self.fmt = LogprobFormat(server.tokenizer)
         self.probs: list[dict[str, Any]] = []
         self.prompt_only = LlamaApi.prompt_only(body)  # nothing of the reply is given
+        # The end of sequence is no token of the reply's text (unless `ignore_eos`).
+        self.ends = frozenset() if body.get("ignore_eos") is True else server.engine.eos_ids
 
     async def events(self) -> AsyncIterator[str]:
-        gen, text = self.gen, []
+        """The reply's events, each with its text and the ids of the tokens received since
+        the last (llama.cpp's `tokens`), then the last event with the figures."""
+        gen, text, sent = self.gen, [], 0
         try:
             async for piece in gen.pieces():
                 if self.prompt_only:
                     continue
                 text.append(piece.text)
-                chunk = {"index": 0, "content": piece.text, "tokens": [], "stop": False}
+                ids = gen.reply_ids
+                tokens, sent = [t for t in ids[sent:] if t not in self.ends], len(ids)
+                chunk = {"index": 0, "content": piece.text, "tokens": tokens, "stop": False}
                 chunk |= {"id_slot": -1, "tokens_predicted": gen.completion_tokens}
                 chunk |= {"tokens_evaluated": gen.prompt_tokens}
                 yield data(self._with_probs(chunk))

@@ -59,3 +59,19 @@ def test_n_predict_0_reads_the_prompt_into_the_cache_and_writes_nothing(served):
     assert len(events) == 1 and events[0]["stop"] is True and events[0]["content"] == ""
     assert events[0]["completion_probabilities"] == [] and events[0]["tokens_predicted"] == 0
     served.wait_idle()
+
+
+def test_a_streamed_reply_gives_its_token_ids_with_its_text(served):
+    """llama.cpp fills a streamed event's `tokens` with the ids of the text it carries
+    (`return_tokens` or not): together they are the reply's tokens, as the whole reply
+    gives them with `return_tokens`."""
+    body = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0}
+    whole = post(served, "/completion", {**body, "return_tokens": True}).json()
+    with httpx.stream("POST", f"{served.base}/completion", json={**body, "stream": True},
+                      headers=AUTH) as r:  # fmt: skip
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    ids = [t for e in events[:-1] for t in e["tokens"]]
+    ends = set(served.engine.eos_ids)
+    assert ids and ids == [t for t in whole["tokens"] if t not in ends]
+    assert "".join(e["content"] for e in events) == whole["content"]
+    served.wait_idle()

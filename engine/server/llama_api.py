@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from engine import __version__
 from engine.server.generation import Generation
 from engine.server.logprobs import LogprobFormat
-from engine.server.protocol import bad, field, read_completion, streamed_error
+from engine.server.protocol import bad, field, read_completion, read_options, streamed_error
 from engine.server.sse import data, sse
 
 if TYPE_CHECKING:
@@ -69,16 +69,21 @@ class LlamaApi:
 
     async def props(self, request: Request) -> JSONResponse:
         """The server's settings as llama.cpp's `/props` gives them: the context a client
-        reads to size its prompts, the slots (streams), the chat template."""
+        reads to size its prompts, the sampling a completion that names none runs with
+        (a prompt that does not open a thinking block), the slots (streams), the chat
+        template."""
         s = self.server
         s._authorize(request)
         template = s.tokenizer.template if isinstance(s.tokenizer.template, str) else ""
+        used = read_options({}, None, chat=False).params(1)
+        knobs = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty")
+        params = {"n_predict": -1, "seed": -1, "stop": []} | {k: getattr(used, k) for k in knobs}
         return JSONResponse(
             {
                 "default_generation_settings": {
                     "n_ctx": s.engine.context,
                     "model": s.model_id,
-                    "params": {"n_predict": -1},
+                    "params": params,
                 },
                 "total_slots": s.engine.streams,
                 "model_path": str(s.engine.model_dir),

@@ -75,3 +75,18 @@ def test_a_streamed_reply_gives_its_token_ids_with_its_text(served):
     assert ids and ids == [t for t in whole["tokens"] if t not in ends]
     assert "".join(e["content"] for e in events) == whole["content"]
     served.wait_idle()
+
+
+def test_props_gives_the_sampling_a_completion_takes_by_default(served):
+    """Clients read the server's sampling defaults from `/props`
+    (`default_generation_settings.params`) to show or keep them: they are those a
+    `/completion` that names none runs with."""
+    props = httpx.get(f"{served.base}/props", headers=AUTH, timeout=30).json()
+    params = props["default_generation_settings"]["params"]
+    got = post(served, "/completion", {"prompt": "The capital of France is", "n_predict": 2})
+    used = got.json()["generation_settings"]
+    for name in ("temperature", "top_k", "top_p", "min_p", "seed", "stop"):
+        assert params[name] == used[name], name
+    assert params["n_predict"] == -1 and params["presence_penalty"] == 0
+    assert params["frequency_penalty"] == 0
+    served.wait_idle()

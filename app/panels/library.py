@@ -60,6 +60,11 @@ def restyle(widget: QWidget) -> None:
     widget.style().polish(widget)
 
 
+def _partial(entry: Entry | None) -> bool:
+    """An interrupted download: files in the cache, none of its revisions loadable."""
+    return entry is not None and bool(entry.problem) and entry.repo is not None
+
+
 class EntryCard(QFrame):
     """One library row: name, size and state, the verdict badge and its reason."""
 
@@ -311,11 +316,16 @@ class LibraryPanel(QWidget):
         )
         self.cancel_button.setEnabled(busy)
         listed = entry is not None and entry.source == "hub" and not entry.downloaded
-        self.delete_button.setEnabled(entry is not None and (entry.downloaded or listed))
+        partial = _partial(entry) and self.downloads.active != entry.repo
+        self.delete_button.setEnabled(entry is not None and (entry.downloaded or listed or partial))
         folder = entry is not None and entry.source == "folder"
-        self.delete_button.setText("Remove from list" if folder or listed else "Delete")
+        self.delete_button.setText(
+            "Remove from list" if (folder or listed) and not partial else "Delete"
+        )
         self.delete_button.setToolTip(
-            "Take this folder off the list (the files stay on disk)"
+            "Delete the unfinished download's files from the Hugging Face cache"
+            if partial
+            else "Take this folder off the list (the files stay on disk)"
             if folder
             else "Take this repository off the list"
             if listed
@@ -346,18 +356,29 @@ class LibraryPanel(QWidget):
         entry = self.selected()
         if entry is None:
             return
-        box = QMessageBox(self)
-        box.setIcon(QMessageBox.Icon.Question)
-        if entry.source == "hub" and not entry.downloaded:
+        partial = _partial(entry)
+        if partial and self.downloads.active == entry.repo:
+            return  # its download is under way: Cancel first (Delete is disabled meanwhile)
+        if entry.source == "hub" and not entry.downloaded and not partial:
             self._say(self.library.delete(entry))  # nothing on disk to ask about
             return
-        if entry.source != "folder" and self.in_use(entry.local_dir):
+        if entry.source != "folder" and not partial and self.in_use(entry.local_dir):
             self._say(
                 f"{entry.title} is loaded or loading, so its files stay: Unload it first "
                 "(the Unload or Cancel button under the model), then delete it."
             )
             return
-        if entry.source == "folder":
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Icon.Question)
+        if partial:
+            box.setWindowTitle("Delete download")
+            box.setText(f"Delete the unfinished download of {entry.title} from disk?")
+            box.setInformativeText(
+                "Its files and the parts downloaded so far are removed from the Hugging Face "
+                "cache; Download then starts it again from the beginning."
+            )
+            yes = box.addButton("Delete from disk", QMessageBox.ButtonRole.DestructiveRole)
+        elif entry.source == "folder":
             box.setWindowTitle("Remove from the list")
             box.setText(f"Remove {entry.title} from the list?")
             box.setInformativeText(f"The folder stays on disk: {entry.local_dir}")

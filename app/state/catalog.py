@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -400,7 +401,10 @@ class Library(QObject):
         self.changed.emit()
 
     def delete(self, entry: Entry) -> str:
-        """Remove a downloaded model from the HF cache; returns an error sentence or ''."""
+        """Remove a downloaded model from the HF cache (an interrupted download: all its
+        files, parts included); returns an error sentence or ''."""
+        if entry.problem and entry.repo:
+            return self._delete_partial(entry)
         if entry.source == "hub" and not entry.downloaded:  # only taken off the list
             self._repos = [e for e in self._repos if e.repo != entry.repo]
             self._save_repos()
@@ -420,5 +424,21 @@ class Library(QObject):
             strategy.execute()
         except Exception as exc:
             return f"Could not delete {entry.title}: {type(exc).__name__}: {exc}"
+        self.rescan()
+        return ""
+
+    def _delete_partial(self, entry: Entry) -> str:
+        """An interrupted download's folder in the HF cache, snapshots, blobs and `.incomplete`
+        parts alike (no revision of it is complete, so nothing loadable goes)."""
+        from huggingface_hub import constants
+
+        root = Path(self.cache_dir or constants.HF_HUB_CACHE)
+        folder = root / ("models--" + str(entry.repo).replace("/", "--"))
+        try:
+            shutil.rmtree(folder)
+        except FileNotFoundError:
+            pass  # removed by hand since the last scan
+        except OSError as exc:
+            return f"Could not delete the unfinished download of {entry.title} ({folder}): {exc}"
         self.rescan()
         return ""

@@ -300,3 +300,43 @@ def test_the_panel_says_a_download_is_incomplete_and_offers_to_finish_it(
         with qtbot.waitSignal(downloads.finished, timeout=8000):
             panel.download_button.click()
     assert window.ctx.library.find(CATALOG_KEY).downloaded and panel.use_button.isEnabled()
+
+
+def test_an_unfinished_download_can_be_deleted_with_its_parts(qtbot, make_window, hf_home):
+    """A download left unfinished (a shard missing, a part on disk): Delete, disabled while
+    it runs again, removes every file of it, the parts too, after asking; the model is then
+    offered for download as before."""
+    from helpers import answer_next_dialog
+
+    files = _sharded()
+    with FakeHub({REPO: files}) as hub:
+        window = make_window()
+        downloads, panel = window.ctx.downloads, window.library
+        downloads._worker.endpoint = hub.url
+        panel.select(CATALOG_KEY)
+        with qtbot.waitSignal(downloads.finished, timeout=8000) as done:
+            panel.download_button.click()
+    (Path(done.args[1]) / "model-00002-of-00002.safetensors").resolve().unlink()
+    repo_dir = next(Path(hf_home).rglob("models--*"))
+    part = repo_dir / "blobs" / "0123abcd.incomplete"
+    part.write_bytes(b"x" * 1000)
+    window.ctx.library.rescan()
+    panel.select(CATALOG_KEY)
+    assert "Incomplete download" in panel.card(CATALOG_KEY).meta.text()
+    assert panel.delete_button.isEnabled() and panel.delete_button.text() == "Delete"
+    downloads._active = REPO  # its download resumed: not deleted from under it
+    panel._update_buttons()
+    assert not panel.delete_button.isEnabled()
+    downloads._active = None
+    panel._update_buttons()
+    asked: list[str] = []
+    answer_next_dialog("Cancel", asked)
+    panel.delete_button.click()
+    assert asked[0] == "Delete download" and part.is_file()
+    answer_next_dialog("Delete from disk", asked)
+    panel.delete_button.click()
+    assert not repo_dir.exists() and panel.message.text() == ""
+    panel.select(CATALOG_KEY)
+    card = panel.card(CATALOG_KEY)
+    assert "Not downloaded" in card.meta.text() and panel.download_button.isEnabled()
+    assert not panel.delete_button.isEnabled()

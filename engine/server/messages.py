@@ -87,6 +87,10 @@ class MessagesRequest:
         self.body = body
         self.origin: list[str] = []
         self.prefill = ""  # a final assistant message's text: the reply goes on from it
+        # `max_tokens: 0`, as that API pre-warms its prompt cache: the prompt read into the
+        # engine's, one token drawn (the prompt's state is kept once one is) and left out.
+        limit = body.get("max_tokens")
+        self.prompt_only = type(limit) is int and limit == 0
         self.chat = self._chat_body()
 
     def _chat_body(self) -> dict[str, Any]:
@@ -126,6 +130,8 @@ class MessagesRequest:
         for name in ("model", "temperature", "top_p", "top_k", "stream", "max_tokens"):
             if body.get(name) is not None:
                 chat[name] = body[name]
+        if self.prompt_only:
+            chat["max_tokens"] = 1
         if served_name(chat.get("model")):
             del chat["model"]  # the loaded model answers, and the reply names it
         if body.get("stop_sequences"):

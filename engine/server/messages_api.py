@@ -95,11 +95,16 @@ async def paced(pieces: AsyncGenerator[Piece], every: float) -> AsyncIterator[Pi
 class MessageOutput:
     """One reply's content blocks, built from its pieces (`add`), and the message object."""
 
-    def __init__(self, model: str, asked: int | None = None) -> None:
+    def __init__(self, model: str, asked: int | None = None, prompt_only: bool = False) -> None:
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
         self.asked = asked  # the request's max_tokens (None: none sent)
+        self.prompt_only = prompt_only  # max_tokens 0: the prompt read, nothing written
         self.blocks: list[dict[str, Any]] = []
+
+    def usage(self, gen: Generation) -> dict[str, int]:
+        """The reply's usage (`_usage`); a prompt read alone wrote nothing."""
+        return {**_usage(gen), "output_tokens": 0} if self.prompt_only else _usage(gen)
 
     def add(self, piece: Piece) -> tuple[dict[str, Any], bool]:
         """Take one piece; (the block it went to, whether that block is new). A call's
@@ -130,6 +135,8 @@ class MessageOutput:
         """(stop_reason, stop_sequence) as the API gives them: a reply cut where the
         context ends, short of the max_tokens asked for (cut to the room left), stops with
         `model_context_window_exceeded`, as that API's does."""
+        if self.prompt_only:
+            return "max_tokens", None
         if gen.finish_reason == "length":
             cut = self.asked is None or self.asked > gen.params.max_new_tokens
             return ("model_context_window_exceeded" if cut else "max_tokens"), None
@@ -153,7 +160,7 @@ class MessageOutput:
             "content": content,
             "stop_reason": reason,
             "stop_sequence": sequence,
-            "usage": _usage(gen),
+            "usage": self.usage(gen),
         }
 
     async def events(self, gen: Generation) -> AsyncIterator[str]:
@@ -188,7 +195,7 @@ class MessageOutput:
                 if piece is None:
                     yield event("ping")
                     continue
-                if piece.call is None and not piece.text:
+                if (piece.call is None and not piece.text) or self.prompt_only:
                     continue
                 block, new = self.add(piece)
                 index = len(self.blocks) - 1
@@ -221,7 +228,7 @@ class MessageOutput:
             yield event(
                 "message_delta",
                 delta={"stop_reason": reason, "stop_sequence": sequence},
-                usage=_usage(gen),
+                usage=self.usage(gen),
             )
             yield event("message_stop")
         except Exception as exc:  # after the head went out: an error event
@@ -249,7 +256,8 @@ class MessagesApi:
         """A message, read as the chat request it stands for; its errors in Anthropic's
         shape. A `max_tokens` past the context's room is cut to it: Anthropic's clients
         send the most their model may write, whatever the context (a reply that ends there
-        stops with `model_context_window_exceeded`)."""
+        stops with `model_context_window_exceeded`). `max_tokens: 0` reads the prompt into
+        the prompt cache and writes nothing, as that API pre-warms its cache."""
         s, rid, asked = self.server, request_id(), None
         try:
             s._authorize(request)
@@ -261,12 +269,13 @@ class MessagesApi:
             err = error_of(exc)
             err = asked.rename(err) if asked is not None else err
             return error_response(err, "anthropic", {"request-id": rid})
-        out = MessageOutput(chat.options.model or s.model_id, chat.options.max_tokens)
+        limit = 0 if asked.prompt_only else chat.options.max_tokens
+        out = MessageOutput(chat.options.model or s.model_id, limit, asked.prompt_only)
         if chat.options.stream:
             response: Any = sse(out.events(gen), gen)
         else:
             async for piece in gen.pieces():
-                if piece.kind == "tool_call" or piece.text:
+                if (piece.kind == "tool_call" or piece.text) and not asked.prompt_only:
                     out.add(piece)
             response = JSONResponse(out.message(gen))
         response.headers["request-id"] = rid

@@ -203,6 +203,30 @@ def test_a_reply_that_fills_the_context_says_so(scripted, stream):
     assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 4
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_0_reads_the_prompt_into_the_cache_and_writes_nothing(scripted, stream):
+    """As Anthropic's API documents it, `max_tokens: 0` pre-warms the prompt cache: no
+    content, no output tokens; the same conversation then starts from the cache."""
+    messages = [{"role": "user", "content": f"A long question read ahead ({stream})"}]
+    scripted.scheduler.say("Never shown")
+    c = client(scripted)
+    if stream:
+        with c.messages.stream(model=scripted.model, max_tokens=0, messages=messages) as s:
+            kinds = [event.type for event in s]
+            warm = s.get_final_message()
+        assert "content_block_start" not in kinds and kinds[-1] == "message_stop"
+    else:
+        warm = c.messages.create(model=scripted.model, max_tokens=0, messages=messages)
+    prompt = len(scripted.scheduler.prompts[-1])
+    assert warm.content == [] and warm.stop_reason == "max_tokens"
+    assert (warm.usage.input_tokens, warm.usage.output_tokens) == (prompt, 0)
+    scripted.scheduler.say("Hello")
+    reply = c.messages.create(model=scripted.model, max_tokens=8, messages=messages)
+    assert reply.content[0].text == "Hello" and reply.usage.cache_read_input_tokens == prompt
+    with pytest.raises(anthropic.BadRequestError, match="'max_tokens' = -2"):
+        c.messages.create(model=scripted.model, max_tokens=-2, messages=messages)
+
+
 def test_the_streams_last_usage_holds_the_input_tokens_too(scripted):
     """Clients take message_delta's usage as the reply's final counts (LangChain's
     ChatAnthropic reads its input tokens there): it holds the prompt's tokens as well."""

@@ -389,6 +389,9 @@ class ChatController(QObject):
         turn.stats = {k: v for k, v in summary.items() if v is not None}
         if self._stats_before:
             went_on(turn.stats, self._stats_before)
+        used, context = self._used(turn.stats)
+        if turn.stats.get("finish_reason") == "length" and 0 < context <= used:
+            turn.stats["filled_context"] = context  # the context's end, not the token limit
         if not self._end(chat):
             return  # the status line says the save failed, and what to do
         if chat.id != self._current:  # its stats are on the reply, in its own chat
@@ -404,12 +407,17 @@ class ChatController(QObject):
     def context_used(self, stats: dict) -> str:
         """'1,240 of 8,192 tokens of context': what the chat's prompt and this reply take of
         the loaded model's context (empty where either is unknown)."""
+        used, context = self._used(stats)
+        return f"{min(used, context):,} of {context:,} tokens of context" if context else ""
+
+    def _used(self, stats: dict) -> tuple[int, int]:
+        """(tokens the prompt and reply take, the loaded context); (0, 0) where unknown. A
+        reply that filled the context counts one token past it (its last is never fed)."""
         context = self.engine.info.get("context")
         prompt, new = stats.get("prompt_tokens"), stats.get("new_tokens")
         if not isinstance(context, int) or context <= 0 or prompt is None or new is None:
-            return ""
-        used = min(int(prompt) + int(new), context)  # a reply that filled it: its last
-        return f"{used:,} of {context:,} tokens of context"  # token is never fed
+            return 0, 0
+        return int(prompt) + int(new), context
 
     def _on_failed(self, request_id: int, cls: str, msg: str) -> None:
         found = self._reply_turn(request_id)
@@ -472,6 +480,8 @@ def format_stats(stats: dict) -> str:
         parts.append(f"{n} earlier message{'' if n == 1 else 's'} left out to fit the context")
     if stats.get("finish_reason") == "cancelled":
         parts.append("stopped")
+    elif stats.get("finish_reason") == "length" and stats.get("filled_context"):
+        parts.append("filled the context (a larger one on the Load tab makes room)")
     elif stats.get("finish_reason") == "length":
         parts.append("hit the token limit")
     return " · ".join(parts)

@@ -99,3 +99,32 @@ def test_the_status_line_follows_the_reply_shown(qtbot, make_window):
     assert window.chat.status.text().startswith("2 tokens"), window.chat.status.text()
     qtbot.mouseClick(window.chat.message_widgets()[-1].next_reply, Qt.MouseButton.LeftButton)
     assert window.chat.status.text().startswith("4 tokens")
+
+
+def test_a_reply_that_filled_the_context_says_so_not_the_token_limit(
+    qtbot, make_window, settings_store
+):
+    """A reply cut where the context ends says it filled the context (which a larger one
+    on the Load tab mends); one cut by Max new tokens still says the token limit. As the
+    saved chat has it after a restart, too."""
+    loader = FakeEngine.loader()
+    window = make_window(loader=loader)
+    window.ctx.settings.set("sampling/max_new_tokens", 6)
+    _load(qtbot, window)
+    chats = window.ctx.chats
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        assert chats.send("Hello there")
+    assert "hit the token limit" in window.chat.status.text()
+    read = len(loader.made[-1].prompts[-1])
+    with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):  # a context it fills
+        window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), read + 6))
+    chats.new_chat()
+    with qtbot.waitSignal(window.ctx.engine.finished, timeout=3000):
+        assert chats.send("Hello there")
+    status = window.chat.status.text()
+    assert "filled the context" in status and "token limit" not in status, status
+    assert f"{read + 6:,} of {read + 6:,} tokens of context" in status
+    assert chats.current.turns[-1].stats["filled_context"] == read + 6
+    window.close()
+    again = make_window(loader=FakeEngine.loader(), store=settings_store)
+    assert "filled the context" in again.chat.message_widgets()[-1].stats_label.text()

@@ -19,6 +19,7 @@ from engine.server.tool_calls import (
     FUNCTION_OPEN,
     CallReader,
     ToolCall,
+    cut_call,
     function_head,
     parse_tool_call,
     partial_suffix,
@@ -114,8 +115,9 @@ class ReplySplitter:
         return out
 
     def finish(self) -> list[Piece]:
-        """The rest, at the end of the reply: a call in Qwen3.5's form cut short ends where
-        the reply did; another unclosed block is returned as it is."""
+        """The rest, at the end of the reply: a call cut short (in Qwen3.5's form or the
+        JSON form, its name whole) ends where the reply did; another unclosed block is
+        returned as it is."""
         out: list[Piece] = []
         while self._step(out, final=True):
             pass
@@ -123,7 +125,7 @@ class ReplySplitter:
             self._take_args(out, self._reader.feed(self._buf) + self._reader.close())
             self._end_call(out, self._reader.result)
         elif self.mode == "tool" and self._buf:
-            call = parse_tool_call(self._buf, self.schemas)
+            call = parse_tool_call(self._buf, self.schemas) or cut_call(self._buf)
             if call is not None:
                 self._end_call(out, call)
             else:

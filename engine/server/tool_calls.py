@@ -239,6 +239,56 @@ def parse_tool_call(block: str, schemas: dict[str, dict] | None = None) -> ToolC
     return ToolCall(obj["name"], text)
 
 
+_NAME_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_TRIES = 256  # cut points a cut call's JSON is tried at, from its end back
+
+
+def cut_call(block: str) -> ToolCall | None:
+    """A call in the JSON form that the reply ended inside (the token limit, a stop
+    string): its arguments closed after the last value that came (a string or a number cut
+    inside kept as far as it came), as a call in Qwen3.5's form cut short is closed; None
+    where its name had not come whole."""
+    inner = block.strip()
+    inner = inner[len(CALL_OPEN) :].strip() if inner.startswith(CALL_OPEN) else inner
+    name = _NAME_HEAD.match(inner)
+    if name is None:
+        return None
+    obj = _closed_json(inner)
+    args = obj.get("arguments", {}) if isinstance(obj, dict) else {}
+    text = json.dumps(args if isinstance(args, dict) else {}, ensure_ascii=False)
+    return ToolCall(json.loads(f'"{name.group(1)}"'), text)
+
+
+def _closed_json(text: str) -> Any:
+    """The JSON value `text` starts, cut short: what reads once its open strings, arrays
+    and objects are closed at the latest point that gives JSON; None if none does."""
+    states = [(False, "")]  # at each cut point: (inside a string, the brackets to close)
+    inside, escaped, closers = False, False, ""
+    for ch in text:
+        if inside:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                inside = False
+        elif ch == '"':
+            inside = True
+        elif ch in "{[":
+            closers = ("}" if ch == "{" else "]") + closers
+        elif ch in "}]":
+            closers = closers[1:]
+        states.append((inside, closers))
+    for end in range(len(text), max(0, len(text) - _TRIES), -1):
+        inside, closers = states[end]
+        head = text[:end] + '"' if inside else text[:end].rstrip().rstrip(",")
+        try:
+            return json.loads(head + closers)
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
 def _argument(raw: str, schema: Any, params: Any = None) -> Any:
     """A parameter's value from its text: raw where the parameter takes only strings (or
     its schema does not say), else the JSON value it reads as (the template writes

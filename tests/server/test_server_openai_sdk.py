@@ -184,3 +184,44 @@ def test_allowed_tools_required_holds_the_reply_to_a_call_of_one_of_them(served)
     (call,) = reply.choices[0].message.tool_calls
     assert call.function.name == "set_units"
     assert json.loads(call.function.arguments)["unit"] in ("c", "f")
+
+
+JSON_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'
+
+
+def cut_inside(served, text: str, inside: str) -> int:
+    """The fewest tokens of `text` whose text takes in `inside` (to cut a reply there)."""
+    tokenizer = served.engine.tokenizer
+    ids = tokenizer.encode(text)
+    return next(k for k in range(1, len(ids)) if inside in tokenizer.decode(ids[:k]))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_json_form_call_cut_by_the_token_limit_is_a_call_closed(scripted, stream):
+    """A call in the JSON form (a forced `tool_choice` holds the model to it) that the token
+    limit cuts comes back as that call, its arguments closed as a JSON object and the
+    finish reason `length`, as a call in Qwen3.5's own form does; not as its raw text."""
+    scripted.scheduler.say(JSON_CALL + "\n</tool_call>")
+    reply = scripted.client().chat.completions.create(
+        model=scripted.model,
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=[TWO_TOOLS[0]],
+        max_tokens=cut_inside(scripted, JSON_CALL, '"city": "Pa'),
+        stream=stream,
+        extra_body=OFF,
+    )
+    if stream:  # the chunks put together, as clients do
+        chunks = [c.choices[0] for c in reply if c.choices]
+        content = "".join(c.delta.content or "" for c in chunks)
+        parts = [t for c in chunks for t in c.delta.tool_calls or ()]
+        assert {t.index for t in parts} == {0}
+        name = "".join(t.function.name or "" for t in parts)
+        arguments = "".join(t.function.arguments or "" for t in parts)
+        finish = chunks[-1].finish_reason
+    else:
+        choice = reply.choices[0]
+        content, finish = choice.message.content, choice.finish_reason
+        (call,) = choice.message.tool_calls
+        name, arguments = call.function.name, call.function.arguments
+    assert finish == "length" and not content
+    assert name == "get_weather" and "Paris".startswith(json.loads(arguments)["city"])

@@ -246,7 +246,9 @@ class MainWindow(QMainWindow):
                 name = name[: NAME_CHARS // 2 - 1] + "…" + name[-(NAME_CHARS // 2) :]
             backend = info.get("backend")
             mode = {"cuda": "GPU", "remote": "runs on a remote server"}.get(backend, "CPU mode")
-            text = f"{name} · {mode} · {fmt_bytes(self.ctx.machine.engine_held)}"
+            text = f"{name} · {mode}"
+            if backend != "remote":  # a remote model holds nothing here
+                text += f" · {fmt_bytes(self.ctx.machine.engine_held)}"
         else:
             text = "No model loaded"
         if self.ctx.machine.no_gpu and not info:

@@ -114,6 +114,7 @@ def test_the_window_chats_with_ollama_and_remembers_the_server(qtbot, make_windo
         assert info["backend"] == "remote" and info["context"] is None
         status = window.model_status.text()
         assert "runs on a remote server" in status and len(status) < 100
+        assert status.endswith("runs on a remote server"), status  # no "0 B" held here
         assert window.model_status.toolTip() == LONG_ID
         notices: list[str] = []
         window.ctx.chats.notice.connect(notices.append)

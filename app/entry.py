@@ -6,9 +6,22 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 
+USAGE = "snug --smoke DIR [--screenshot PNG]"
+
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # Ctrl+C while the engine's command line loads its modules
+        sys.stderr.write("\nsnug: interrupted\n")
+        return 130
+    except BrokenPipeError:  # --help or --version piped into `head` and closed early
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(args: list[str]) -> int:
     if args and not args[0].startswith("-"):
         from engine.cli import main as cli_main  # the engine's CLI, imported only when asked
 
@@ -18,13 +31,15 @@ def main(argv: list[str] | None = None) -> int:
             "usage: snug [--demo]            start the desktop app\n"
             "       snug COMMAND [ARGS...]   run an engine command: chat, generate, serve, info,\n"
             "                                plan, cache (`snug COMMAND --help` for its flags)\n"
-            "       snug --smoke DIR [--screenshot PNG]\n"
+            f"       {USAGE}\n"
             "                                load DIR, answer one message, exit (checks a build)\n"
             "       snug --version           print the version and exit\n"
         )
+        sys.stdout.flush()  # a closed pipe is said here, where main() answers it
         return 0
     if args and args[0] in ("-V", "--version"):
         sys.stdout.write(f"snug {version()}\n")
+        sys.stdout.flush()
         return 0
     missing = no_display_reason(os.environ, sys.platform)
     if missing:

@@ -41,6 +41,10 @@ def _run(args: list[str]) -> int:
         sys.stdout.write(f"snug {version()}\n")
         sys.stdout.flush()
         return 0
+    unusable = option_missing(args)
+    if unusable:
+        sys.stderr.write(f"snug: {unusable}\n")
+        return 2
     missing = no_display_reason(os.environ, sys.platform)
     if missing:
         sys.stderr.write(f"snug: {missing}\n")
@@ -48,6 +52,19 @@ def _run(args: list[str]) -> int:
     from app.main import main as gui_main
 
     return gui_main([sys.argv[0], *args])
+
+
+def option_missing(args: list[str]) -> str | None:
+    """Why `--smoke` or `--screenshot` cannot be used as given (its value left out, or
+    another flag in its place), or None: the window would otherwise open for a check that
+    never comes, or take the flag for the folder."""
+    for name, what in (("--smoke", "the model folder to load"), ("--screenshot", "a PNG file")):
+        if name in args:
+            i = args.index(name)
+            value = args[i + 1] if i + 1 < len(args) else ""
+            if not value or value.startswith("-"):
+                return f"{name} needs {what}: {USAGE}"
+    return None
 
 
 def version() -> str:

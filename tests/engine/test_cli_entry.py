@@ -1,5 +1,5 @@
 """`snug` itself (app/entry.py) used from a terminal and from scripts: its own flags on a
-closed pipe and Ctrl+C while the command line loads."""
+closed pipe, Ctrl+C while the command line loads, and `--smoke` without its folder."""
 
 from __future__ import annotations
 
@@ -54,3 +54,19 @@ def test_ctrl_c_while_the_command_line_loads_says_so(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "engine.cli", Interrupted("engine.cli"))
     assert main(["generate", "--model", "m", "--prompt", "hi"]) == 130
     assert capsys.readouterr().err == "\nsnug: interrupted\n"
+
+
+@pytest.mark.parametrize(
+    "args", [["--smoke"], ["--smoke", "--screenshot", "shot.png"], ["--smoke", "m", "--screenshot"]]
+)
+def test_smoke_without_its_folder_is_refused_before_the_window_opens(args, monkeypatch, capsys):
+    opened = []
+    gui = types.ModuleType("app.main")
+    gui.main = lambda argv: opened.append(argv) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "app.main", gui)
+    assert main(args) == 2
+    assert opened == []
+    err = capsys.readouterr().err
+    assert err.startswith("snug: --smoke") or err.startswith("snug: --screenshot")
+    assert "snug --smoke DIR [--screenshot PNG]" in err
+    assert err.count("\n") == 1

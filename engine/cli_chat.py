@@ -12,11 +12,13 @@ command but is none of them (/rest), a command other than /attach with more afte
 said so far is kept); at the prompt it ends the chat. A request the engine refuses (a
 message longer than the context, say, or one the chat template refuses) is reported, and
 the conversation stays as it was. A reply's thinking shows between "Thinking…" and "…done
-thinking." (dimmed on a terminal). Reads lines from a pipe as well, one message a line.
+thinking." (dimmed on a terminal, unless NO_COLOR is set or TERM is dumb). Reads lines from
+a pipe as well, one message a line.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -288,7 +290,7 @@ class Shown:
         one already shown (no second "Thinking…")."""
         self.out, self.kind = out, ""
         self.splitter = ReplySplitter(thinking)
-        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.tty = bool(getattr(out, "isatty", lambda: False)()) and _colour_allowed()
         if thinking and resumed:
             self.kind = "reasoning"
             self.out.write(self.DIM if self.tty else "")
@@ -314,6 +316,12 @@ class Shown:
                 self.out.write("Thinking…\n" + (self.DIM if self.tty else ""))
             self.kind = kind
         self.out.write(text)
+
+
+def _colour_allowed() -> bool:
+    """Whether a terminal may be written escapes that dim text: not where NO_COLOR is set to
+    anything (no-color.org) or TERM is dumb (a terminal that would show them as text)."""
+    return not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 def _note(stats: Any, reason: str | None, left_out: int, context: int) -> str:

@@ -341,3 +341,28 @@ def test_retry_answers_the_last_message_again(tiny_checkpoint, monkeypatch, caps
     one_exchange = run(monkeypatch, capsys, model, ["Hello there", "Again"], "--max-new-tokens",
                        "4", "--context", "512")  # fmt: skip
     assert used(one_exchange.err)[-1] == sizes[2]
+
+
+@pytest.mark.parametrize("env", [{"NO_COLOR": "1"}, {"TERM": "dumb"}])
+def test_thinking_is_not_dimmed_where_colour_is_turned_off(env, monkeypatch):
+    """NO_COLOR (no-color.org) and a terminal that draws no escapes (TERM=dumb): the thinking
+    is set apart by its words alone."""
+    from engine.cli_chat import Shown
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    tty = Terminal()
+    shown = Shown(tty, thinking=True)
+    shown.feed("Hmm.</think>\n\nYes.")
+    shown.finish()
+    assert tty.getvalue() == "Thinking…\nHmm.\n…done thinking.\n\nYes.\n"
+    assert "\x1b" not in tty.getvalue()
+    monkeypatch.setenv("NO_COLOR", "")  # empty: not set (no-color.org)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    coloured = Terminal()
+    shown = Shown(coloured, thinking=True)
+    shown.feed("Hmm.")
+    shown.finish()
+    assert Shown.DIM in coloured.getvalue()

@@ -23,7 +23,7 @@ from engine.cli_plan import (
     int_at_least,
     with_kv_cache,
 )
-from engine.cli_progress import cpu_note, load_progress, prompt_progress
+from engine.cli_progress import context_note, cpu_note, load_progress, prompt_progress
 from engine.config import DRAFT_CHOICES, EngineSettings
 from engine.errors import CheckpointError, RequestRefused, SnugError
 from engine.request_types import progress_args
@@ -277,6 +277,7 @@ def _load(args: argparse.Namespace):
         progress=load_progress(),
     )
     cpu_note(engine, settings)
+    context_note(engine, args.context)
     return engine
 
 

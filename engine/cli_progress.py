@@ -96,3 +96,16 @@ def cpu_note(engine: Any, settings: Any, out: TextIO | None = None) -> None:
         (out or sys.stderr).write(
             f"snug: running on the CPU (numpy), far slower than a GPU: {reason}\n"
         )
+
+
+def context_note(engine: Any, asked: int, out: TextIO | None = None) -> None:
+    """One line on `out` (stderr) where `--context` asked for more tokens than the model
+    takes (its config's max_position_embeddings, to which the load held the context): a
+    prompt refused later as longer than the context then says why raising it did not help."""
+    limit = engine.config.max_position_embeddings
+    if asked > engine.context and engine.context >= limit:
+        (out or sys.stderr).write(
+            f"snug: --context {asked:,} is past the model's limit of {limit:,} tokens "
+            f"(max_position_embeddings in {engine.config.source}); the context is "
+            f"{engine.context:,}\n"
+        )

@@ -145,7 +145,7 @@ def with_batch_invariant(settings: EngineSettings, args: argparse.Namespace) -> 
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from engine.cli_progress import cpu_note, load_progress
+    from engine.cli_progress import context_note, cpu_note, load_progress
     from engine.scheduler import Scheduler
     from engine.server.app import MAX_BODY, create_app
     from engine.server.runner import check_bind, uvicorn_server
@@ -170,6 +170,7 @@ def run_serve(args: argparse.Namespace) -> int:
         sock.close()
         raise
     cpu_note(engine, settings)
+    context_note(engine, args.context)
     scheduler = Scheduler(engine, queue_size=args.queue, prefill_chunk=args.prefill_chunk)
     body = args.max_body_mib << 20 if args.max_body_mib else MAX_BODY
     app = create_app(

@@ -38,6 +38,8 @@ def _parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated token ids such as 1,2,3, got {text[:80]!r}"
         ) from None
+    if not ids:  # refused here, not after the (slow) load
+        raise argparse.ArgumentTypeError("no token ids given; pass them as 1,2,3")
     negative = [i for i in ids if i < 0]
     if negative:
         raise argparse.ArgumentTypeError(f"token id {negative[0]} is negative; ids are >= 0")

@@ -1,10 +1,12 @@
-"""`snug generate` and `snug chat` asked for more than the model allows: a context past the
-model's own limit (engine/cli.py)."""
+"""`snug generate` and `snug chat` asked for more than the model or the prompt allows: a
+context past the model's own limit, an empty list of token ids (engine/cli.py)."""
 
 from __future__ import annotations
 
 import io
 import json
+
+import pytest
 
 from engine.cli import main
 
@@ -30,3 +32,11 @@ def test_a_chat_says_its_context_was_capped_too(tiny_checkpoint, monkeypatch, ca
     args = ["chat", "--model", model, "--backend", "numpy", "--max-new-tokens", "1"]
     assert main([*args, "--context", "10000000"]) == 0
     assert "snug: --context 10,000,000 is past the model's limit of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ids", ["", ",", " , "])
+def test_no_token_ids_are_refused_before_the_load(ids, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--model", "nowhere", "--prompt-ids", ids])
+    assert exc.value.code == 2
+    assert "--prompt-ids: no token ids given" in capsys.readouterr().err

@@ -340,10 +340,19 @@ class ResponseOutput:
             item["content"][0]["logprobs"].extend(logprobs)
         return item, len(self.items) > count
 
+    def cut(self, gen: Generation) -> bool:
+        """Whether the reply was cut by its token limit; its last message, the one cut, is
+        then marked "incomplete", as OpenAI marks it."""
+        if gen.finish_reason != "length":
+            return False
+        if self.items and self.items[-1]["type"] == "message":
+            self.items[-1]["status"] = "incomplete"
+        return True
+
     def response(self, gen: Generation | None, status: str = "completed") -> dict[str, Any]:
         body = self.body
         incomplete = None
-        if gen is not None and gen.finish_reason == "length":
+        if gen is not None and self.cut(gen):
             status, incomplete = "incomplete", {"reason": "max_output_tokens"}
         usage = None
         if gen is not None:
@@ -445,6 +454,7 @@ class ResponseOutput:
                     **extra,
                 )
             if self.items:
+                self.cut(gen)  # the last item's status, before its done event
                 for kind, data in _item_done(self.items[-1], len(self.items) - 1):
                     yield event(kind, **data)
             final = self.response(gen)

@@ -155,9 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text from a prompt")
     g.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors)")
-    src = g.add_mutually_exclusive_group(required=True)
+    # Neither given: the prompt is read from a pipe (main() asks for one at a terminal).
+    src = g.add_mutually_exclusive_group()
     src.add_argument(
-        "--prompt", type=_utf8_text, help="a user message (chat template applied unless --raw)"
+        "--prompt",
+        type=_utf8_text,
+        help="a user message (chat template applied unless --raw); '-', or no --prompt with "
+        "the prompt piped in: read from standard input",
     )
     src.add_argument("--prompt-ids", type=_parse_ids, help="token ids, e.g. 1,2,3")
     g.add_argument("--raw", action="store_true", help="tokenize --prompt as is, no template")
@@ -206,6 +210,8 @@ def _settings(args: argparse.Namespace) -> EngineSettings:
 def run_generate(args: argparse.Namespace) -> int:
     from engine.attachments import compose, read_attachment
 
+    if args.prompt == "-" or (args.prompt is None and args.prompt_ids is None):
+        args.prompt = _stdin_prompt(sys.stdin)
     if args.attach:  # read before the load: a file refused costs no load
         if args.prompt is None or args.raw:
             raise RequestRefused("--attach goes with --prompt, through the chat template")
@@ -235,6 +241,29 @@ def run_chat(args: argparse.Namespace) -> int:
         return chat(engine, name, params, args.system, thinking, *streams, thinking_budget=budget)
     finally:
         engine.unload()
+
+
+def _stdin_prompt(stdin) -> str:
+    """The prompt piped into standard input, as --prompt takes it (its last line's newline
+    left out), read before the load: no more than an attached file may hold, in UTF-8."""
+    from engine.attachments import MAX_FILE_BYTES
+
+    source = getattr(stdin, "buffer", None)
+    data = source.read(MAX_FILE_BYTES + 1) if source is not None else stdin.read().encode()
+    if len(data) > MAX_FILE_BYTES:
+        raise RequestRefused(
+            f"standard input holds more than {MAX_FILE_BYTES >> 20} MiB, more than a prompt "
+            "may take; pipe in the part you need"
+        )
+    if not data.strip():
+        raise RequestRefused("standard input is empty; pipe the prompt in, or give --prompt TEXT")
+    try:
+        return data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise RequestRefused(
+            f"standard input is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start}); convert it to UTF-8, or pass token ids with --prompt-ids"
+        ) from None
 
 
 def _utf8_input(stdin) -> None:
@@ -504,6 +533,12 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # said with the command's own usage, which lists the flags it takes
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "generate" and args.prompt is None and args.prompt_ids is None:
+        if getattr(sys.stdin, "isatty", lambda: True)():  # nothing piped in to read
+            parser.commands["generate"].error(
+                "one of the arguments --prompt --prompt-ids is required (or pipe the prompt "
+                "into standard input)"
+            )
     try:
         if getattr(args, "model", None) is not None:  # a folder, or a repository id
             args.model = str(_model_folder(args.model))

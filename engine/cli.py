@@ -8,6 +8,7 @@ import codecs
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -503,6 +504,8 @@ def _model_folder(where: str) -> Path:
 
     if not where.strip():  # not the current folder by accident
         raise CheckpointError("--model is empty; give a checkpoint's folder or repository id")
+    if not Path(where).expanduser().exists():  # a Hub address pasted from a browser
+        where = _repo_of(where)
     path = find_model(where)
     if not path.exists():
         raise CheckpointError(f"--model {where}: there is no such folder ({path.absolute()})")
@@ -512,6 +515,18 @@ def _model_folder(where: str) -> Path:
             f"({path.absolute().parent})"
         )
     return path
+
+
+_HUB_ADDRESS = re.compile(
+    r"^(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/([^/?#\s]+/[^/?#\s]+)", re.IGNORECASE
+)
+
+
+def _repo_of(where: str) -> str:
+    """The repository id in a Hub address (`https://huggingface.co/owner/name/tree/main`),
+    or in an id with a slash after it; anything else as it is."""
+    found = _HUB_ADDRESS.match(where.strip())
+    return found.group(1) if found else where.rstrip("/") or where
 
 
 def _tolerant_output() -> None:

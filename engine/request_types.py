@@ -4,6 +4,7 @@ token as it comes (TokenEvent), and the reply's figures on the last one (Generat
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -91,6 +92,26 @@ class GenerationStats:
     cached_tokens: int = 0  # of the prompt's, restored from the prompt cache (not prefilled)
     # The budget its thinking was closed at (engine/thinking_budget.py); 0: not closed so.
     thinking_cut: int = 0
+
+    @classmethod
+    def measure(
+        cls, prompt_tokens: int, new_tokens: int, t0: float, t_first: float, stream: Any = None
+    ) -> GenerationStats:
+        """A reply's figures now: started at `t0`, its first token at `t_first`
+        (`time.perf_counter`); `stream` (engine.session's) counts its drafts and the prompt's
+        tokens restored from the prompt cache."""
+        now = time.perf_counter()
+        prefill_s, decode_s = max(t_first - t0, 1e-9), max(now - t_first, 1e-9)
+        return cls(
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            ttft_s=t_first - t0,
+            prefill_tok_s=prompt_tokens / prefill_s,
+            decode_tok_s=(new_tokens - 1) / decode_s if new_tokens > 1 else 0.0,
+            drafted=getattr(stream, "drafted", 0),
+            drafts_kept=getattr(stream, "drafts_kept", 0),
+            cached_tokens=getattr(stream, "reused", 0),
+        )
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from typing import Any
 
 from engine.backends.base import Batch
 from engine.errors import RequestRefused
-from engine.request_types import NO_TOKEN
+from engine.request_types import NO_TOKEN, GenerationStats
 from engine.sampling import Sampler
 from engine.session import Engine, GenerationParams, TokenEvent, _Stream, aligned_chunks
 from engine.tokenizer import StreamDecoder
@@ -512,7 +512,7 @@ class Scheduler:
         stats = None
         if request.t_first:
             n = len(request.generated)
-            stats = Engine._stats(
+            stats = GenerationStats.measure(
                 len(request.prompt_ids), n, request.t0, request.t_first, request.stream
             )
         self.stats.finished += 1  # before the slot goes back: `running` drops last

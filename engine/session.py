@@ -412,7 +412,7 @@ class Engine:
                 cut = self.turn_start(prompt_ids)
                 logits = self.prefill(stream, todo, cut=cut, cancel=cancel, progress=progress)
             if logits is None:  # stopped while the prompt ran
-                stats = self._stats(len(prompt_ids), 0, t0, time.perf_counter(), stream)
+                stats = GenerationStats.measure(len(prompt_ids), 0, t0, time.perf_counter(), stream)
                 yield TokenEvent(NO_TOKEN, "", True, "cancelled", stats)
                 return
             prompt_logits = logits
@@ -435,7 +435,9 @@ class Engine:
                 text = "" if token in self.eos_ids else decoder.push(token)
                 if reason is not None:
                     text += decoder.flush()
-                    stats = self._stats(len(prompt_ids), len(generated), t0, t_first, stream)
+                    stats = GenerationStats.measure(
+                        len(prompt_ids), len(generated), t0, t_first, stream
+                    )
                     completed = True
                     yield TokenEvent(token, text, True, reason, stats, sampler.last)
                     return
@@ -564,23 +566,6 @@ class Engine:
         finally:
             for s in streams:
                 self._close_stream(s)
-
-    @staticmethod
-    def _stats(
-        prompt_tokens: int, new_tokens: int, t0: float, t_first: float, stream: Any = None
-    ) -> GenerationStats:
-        now = time.perf_counter()
-        prefill_s, decode_s = max(t_first - t0, 1e-9), max(now - t_first, 1e-9)
-        return GenerationStats(
-            prompt_tokens=prompt_tokens,
-            new_tokens=new_tokens,
-            ttft_s=t_first - t0,
-            prefill_tok_s=prompt_tokens / prefill_s,
-            decode_tok_s=(new_tokens - 1) / decode_s if new_tokens > 1 else 0.0,
-            drafted=getattr(stream, "drafted", 0),
-            drafts_kept=getattr(stream, "drafts_kept", 0),
-            cached_tokens=getattr(stream, "reused", 0),
-        )
 
     def unload(self) -> None:
         """Release weights and state (the prompt cache's disk writes are finished first);

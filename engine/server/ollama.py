@@ -24,6 +24,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,15 @@ from engine.server.errors import MODELS_IN_APP, error_response
 from engine.server.generation import Generation
 from engine.server.logprobs import LogprobFormat
 from engine.server.ollama_models import ModelCard, stamp
-from engine.server.protocol import ApiError, bad, field, read_completion, streamed_error
+from engine.server.protocol import (
+    ApiError,
+    Options,
+    bad,
+    field,
+    loose_sampling,
+    read_completion,
+    streamed_error,
+)
 from engine.server.reply import Piece
 
 if TYPE_CHECKING:
@@ -52,10 +61,9 @@ OLLAMA_VERSION = "0.12.11"
 # runner's (`num_ctx`: the context is the server's own, `--context`; `num_gpu`,
 # `num_thread`, ...) or samplers this engine does not have (`repeat_penalty`, `mirostat`,
 # `typical_p`, which Ollama's own engine does not apply either): they are ignored, as
-# Ollama ignores the options it does not know.
+# Ollama ignores the options it does not know. `temperature` and `top_p` are read as its
+# sampler takes them (any temperature; protocol.loose_sampling), after the chat request.
 OPTIONS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
     "top_k": "top_k",
     "min_p": "min_p",
     "seed": "seed",
@@ -423,6 +431,7 @@ class OllamaApi:
                 asked = chat_body(body, generate)
                 started = "" if generate else prefill(asked)
                 chat = read_chat(asked)
+                chat = replace(chat, options=sampled(chat.options, body))
                 self._check(chat.options.model)
                 truncate = not generate and body.get("truncate", True) is not False
                 gen = await s._submit(
@@ -473,6 +482,7 @@ class OllamaApi:
         if earlier:
             prompt = earlier + s.tokenizer.encode(prompt)
         req = read_completion({**completion, "prompt": prompt})
+        req = replace(req, options=sampled(req.options, body))
         self._check(req.options.model)
         return await s._submit_completion(request, req, fit=True), req.options.stream
 
@@ -493,6 +503,12 @@ def context_ids(body: dict[str, Any], vocab: int) -> list[int]:
             "context",
         )
     return ids
+
+
+def sampled(options: Options, body: dict[str, Any]) -> Options:
+    """`options` with the request's `options.temperature` and `options.top_p` as Ollama's
+    sampler takes them: any temperature (a negative one as 0), a top_p past 1 as 1."""
+    return loose_sampling(options, field(body, "options", "object", {}), "options.")
 
 
 def as_sent(exc: ApiError) -> ApiError:

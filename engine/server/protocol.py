@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -124,12 +125,11 @@ def field(body: dict, name: str, kind: str, default: Any = None, where: str = ""
     return value
 
 
-def in_range(name: str, value: Any, low: float, high: float, low_open: bool = False) -> Any:
+def in_range(name: str, value: Any, low: float, high: float) -> Any:
     if value is None:
         return None
-    if not low <= value <= high or (low_open and value == low):  # NaN too
-        left = "(" if low_open else "["
-        raise bad(f"'{name}' = {value} must be in {left}{low}, {high}]", name)
+    if not low <= value <= high:  # NaN too
+        raise bad(f"'{name}' = {value} must be in [{low}, {high}]", name)
     return value
 
 
@@ -180,6 +180,8 @@ class Options:
             "seed": self.seed,
         }
         chosen = {k: v for k, v in given.items() if v is not None}
+        if chosen.get("top_p") == 0:  # a nucleus of no mass: the single likeliest token
+            chosen |= {"top_p": 1.0, "top_k": 1}
         return GenerationParams(
             max_new_tokens=max_new_tokens,
             grammar=self.grammar,
@@ -249,7 +251,7 @@ def read_options(body: dict, max_tokens_default: int | None, chat: bool = True) 
         model=field(body, "model", "string"),
         max_tokens=max_tokens,
         temperature=in_range("temperature", field(body, "temperature", "number"), 0, 2),
-        top_p=in_range("top_p", field(body, "top_p", "number"), 0, 1, low_open=True),
+        top_p=in_range("top_p", field(body, "top_p", "number"), 0, 1),
         top_k=max(top_k, 0) if top_k is not None else None,
         min_p=in_range("min_p", field(body, "min_p", "number"), 0, 0.999999),
         presence_penalty=in_range(
@@ -269,6 +271,24 @@ def read_options(body: dict, max_tokens_default: int | None, chat: bool = True) 
         n=read_choices(body),
         limit_name=limit,
     )
+
+
+def loose_sampling(options: Options, body: dict, where: str = "") -> Options:
+    """`options` with `body`'s temperature and top_p as Ollama's and llama.cpp's samplers
+    take them, where OpenAI's API holds them to [0, 2] and [0, 1]: any temperature (a
+    negative one as 0: the likeliest token), a top_p past 1 as 1 (off). `where`: the
+    fields' prefix in the request (`options.`), for the errors."""
+    values = {}
+    for name in ("temperature", "top_p"):
+        value = field(body, name, "number", None, where)
+        if value is None:
+            continue
+        if not math.isfinite(value):
+            raise bad(f"'{where}{name}' = {value} must be a finite number", f"{where}{name}")
+        values[name] = max(float(value), 0.0)
+    if "top_p" in values:
+        values["top_p"] = min(values["top_p"], 1.0)
+    return replace(options, **values)
 
 
 def read_logit_bias(body: dict) -> tuple[tuple[int, float], ...]:

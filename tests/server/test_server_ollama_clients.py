@@ -65,7 +65,7 @@ def test_errors_name_the_fields_as_the_client_sent_them(served, raw):
     """A sampling option is refused as `options.NAME` and a schema as `format`: the
     request's own fields, not those of the chat request it is read as."""
     for options, name in (
-        ({"temperature": 3}, "options.temperature"),
+        ({"temperature": "hot"}, "options.temperature"),
         ({"top_k": "5"}, "options.top_k"),
         ({"stop": [1, 2]}, "options.stop"),
         ({"seed": 2**70}, "options.seed"),

@@ -406,7 +406,8 @@ def _generate(engine, args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         if stats:
             sys.stderr.write(
-                f"[{engine.backend_name}] {stats.prompt_tokens} prompt tokens, "
+                f"[{engine.backend_name}] {stats.prompt_tokens} prompt "
+                f"token{'' if stats.prompt_tokens == 1 else 's'}, "
                 f"{stats.new_tokens} new; first token {stats.ttft_s * 1000:.0f} ms"
                 # one token has no decode rate (it is the first token's)
                 + (f"; {stats.decode_tok_s:.1f} tokens/s\n" if stats.new_tokens > 1 else "\n")

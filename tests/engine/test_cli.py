@@ -264,7 +264,9 @@ def test_without_a_gpu_the_cpu_backend_says_why(tiny_checkpoint, monkeypatch, ca
     err = capsys.readouterr().err
     assert "snug: running on the CPU (numpy), far slower than a GPU: No NVIDIA GPU" in err
     assert main([*base, "--backend", "numpy"]) == 0  # asked for: nothing to explain
-    assert "running on the CPU" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "running on the CPU" not in err
+    assert "] 1 prompt token, 1 new;" in err  # one token is one, not "1 prompt tokens"
 
 
 def test_plan_refuses_counts_out_of_range_by_flag(capsys):

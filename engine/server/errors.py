@@ -90,9 +90,11 @@ async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     path = request.url.path.rstrip("/") or "/"
     if exc.status_code == 404:
-        message = ABSENT.get(path) or f"no route {request.method} {path}; see GET /v1/models"
+        shape = shape_of(path, request.headers)
+        models = "GET /api/tags" if shape == "ollama" else "GET /v1/models"  # its model list
+        message = ABSENT.get(path) or f"no route {request.method} {path}; see {models}"
         err = ApiError(404, message, code="not_found")
-        return error_response(err, shape_of(path, request.headers))
+        return error_response(err, shape)
     if exc.status_code == 405:
         methods = (exc.headers or {}).get("Allow", "").split(",")
         allowed = ", ".join(sorted(m.strip() for m in methods if m.strip()))

@@ -34,6 +34,7 @@ from app.theme import THEME
 from app.widgets.attachment_tray import AttachmentTray, local_files
 from app.widgets.elided_label import ElidedLabel
 from app.widgets.message import MessageWidget, fingerprint
+from app.widgets.plain import plain_tip
 from app.widgets.system_prompt import SystemPromptDialog
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
@@ -142,6 +143,7 @@ class ChatPanel(QWidget):
         # Wrapped: a long line (a refused file, the stats) takes a second line, never the
         # width of the window (it would clip, and push the sidebar aside).
         self.status.setWordWrap(True)
+        self.status.setTextFormat(Qt.TextFormat.PlainText)  # titles, file names, as written
         status_row.addWidget(self.status, 1)
         self.thinking = QCheckBox("Thinking")
         self.thinking.setToolTip("Let the model reason before it answers (shown collapsed)")
@@ -310,8 +312,10 @@ class ChatPanel(QWidget):
             "System prompt (this chat)" if own is not None else "System prompt"
         )
         self.system_button.setToolTip(
-            ("This chat's own: " if own is not None else "The default (Settings > Chat): ")
-            + (text.strip() or "none")
+            plain_tip(
+                ("This chat's own: " if own is not None else "The default (Settings > Chat): ")
+                + (text.strip() or "none")
+            )
         )
 
     def _text_size(self, points: object) -> None:

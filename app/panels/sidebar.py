@@ -26,6 +26,7 @@ from app.chat_controller import ChatController
 from app.dates import date_group
 from app.state.chat_history import Chat
 from app.widgets.chat_groups import GROUP_ROLE, GroupHeadings
+from app.widgets.plain import plain_tip
 
 DOCUMENTS = QStandardPaths.StandardLocation.DocumentsLocation
 SEARCH_MS = 200  # the pause in typing after which the search runs
@@ -161,7 +162,7 @@ class ChatSidebar(QWidget):
         item = QListWidgetItem(chat.title)
         item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
         item.setData(Qt.ItemDataRole.UserRole, chat.id)
-        item.setToolTip(chat.title)
+        item.setToolTip(plain_tip(chat.title))
         self._items[chat.id] = item
         return item
 
@@ -246,6 +247,7 @@ class ChatSidebar(QWidget):
         box = QMessageBox(self)
         box.setIcon(QMessageBox.Icon.Question)
         box.setWindowTitle("Delete chat")
+        box.setTextFormat(Qt.TextFormat.PlainText)  # the title as typed, never read as HTML
         box.setText(f"Delete the chat “{chat.title}”?")
         box.setInformativeText("Its messages are removed from this computer for good.")
         yes = box.addButton("Delete", QMessageBox.ButtonRole.DestructiveRole)

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.widgets.flow_layout import FlowLayout
+from app.widgets.plain import plain_tip
 from engine.attachments import Attachment, AttachmentRefused, compose, read_attachment
 
 MAX_FILES = 20  # a message's files at most: past that, a folder's worth went in by mistake
@@ -193,10 +194,11 @@ class AttachmentTray(QWidget):
             row.setSpacing(2)
             text = attachment.summary() + (f" · {tokens:,} tokens" if tokens else "")
             label = QLabel()
+            label.setTextFormat(Qt.TextFormat.PlainText)
             shown = label.fontMetrics().elidedText(text, Qt.TextElideMode.ElideMiddle, CHIP_PX)
             label.setText(shown)
             tip = preview(attachment)
-            label.setToolTip(tip if shown == text else f"{text}\n\n{tip}")  # the whole name
+            label.setToolTip(plain_tip(tip if shown == text else f"{text}\n\n{tip}"))
             drop = QToolButton()
             drop.setObjectName("removeAttachment")
             drop.setText("×")

@@ -39,6 +39,7 @@ from app.theme import THEME, colour
 from app.thinking import split_reply
 from app.widgets.attachment_tray import preview
 from app.widgets.formulas import draw_formulas
+from app.widgets.plain import plain_tip
 from engine.attachments import Attachment, compose
 
 MARKDOWN = QTextDocument.MarkdownFeature(
@@ -251,10 +252,11 @@ class MessageWidget(QFrame):
         self.attachments_label = QLabel("Attached: " + " · ".join(_short(a) for a in files))
         self.attachments_label.setObjectName("attachmentsLabel")
         self.attachments_label.setWordWrap(True)
+        self.attachments_label.setTextFormat(Qt.TextFormat.PlainText)
         # A long name that cannot wrap would widen the message past the chat's view.
         self.attachments_label.setMinimumWidth(1)
         self.attachments_label.setToolTip(
-            "\n\n".join(f"{a.summary()}\n{preview(a, 6)}" for a in files)
+            plain_tip("\n\n".join(f"{a.summary()}\n{preview(a, 6)}" for a in files))
         )
         self.attachments_label.setVisible(bool(files))
         layout.addWidget(self.attachments_label)

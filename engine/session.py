@@ -530,7 +530,9 @@ class Engine:
     def generate_many(
         self, prompts: list[list[int]], params: GenerationParams | None = None
     ) -> list[list[int]]:
-        """Serve several prompts concurrently (one decode batch); return each one's tokens."""
+        """Serve several prompts concurrently (one decode batch); return each one's tokens
+        (each reply ends as `generate` ends it: at an end-of-sequence id, max_new_tokens, or
+        where the context is full)."""
         params = params or GenerationParams()
         prompts = [self.checked_prompt(ids) for ids in prompts]
         streams: list[_Stream] = []
@@ -549,7 +551,8 @@ class Engine:
                 for i in active:
                     outputs[i].append(next_ids[i])
                     done = next_ids[i] in self.eos_ids
-                    if not done and len(outputs[i]) < params.max_new_tokens:
+                    room = len(prompts[i]) + len(outputs[i]) <= self.context  # to feed it
+                    if not done and room and len(outputs[i]) < params.max_new_tokens:
                         still.append(i)
                 active = still
                 if not active:

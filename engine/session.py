@@ -39,6 +39,7 @@ from engine.sampling import Sampler
 Progress = Callable[[str, float], None]
 PrefillProgress = Callable[[int, int], None]  # the prompt's tokens run so far, of how many
 HOST_PROMPT_CACHE_BYTES = 1 << 30  # saved stream states kept in host memory (numpy backend)
+UNLOADED = "the model was unloaded; load it again to generate"
 
 log = logging.getLogger(__name__)
 __all__ = ["Engine", "GenerationParams", "GenerationStats", "TokenEvent", "aligned_chunks"]
@@ -248,7 +249,7 @@ class Engine:
         """The prompt as a list of ints, refused (RequestRefused) before anything runs where
         it is empty, holds an id outside the vocabulary, or the model was unloaded."""
         if self.backend is None:
-            raise RequestRefused("the model was unloaded; load it again to generate")
+            raise RequestRefused(UNLOADED)
         return id_list(prompt_ids, self.vocab_rows)
 
     def _check_room(self, stream: _Stream, new_rows: int) -> None:
@@ -442,6 +443,8 @@ class Engine:
                     yield TokenEvent(token, text, True, reason, stats, sampler.last)
                     return
                 yield TokenEvent(token, text, logprobs=sampler.last)
+                if self.backend is None:  # unloaded while the caller held the reply
+                    raise RequestRefused(UNLOADED)
                 if len(generated) == 1 and self.backend.cheap_snapshots:
                     # The state is the prompt's, fed nothing yet. Its disk copy (a copy to
                     # the host) waits for the reply's end, off the decode's path.
@@ -466,10 +469,11 @@ class Engine:
                 pending = ahead
         finally:
             try:
-                if completed:
-                    self._save(stream)
-                self.prompt_cache.persist_deferred()
-                self.prompt_cache.ready_next()
+                if self.backend is not None:  # (an unloaded model keeps nothing)
+                    if completed:
+                        self._save(stream)
+                    self.prompt_cache.persist_deferred()
+                    self.prompt_cache.ready_next()
             finally:  # the slot goes back whatever a save raised (as the scheduler's do)
                 self._close_stream(stream)
 
@@ -572,7 +576,8 @@ class Engine:
 
     def unload(self) -> None:
         """Release weights and state (the prompt cache's disk writes are finished first);
-        the engine cannot be used afterwards (its requests are refused). Again: nothing."""
+        the engine cannot be used afterwards (its requests are refused, and so is the next
+        read of a reply still held). Again: nothing."""
         if self.backend is None:
             return
         self.prompt_cache.close()

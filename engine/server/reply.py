@@ -2,7 +2,10 @@
 answer, tool calls parsed (engine.server.tool_calls).
 
 Qwen3.5 thinks between `<think>` and `</think>`; with thinking on, the chat template opens
-the block in the prompt, so the reply starts inside it. A tool call is a `<tool_call>` block;
+the block in the prompt, so the reply starts inside it. A `</think>` where no thinking is open
+(thinking off, whose template closed the block in the prompt, or a second one) is dropped,
+and a call Qwen3.5 writes before closing its thinking ends the thinking there, as vLLM's
+`qwen3` parser reads both. A tool call is a `<tool_call>` block;
 in Qwen3.5's form its name and arguments come out as they are written ("call_start" and
 "call_args" pieces, for the APIs that stream a call), and the whole call once the block
 closes ("tool_call"). Text that might be the start of a marker or a stop string is held back
@@ -140,10 +143,11 @@ class ReplySplitter:
         buf = self._buf
         if self.mode == "tool":
             return self._tool_step(out, final)
-        markers = self._markers()
-        hits = [(i, m) for m in markers if (i := buf.find(m)) >= 0]
-        if hits:
-            i, marker = min(hits)
+        i, marker = self._next_marker(buf, final)
+        if marker == THINK_CLOSE and self.mode == "content":
+            self._buf = buf[:i] + buf[i + len(marker) :]  # no thinking is open: dropped
+            return True
+        if marker is not None:
             self._emit(out, self.mode, buf[:i].rstrip())
             if marker == CALL_OPEN:
                 self.mode, self._buf = "tool", buf[i:]
@@ -154,14 +158,44 @@ class ReplySplitter:
             return True
         if final:
             return False
-        # Keep what may start a marker, and trailing whitespace (dropped if a marker or the
-        # end follows it).
-        keep = partial_suffix(buf, markers)
+        # Keep what may start a marker (or a marker still undecided), and trailing
+        # whitespace (dropped if a marker or the end follows it).
+        keep = len(buf) - i if i >= 0 else partial_suffix(buf, self._markers())
         body = buf[: len(buf) - keep]
         settled = body.rstrip()
         self._emit(out, self.mode, settled)
         self._buf = buf[len(settled) :]
         return False
+
+    def _next_marker(self, buf: str, final: bool) -> tuple[int, str | None]:
+        """(where, which) of the buffer's first marker that counts; (where, None) where one
+        that may count starts but the text after it has not decided yet; (-1, None) else."""
+        start = 0
+        while True:
+            hits = [(i, m) for m in self._markers() if (i := buf.find(m, start)) >= 0]
+            if not hits:
+                return -1, None
+            i, marker = min(hits)
+            counts = self._counts(buf, i, marker, final)
+            if counts is None:
+                return i, None
+            if counts:
+                return i, marker
+            start = i + len(marker)
+
+    def _counts(self, buf: str, i: int, marker: str, final: bool) -> bool | None:
+        """Whether `marker` at `i` is one (None: not decided until more text comes).
+        `<think>` opens thinking only before any of the answer's words; `<tool_call>` in
+        the thinking is a call (Qwen3.5 writes some before `</think>`) only where a
+        function's head follows it, so that the tag named in a thought stays a thought."""
+        if marker == THINK_OPEN:
+            return not buf[:i].strip()
+        if marker == CALL_OPEN and self.mode == "reasoning":
+            after = buf[i + len(marker) :].lstrip()
+            if after.startswith(FUNCTION_OPEN):
+                return True
+            return None if not final and FUNCTION_OPEN.startswith(after) else False
+        return True
 
     def _tool_step(self, out: list[Piece], final: bool) -> bool:
         """Inside a `<tool_call>` block (the buffer starts at it, or after the function's
@@ -210,8 +244,9 @@ class ReplySplitter:
 
     def _markers(self) -> list[str]:
         if self.mode == "reasoning":
-            return [THINK_CLOSE]
-        markers = [CALL_OPEN] if self.tools else []
+            return [THINK_CLOSE, CALL_OPEN] if self.tools else [THINK_CLOSE]
+        # A `</think>` where no thinking is open (thinking off, or a second one) is dropped.
+        markers = [CALL_OPEN, THINK_CLOSE] if self.tools else [THINK_CLOSE]
         if not self._said:  # a reply may open its own thinking block, first thing
             markers.append(THINK_OPEN)
         return markers

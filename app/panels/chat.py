@@ -406,7 +406,8 @@ class ChatPanel(QWidget):
     def show_found(self, query: str) -> None:
         """Bring the chat's last message that holds `query` (casefolded; its text or an
         attached file's name) into view, drawing the earlier messages down to it, and mark
-        it for FOUND_MS; nothing where only the chat's title holds it."""
+        it for FOUND_MS (a reply found by its thinking alone with its thinking shown);
+        nothing where only the chat's title holds it."""
         turns = self.chats.current.turns
         found = next((i for i in range(len(turns) - 1, -1, -1) if turns[i].holds(query)), None)
         if found is None:
@@ -414,6 +415,9 @@ class ChatPanel(QWidget):
         while found < self._first:
             self.show_earlier()
         widget = self._messages[found - self._first]
+        parts = [part.casefold() for part in turns[found].shown_text()]
+        if len(parts) == 2 and query in parts[0] and query not in parts[1]:
+            widget.think_toggle.setChecked(True)  # a reply found by its thinking: shown
         _mark(widget, True)
         # In the middle of the view, after the scroll to the end that a chat shown asks for,
         # and again as the messages drawn take their heights (the range grows), while marked.

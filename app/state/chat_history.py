@@ -75,10 +75,18 @@ class Turn:
 
     def holds(self, query: str) -> bool:
         """Whether its text or one of its files' names holds `query` (casefolded already):
-        what the chat search finds."""
-        return query in self.content.casefold() or any(
+        what the chat search finds. A reply's text is what it shows, its thinking and its
+        answer, without the tags that set the thinking apart."""
+        return any(query in part.casefold() for part in self.shown_text()) or any(
             query in a.name.casefold() for a in self.attachments
         )
+
+    def shown_text(self) -> tuple[str, ...]:
+        """The text a message shows: a reply's thinking and its answer, another's content."""
+        if self.role != "assistant":
+            return (self.content,)
+        split = split_reply(self.content, self.thinking_enabled)
+        return (split.thinking, split.answer)
 
     @property
     def prompt(self) -> str:

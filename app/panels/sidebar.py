@@ -11,6 +11,7 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, QObject, QStandardPaths, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QApplication,
     QFileDialog,
     QLineEdit,
     QListWidget,
@@ -85,6 +86,8 @@ class ChatSidebar(QWidget):
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.currentItemChanged.connect(self._picked)
+        self.list.itemPressed.connect(self._pressed)  # the chat on show, found: its message
+        self._just_picked: QListWidgetItem | None = None  # picked by the press under way
         self.list.itemChanged.connect(self._renamed)  # an item's title edited in place
         self.list.setEditTriggers(
             QListWidget.EditTrigger.DoubleClicked | QListWidget.EditTrigger.EditKeyPressed
@@ -217,6 +220,21 @@ class ChatSidebar(QWidget):
             self.chats.select(item.data(Qt.ItemDataRole.UserRole))
             if self._query():  # a chat the search found: the chat shows where
                 self.found_picked.emit(self._query())
+                # A press that picked it is not taken again as a press on the chat on show.
+                self._just_picked = item
+                QTimer.singleShot(0, self, self._forget_picked)
+
+    def _forget_picked(self) -> None:
+        self._just_picked = None
+
+    def _pressed(self, item: QListWidgetItem) -> None:
+        """A click on the chat on show, found by the search: it goes to what was found."""
+        if item is self._just_picked:
+            self._just_picked = None
+        elif QApplication.mouseButtons() != Qt.MouseButton.LeftButton:
+            return  # a right click opens the chat's menu, and nothing more
+        elif self._query() and item.data(Qt.ItemDataRole.UserRole) == self.chats.current.id:
+            self.found_picked.emit(self._query())
 
     def _menu(self, pos) -> None:
         item = self.list.itemAt(pos)
@@ -267,7 +285,8 @@ class ChatSidebar(QWidget):
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt override)
         """The search box: Esc clears it (Esc stops a reply elsewhere); Down or Enter moves
-        to the chats found, the first one shown where the chat on show is not among them."""
+        to the chats found, the first one shown where the chat on show is not among them,
+        and the chat shown at the message found."""
         kind = event.type()
         if watched is not self.search or kind not in (KEY_PRESS, SHORTCUT_OVERRIDE):
             return super().eventFilter(watched, event)
@@ -283,7 +302,9 @@ class ChatSidebar(QWidget):
                 self.refresh()
             if self.list.count():
                 if self.list.currentItem() is None:
-                    self.list.setCurrentRow(0)
+                    self.list.setCurrentRow(0)  # shown where it was found (`_picked`)
+                elif self._query():  # the chat on show, found: shown where it was found
+                    self.found_picked.emit(self._query())
                 self.list.setFocus()
             return True
         return super().eventFilter(watched, event)

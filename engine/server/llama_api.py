@@ -1,5 +1,5 @@
-"""llama.cpp's own completion API (`POST /completion`, `GET /props`), for the clients that
-speak it rather than OpenAI's: editor plugins and chat front-ends with a "llama.cpp"
+"""llama.cpp's own completion API (`POST /completion`, `GET /props`, `GET /slots`), for the
+clients that speak it rather than OpenAI's: editor plugins and chat front-ends with a "llama.cpp"
 backend. A request is read as the completion request it stands for (engine/server/
 protocol.py) and runs on the same path; the answer is llama.cpp's: `content`, the counts
 (`tokens_predicted`, `tokens_evaluated`, `tokens_cached`), why it stopped (`stop_type`
@@ -27,9 +27,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine import __version__
+from engine.scheduler import Request as SchedulerRequest
+from engine.scheduler import Scheduler
 from engine.server.generation import Generation
 from engine.server.logprobs import LogprobFormat
-from engine.server.protocol import bad, field, read_completion, read_options, streamed_error
+from engine.server.protocol import (
+    ApiError,
+    bad,
+    field,
+    read_completion,
+    read_options,
+    streamed_error,
+)
 from engine.server.sse import data, sse
 
 if TYPE_CHECKING:
@@ -47,7 +56,11 @@ class LlamaApi:
         self.server = server
 
     def routes(self) -> list[tuple[str, Any, str]]:
-        return [("/completion", self.completion, "POST"), ("/props", self.props, "GET")]
+        return [
+            ("/completion", self.completion, "POST"),
+            ("/props", self.props, "GET"),
+            ("/slots", self.slots, "GET"),
+        ]
 
     async def completion(self, request: Request) -> Response:
         s = self.server
@@ -93,6 +106,81 @@ class LlamaApi:
                 "build_info": f"snug {__version__}",
             }
         )
+
+    async def slots(self, request: Request) -> JSONResponse:
+        """llama.cpp's `GET /slots`: a slot (stream) each, busy or idle, with the context it
+        holds and, at work, its request: the prompt's counts, the sampling, the tokens
+        decoded and left, the text so far. `?fail_on_no_slot=1`: 503 where none is idle,
+        as llama.cpp answers load balancers that ask."""
+        s = self.server
+        s._authorize(request)
+        working = _working(s.scheduler)
+        if request.query_params.get("fail_on_no_slot") == "1" and len(working) >= s.engine.streams:
+            message = (
+                f"no slot available: all {s.engine.streams} slots (streams) are busy; retry "
+                "once one is idle"
+            )
+            raise ApiError(503, message, "unavailable_error", code="unavailable")
+        speculative = s.engine.drafter is not None
+        out = []
+        for slot in range(s.engine.streams):
+            entry = {"id": slot, "n_ctx": s.engine.context, "speculative": speculative}
+            entry["is_processing"] = slot in working
+            if slot in working:
+                entry |= _task(working[slot], s.tokenizer)
+            out.append(entry)
+        return JSONResponse(out)
+
+
+def _working(scheduler: Scheduler) -> dict[int, SchedulerRequest]:
+    """The scheduler's requests that hold a stream, by slot: a copy of its running list
+    (its engine thread changes it), each request's stream read once (it is let go of at
+    the request's end)."""
+    out = {}
+    for request in list(scheduler._running):
+        stream = request.stream
+        if stream is not None:
+            out[stream.slot] = request
+    return out
+
+
+def _task(request: SchedulerRequest, tokenizer: Any) -> dict[str, Any]:
+    """A busy slot's request in llama.cpp's words (its server_slot::to_json)."""
+    params, generated = request.params, list(request.generated)
+    stream = request.stream
+    reused = stream.reused if stream is not None else 0
+    prompt = len(request.prompt_ids)
+    text = tokenizer.decode(generated)
+    n_predict = params.max_new_tokens
+    return {
+        "id_task": request.id,
+        "n_prompt_tokens": prompt,
+        "n_prompt_tokens_processed": max(prompt - reused - len(request.todo), 0),
+        "n_prompt_tokens_cache": reused,
+        "params": {
+            "seed": params.seed if params.seed is not None else -1,
+            "temperature": params.temperature,
+            "top_k": params.top_k,
+            "top_p": params.top_p,
+            "min_p": params.min_p,
+            "presence_penalty": params.presence_penalty,
+            "frequency_penalty": params.frequency_penalty,
+            "max_tokens": n_predict,
+            "n_predict": n_predict,
+            "ignore_eos": request.ignore_eos,
+            "n_probs": params.logprobs or 0,
+        },
+        "next_token": [
+            {
+                "has_next_token": not request.done.is_set(),
+                "has_new_line": "\n" in text,
+                "n_remain": max(n_predict - len(generated), 0),
+                "n_decoded": len(generated),
+            }
+        ],
+        "prompt": tokenizer.decode(request.prompt_ids),
+        "generated": text,
+    }
 
 
 def openai_body(body: dict) -> dict:

@@ -90,7 +90,8 @@ class MainWindow(QMainWindow):
         self.model_status = QLabel("No model loaded")
         self.model_status.setObjectName("statusModel")
         self.statusBar().addPermanentWidget(self.model_status)
-        QShortcut(QKeySequence("Ctrl+N"), self, activated=ctx.chats.new_chat)
+        QShortcut(QKeySequence("Ctrl+N"), self, activated=self.new_chat)
+        self.sidebar.new_button.clicked.connect(self._type_here)  # after the chat is made
         QShortcut(QKeySequence.StandardKey.Find, self, activated=self.sidebar.search.setFocus)
         QShortcut(QKeySequence.StandardKey.Quit, self, activated=self.close)
         for keys, step in (("Ctrl++", 1), ("Ctrl+=", 1), ("Ctrl+-", -1), ("Ctrl+0", 0)):
@@ -123,6 +124,15 @@ class MainWindow(QMainWindow):
         self._engine_state()
         first_run = not welcome_done(ctx.settings.store) and ctx.engine.state == "empty"
         self.center.setCurrentWidget(self.welcome if first_run else self.chat)
+
+    def new_chat(self) -> None:
+        """A new chat (or the empty one on show), the keyboard in its message box."""
+        self.ctx.chats.new_chat()
+        self._type_here()
+
+    def _type_here(self) -> None:
+        if self.center.currentWidget() is self.chat:  # not behind the first-run view
+            self.chat.input.setFocus()
 
     def text_size(self, step: int) -> None:
         """The chat's text a point larger (step 1), smaller (-1), or back to its default (0),

@@ -460,8 +460,8 @@ class ChatPanel(QWidget):
 
     def _branch(self, widget: MessageWidget) -> None:
         index = self._index(widget)
-        if index is not None:
-            self.chats.branch(index)
+        if index is not None and self.chats.branch(index):
+            self.input.setFocus()  # the branch's next message is typed there
 
     def _edit(self, widget: MessageWidget) -> None:
         """Edit: the last message back in the composer; an earlier one in a branch."""

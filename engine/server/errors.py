@@ -39,6 +39,22 @@ ABSENT = {
     "/api/delete": MODELS_IN_APP,
 }
 
+# Stored chat completions (`store: true`; the `openai` client's `chat.completions.retrieve`,
+# `.update`, `.delete`, `.messages.list`) feed OpenAI's distillation and evals products:
+# nothing here reads them back, so none is kept.
+_NOT_STORED = (
+    "chat completions are not kept on this server, whatever 'store' says: keep the reply "
+    "as it came, or use the Responses API (POST /v1/responses), whose responses are kept"
+)
+ABSENT_UNDER = {"/v1/chat/completions/": _NOT_STORED, "/chat/completions/": _NOT_STORED}
+
+
+def absent(path: str) -> str | None:
+    """Why the server has no route at `path`, where it is one of an API it serves."""
+    if path in ABSENT:
+        return ABSENT[path]
+    return next((why for head, why in ABSENT_UNDER.items() if path.startswith(head)), None)
+
 
 def shutting_down() -> ApiError:
     return ApiError(
@@ -92,7 +108,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         shape = shape_of(path, request.headers)
         models = "GET /api/tags" if shape == "ollama" else "GET /v1/models"  # its model list
-        message = ABSENT.get(path) or f"no route {request.method} {path}; see {models}"
+        message = absent(path) or f"no route {request.method} {path}; see {models}"
         err = ApiError(404, message, code="not_found")
         return error_response(err, shape)
     if exc.status_code == 405:

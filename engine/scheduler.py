@@ -43,6 +43,7 @@ from engine.errors import RequestRefused
 from engine.request_types import NO_TOKEN, GenerationStats
 from engine.sampling import Sampler
 from engine.session import Engine, GenerationParams, TokenEvent, _Stream, aligned_chunks
+from engine.steps_ahead import draw
 from engine.tokenizer import StreamDecoder
 
 Sink = Callable[[Any], None]  # receives TokenEvents, or one exception that ends the request
@@ -398,7 +399,7 @@ class Scheduler:
         return engine.backend.launch_step
 
     def _draws(self, batch: list[Request]) -> list[Any]:
-        return [Engine._draw(r.sampler, r.generated, r.stream) for r in batch]
+        return [draw(r.sampler, r.generated, r.stream) for r in batch]
 
     def _decode_launched(self, batch: list[Request], launch: Callable[..., Any]) -> None:
         """One step of `batch`, its next launched before its tokens are read."""

@@ -35,6 +35,7 @@ from engine.models.qwen35 import Qwen35Model
 from engine.prompt_cache import open_prompt_cache
 from engine.request_types import NO_TOKEN, GenerationParams, GenerationStats, TokenEvent, id_list
 from engine.sampling import Sampler
+from engine.steps_ahead import StepsAhead, draw
 
 Progress = Callable[[str, float], None]
 PrefillProgress = Callable[[int, int], None]  # the prompt's tokens run so far, of how many
@@ -126,6 +127,7 @@ class Engine:
         self.max_rows = max_rows
         self.decision = decision
         self._free_slots = list(range(streams))
+        self.steps_ahead = StepsAhead(backend)  # a reply's step launched before its token
         self._lock = threading.Lock()
         eos = set(tokenizer.eos_ids) | set(self.config.eos_token_ids)
         self.eos_ids = frozenset(eos)
@@ -288,6 +290,7 @@ class Engine:
         window (on the GPU, as it is queued); a `cancel` set between windows returns None,
         the rest of the prompt not run (a long prompt stops as a reply does)."""
         self._check_room(stream, len(ids))
+        self.steps_ahead.settle()  # another reply's step in flight: read before this forward
         outputs = []
         for start, end in aligned_chunks(len(stream.ids), len(ids), self.max_rows, cut):
             if start > 0 and cancel is not None and cancel.is_set():
@@ -329,6 +332,7 @@ class Engine:
         holds them. On the GPU this replays the captured decode graph."""
         for s in streams:
             self._check_room(s, 1)
+        self.steps_ahead.settle()
         batch = Batch.step([(s.slot, len(s.ids)) for s in streams])
         logits, greedy = self.backend.decode_step(self.model, batch, np.asarray(ids))
         for s, token in zip(streams, ids, strict=True):
@@ -372,7 +376,7 @@ class Engine:
             # logits (a 248K vocabulary costs milliseconds on the host). Each row's draw is
             # the one it gets alone, beside rows picked on the host or not.
             rows = [
-                self._draw(s, out, st) if d else None
+                draw(s, out, st) if d else None
                 for s, out, st, d in zip(samplers, outputs, streams, drawn, strict=True)
             ]
             got = self.backend.sample_rows(logits, greedy, rows).get()
@@ -421,7 +425,7 @@ class Engine:
             token = sampler(logits, generated)
             t_first = time.perf_counter()
             reason = None
-            launch = self._launcher(sampler)
+            launch, me = self._launcher(sampler), object()  # `me`: this reply's steps
             pending = None  # a launched step that reads `token`; its pick is the next one
             while True:
                 generated.append(token)
@@ -455,14 +459,16 @@ class Engine:
                 if pending is None:
                     self._check_room(stream, 1)
                     batch = Batch.step([(stream.slot, len(stream.ids))])
-                    pending = launch(batch, [token], [self._draw(sampler, generated, stream)])
+                    pending = launch(me, batch, [token], [draw(sampler, generated, stream)])
                     stream.ids.append(token)
                 # The step after it goes in before the host waits for its token, unless the
-                # reply ends there anyway; a stop seen now leaves that token in the state
+                # reply ends there anyway, or another forward ran since (this reply's next
+                # step then starts afresh); a stop seen now leaves that token in the state
                 # (and in stream.ids), as if the stream had been fed it.
                 ahead = None
-                if len(generated) + 1 < params.max_new_tokens and len(stream.ids) < self.context:
-                    ahead = launch(None, None, [self._draw(sampler, generated, stream)])
+                room = len(stream.ids) < self.context and self.steps_ahead.follows(me)
+                if len(generated) + 1 < params.max_new_tokens and room:
+                    ahead = launch(me, None, None, [draw(sampler, generated, stream)])
                 token = pending.tokens()[0]
                 if ahead is not None:
                     stream.ids.append(token)
@@ -488,21 +494,15 @@ class Engine:
         return Sampler(params.sampling(), self.vocab_rows, constraint, params.logprobs)
 
     def _launcher(self, sampler: Sampler) -> Callable[..., Any] | None:
-        """The backend's `launch_step` where this request's steps can run without the host
-        waiting for each token (their picks made on the device, each step taking its input
-        from the last one's: `launches_steps`), else None."""
+        """`StepsAhead.launch` (the backend's `launch_step`, for one reply) where this
+        request's steps can run without the host waiting for each token (their picks made on
+        the device, each step taking its input from the last one's: `launches_steps`), else
+        None."""
         if not (self.pipelined_decode and self.backend.launches_steps) or self.drafter:
             return None
         if not (sampler.on_device or sampler.takes_argmax):
             return None
-        return self.backend.launch_step
-
-    @staticmethod
-    def _draw(sampler: Sampler, generated: list[int], stream: _Stream) -> Any:
-        """A launched step's pick: None for the step's greedy token, else a device draw."""
-        if sampler.takes_argmax:
-            return None
-        return sampler.device_draw(generated, stream.slot)
+        return self.steps_ahead.launch
 
     def _restore_end(self, stream: _Stream, prompt_ids: list[int]) -> np.ndarray | None:
         """A prompt sent again whole (Regenerate, `n` replies, a retry): its state saved at
@@ -580,6 +580,7 @@ class Engine:
         read of a reply still held). Again: nothing."""
         if self.backend is None:
             return
+        self.steps_ahead.settle()  # a held reply's step in flight ends before its memory goes
         self.prompt_cache.close()
         self.backend.release()
         self.model = None  # type: ignore[assignment]

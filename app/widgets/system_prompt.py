@@ -24,6 +24,10 @@ class SystemPromptDialog(QDialog):
         self.setWindowTitle("System prompt of this chat")
         self.setMinimumWidth(460)
         self.default = default
+        # The chat's own prompt, as last typed: the box shows the default while "Use the
+        # default" is ticked, and this again once it is unticked (the default where the
+        # chat had none, as a start to change).
+        self._own = default if own is None else own
         layout = QVBoxLayout(self)
         note = QLabel(
             "What the model is told before the conversation, in this chat only. The "
@@ -50,10 +54,11 @@ class SystemPromptDialog(QDialog):
         self._toggled(own is None)
 
     def _toggled(self, default: bool) -> None:
+        if default and not self.edit.isReadOnly():
+            self._own = self.edit.toPlainText()  # what was typed, kept for an untick
         self.edit.setReadOnly(default)
         self.edit.setEnabled(not default)
-        if default:
-            self.edit.setPlainText(self.default)
+        self.edit.setPlainText(self.default if default else self._own)
 
     def prompt(self) -> str | None:
         """The chat's own prompt as edited, or None to use the default."""

@@ -84,3 +84,23 @@ def test_the_dialog_shows_the_default_or_the_chats_own(qtbot):
     default.use_default.setChecked(False)
     default.edit.setPlainText("")
     assert default.prompt() == ""  # its own: none at all
+
+
+def test_a_prompt_typed_in_the_dialog_comes_back_with_its_own_box(qtbot):
+    """Ticking "Use the default" shows the default; unticking it again brings back what the
+    chat's own prompt held, typed or kept, not the default to type it over again."""
+    dialog = SystemPromptDialog(None, "You are a helpful assistant.")
+    qtbot.addWidget(dialog)
+    dialog.use_default.setChecked(False)
+    assert dialog.edit.toPlainText() == "You are a helpful assistant."  # a start to change
+    dialog.edit.setPlainText("Talk like a ship's captain.\nKeep it short.")
+    dialog.use_default.setChecked(True)
+    assert dialog.edit.toPlainText() == "You are a helpful assistant." and dialog.prompt() is None
+    dialog.use_default.setChecked(False)
+    assert dialog.edit.toPlainText() == "Talk like a ship's captain.\nKeep it short."
+    assert dialog.prompt() == "Talk like a ship's captain.\nKeep it short."
+    own = SystemPromptDialog("Be brief.", "Default prompt")
+    qtbot.addWidget(own)
+    own.use_default.setChecked(True)
+    own.use_default.setChecked(False)
+    assert own.prompt() == "Be brief."

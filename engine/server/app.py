@@ -234,7 +234,7 @@ class OpenAIServer:
         """Submit one reply to a rendered chat (`options`: the chat's, or one choice's)."""
         splitter = ReplySplitter(
             prompt_opens_thinking(prompt_text),
-            bool(chat.tools),
+            chat.reads_calls,
             tool_schemas(chat.tools),
             one_call=chat.one_call,
             lead=not started,

@@ -28,6 +28,13 @@ class ChatRequest:
     enable_thinking: bool | None
     one_call: bool = False  # `parallel_tool_calls: false`: the reply ends at its first call
     thinking_budget: int = 0  # the most tokens the reply thinks (0: no limit)
+    no_calls: bool = False  # `tool_choice: "none"`: the tools are offered, no call is read
+
+    @property
+    def reads_calls(self) -> bool:
+        """Whether the reply's tool calls are parsed (tools offered, `tool_choice` not
+        "none")."""
+        return bool(self.tools) and not self.no_calls
 
 
 def read_chat(body: dict) -> ChatRequest:
@@ -42,9 +49,11 @@ def read_chat(body: dict) -> ChatRequest:
     choice = body.get("tool_choice", "auto")
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         tools, choice = _allowed_tools(choice, tools)
-    if choice == "none":
-        tools = None
-    elif choice not in ("auto", None):
+    # "none": the model is not to call a tool. The tools stay in the prompt, as OpenAI's
+    # and Anthropic's APIs keep them (the conversation's calls refer to them, and the
+    # prompt goes on from the turns before: the prompt cache reuses it), and nothing the
+    # model writes is read as a call (vLLM's reading): a call written anyway is text.
+    if choice not in ("auto", "none", None):
         options = replace(options, grammar=_forced_call(choice, tools))
     kwargs = field(body, "chat_template_kwargs", "object", {})
     thinking = field(kwargs, "enable_thinking", "boolean", None, "chat_template_kwargs.")
@@ -55,7 +64,7 @@ def read_chat(body: dict) -> ChatRequest:
     budget = field(body, "thinking_budget", "integer", 0)
     if budget < 0:
         raise bad(f"'thinking_budget' = {budget} must be a count of tokens", "thinking_budget")
-    return ChatRequest(options, messages, tools, thinking, one_call, budget)
+    return ChatRequest(options, messages, tools, thinking, one_call, budget, choice == "none")
 
 
 def system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -68,7 +68,8 @@ def test_function_call_none_and_a_named_function(scripted):
         extra_body=OFF,
     )  # fmt: skip
     assert plain.choices[0].finish_reason == "stop" and not plain.choices[0].message.function_call
-    assert "<tools>" not in scripted.scheduler.last_prompt()
+    assert plain.choices[0].message.content == PARIS_CALL  # not read as a call
+    assert "<tools>" in scripted.scheduler.last_prompt()  # offered, as with "auto"
     forced = client.chat.completions.create(
         model=scripted.model, messages=ASK, functions=[WEATHER_FN],
         function_call={"name": "get_weather"}, extra_body=OFF,

@@ -186,13 +186,14 @@ def test_tool_call_round_trip_through_the_server(scripted):
         "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call><|im_end|>"
     ) in prompt
     assert '<|im_start|>user\n<tool_response>\n{"temp": 21}\n</tool_response><|im_end|>' in prompt
-    # tool_choice "none": the tools are not rendered and nothing is parsed.
+    # tool_choice "none": the tools are still rendered, and nothing is parsed.
     scripted.scheduler.say(call_text)
     plain = client.chat.completions.create(
         model=scripted.model, messages=messages[:1], tools=TOOLS, tool_choice="none", extra_body=off
     )
     assert plain.choices[0].finish_reason == "stop" and not plain.choices[0].message.tool_calls
-    assert "<tools>" not in scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
+    assert plain.choices[0].message.content == call_text
+    assert "<tools>" in scripted.engine.tokenizer.decode(scripted.scheduler.prompts[-1])
 
 
 def test_arguments_of_pydantic_models_parse_back_as_their_types(tools_checkpoint, scripted):

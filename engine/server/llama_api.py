@@ -21,6 +21,7 @@ prompt cache is always on; `id_slot`) are passed over, as Ollama's options are; 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -35,6 +36,7 @@ from engine.server.protocol import (
     ApiError,
     bad,
     field,
+    loose_sampling,
     read_completion,
     read_options,
     streamed_error,
@@ -44,8 +46,9 @@ from engine.server.sse import data, sse
 if TYPE_CHECKING:
     from engine.server.app import OpenAIServer
 
-# llama.cpp's names that are the OpenAI request's too.
-SAME = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty")
+# llama.cpp's names that are the OpenAI request's too; `temperature` and `top_p` are read
+# as its sampler takes them (any temperature; protocol.loose_sampling), after the request.
+SAME = ("top_k", "min_p", "presence_penalty", "frequency_penalty")
 SAME += ("seed", "stop", "ignore_eos", "stream", "model")
 
 
@@ -67,6 +70,7 @@ class LlamaApi:
         s._authorize(request)
         body = await s._body(request)
         req = read_completion(openai_body(body))
+        req = replace(req, options=loose_sampling(req.options, body))
         s._check_model(req.options.model)
         gen = await s._submit_completion(request, req, fit=True)  # to the context's end
         answer = _Answer(s, gen, body)

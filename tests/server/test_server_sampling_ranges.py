@@ -83,3 +83,24 @@ def test_ollama_refuses_a_value_that_is_no_number(recorded, name):
         r = post(recorded, "/api/generate", model=recorded.model, prompt="Hi", raw=raw,
                  options={name: "hot"})  # fmt: skip
         assert r.status_code == 400 and f"'options.{name}'" in r.json()["error"], r.text
+
+
+def test_llama_cpp_takes_temperature_and_top_p_as_its_sampler_does(recorded):
+    """llama.cpp's server reads `temperature` and `top_p` unchecked: its sampler scales by
+    any temperature (none above 0: the likeliest token) and a top_p of 1 or more is off."""
+    seen = recorded.scheduler.seen
+    for sent, expected in (
+        ({"temperature": 4}, (4.0, None)),
+        ({"temperature": -0.5}, (0.0, None)),
+        ({"temperature": 0.8, "top_p": 2}, (0.8, 1.0)),
+    ):
+        body = {"prompt": "Hi", "n_predict": 2, **sent}
+        r = httpx.post(recorded.base + "/completion", json=body, headers=HEADERS, timeout=60)
+        assert r.status_code == 200, (sent, r.text)
+        temperature, top_p = expected
+        assert seen[-1].temperature == temperature, sent
+        if top_p is not None:
+            assert seen[-1].top_p == top_p, sent
+    r = httpx.post(recorded.base + "/completion", json={"prompt": "Hi", "temperature": "hot"},
+                   headers=HEADERS)  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature", r.text

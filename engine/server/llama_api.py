@@ -76,7 +76,7 @@ class LlamaApi:
         answer = _Answer(s, gen, body)
         if req.options.stream:
             return sse(answer.events(), gen)
-        text = "".join([piece.text async for piece in gen.pieces()])
+        text = "".join([piece.text async for piece in answer.pieces()])
         return JSONResponse(answer.final(text))
 
     @staticmethod
@@ -241,20 +241,30 @@ class _Answer:
         self.prompt_only = LlamaApi.prompt_only(body)  # nothing of the reply is given
         # The end of sequence is no token of the reply's text (unless `ignore_eos`).
         self.ends = frozenset() if body.get("ignore_eos") is True else server.engine.eos_ids
+        self.slot = -1  # the slot (stream) that runs it, once known
+
+    async def pieces(self) -> AsyncIterator[Any]:
+        """The reply's pieces, noting the slot that runs it (`id_slot`) as they come: the
+        request lets go of its stream at its end."""
+        async for piece in self.gen.pieces():
+            stream = self.gen.request.stream
+            if stream is not None:
+                self.slot = stream.slot
+            yield piece
 
     async def events(self) -> AsyncIterator[str]:
         """The reply's events, each with its text and the ids of the tokens received since
         the last (llama.cpp's `tokens`), then the last event with the figures."""
         gen, text, sent = self.gen, [], 0
         try:
-            async for piece in gen.pieces():
+            async for piece in self.pieces():
                 if self.prompt_only:
                     continue
                 text.append(piece.text)
                 ids = gen.reply_ids
                 tokens, sent = [t for t in ids[sent:] if t not in self.ends], len(ids)
                 chunk = {"index": 0, "content": piece.text, "tokens": tokens, "stop": False}
-                chunk |= {"id_slot": -1, "tokens_predicted": gen.completion_tokens}
+                chunk |= {"id_slot": self.slot, "tokens_predicted": gen.completion_tokens}
                 chunk |= {"tokens_evaluated": gen.prompt_tokens}
                 yield data(self._with_probs(chunk))
             yield data({**self.final("".join(text)), "content": ""})
@@ -275,7 +285,7 @@ class _Answer:
             "index": 0,
             "content": text,
             "tokens": gen.reply_ids if field(self.body, "return_tokens", "boolean", False) else [],
-            "id_slot": 0,
+            "id_slot": self.slot,
             "stop": True,
             "model": s.model_id,
             "tokens_predicted": gen.completion_tokens,

@@ -82,3 +82,20 @@ def test_no_idle_slot_fails_where_asked(served):
 
 def test_slots_take_the_key(served):
     assert httpx.get(f"{served.base}/slots").status_code == 401
+
+
+def test_a_completion_names_the_slot_it_ran_on(served):
+    """`id_slot` in each event and in the reply: the slot (stream) that served it, as
+    /slots lists them; with slot 0 at work, the next request runs on slot 1."""
+    served.wait_idle()
+    with busy(served):
+        (taken,) = [s["id"] for s in slots(served).json() if s["is_processing"]]
+        body = {"prompt": PROMPT, "n_predict": 4, "temperature": 0}
+        whole = httpx.post(f"{served.base}/completion", json=body, headers=AUTH, timeout=60)
+        assert whole.json()["id_slot"] == 1 - taken
+        with httpx.stream(
+            "POST", f"{served.base}/completion", json={**body, "stream": True}, headers=AUTH
+        ) as r:
+            events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
+        assert {e["id_slot"] for e in events} == {1 - taken}
+    served.wait_idle()

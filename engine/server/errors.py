@@ -46,7 +46,18 @@ _NOT_STORED = (
     "chat completions are not kept on this server, whatever 'store' says: keep the reply "
     "as it came, or use the Responses API (POST /v1/responses), whose responses are kept"
 )
-ABSENT_UNDER = {"/v1/chat/completions/": _NOT_STORED, "/chat/completions/": _NOT_STORED}
+# llama.cpp's slot actions (`POST /slots/{id}?action=save|restore|erase`) work on a slot's
+# own prompt cache; here the prompt cache is the server's, whatever stream ran a prompt.
+_NO_SLOT_CACHE = (
+    "a slot's prompt cache is not saved, restored or erased here: the server keeps each "
+    "conversation's state in its own prompt cache, whichever slot ran it, and restores it "
+    "when the conversation goes on"
+)
+ABSENT_UNDER = {
+    "/v1/chat/completions/": _NOT_STORED,
+    "/chat/completions/": _NOT_STORED,
+    "/slots/": _NO_SLOT_CACHE,
+}
 
 
 def absent(path: str) -> str | None:

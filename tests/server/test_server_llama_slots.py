@@ -99,3 +99,10 @@ def test_a_completion_names_the_slot_it_ran_on(served):
             events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
         assert {e["id_slot"] for e in events} == {1 - taken}
     served.wait_idle()
+
+
+def test_slot_actions_are_refused_by_name(served):
+    """llama.cpp's `POST /slots/{id}?action=save|restore|erase` works on a slot's own
+    prompt cache; here the prompt cache is the server's, not a slot's: a 404 that says so."""
+    r = httpx.post(f"{served.base}/slots/0", params={"action": "erase"}, headers=AUTH)
+    assert r.status_code == 404 and "prompt cache" in r.json()["error"]["message"]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import RequestRefused, SettingOutOfRange, quoted
-from engine.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprobs
+from engine.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprobs, whole_number
 
 NO_TOKEN = -1  # the token id of a final event that carries no token (cancelled, stopped)
 
@@ -35,10 +35,33 @@ class GenerationParams(SamplingParams):
                 f"max_new_tokens {quoted(n)} must be a whole number of at least 1 (the most "
                 "tokens the reply may have)"
             )
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise SettingOutOfRange(
-                f"logprobs {self.logprobs}: at most {MAX_TOP_LOGPROBS} alternatives a token"
+        if self.logprobs is not None:
+            top = whole_number(
+                "logprobs", self.logprobs, f" from 0 to {MAX_TOP_LOGPROBS} (or None)"
             )
+            if top > MAX_TOP_LOGPROBS:
+                raise SettingOutOfRange(
+                    f"logprobs {top}: at most {MAX_TOP_LOGPROBS} alternatives a token"
+                )
+            object.__setattr__(self, "logprobs", top)
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise SettingOutOfRange(
+                f"grammar {quoted(self.grammar, 80)} must be a grammar's text (a str), or None"
+            )
+
+    @classmethod
+    def checked(cls, params: Any) -> GenerationParams:
+        """A request's params: GenerationParams() for None; RequestRefused, naming what
+        came, for anything but a GenerationParams (before a stream is taken)."""
+        if params is None:
+            return cls()
+        if not isinstance(params, cls):
+            raise RequestRefused(
+                f"params must be a GenerationParams (engine.request_types), not "
+                f"{type(params).__name__} {quoted(params, 80)}; make one with its settings as "
+                "keywords: GenerationParams(max_new_tokens=..., temperature=...)"
+            )
+        return params
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(**{f.name: getattr(self, f.name) for f in fields(SamplingParams)})

@@ -8,13 +8,14 @@ to 248320 columns); they are masked before anything else so they can never be sa
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from engine.errors import SettingOutOfRange
+from engine.errors import SettingOutOfRange, quoted
 
 # Qwen3.5's model cards recommend one sampling for replies without thinking and another
 # for replies that think first (general tasks; no repetition penalty). The app's two
@@ -47,6 +48,7 @@ class SamplingParams:
     earlier: tuple[int, ...] = field(default=(), kw_only=True)
 
     def __post_init__(self) -> None:
+        self._check_types()
         checks = (
             (
                 self.temperature >= 0 and math.isfinite(self.temperature),
@@ -74,7 +76,34 @@ class SamplingParams:
         )
         for ok, message in checks:
             if not ok:
-                raise SettingOutOfRange(f"sampling setting out of range: {message}")
+                _refuse(message)
+
+    def _check_types(self) -> None:
+        """Each setting of its type, or refused by name: the knobs real numbers, top_k and
+        seed whole numbers (kept as ints), greedy a bool; `logit_bias` (pairs, or OpenAI's
+        dict {token id: bias}, kept sorted by id) and `earlier` kept as tuples."""
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                _refuse(f"{name} {quoted(value, 80)} must be a number")
+        if not isinstance(self.greedy, bool | np.bool_):
+            _refuse(f"greedy {quoted(self.greedy, 80)} must be True or False")
+        _set(self, "greedy", bool(self.greedy))
+        _set(self, "top_k", whole_number("top_k", self.top_k, " >= 0 (0 = off)", negative=True))
+        if self.seed is not None:
+            _set(
+                self,
+                "seed",
+                whole_number("seed", self.seed, " >= 0 (or None: a new draw each time)"),
+            )
+        _set(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if not isinstance(self.earlier, Sequence):
+            _refuse(f"earlier {quoted(self.earlier, 80)} must be a sequence of token ids")
+        _set(
+            self,
+            "earlier",
+            tuple(whole_number("earlier token id", t, " >= 0") for t in self.earlier),
+        )
 
     @property
     def is_greedy(self) -> bool:
@@ -90,6 +119,48 @@ class SamplingParams:
         """The logits are changed in ways only the host sampler does (frequency penalty,
         logit bias): every pick is made there."""
         return bool(self.frequency_penalty or self.logit_bias)
+
+
+def _refuse(message: str) -> None:
+    raise SettingOutOfRange(f"sampling setting out of range: {message}")
+
+
+def _set(params: SamplingParams, name: str, value: Any) -> None:
+    object.__setattr__(params, name, value)  # a frozen dataclass's setting, normalised
+
+
+def whole_number(name: str, value: Any, bound: str, negative: bool = False) -> int:
+    """`value` as an int where it is a whole number (any integer type, not a bool) and,
+    unless `negative`, not below 0; else SettingOutOfRange naming `name` and `bound`."""
+    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+        if negative or value >= 0:
+            return int(value)
+    _refuse(f"{name} {quoted(value, 80)} must be a whole number{bound}")
+    raise AssertionError  # (unreached: _refuse raises)
+
+
+def _bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
+    """`logit_bias` as ((token id, bias), ...): from pairs in their order, or from a dict
+    {token id: bias} sorted by id. Negative ids and NaN biases are refused afterwards."""
+    pairs = list(bias.items()) if isinstance(bias, dict) else bias
+    shape = "logit_bias must hold (token id, bias) pairs (or be a dict {token id: bias})"
+    try:
+        pairs = [tuple(pair) for pair in pairs]
+    except TypeError:
+        pairs = [()]
+    if isinstance(bias, str | bytes) or any(len(pair) != 2 for pair in pairs):
+        _refuse(f"{shape}, not {quoted(bias, 80)}")
+    out = []
+    for token, value in pairs:
+        token = whole_number("logit_bias token id", token, "", negative=True)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            _refuse(f"logit_bias value {quoted(value, 80)} for token {token} must be a number")
+        try:
+            value = float(value)
+        except OverflowError:  # an int past float's range: as far as a float goes
+            value = math.copysign(math.inf, value)
+        out.append((token, value))
+    return tuple(sorted(out) if isinstance(bias, dict) else out)
 
 
 MAX_TOP_LOGPROBS = 20  # alternatives a token's log-probabilities may list (as OpenAI's API)

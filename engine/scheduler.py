@@ -163,7 +163,7 @@ class Scheduler:
         ignore_eos: bool = False,
     ) -> Request:
         """Queue a request; RequestRefused (QueueFull when no room) if it cannot be taken."""
-        params = params or GenerationParams()
+        params = GenerationParams.checked(params)
         if self._stopping:  # (checked again below, under the lock)
             raise RequestRefused(STOPPED)
         prompt_ids = self.engine.checked_prompt(prompt_ids)  # empty, or an id out of range

@@ -403,7 +403,7 @@ class Engine:
         tokens run so far, of those it needs (`prefill`)."""
         from engine.tokenizer import StreamDecoder
 
-        params = params or GenerationParams()
+        params = GenerationParams.checked(params)
         prompt_ids = self.checked_prompt(prompt_ids)
         sampler = self._sampler(params, prompt_ids)
         decoder = StreamDecoder(self.tokenizer)
@@ -537,7 +537,7 @@ class Engine:
         """Serve several prompts concurrently (one decode batch); return each one's tokens
         (each reply ends as `generate` ends it: at an end-of-sequence id, max_new_tokens, or
         where the context is full)."""
-        params = params or GenerationParams()
+        params = GenerationParams.checked(params)
         prompts = [self.checked_prompt(ids) for ids in prompts]
         streams: list[_Stream] = []
         try:

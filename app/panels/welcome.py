@@ -7,7 +7,7 @@ DownloadManager; it asks the window to load a model through `load_requested`.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings, Signal
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -24,6 +24,7 @@ from app.planning import fmt_bytes
 from app.state.catalog import Entry, Library
 from app.state.fit import FitAdvisor, verdict_label
 from app.state.recommend import WELCOME_CONTEXT, Recommendation, recommend
+from app.widgets.flow_layout import FlowLayout
 
 DONE_KEY = "ui/welcome_done"
 
@@ -71,11 +72,12 @@ class WelcomePanel(QWidget):
         top = QHBoxLayout()
         self.model_label = QLabel("Checking which models fit…")
         self.model_label.setObjectName("welcomeModel")
+        self.model_label.setWordWrap(True)  # a narrow window's column: on two lines
         top.addWidget(self.model_label, 1)
         self.badge = QLabel()
         self.badge.setObjectName("badge")
         self.badge.hide()
-        top.addWidget(self.badge)
+        top.addWidget(self.badge, 0, Qt.AlignmentFlag.AlignTop)  # by the name's first line
         cl.addLayout(top)
         self.why = QLabel()
         self.why.setObjectName("welcomeWhy")
@@ -92,7 +94,9 @@ class WelcomePanel(QWidget):
         self.status.setWordWrap(True)
         self.status.hide()
         cl.addWidget(self.status)
-        buttons = QHBoxLayout()
+        # In a row, and on as many lines as the column's width takes (a small window): a
+        # row wider than the column would squeeze the card and cut its text.
+        buttons = FlowLayout(spacing=8)
         self.go_button = QPushButton("Download and load")
         self.go_button.setObjectName("primary")
         self.go_button.setEnabled(False)
@@ -103,7 +107,6 @@ class WelcomePanel(QWidget):
         self.later_button.clicked.connect(self.dismissed)
         buttons.addWidget(self.go_button)
         buttons.addWidget(self.other_button)
-        buttons.addStretch(1)
         buttons.addWidget(self.later_button)
         cl.addLayout(buttons)
         outer.addWidget(card)

@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from engine.backends.base import Batch
 from engine.errors import RequestRefused
 from engine.request_types import NO_TOKEN, GenerationStats
@@ -139,8 +141,17 @@ class Scheduler:
     more_room = "raise the queue size (--queue) or the streams (--streams)"
 
     def __init__(self, engine: Engine, queue_size: int = 16, prefill_chunk: int | None = None):
-        if queue_size < 0:
-            raise ValueError(f"queue_size {queue_size} must be >= 0")
+        for name, value, least in (
+            ("queue_size", queue_size, 0),
+            ("prefill_chunk", prefill_chunk, 1),
+        ):
+            if value is None and name == "prefill_chunk":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+                default = " (or None: the engine's max_rows)" if least else ""
+                raise ValueError(
+                    f"Scheduler {name}={value!r} must be a whole number >= {least}{default}"
+                )
         self.engine = engine
         self.queue_size = queue_size
         self.prefill_chunk = max(1, min(prefill_chunk or engine.max_rows, engine.max_rows))

@@ -206,10 +206,11 @@ class ReplySplitter:
             self._take_args(out, self._reader.feed(buf))
             if not self._reader.done:
                 return False
-            self._buf = self._reader.rest
+            self._buf, more = self._reader.rest, self._reader.more
             self._end_call(out, self._reader.result)
+            self.mode = "tool" if more else self.mode  # the block's next function's call
             return True
-        head = buf[len(CALL_OPEN) :].lstrip()
+        head = buf.removeprefix(CALL_OPEN).lstrip()
         found = function_head(head)
         if found is not None:
             name, end = found

@@ -18,6 +18,13 @@ JSON object, in the order the model writes them: a parameter whose schema takes 
 come (its text may read as a number, a list, Python's True...). What it has given out is
 never taken back, so the fragments joined are the call's arguments, and `parse_tool_call`
 reads a whole block through the same reader. A parameter named twice keeps its first value.
+As vLLM's `qwen3_coder` parser reads them, a value whose `</parameter>` the model left out
+(Qwen3.5 does, in long contexts) ends where the next parameter or the function's end begins:
+here only where that tag begins a line and is whole (`<parameter=NAME>` and its line break,
+NAME one of the tool's parameters where its schema names them; `</function>` and then
+`</tool_call>`), so that a value holding such text otherwise keeps it. A second
+`<function=` in the block (another function called in the same block) ends this call: the
+reader stops there (`more`) and the rest is the next call's.
 No library reads this form incrementally; hence a small reader of its own.
 
 Qwen2.5/Qwen3 templates ask for `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`
@@ -35,8 +42,11 @@ from typing import Any
 from engine.server.schema import json_type, resolve, value_types
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-FUNCTION_OPEN = "<function="
+FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
+# What may end a value: its closing tag, the block's, or where the model left its closing tag
+# out, the next parameter's head or the function's end on a line of their own.
+VALUE_ENDS = [PARAM_CLOSE, CALL_CLOSE, "\n" + PARAM_OPEN, "\n" + FUNCTION_CLOSE]
 _FUNCTION_HEAD = re.compile(r"<function=([^>\n]+)>")
 
 
@@ -86,11 +96,13 @@ class CallReader:
     `<function=NAME>`. `feed` returns the arguments' JSON text that became certain, `close`
     the rest where the reply ends inside the call (an open value ends there, the object is
     closed). `done` once `</tool_call>` has come; `rest` is the text after it. `call` is the
-    call so far; its id stays the same to the end."""
+    call so far; its id stays the same to the end. `more`: the block goes on with another
+    function's call, which `rest` starts with (its `<function=`)."""
 
     def __init__(self, name: str, schemas: dict[str, dict] | None = None) -> None:
         self.call = ToolCall(name, "")
         self.done = False
+        self.more = False
         self.rest = ""
         params = (schemas or {}).get(name) or {}
         self._params = params
@@ -120,9 +132,10 @@ class CallReader:
         if not self.done:
             if self._key is not None:
                 value = self._buf[1:] if self._fresh and self._buf[:1] == "\n" else self._buf
-                # Cut inside its closing tag: the tag's start is not the value's.
-                value = value[: len(value) - partial_suffix(value, [PARAM_CLOSE, CALL_CLOSE])]
-                self._end_value(out, value)
+                # Cut inside a closing tag (or before one was decided): the tag is not the
+                # value's.
+                end = self._value_end(value)
+                self._end_value(out, value[: end[0] if isinstance(end, tuple) else end])
             out.append("}" if self._written else "{}")
             self.done, self._buf = True, ""
         return self._give(out)
@@ -136,16 +149,21 @@ class CallReader:
         return self._in_value(out) if self._key is not None else self._between(out)
 
     def _between(self, out: list[str]) -> bool:
-        """Outside a value: the next parameter's head, or the call's end; the text between
-        them (`</function>`, line breaks) is not the call's."""
+        """Outside a value: the next parameter's head, or the call's end (the block's, or
+        the next function's head); the text between them (`</function>`, line breaks) is
+        not the call's."""
         buf = self._buf
-        at, end = buf.find(PARAM_OPEN), buf.find(CALL_CLOSE)
-        if end >= 0 and (at < 0 or end < at):
-            self.rest, self._buf, self.done = buf[end + len(CALL_CLOSE) :], "", True
+        at, end, then = buf.find(PARAM_OPEN), buf.find(CALL_CLOSE), buf.find(FUNCTION_OPEN)
+        ends = [(i, m) for i, m in ((end, CALL_CLOSE), (then, FUNCTION_OPEN)) if i >= 0]
+        if ends and (at < 0 or min(ends)[0] < at):
+            i, marker = min(ends)
+            self.more = marker == FUNCTION_OPEN
+            self.rest = buf[i:] if self.more else buf[i + len(CALL_CLOSE) :]
+            self._buf, self.done = "", True
             out.append("}" if self._written else "{}")
             return False
         if at < 0:
-            keep = partial_suffix(buf, [PARAM_OPEN, CALL_CLOSE])
+            keep = partial_suffix(buf, [PARAM_OPEN, CALL_CLOSE, FUNCTION_OPEN])
             self._buf = buf[len(buf) - keep :] if keep else ""
             return False
         head_end = buf.find(">", at)
@@ -173,21 +191,57 @@ class CallReader:
             if not buf:
                 return False
             buf, self._fresh = (buf[1:] if buf[0] == "\n" else buf), False
-        ends = [(i, m) for m in (PARAM_CLOSE, CALL_CLOSE) if (i := buf.find(m)) >= 0]
-        if ends:
-            i, marker = min(ends)
-            self._end_value(out, buf[:i])
-            # `</tool_call>` inside a value ends the value and the call.
-            self._buf = buf[i + len(PARAM_CLOSE) :] if marker == PARAM_CLOSE else buf[i:]
+        end = self._value_end(buf)
+        if isinstance(end, tuple):
+            self._end_value(out, buf[: end[0]])
+            self._buf = buf[end[1] :]
             return True
         if self._raw and not self._skip:
-            keep = partial_suffix(buf, [PARAM_CLOSE, CALL_CLOSE])
-            settled = buf[: len(buf) - keep]
+            settled = buf[:end]
             settled = settled[:-1] if settled.endswith("\n") else settled  # the form's, maybe
             out.append(_escaped(settled))
             buf = buf[len(settled) :]
         self._buf = buf
         return False
+
+    def _value_end(self, buf: str) -> tuple[int, int] | int:
+        """Where the value in `buf` ends and where reading goes on after it; where it has
+        not ended yet, where the text that may still end it starts."""
+        found = []
+        for tag in (PARAM_CLOSE, CALL_CLOSE):  # `</tool_call>` ends the value and the call
+            if (i := buf.find(tag)) >= 0:
+                found.append((i, i + len(tag) if tag == PARAM_CLOSE else i))
+        hold = len(buf) - partial_suffix(buf, VALUE_ENDS)
+        limit = min(found)[0] if found else len(buf)
+        for tag in VALUE_ENDS[2:]:  # a `</parameter>` left out
+            i = buf.find(tag)
+            while 0 <= i < limit:
+                ends = self._left_out(buf[i + 1 :])
+                if ends is None:
+                    hold = min(hold, i)
+                    break
+                if ends:
+                    found.append((i + 1, i + 1))  # the line break is the value's last
+                    break
+                i = buf.find(tag, i + 1)
+        return min(found) if found else hold
+
+    def _left_out(self, text: str) -> bool | None:
+        """Whether `text`, a line that starts with `<parameter=` or `</function>` inside a
+        value, ends the value (its `</parameter>` left out); None: not decided yet."""
+        if text.startswith(FUNCTION_CLOSE):
+            after = text[len(FUNCTION_CLOSE) :].lstrip()
+            if after.startswith(CALL_CLOSE):
+                return True
+            return None if CALL_CLOSE.startswith(after) else False
+        head = text[len(PARAM_OPEN) :]
+        close = head.find(">")
+        if close < 0:
+            return False if "\n" in head or "<" in head else None
+        name = head[:close]
+        if "\n" in name or "<" in name or (self._props and name.strip() not in self._props):
+            return False
+        return None if close + 1 == len(head) else head[close + 1] == "\n"
 
     def _end_value(self, out: list[str], text: str) -> None:
         """The value's last text (`text`, its closing newline still on it) taken."""

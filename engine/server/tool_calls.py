@@ -34,6 +34,7 @@ instead: that form is read whole, once its block has closed.
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -343,13 +344,21 @@ def _closed_json(text: str) -> Any:
     return None
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_NONE = object()  # no value read
+
+
 def _argument(raw: str, schema: Any, params: Any = None) -> Any:
     """A parameter's value from its text: raw where the parameter takes only strings (or
     its schema does not say), else the JSON value it reads as (the template writes
     Python's True/False/None for those) where the schema takes that type, `$ref`s and
     unions (pydantic's `Optional`, nested models) followed within `params`; the raw text
     where it takes strings too and the text is no value of another type it takes (a text
-    in quotes included: the quotes are the string's own)."""
+    in quotes included: the quotes are the string's own). Where it does not take strings, a
+    text that is no JSON of its types is read loosely as vLLM's qwen3_coder parser reads it
+    (`_loosely`). A number JSON cannot write (1e999, NaN) is never a value: the arguments
+    stay JSON."""
     types = value_types(schema, params)
     if types is None or types <= {"string"}:
         return raw
@@ -357,10 +366,44 @@ def _argument(raw: str, schema: Any, params: Any = None) -> Any:
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
-        return raw
-    kind = json_type(value)
+        value = _NONE
+    if value is not _NONE and not _finite(value):
+        value = _NONE
+    kind = None if value is _NONE else json_type(value)
     if kind == "string" and "string" in types:
         return raw  # the template writes strings raw: quotes in the text are the value's
-    if kind in types or (kind == "integer" and "number" in types) or "string" not in types:
+    if kind in types or (kind == "integer" and "number" in types):
         return value
-    return raw
+    if "string" in types:
+        return raw  # no value of its other types: the text is the string it takes
+    loose = _loosely(raw.strip(), types)
+    if loose is not _NONE:
+        return loose
+    return raw if value is _NONE else value
+
+
+def _loosely(text: str, types: set[str]) -> Any:
+    """`text` as a value of the first of `types` it clearly is, in vLLM's order (null,
+    integer, number, boolean): null and booleans in any case, booleans as 1 and 0, numbers
+    with a sign, leading zeros or no leading digit; _NONE where it is none of them."""
+    low = text.lower()
+    if "null" in types and low in ("null", "none"):
+        return None
+    if types & {"integer", "number"} and _INTEGER.fullmatch(text):
+        return int(text)
+    if "number" in types and _NUMBER.fullmatch(text) and math.isfinite(float(text)):
+        return float(text)
+    if "boolean" in types and low in ("true", "false", "1", "0"):
+        return low in ("true", "1")
+    return _NONE
+
+
+def _finite(value: Any) -> bool:
+    """Whether JSON can write `value` (no infinite or NaN number in it)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True

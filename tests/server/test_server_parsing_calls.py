@@ -142,3 +142,54 @@ def test_what_the_template_writes_reads_back_as_the_same_call(args, content, typ
             assert got[key] == value
         else:
             assert isinstance(got[key], str)
+
+
+TYPED = {
+    "flag": {"type": "boolean"},
+    "count": {"type": "integer"},
+    "size": {"type": "number"},
+    "sizes": {"type": "array", "items": {"type": "number"}},
+    "note": {"type": ["string", "null"]},
+}
+
+
+def read_value(name, text):
+    block = f"<tool_call>\n<function=f>\n<parameter={name}>\n{text}\n</parameter>\n</function>\n"
+    _, _, calls = everywhere(block + "</tool_call>", schemas={"f": {"properties": TYPED}})
+    ((_, args),) = calls
+    return args[name]
+
+
+def strict(text):
+    """JSON as the standard has it (Python's reader also takes NaN and Infinity)."""
+
+    def refuse(word):
+        raise ValueError(f"{word} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_values_that_do_not_read_as_json_of_their_type_are_read_as_vllm_reads_them():
+    """A value written loosely reads as its schema's type where it clearly is one, as
+    vLLM's qwen3_coder parser coerces it: booleans in any case and as 1/0, whole numbers
+    with a sign or leading zeros, numbers without a leading digit."""
+    assert [read_value("flag", t) for t in ("TRUE", "false", "1", "0", "True")] == [
+        True, False, True, False, True,
+    ]  # fmt: skip
+    assert [read_value("count", t) for t in ("05", "+7", "-3", "abc")] == [5, 7, -3, "abc"]
+    assert [read_value("size", t) for t in (".5", "2.5", "-1e3", "x")] == [0.5, 2.5, -1000.0, "x"]
+    # Where the parameter takes strings too, a text that is no JSON of its other types is
+    # the string (the template writes None as None, a string as itself).
+    assert [read_value("note", t) for t in ("null", "None", "NULL")] == [None, None, "NULL"]
+
+
+def test_numbers_past_jsons_range_stay_text_and_the_arguments_stay_json():
+    """A number JSON cannot write (1e999 reads as infinity, NaN) would make the arguments
+    invalid JSON: such a value is kept as the text the model wrote."""
+    for name, text in (("size", "1e999"), ("size", "NaN"), ("size", "-Infinity"),
+                       ("sizes", "[1, 1e999]")):  # fmt: skip
+        block = f"<tool_call>\n<function=f>\n<parameter={name}>\n{text}\n</parameter>\n"
+        splitter = ReplySplitter(False, True, {"f": {"properties": TYPED}})
+        pieces = splitter.feed(block + "</function>\n</tool_call>") + splitter.finish()
+        (call,) = [p.call for p in pieces if p.kind == "tool_call"]
+        assert strict(call.arguments) == {name: text}

@@ -34,6 +34,7 @@ SEARCH_MS = 200  # the pause in typing after which the search runs
 DAY_CHECK_MS = 60_000  # how often the headings look for a new day (Today becomes Yesterday)
 PINNED = "Pinned"  # the heading of the pinned chats, listed first
 KEY_PRESS, SHORTCUT_OVERRIDE = QEvent.Type.KeyPress, QEvent.Type.ShortcutOverride
+MARKDOWN = "Markdown (*.md)"  # the export's file type: a name typed without one gets .md
 
 
 def place(chat: Chat) -> tuple[bool, float]:
@@ -317,17 +318,37 @@ class ChatSidebar(QWidget):
             return
         name = re.sub(r'[\\/:*?"<>|\s]+', " ", chat.title).strip() or "chat"
         start = str(Path(QStandardPaths.writableLocation(DOCUMENTS) or Path.home()) / name)
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Export chat", start + ".md", "Markdown (*.md);;All files (*)"
+        path, kind = QFileDialog.getSaveFileName(
+            self, "Export chat", start + ".md", f"{MARKDOWN};;All files (*)"
         )
         if not path:
             return
+        if kind == MARKDOWN and not Path(path).suffix and not Path(path).is_dir():
+            # "notes" typed, the Markdown type chosen: notes.md, asked of where it exists
+            path += ".md"
+            if Path(path).is_file() and not self._replace(Path(path)):
+                return
         try:
             Path(path).write_text(chat.markdown(), encoding="utf-8")
         except OSError as exc:
-            self.chats.notice.emit(f"Could not export the chat to {path}: {exc.strerror or exc}")
+            self.chats.notice.emit(
+                f"Could not export the chat to {path}: {exc.strerror or exc}. Choose another "
+                "folder or name (Export as Markdown… again)."
+            )
             return
         self.chats.notice.emit(f"Chat exported to {path}")
+
+    def _replace(self, path: Path) -> bool:
+        """Whether the user says to write over `path` (the dialog asked of the name without
+        its .md)."""
+        answer = QMessageBox.question(
+            self,
+            "Export chat",
+            f"{path.name} already exists in {path.parent}. Replace it?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.No,
+        )
+        return answer == QMessageBox.StandardButton.Yes
 
     def _renamed(self, item: QListWidgetItem) -> None:
         """The edited title saved with the chat (blank: the old one back). The list is

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QStandardPaths, Signal
+from PySide6.QtCore import QObject, QStandardPaths, QTextBoundaryFinder, Signal
 
 from app.state import chat_history as chat_file  # its limits read at use (tests set them)
 from app.state.chat_history import (
@@ -295,6 +295,21 @@ def _named(turn: Turn) -> str:
 
 
 def _title(text: str, limit: int) -> str:
-    """`text` on one line, cut to `limit` characters with an ellipsis."""
+    """`text` on one line, cut to `limit` characters with an ellipsis: between two signs as
+    the reader sees them (a flag, a family emoji, a letter and its accent stay whole)."""
     line = " ".join(text.split())
-    return line[:limit] + ("…" if len(line) > limit else "")
+    if len(line) <= limit:
+        return line
+    return _whole_signs(line, limit) + "…"
+
+
+def _whole_signs(line: str, limit: int) -> str:
+    """`line`'s first `limit` code points, less a sign (grapheme) they would halve; cut
+    where it falls where a single sign is longer than `limit`."""
+    units = line.encode("utf-16-le")  # Qt counts in UTF-16 units
+    at = len(line[:limit].encode("utf-16-le")) // 2
+    finder = QTextBoundaryFinder(QTextBoundaryFinder.BoundaryType.Grapheme, line)
+    finder.setPosition(at)
+    if not finder.isAtBoundary():
+        at = max(finder.toPreviousBoundary(), 0)
+    return units[: 2 * at].decode("utf-16-le") if at else line[:limit]

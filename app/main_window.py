@@ -124,6 +124,7 @@ class MainWindow(QMainWindow):
         self._engine_state()
         first_run = not welcome_done(ctx.settings.store) and ctx.engine.state == "empty"
         self.center.setCurrentWidget(self.welcome if first_run else self.chat)
+        self._type_here()  # the window opens with the keyboard in the message box
 
     def new_chat(self) -> None:
         """A new chat (or the empty one on show), the keyboard in its message box."""
@@ -164,6 +165,7 @@ class MainWindow(QMainWindow):
     def close_welcome(self) -> None:
         """Show the chat instead of the first-run view, for good."""
         self.center.setCurrentWidget(self.chat)
+        self._type_here()
         self.ctx.settings.store.setValue(DONE_KEY, True)
         self.ctx.settings.store.sync()
 

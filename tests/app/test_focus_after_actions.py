@@ -16,8 +16,6 @@ def test_new_chat_and_branch_put_the_keyboard_in_the_message_box(qtbot, make_win
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=3000):
         window.ctx.engine.load(LoadRequest("/m", window.ctx.settings.engine_settings(), 4096))
     window.close_welcome()
-    window.activateWindow()
-    qtbot.waitActive(window)
     chats, sidebar, panel = window.ctx.chats, window.sidebar, window.chat
     assert chats.send("First question")
     qtbot.waitUntil(lambda: not chats.busy, timeout=5000)
@@ -42,3 +40,20 @@ def test_new_chat_and_branch_put_the_keyboard_in_the_message_box(qtbot, make_win
     QTest.mouseClick(reply.branch_button, Qt.MouseButton.LeftButton)
     assert chats.current.title.endswith("(branch)")
     assert QApplication.focusWidget() is panel.input
+
+
+def test_the_message_box_has_the_keyboard_when_the_chat_first_shows(
+    qtbot, make_window, settings_store
+):
+    from app.panels.welcome import DONE_KEY
+
+    window = make_window()  # the first start: the first-run view
+    assert window.center.currentWidget() is window.welcome
+    qtbot.mouseClick(window.welcome.later_button, Qt.MouseButton.LeftButton)
+    assert window.center.currentWidget() is window.chat
+    assert window.focusWidget() is window.chat.input  # the window's, once active
+    window.close()
+    assert settings_store.value(DONE_KEY) in (True, "true")
+    again = make_window()  # a later start opens on the chat
+    assert again.center.currentWidget() is again.chat
+    assert again.focusWidget() is again.chat.input

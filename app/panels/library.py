@@ -255,11 +255,12 @@ class LibraryPanel(QWidget):
         self._update_hint()
 
     def _fit_row(self, item: QListWidgetItem, card: QWidget) -> None:
-        """The row as tall as its card is at the list's width; no wider than the list (the
-        list stretches each row to its width, but never narrows one)."""
+        """The row as wide as the list and as tall as its card is at that width: the width
+        is given, not left to the list, which stretches a row to its width but never
+        narrows one again (a narrower window, or a scroll bar coming in)."""
         width = max(1, self.list.viewport().width() - 2 * self.list.spacing())
         height = card.heightForWidth(width) if card.hasHeightForWidth() else -1
-        hint = QSize(0, max(height, card.minimumSizeHint().height()))
+        hint = QSize(width, max(height, card.minimumSizeHint().height()))
         if item.sizeHint() != hint:
             item.setSizeHint(hint)
 

@@ -54,7 +54,7 @@ class AppContext:
         self.advisor.shutdown()
         ok = self.downloads.shutdown() and ok
         ok = self.poller.shutdown() and ok
-        return ok
+        return self.server.shutdown() and ok
 
 
 def build_context(

@@ -3,16 +3,21 @@
 The engine worker loads through `wrap_loader(loader)`: a local Engine comes back wrapped in
 a `ScheduledEngine`, so the app's chat and the server's clients share one scheduler (the
 engine is touched by the scheduler's thread only). `start()` runs `engine.server` (uvicorn
-on a thread of its own) over that scheduler and reports the URL; `stop()` ends it. When the
-model is unloaded, call `forget_engine()` (connect `EngineController.unloaded` to it); when
-another model is loaded while serving, the server moves to it by itself. The served engine's
-`unload` (on the worker thread: an Unload, or a Load of another model) stops the server
-first, so each reply under way ends with a 503 that says the server is going (not cut
-short as if it were whole) and the GUI thread never waits for uvicorn's thread.
+on a thread of its own) over that scheduler and reports the URL; `stop()` ends it. Both
+return at once: starting (the import, uvicorn binding its port) and stopping (uvicorn ending
+its connections, up to seconds) happen on the controller's own thread, one after another
+in the order asked, and their outcome comes back as signals. When the model is unloaded,
+call `forget_engine()` (connect `EngineController.unloaded` to it); when another model is
+loaded while serving, the server moves to it by itself. The served engine's `unload` (on
+the worker thread: an Unload, or a Load of another model) stops the server first, so each
+reply under way ends with a 503 that says the server is going (not cut short as if it were
+whole); the GUI thread never waits for uvicorn's thread.
 
-    GUI thread                     worker thread              own threads
-      start() / stop()  ------->   (nothing)                  uvicorn  --> Scheduler --> Engine
-      state_changed, url  <------  wrap_loader's loader records the ScheduledEngine
+    GUI thread                     controller thread          own threads
+      start() / stop()  ------->   start / stop uvicorn       uvicorn  --> Scheduler --> Engine
+      state_changed, url, failed  <-------
+    worker thread: wrap_loader's loader records the ScheduledEngine; before its unload,
+    the server serving it is stopped there (after any start or stop still queued)
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
@@ -47,6 +53,9 @@ class ServerController(QObject):
         self._server: Any = None  # swapped under the lock: the worker thread stops it too
         self._served: ScheduledEngine | None = None  # the engine the server serves
         self._options: tuple[str, int, str | None] = ("127.0.0.1", 8000, None)
+        # Starts and stops of uvicorn, in the order asked, off the GUI thread.
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="snug-server")
+        self._last: Future | None = None  # the last of them
         self._engine_replaced.connect(self._follow_engine)
         self._stopped_for_unload.connect(self._say_stopped)
 
@@ -85,23 +94,66 @@ class ServerController(QObject):
         return server.url if server is not None else ""
 
     def start(self, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> bool:
-        """Serve the loaded model; False (and `failed`) when it cannot."""
-        from engine.server.app import create_app
-        from engine.server.runner import ServerThread, check_bind
-
-        self.stop()
+        """Serve the loaded model: False (and `failed`) where none is loaded here; else True,
+        and the server starts on the controller's thread (`url_changed` once it listens,
+        `failed` where it cannot)."""
         self._options = (host, port, api_key or None)
         with self._lock:
             engine = self._engine
         if engine is None:
+            self.stop()
             self.failed.emit(
                 "load a model on this machine with the server switched on (Settings, "
                 "Local server) to serve it"
             )
             return False
+        self._submit(self._start_serving, engine, host, port, api_key or None)
+        return True
+
+    def stop(self) -> None:
+        """End serving: said at once; the server's connections end on the controller's
+        thread."""
+        with self._lock:
+            server, self._server, self._served = self._server, None, None
+        if server is None:
+            return
+        self._submit(server.stop)
+        self._say_stopped()
+
+    def shutdown(self, timeout: float = 15.0) -> bool:
+        """Stop serving and wait (up to `timeout` s) for the controller's thread to finish
+        what it was asked; True when it did (the app's close)."""
+        self.stop()
+        last = self._last
+        if last is not None:
+            try:
+                last.result(timeout)
+            except Exception:  # noqa: BLE001 - its failure was said as it happened
+                return last.done()
+        self._pool.shutdown(wait=False)
+        return True
+
+    def _submit(self, work: Callable[..., Any], *args: Any) -> None:
+        self._last = self._pool.submit(work, *args)
+
+    # ----- the controller's thread -------------------------------------------------------------
+    def _start_serving(
+        self, engine: ScheduledEngine, host: str, port: int, api_key: str | None
+    ) -> None:
+        from engine.server.app import create_app
+        from engine.server.runner import ServerThread, check_bind
+
+        with self._lock:
+            current, old, self._server, self._served = self._engine, self._server, None, None
+        if old is not None:
+            old.stop()
+        if current is not engine:  # unloaded or replaced since it was asked: not served
+            if old is not None:
+                self._stopped_for_unload.emit()
+            return
         try:
             check_bind(host, api_key)
-            app = create_app(engine.scheduler, api_key=api_key or None)
+            app = create_app(engine.scheduler, api_key=api_key)
             server = ServerThread(app, host, port).start()
         except (SnugError, OSError) as exc:
             message = str(exc)
@@ -110,24 +162,30 @@ class ServerController(QObject):
                     f"port {port} on {host} is in use by another program; choose another "
                     "in Settings > Local server > Server port, then load the model again"
                 )
+            if old is not None:
+                self._stopped_for_unload.emit()
             self.failed.emit(message)
-            return False
-        with self._lock:
-            self._server, self._served = server, engine
-        self.state_changed.emit("running")
-        self.url_changed.emit(server.url)
-        return True
-
-    def stop(self) -> None:
-        with self._lock:
-            server, self._server, self._served = self._server, None, None
-        if server is None:
             return
-        server.stop()
-        self._say_stopped()
+        with self._lock:
+            if self._engine is engine:
+                self._server, self._served = server, engine
+                server = None
+        if server is not None:  # the model went while uvicorn started: not served
+            server.stop()
+            self._stopped_for_unload.emit()
+            return
+        self.state_changed.emit("running")
+        self.url_changed.emit(self.url)
 
     def _stop_serving(self, engine: ScheduledEngine) -> None:
-        """On the worker thread, before `engine` unloads: end the server serving it."""
+        """On the worker thread, before `engine` unloads: what the controller's thread was
+        asked (a start of this engine among it) is done, then the server serving it ends."""
+        last = self._last
+        if last is not None:
+            try:
+                last.result()
+            except Exception:  # noqa: BLE001 - its failure was said as it happened
+                pass
         with self._lock:
             if self._served is not engine:
                 return

@@ -44,6 +44,9 @@ def _load(qtbot, window, model, port: int) -> None:
     window.choose(Entry(f"folder:{model.name}", model.name, "", 0, "folder", local_dir=str(model)))
     with qtbot.waitSignal(window.ctx.engine.loaded, timeout=30000):
         window.load.load_button.click()
+    server, status = window.ctx.server, window.settings.server_status
+    # The server starts off the GUI thread: it listens, or the settings say why not.
+    qtbot.waitUntil(lambda: server.running or "Not serving:" in status.text(), timeout=30000)
 
 
 class StreamingClient(threading.Thread):
@@ -123,3 +126,40 @@ def test_a_port_in_use_names_the_port_and_the_setting(qtbot, make_window, tiny):
     assert not window.ctx.server.running
     assert f"port {port}" in said and "Settings > Local server > Server port" in said, said
     assert "--port" not in said
+
+
+def test_starting_and_stopping_the_server_leave_the_window_free(
+    qtbot, make_window, tiny, monkeypatch
+):
+    """uvicorn taking seconds to listen, or to end its connections, holds the controller's
+    own thread, not the window's: start and stop return at once, the server's state comes
+    after, and a start asked right after a stop waits for that stop (same port)."""
+    from engine.server.runner import ServerThread
+
+    start, stop = ServerThread.start, ServerThread.stop
+
+    def slow_start(self):
+        time.sleep(1.0)
+        return start(self)
+
+    def slow_stop(self):
+        time.sleep(1.0)
+        return stop(self)
+
+    window = make_window()
+    port = _free_port()
+    _load(qtbot, window, tiny, port)
+    server = window.ctx.server
+    assert server.running
+    monkeypatch.setattr(ServerThread, "start", slow_start)
+    monkeypatch.setattr(ServerThread, "stop", slow_stop)
+    began = time.monotonic()
+    server.stop()
+    assert not server.running and "Not serving" in window.settings.server_status.text()
+    with qtbot.waitSignal(server.url_changed, timeout=10000, check_params_cb=bool) as url:
+        assert server.start(port=port)
+        assert time.monotonic() - began < 0.5  # neither call waited for uvicorn
+    assert url.args[0] == f"http://127.0.0.1:{port}/v1" and server.running
+    assert time.monotonic() - began >= 2.0  # the start waited for the stop before it
+    assert window.ctx.shutdown()
+    assert not server.running

@@ -224,6 +224,11 @@ class Scheduler:
     def running(self) -> int:
         return len(self._running)
 
+    def working(self) -> list[Request]:
+        """The requests holding a stream now (a copy: the engine thread changes the list);
+        for reports such as llama.cpp's /slots. Read their fields, never change them."""
+        return list(self._running)
+
     @property
     def waiting(self) -> int:
         return len(self._waiting)

@@ -137,11 +137,10 @@ class LlamaApi:
 
 
 def _working(scheduler: Scheduler) -> dict[int, SchedulerRequest]:
-    """The scheduler's requests that hold a stream, by slot: a copy of its running list
-    (its engine thread changes it), each request's stream read once (it is let go of at
-    the request's end)."""
+    """The scheduler's requests that hold a stream, by slot, each request's stream read
+    once (it is let go of at the request's end)."""
     out = {}
-    for request in list(scheduler._running):
+    for request in scheduler.working():
         stream = request.stream
         if stream is not None:
             out[stream.slot] = request

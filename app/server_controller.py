@@ -94,18 +94,24 @@ class ServerController(QObject):
         return server.url if server is not None else ""
 
     def start(self, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> bool:
-        """Serve the loaded model: False (and `failed`) where none is loaded here; else True,
-        and the server starts on the controller's thread (`url_changed` once it listens,
-        `failed` where it cannot)."""
+        """Serve the loaded model: False (and `failed`) where none is loaded here or the
+        address needs a key; else True, and the server starts on the controller's thread
+        (`url_changed` once it listens, `failed` where it cannot)."""
+        from engine.server.bind import check_bind
+
         self._options = (host, port, api_key or None)
         with self._lock:
             engine = self._engine
-        if engine is None:
+        try:
+            if engine is None:
+                raise SnugError(
+                    "load a model on this machine with the server switched on (Settings, "
+                    "Local server) to serve it"
+                )
+            check_bind(host, api_key)
+        except SnugError as exc:
             self.stop()
-            self.failed.emit(
-                "load a model on this machine with the server switched on (Settings, "
-                "Local server) to serve it"
-            )
+            self.failed.emit(str(exc))
             return False
         self._submit(self._start_serving, engine, host, port, api_key or None)
         return True
@@ -141,7 +147,7 @@ class ServerController(QObject):
         self, engine: ScheduledEngine, host: str, port: int, api_key: str | None
     ) -> None:
         from engine.server.app import create_app
-        from engine.server.runner import ServerThread, check_bind
+        from engine.server.runner import ServerThread
 
         with self._lock:
             current, old, self._server, self._served = self._engine, self._server, None, None
@@ -152,7 +158,6 @@ class ServerController(QObject):
                 self._stopped_for_unload.emit()
             return
         try:
-            check_bind(host, api_key)
             app = create_app(engine.scheduler, api_key=api_key)
             server = ServerThread(app, host, port).start()
         except (SnugError, OSError) as exc:

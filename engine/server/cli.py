@@ -148,7 +148,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.cli_progress import context_note, cpu_note, load_progress
     from engine.scheduler import Scheduler
     from engine.server.app import MAX_BODY, create_app
-    from engine.server.runner import check_bind, uvicorn_server
+    from engine.server.bind import check_bind
+    from engine.server.runner import uvicorn_server
     from engine.session import Engine
 
     check_bind(args.host, args.api_key)  # before the (slow) load

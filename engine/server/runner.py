@@ -1,9 +1,8 @@
 """uvicorn serving the app on a thread of its own (the app's server switch, tests, the
-benchmark), and the rule on where the server may listen."""
+benchmark). Where the server may listen is engine.server.bind's rule."""
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 import time
 from typing import Any
@@ -11,28 +10,6 @@ from typing import Any
 import uvicorn
 
 from engine.errors import SnugError
-
-
-class UnsafeBind(SnugError):
-    """Listening beyond this machine without an API key."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
-
-
-def check_bind(host: str, api_key: str | None) -> None:
-    """Refuse to listen on an address other machines can reach without an API key."""
-    if not is_loopback(host) and not api_key:
-        raise UnsafeBind(
-            f"--host {host} lets other machines reach the model; give a key with --api-key KEY "
-            "(clients then send 'Authorization: Bearer KEY'), or keep the default 127.0.0.1"
-        )
 
 
 def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -> Any:

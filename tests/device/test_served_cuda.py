@@ -26,7 +26,9 @@ def served(tmp_path_factory):
 
     path = write_checkpoint(tmp_path_factory.mktemp("served") / "tiny", "tiny", "mlx4", seed=5)
     write_tokenizer(path)
-    settings = EngineSettings(backend="cuda").with_gib(limit=4)
+    # Batch-invariant decode, as `snug serve` runs more than one stream: a reply does not
+    # depend on the others in its steps (a greedy reply of `n` equals a request of one).
+    settings = EngineSettings(backend="cuda", batch_invariant=True).with_gib(limit=4)
     engine = Engine.load(path, settings, context=1024, streams=2, max_rows=128)
     scheduler = Scheduler(engine, queue_size=4).start()
     server = ServerThread(create_app(scheduler, api_key=KEY)).start()

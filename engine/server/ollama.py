@@ -369,17 +369,23 @@ class OllamaApi:
     async def show(self, request: Request) -> Response:
         """The model's details, its context length (`model_info`, and `num_ctx` in
         `parameters`) and capabilities, by `model` or by `name` as older clients send it."""
-        s = self.server
         try:
-            s._authorize(request)
-            body = await s._body(request)
-            model = body.get("model") or body.get("name")
-            if not model:
-                raise bad("model is required", "model")
+            _, model = await self._naming(request)
             self._check(model)
         except ApiError as exc:
             return _error(exc)
         return JSONResponse(self.card.shown())
+
+    async def _naming(self, request: Request) -> tuple[dict[str, Any], str]:
+        """The body of a request about one model, and the model it names (`model`, or
+        `name` as older clients send it); authorized."""
+        s = self.server
+        s._authorize(request)
+        body = await s._body(request)
+        model = body.get("model") or body.get("name")
+        if not model:
+            raise bad("model is required", "model")
+        return body, model
 
     async def pull(self, request: Request) -> Response:
         """`ollama pull`: the served model is here already, so its pull succeeds at once
@@ -387,11 +393,7 @@ class OllamaApi:
         another is refused by name, with where models come from."""
         s = self.server
         try:
-            s._authorize(request)
-            body = await s._body(request)
-            model = body.get("model") or body.get("name")
-            if not model:
-                raise bad("model is required", "model")
+            body, model = await self._naming(request)
             stream = field(body, "stream", "boolean", True)
             try:
                 self._check(model)

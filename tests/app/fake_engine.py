@@ -61,6 +61,20 @@ class FakeEngine:
         self.threads: set[str] = set()
 
     @classmethod
+    def compiling_loader(cls, stages: list[int]):
+        """A loader as slow as a first load compiling its kernels: 100 stages of 50 ms, each
+        reported and appended to `stages` (a cancelled load stops at its next report)."""
+
+        def load(request: LoadRequest, progress=None) -> FakeEngine:
+            for i in range(100):
+                progress(f"compiling kernels, {i} of 100", 0.9)
+                stages.append(i)
+                time.sleep(0.05)
+            return cls()
+
+        return load
+
+    @classmethod
     def loader(cls, **kwargs):
         """A loader for EngineController that records what it was asked to load.
 

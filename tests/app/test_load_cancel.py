@@ -10,14 +10,8 @@ from helpers import model_folder
 
 
 def test_cancel_stops_a_load_at_its_next_stage(qtbot, make_window, tmp_path):
-    stages = []
-
-    def slow(request, progress=None):
-        for i in range(100):  # a first load compiling its kernels: a report per kernel
-            progress(f"compiling kernels, {i} of 100", 0.9)
-            stages.append(i)
-            time.sleep(0.05)
-        return FakeEngine()
+    stages: list[int] = []
+    slow = FakeEngine.compiling_loader(stages)
 
     window = make_window(loader=slow)
     entry = window.ctx.library.add_folder(str(model_folder(tmp_path / "model")))
@@ -43,14 +37,8 @@ def test_cancel_stops_a_load_at_its_next_stage(qtbot, make_window, tmp_path):
 def test_closing_the_window_during_a_load_stops_it_at_its_next_stage(qtbot, make_window, tmp_path):
     """Quitting while a first load compiles does not wait for the whole load: the window
     closes at the load's next stage, the engine's thread ended."""
-    stages = []
-
-    def slow(request, progress=None):
-        for i in range(100):
-            progress(f"compiling kernels, {i} of 100", 0.9)
-            stages.append(i)
-            time.sleep(0.05)
-        return FakeEngine()
+    stages: list[int] = []
+    slow = FakeEngine.compiling_loader(stages)
 
     window = make_window(loader=slow)
     entry = window.ctx.library.add_folder(str(model_folder(tmp_path / "model")))

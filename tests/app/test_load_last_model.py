@@ -67,21 +67,14 @@ def test_quitting_while_the_last_model_loads_keeps_it_for_the_next_start(
 ):
     """A first load compiles for a while: quitting during the start's load ends it at its
     next stage, and the model is still the one loaded at the next start."""
-    import time
 
     folder = model_folder(tmp_path / "model")
     window = make_window(loader=FakeEngine.loader())
     _load_folder(qtbot, window, folder)
     window.close()
 
-    stages = []
-
-    def slow(request, progress=None):
-        for i in range(100):
-            progress(f"compiling kernels, {i} of 100", 0.9)
-            stages.append(i)
-            time.sleep(0.05)
-        return FakeEngine()
+    stages: list[int] = []
+    slow = FakeEngine.compiling_loader(stages)
 
     second = make_window(loader=slow)
     qtbot.waitUntil(lambda: len(stages) >= 2, timeout=5000)

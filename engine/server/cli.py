@@ -32,6 +32,12 @@ def _port(text: str) -> int:
     return value
 
 
+def _host(text: str) -> str:
+    """An address as people write it: an IPv6 one also in brackets, as in a URL ([::1])."""
+    text = text.strip()
+    return text[1:-1] if text.startswith("[") and text.endswith("]") else text
+
+
 def listen_socket(host: str, port: int) -> socket.socket:
     """A socket bound to `host`:`port` (port 0: a free one), to take before the model loads:
     an address that cannot be had is said at once, not after the load. uvicorn listens on
@@ -71,7 +77,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     """Register `serve` on an argparse subparsers object."""
     p = subparsers.add_parser("serve", help="serve a model over the OpenAI API (HTTP)")
     p.add_argument("--model", required=True, help="checkpoint folder (config.json, safetensors)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--host", type=_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: any free one)")
     p.add_argument(
         "--api-key",

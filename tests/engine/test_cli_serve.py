@@ -39,6 +39,21 @@ def test_a_port_that_cannot_be_had_is_refused_before_the_load(tiny_checkpoint, m
     assert f"--host {host}: not an address or a name" in capsys.readouterr().err
 
 
+def test_an_ipv6_loopback_in_brackets_needs_no_key():
+    """`--host [::1]`, as a URL writes it: this machine's IPv6 loopback, not an address
+    other machines reach (it was refused as one without --api-key)."""
+    import argparse
+
+    from engine.server.bind import check_bind
+    from engine.server.cli import add_serve_parser
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--model", "m", "--host", "[::1]"])
+    assert args.host == "::1"
+    check_bind(args.host, None)  # no UnsafeBind
+
+
 def test_port_0_says_the_port_it_got_and_ctrl_c_stops_it_cleanly(tiny_checkpoint):
     model = tiny_checkpoint("tied-l4-r1", "hf-fp32")
     args = ["serve", "--model", str(model), "--port", "0", "--backend", "numpy"]

@@ -40,8 +40,8 @@ def add_cache_parser(subparsers) -> argparse.ArgumentParser:
 
 def others(folder: Path) -> list[str]:
     """The *.json, *.safetensors and *.tmp files in `folder` that are no saved state's
-    (engine.snapshot_store.is_state_file): a model's config.json and weights, say."""
-    from engine.snapshot_store import is_state_file
+    (engine.snapshot_folder.is_state_file): a model's config.json and weights, say."""
+    from engine.snapshot_folder import is_state_file
 
     if not folder.is_dir():
         return []
@@ -50,7 +50,8 @@ def others(folder: Path) -> list[str]:
 
 
 def run_cache(args: argparse.Namespace) -> int:
-    from engine.snapshot_store import clear_folder, files_size, model_fingerprint
+    from engine.snapshot_folder import clear_folder, files_size
+    from engine.snapshot_store import model_fingerprint
 
     folder = Path(args.dir) if args.dir else default_prompt_cache_dir()
     folder = folder.expanduser()  # as the engine reads SNUG_PROMPT_CACHE_DIR
@@ -69,9 +70,18 @@ def run_cache(args: argparse.Namespace) -> int:
 
             checkpoint = Checkpoint.open(Path(args.model))
             model = model_fingerprint(checkpoint.dir, checkpoint.tensors)
-        count, nbytes = clear_folder(folder, model)
+        done = clear_folder(folder, model)
         which = f" of {args.model}" if args.model else ""
-        print(f"removed {count} saved prompt states{which} ({_mib(nbytes)}) from {folder}")
+        print(
+            f"removed {done.count} saved prompt states{which} ({_mib(done.nbytes)}) from {folder}"
+        )
+        if done.kept:
+            raise ConfigError(
+                f"{done.kept} saved prompt states{which} in {folder} could not be removed (the "
+                "log above names each file and why); they stay readable there. Make the folder "
+                "writable for this user, close the programs that hold its files, and run "
+                "`snug cache clear` again"
+            )
         return 0
     entries, nbytes = 0, 0
     kinds: dict[str, int] = {}

@@ -29,11 +29,12 @@ Several engines may use the folder at once (two app windows, the app and `snug s
 `snug cache clear` beside them). A save, the removal of what an interrupted save left and a
 clear hold the folder's lock file (LOCK_NAME, with the `filelock` library), so none of them
 deletes another's temporary files or data whose JSON is still to come; a restore takes no
-lock (it reads whole files, checked). Before a save evicts for room, and at each lookup, the
-store brings its index up to the folder (`_refresh`): entries that others saved count
-against the budget, and those others evicted or cleared are neither restored nor taken for
-saved. `engine.snapshot_writer.DiskWriter` saves on a thread of its own, so that a reply
-never waits for the disk.
+lock (it reads whole files, checked). engine.snapshot_folder owns the lock, which files are
+saved states, and the clear of `snug cache clear`. Before a save evicts for room, and at
+each lookup, the store brings its index up to the folder (`_refresh`): entries that others
+saved count against the budget, and those others evicted or cleared are neither restored
+nor taken for saved. `engine.snapshot_writer.DiskWriter` saves on a thread of its own, so
+that a reply never waits for the disk.
 """
 
 from __future__ import annotations
@@ -43,11 +44,10 @@ import hashlib
 import json
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,12 +55,17 @@ from typing import Any
 import numpy as np
 
 from engine.snapshot_file import block_checksums, read_checked
+from engine.snapshot_folder import LOCK_NAME as LOCK_NAME  # where callers have named it
+from engine.snapshot_folder import (
+    files_size,
+    folder_lock,
+    state_files,
+    unlink,
+)
 
 log = logging.getLogger(__name__)
 
 FORMAT = 3  # bump when the layout of a snapshot changes (3: XXH3-128 checksums per block)
-LOCK_NAME = ".snug-cache.lock"  # no saved state's name: `snug cache clear` leaves it
-LOCK_WAIT_S = 30.0  # past it (another engine's save hung on the disk) a save is skipped
 BLOCK_BYTES = 8 << 20  # a checksum's block: 69 of them in a 16K-token state of the 4B
 
 
@@ -118,22 +123,6 @@ def ids_hash(ids: tuple[int, ...] | list[int]) -> str:
     return hashlib.sha256(np.asarray(ids, np.int64).tobytes()).hexdigest()[:32]
 
 
-# The only files a store reads, evicts or removes: a state's <32 hex digits>.json and
-# .safetensors, and what an interrupted save leaves (mkstemp's tmp*.json.tmp and
-# tmp*.safetensors.tmp). Nothing else in the folder is touched (a model's folder given as
-# the cache folder by mistake keeps its config.json and weights).
-_STATE_FILE = re.compile(r"[0-9a-f]{32}\.(json|safetensors)|tmp\w*\.(json|safetensors)\.tmp")
-
-
-def is_state_file(name: str) -> bool:
-    return _STATE_FILE.fullmatch(name) is not None
-
-
-def state_files(folder: Path, pattern: str) -> list[Path]:
-    """The files in `folder` matching `pattern` that a store owns (`is_state_file`)."""
-    return [p for p in folder.glob(pattern) if is_state_file(p.name)]
-
-
 def entry_name(key: StoreKey, ids: tuple[int, ...] | list[int]) -> str:
     """The files' stem: the same ids under another model or engine get other files."""
     h = hashlib.sha256(f"{key.model}|{key.engine}|{key.precision}|".encode())
@@ -176,51 +165,6 @@ def _weights_sample(path: Path, span: int = 64) -> bytes:
     return bytes(out)
 
 
-def files_size(folder: Path, name: str) -> int:
-    """Bytes of an entry's files (0 for one that is gone: another engine evicted it)."""
-    total = 0
-    for suffix in (".json", ".safetensors"):
-        try:
-            total += (folder / f"{name}{suffix}").stat().st_size
-        except OSError:
-            pass
-    return total
-
-
-def _unlink(path: Path) -> bool:
-    """Remove a file; False (logged, naming it) where it cannot be (a read-only folder, a
-    file another program holds open on Windows): a restore or a save never fails on it."""
-    try:
-        path.unlink(missing_ok=True)
-        return True
-    except OSError as exc:
-        log.warning("prompt cache: could not remove %s (%s)", path, exc)
-        return False
-
-
-@contextlib.contextmanager
-def folder_lock(
-    folder: Path, wait: float = LOCK_WAIT_S, level: int = logging.WARNING
-) -> Iterator[bool]:
-    """Hold `folder`'s lock file (LOCK_NAME) against the other engines and `snug cache`
-    using the folder: True while held; False (logged at `level`) where it could not be had
-    in `wait` seconds or made (a read-only folder), and the caller does without what needs
-    it."""
-    from filelock import FileLock, Timeout
-
-    lock = FileLock(folder / LOCK_NAME, timeout=wait)
-    try:
-        lock.acquire()
-    except (Timeout, OSError) as exc:
-        log.log(level, "prompt cache: could not lock %s (%s)", folder, exc)
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        lock.release()
-
-
 class SnapshotStore:
     """A folder of snapshots, restored for one (model, engine, precision), bounded by
     `budget_bytes` over everything in the folder. Safe to use from two threads (the engine
@@ -248,10 +192,10 @@ class SnapshotStore:
         with folder_lock(self.folder) as held:
             if held:
                 for leftover in state_files(self.folder, "*.tmp"):
-                    _unlink(leftover)
+                    unlink(leftover)
                 for data in state_files(self.folder, "*.safetensors"):
                     if not data.with_suffix(".json").exists():
-                        _unlink(data)
+                        unlink(data)
             self._refresh()
 
     def _refresh(self, times: bool = False) -> None:
@@ -461,7 +405,7 @@ class SnapshotStore:
         finally:
             for leftover in (tmp_data, tmp_meta):
                 if leftover is not None:
-                    _unlink(leftover)
+                    unlink(leftover)
         return True
 
     def _make_room(self, nbytes: int, keep: str) -> None:
@@ -489,7 +433,7 @@ class SnapshotStore:
                     path.unlink(missing_ok=True)
                 except OSError:
                     return False
-            elif not _unlink(path):
+            elif not unlink(path):
                 return False
         return True
 
@@ -551,32 +495,3 @@ def _ids_or_none(meta: dict) -> tuple[int, ...] | None:
         return tuple(int(i) for i in meta["ids"])
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def clear_folder(folder: str | os.PathLike[str], model: str | None = None) -> tuple[int, int]:
-    """Remove the saved states in `folder` (only those of the model with fingerprint `model`
-    when given), and what interrupted saves left; returns (entries, bytes) removed. Under
-    the folder's lock: a save in flight in an engine using the folder finishes first (its
-    temporary files are not leftovers); where the lock cannot be had, only whole entries go."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return 0, 0
-    count = removed = 0
-    with folder_lock(folder) as held:
-        for meta_path in state_files(folder, "*.json"):
-            if model is not None:
-                try:
-                    if json.loads(meta_path.read_text()).get("model") != model:
-                        continue
-                except (OSError, ValueError, AttributeError, RecursionError):
-                    continue  # not readable: not known to be this model's
-            removed += files_size(folder, meta_path.stem)
-            count += 1
-            for suffix in (".json", ".safetensors"):
-                _unlink(folder / f"{meta_path.stem}{suffix}")
-        if model is None and held:
-            for leftover in (*state_files(folder, "*.tmp"), *state_files(folder, "*.safetensors")):
-                with contextlib.suppress(OSError):
-                    removed += leftover.stat().st_size
-                _unlink(leftover)
-    return count, removed

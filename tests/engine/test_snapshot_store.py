@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from engine import snapshot_file, snapshot_store
+from engine import snapshot_file, snapshot_folder, snapshot_store
 from engine.snapshot_store import HostSnapshot, SnapshotStore, StoreKey, entry_name
 
 KEY = StoreKey(model="m" * 64, engine="0.1.0", precision="numpy:float32")
@@ -301,6 +301,6 @@ def test_files_that_are_no_saved_state_are_never_touched(tmp_path):
         store.save(list(range(start, start + 40)), _snapshot(40))
     assert store.lookup(list(range(2000, 2041)))
     assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.name in foreign} == foreign
-    count, _ = snapshot_store.clear_folder(tmp_path)
+    count, _, _ = snapshot_folder.clear_folder(tmp_path)
     assert count == 1
     assert listing(tmp_path) == sorted(foreign)

@@ -21,7 +21,8 @@ import pytest
 from engine import snapshot_store
 from engine.config import EngineSettings
 from engine.session import Engine, GenerationParams
-from engine.snapshot_store import SnapshotStore, clear_folder, entry_name, model_fingerprint
+from engine.snapshot_folder import clear_folder
+from engine.snapshot_store import SnapshotStore, entry_name, model_fingerprint
 from tests.engine.test_snapshot_store import KEY, _snapshot, listing
 
 GREEDY = GenerationParams(max_new_tokens=6, greedy=True)

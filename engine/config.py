@@ -1,7 +1,9 @@
 """The engine's settings: memory reserve and limit, backend, compute dtype, caches, and
 the simulated card's properties.
 
-This is the one module that reads environment variables (see `EngineSettings.from_env`).
+The engine's environment variables are read here (`EngineSettings.from_env`), but for
+SNUG_W4_MMA, a measuring switch of the CUDA backend's 4-bit products that
+engine/backends/cuda/w4_mma.py reads itself.
 """
 
 from __future__ import annotations

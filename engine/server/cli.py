@@ -85,7 +85,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         "--api-key",
         default=None,
         help="clients must send 'Authorization: Bearer KEY'; required with a --host other "
-        "than 127.0.0.1",
+        "machines reach (any but a loopback address such as 127.0.0.1 or ::1)",
     )
     p.add_argument("--context", type=_positive, default=8192, help="tokens per stream")
     p.add_argument("--streams", type=_positive, default=4, help="requests decoded together")

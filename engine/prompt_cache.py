@@ -223,7 +223,9 @@ class TieredPromptCache:
         self.host = PromptCache(host_bytes, move_down=self._host_out)
         self.disk = DiskWriter(store) if store is not None else None
         self.stats = CacheStats()
-        self._deferred: list[tuple[int, ...]] = []  # saved, their disk copy not yet queued
+        # Saved, their disk copy not yet queued: (ids, the host copy where no memory tier
+        # keeps the state, else None: the copy is made from the tier at the request's end).
+        self._deferred: list[tuple[tuple[int, ...], HostSnapshot | None]] = []
         self._in_reply = False  # a save inside a request: moves down without waiting
         # The last token's logits of the prompts last saved at their end, oldest first.
         self._ends: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
@@ -305,7 +307,10 @@ class TieredPromptCache:
                 snapshot = self.backend.save_slot_to_host(slot, len(key))
             except DeviceOutOfMemory:
                 return  # no memory to keep it in: the next turn prefills its history
-            self.host.store(key, snapshot, snapshot.nbytes)
+            if not self.host.store(key, snapshot, snapshot.nbytes):
+                # No memory tier keeps it: its disk copy is queued now (the copy to the host
+                # is made; `persist_deferred` finds only what a memory tier holds).
+                defer_disk = False
         if snapshot is not None:
             self.stats.saved += 1
             self._persist(key, snapshot, defer_disk)
@@ -319,17 +324,20 @@ class TieredPromptCache:
     def _persist(self, key: tuple[int, ...], snapshot: Any, defer_disk: bool) -> None:
         """The disk copy of a saved state: queued now, or held for `persist_deferred`."""
         if defer_disk:
-            self._deferred.append(key)
+            self._deferred.append((key, None))
         else:
             self._write(key, snapshot)
 
     def persist_deferred(self) -> None:
         """Queue the disk copies of the saves `save(defer_disk=True)` held back, for those
         still in a memory tier (the end of a request: off its critical path)."""
-        keys, self._deferred = self._deferred, []
-        if keys:
+        held, self._deferred = self._deferred, []
+        if held:
             self.backend.settle_host_copies()  # the moves inside the reply are done
-        for key in keys:
+        for key, host in held:
+            if host is not None:
+                self._write(key, host)
+                continue
             for tier in (self.device, self.host):
                 if key in tier:
                     self._write(key, tier.get(key).snapshot)
@@ -400,11 +408,12 @@ class TieredPromptCache:
             host = self.backend.snapshot_to_host(entry.snapshot, wait=not queued)
         except DeviceOutOfMemory:
             return
-        if self.host.store(key, host, host.nbytes):
+        kept = self.host.store(key, host, host.nbytes)
+        if kept:
             self.stats.moved_down += 1
         if not written:
-            if queued:
-                self._deferred.append(key)
+            if queued:  # the host copy itself where no tier keeps it
+                self._deferred.append((key, None if kept else host))
             else:
                 self.disk.submit(key, host)  # type: ignore[union-attr]
 

@@ -106,7 +106,7 @@ class HostSnapshot:
 class StoreKey:
     """What a snapshot must match to be restored: the model, the engine and the precision."""
 
-    model: str  # fingerprint: sha256 of config.json and the tensor headers
+    model: str  # fingerprint: config.json, the tensor headers, a sample of the weights
     engine: str  # the engine's version
     precision: str  # backend and activation type, e.g. "cuda:bfloat16", "numpy:float32"
 
@@ -245,7 +245,7 @@ class SnapshotStore:
                 ids = tuple(int(i) for i in meta["ids"])
                 if entry_name(self.key, ids) != name:
                     raise ValueError("the ids do not hash to the file's name")
-                entry = _Entry(ids, int(meta["nbytes"]), used)
+                entry = _Entry(ids, files_size(self.folder, name), used)  # all it takes
         except FileNotFoundError:
             return  # removed since the folder was listed
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
@@ -362,9 +362,13 @@ class SnapshotStore:
                 self._make_room(nbytes, keep=name)
             if not self._write(name, key, snapshot):
                 return False
-        with self._lock:
-            self._entries[name] = _Entry(key, nbytes)
-        self._stuck.discard(name)
+            self._stuck.discard(name)
+            with self._lock:  # the budget counts the files: the index and header too
+                self._entries[name] = _Entry(key, files_size(self.folder, name))
+                self._make_room(0, keep=name)
+                if self.held_bytes > self.budget_bytes:  # alone, over the budget
+                    self.remove(name)
+                    return False
         return True
 
     def _write(self, name: str, key: tuple[int, ...], snapshot: HostSnapshot) -> bool:

@@ -57,6 +57,15 @@ def run_cache(args: argparse.Namespace) -> int:
     folder = folder.expanduser()  # as the engine reads SNUG_PROMPT_CACHE_DIR
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{folder} is a file, not a prompt cache folder; check {_setting(args)}")
+    if folder.is_dir():
+        try:  # a glob takes a folder it may not list for an empty one
+            with os.scandir(folder) as listed:
+                next(listed, None)
+        except OSError as exc:
+            raise ConfigError(
+                f"{folder} cannot be read ({exc.strerror or exc}); nothing was changed. Run "
+                f"as the user who owns it, or check {_setting(args)}"
+            ) from None
     foreign = others(folder)
     if args.cache_command == "clear" and foreign:
         raise ConfigError(

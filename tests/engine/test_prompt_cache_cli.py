@@ -55,3 +55,27 @@ def test_clear_counts_only_the_entries_it_removed(tmp_path, monkeypatch):
         p.name for p in tmp_path.glob(f"{stuck.stem}.*")
     )
     assert left > 0  # the kept entry whole, its data beside its index
+
+
+def test_a_folder_that_cannot_be_read_is_named_not_shown_empty(tmp_path, monkeypatch, capsys):
+    """A folder another user owns (`sudo snug serve` made it): listing it is refused, which
+    a glob takes for an empty folder; info and clear say so, and change nothing."""
+    import os
+
+    _saved(tmp_path, 2)
+    before = listing(tmp_path)
+    real = os.scandir
+
+    def denied(path="."):
+        if Path(path) == tmp_path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+    for command in ("info", "clear"):
+        assert main(["cache", command, "--dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path} cannot be read (Permission denied)" in err, err
+        assert "check --dir" in err
+    monkeypatch.undo()
+    assert listing(tmp_path) == before

@@ -138,7 +138,8 @@ def _best(
     min_rows: int = 1,
 ) -> _Try:
     """The first arrangement that fits, in the module docstring's order, with prefill chunks
-    of at least `min_rows`; else the eager on-card one (which does not fit)."""
+    of at least `min_rows`; else the leanest one (which does not fit): the one missing the
+    fewest bytes, so a shortfall names what the card truly lacks (the first of equals)."""
     args = (card_free, card_total, held, settings)
     if 0 < plan.score_rows < FAST_QUERY_ROWS:
         # A card with room gets a workspace that holds prefill attention scores for many
@@ -148,6 +149,7 @@ def _best(
             return fast
     floor = max(plan.streams, 1, min(min_rows, plan.max_rows))
     rungs = [r for r in ladder_below(plan.max_rows) if r >= floor]
+    leanest: _Try | None = None
     for rows in [plan.max_rows, *reversed(rungs)]:
         eager = rows == plan.max_rows
         sized = plan if eager else plan.resized(max_rows=rows)
@@ -155,7 +157,10 @@ def _best(
             attempt = _evaluate(sized, *args, eager, host_embeddings, cache_on_host)
             if attempt.fits:
                 return attempt
-    return _evaluate(plan, *args, eager=True, host_embeddings=False)
+            if leanest is None or attempt.breakdown.free_after > leanest.breakdown.free_after:
+                leanest = attempt
+    assert leanest is not None  # max rows, on the card, is always tried
+    return leanest
 
 
 def _widen(best: _Try, card_free: int, card_total: int, held: int, s: EngineSettings) -> _Try:
@@ -400,7 +405,8 @@ def admit(
             context=0,
             max_rows=plan.max_rows,
             eager=best.eager,
-            host_embeddings=False,
+            host_embeddings=best.host_embeddings,
+            prompt_cache_on_host=best.cache_on_host,
             kv_cache=plan.kv_cache,
             suggestions=texts,
             fixes=fixes,

@@ -291,9 +291,9 @@ def _suggest(
                 texts.append(f"raise the memory limit from {_gib(s.limit_bytes)} to {_gib(need)}")
                 fixes.append(("limit_gib", need / GIB))
     if not texts:  # no one change is enough
-        text, fix = _combined(plan, four_bit, *args)
-        texts.append(text)
-        fixes.append(fix)
+        for text, fix in _combined(plan, four_bit, *args):
+            texts.append(text)
+            fixes.append(fix)
     return tuple(texts), tuple(fixes)
 
 
@@ -327,27 +327,19 @@ def _weights_text(plan: Plan) -> str:
 
 def _combined(
     plan: Plan, four_bit: Plan | None, card_free: int, card_total: int, held: int, s: EngineSettings
-) -> tuple[str, tuple[str | int | float, ...]]:
-    """The suggestion when no single change makes the plan fit: the 4-bit build with fewer
-    streams or a shorter context where that fits (checked), else a smaller model. Its fix
-    names every setting it changes: (setting, value, setting, value, ...)."""
+) -> list[tuple[str, tuple[str | int | float, ...]]]:
+    """The suggestions when no single change makes the plan fit: this model with fewer
+    streams and a shorter context, and the 4-bit build with fewer streams or a shorter
+    context, each where it fits (checked); else a smaller model. Each fix names every setting
+    it changes: (setting, value, setting, value, ...)."""
     args = (card_free, card_total, held, s)
-
-    def context_at(n: int) -> int:  # the 4-bit build's longest context with n streams
-        assert four_bit is not None
-        return min(largest_context(four_bit.resized(streams=n), *args), plan.context)
-
-    def has_context(n: int) -> bool:
-        ctx = context_at(n)
-        return ctx >= CONTEXT_STEP or ctx >= plan.context
-
-    # From the most streams that leave the 4-bit build a context (fewer only leave more).
-    most = 0 if four_bit is None else _largest(1, plan.streams, has_context)
-    for n in range(most, 0, -1):
-        ctx = context_at(n)
-        if ctx < CONTEXT_STEP and ctx < plan.context:
+    out = []
+    for candidate, most in ((plan, plan.streams - 1), (four_bit, plan.streams)):
+        found = None if candidate is None else _fewer_and_shorter(plan, candidate, args, most)
+        if found is None:
             continue
-        fix: tuple[str | int | float, ...] = ("format", "mlx4")
+        n, ctx = found
+        fix: tuple[str | int | float, ...] = () if candidate is plan else ("format", "mlx4")
         parts = []
         if n < plan.streams:
             parts.append(streams_text(n))
@@ -355,17 +347,42 @@ def _combined(
         if ctx < plan.context:
             parts.append(f"a context of {ctx:,} tokens")
             fix += ("context", ctx)
-        if not parts:
+        if not parts:  # nothing changes: the one change was suggested already
             continue
-        text = f"use the MLX 4-bit build ({_weights_text(four_bit)}) with {' and '.join(parts)}"
-        return text, fix
+        if candidate is plan:
+            out.append((f"use {' with '.join(parts)}", fix))
+        else:
+            build = f"the MLX 4-bit build ({_weights_text(candidate)})"
+            out.append((f"use {build} with {' and '.join(parts)}", fix))
+    if out:
+        return out
     least = plan.resized(context=min(plan.context, CONTEXT_STEP), streams=1, prompt_cache_states=0)
     short = -_best(least, *args).breakdown.free_after
-    return (
-        f"choose a smaller model: even at {tokens_text(least.context)} with 1 stream this one "
-        f"needs {_gib(short)} more than {_can_give(s, held, card_free)}",
-        ("model", "smaller"),
-    )
+    return [
+        (
+            f"choose a smaller model: even at {tokens_text(least.context)} with 1 stream this "
+            f"one needs {_gib(short)} more than {_can_give(s, held, card_free)}",
+            ("model", "smaller"),
+        )
+    ]
+
+
+def _fewer_and_shorter(
+    plan: Plan, candidate: Plan, args: tuple, most: int
+) -> tuple[int, int] | None:
+    """(streams, context): the most streams, at most `most`, that leave `candidate` a context
+    (256 tokens, or the one `plan` asks for), and the longest context they leave, at most
+    the one asked for; None where no count leaves one."""
+
+    def context_at(n: int) -> int:
+        return min(largest_context(candidate.resized(streams=n), *args), plan.context)
+
+    def has_context(n: int) -> bool:
+        ctx = context_at(n)
+        return ctx >= CONTEXT_STEP or ctx >= plan.context
+
+    n = _largest(1, most, has_context)  # fewer streams only leave a longer context
+    return (n, context_at(n)) if n >= 1 else None
 
 
 def _can_give(s: EngineSettings, held: int, card_free: int) -> str:

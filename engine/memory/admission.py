@@ -235,7 +235,7 @@ def _gib(n: int) -> str:
     if 0 < abs(n) < GIB // 200:
         mib = f"{n / 2**20:.1f}".rstrip("0").rstrip(".")
         return f"{mib} MiB" if mib not in ("0", "-0") else f"{n:,} bytes"
-    return f"{n / GIB:.2f}".rstrip("0").rstrip(".") + " GiB"
+    return f"{n / GIB:,.2f}".rstrip("0").rstrip(".") + " GiB"
 
 
 def _suggest(
@@ -258,7 +258,7 @@ def _suggest(
     if plan.streams > 1:
         fewer = _largest(1, plan.streams - 1, lambda n: _fits(plan.resized(streams=n), *args))
         if fewer:
-            texts.append(f"use {streams_text(fewer)} instead of {plan.streams}")
+            texts.append(f"use {streams_text(fewer)} instead of {plan.streams:,}")
             fixes.append(("streams", fewer))
     if plan.prompt_cache_states > 0 and _fits(plan.resized(prompt_cache_states=0), *args):
         kept = _largest(
@@ -268,7 +268,7 @@ def _suggest(
         )
         texts.append(
             f"keep {kept} saved prompt state{'s' if kept != 1 else ''} instead of "
-            f"{plan.prompt_cache_states}"
+            f"{plan.prompt_cache_states:,}"
         )
         fixes.append(("prompt_cache", kept))
     four_bit = None if plan.config.quantized else _four_bit(plan)
@@ -280,7 +280,8 @@ def _suggest(
         attempt = _best(plan, card_free, card_total, held, zero)
         new = attempt.breakdown.free_after // _RESERVE_STEP * _RESERVE_STEP
         if new < s.reserve_bytes and _fits(plan, *args[:3], replace(s, reserve_bytes=new)):
-            texts.append(f"lower the memory reserve from {_gib(s.reserve_bytes)} to {_gib(new)}")
+            to = _gib(new) if new else "none"
+            texts.append(f"lower the memory reserve from {_gib(s.reserve_bytes)} to {to}")
             fixes.append(("reserve_gib", new / GIB))
     if s.limit_bytes is not None and s.limit_bytes - held < card_free:
         unlimited = replace(s, limit_bytes=None)

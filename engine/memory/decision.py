@@ -149,8 +149,8 @@ class Decision:
 
 
 def streams_text(n: int) -> str:
-    """'1 stream', '3 streams': how a count of concurrent streams reads in a sentence."""
-    return f"{n} stream" if n == 1 else f"{n} streams"
+    """'1 stream', '1,024 streams': how a count of concurrent streams reads in a sentence."""
+    return f"{n:,} stream" if n == 1 else f"{n:,} streams"
 
 
 def tokens_text(n: int) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 from engine.config import EngineSettings
 from engine.memory import TensorSpec, stream_state_bytes
 from engine.memory.admission import CONTEXT_STEP
-from engine.memory.decision import streams_text
+from engine.memory.decision import streams_text, tokens_text
 from engine.memory.draft import draft_choice
 from engine.memory.shapes import shape_tensor_specs
 from engine.model_config import ModelConfig, QuantConfig, QuantSpec
@@ -122,7 +122,7 @@ def host_decide(
     }
     how = (
         f"about {gib(need)} of RAM: weights {gib(weights)} as the CPU backend holds them, "
-        f"state {gib(state)} for {streams_text(streams)} at {context:,} tokens, margin "
+        f"state {gib(state)} for {streams_text(streams)} at {tokens_text(context)}, margin "
         f"{gib(margin)}; {gib(available)} available"
     )
     if need <= available:
@@ -166,7 +166,7 @@ def _changes(
         out.append(f"shorten the context to {ctx:,} tokens")
     fewer = max((n for n in range(1, streams) if fits(weights, context, n)), default=0)
     if fewer:
-        out.append(f"use {streams_text(fewer)} instead of {streams}")
+        out.append(f"use {streams_text(fewer)} instead of {streams:,}")
     if (
         settings.kv_cache != "int8"
         and config.full_layers
@@ -180,6 +180,13 @@ def _changes(
         if q_ctx:
             shorter = f" with a context of {q_ctx:,} tokens" if q_ctx < context else ""
             out.append(f"use the MLX 4-bit build (weights {gib(q_weights)} in RAM){shorter}")
+    if not out and streams > 1:
+        # Neither alone: the most streams that leave a context of 256 tokens, at the
+        # longest context they leave.
+        most = max((n for n in range(1, streams) if fits(weights, CONTEXT_STEP, n)), default=0)
+        ctx = _largest(lambda c: fits(weights, c, most), context) if most else 0
+        if ctx:
+            out.append(f"use {streams_text(most)} with a context of {ctx:,} tokens")
     if not out:
         out.append("choose a smaller model")
     return tuple(out)
@@ -222,7 +229,7 @@ def plan_on_host(
 def gib(n: float) -> str:
     """Bytes for the user: GiB with one decimal from 1 GiB up, smaller units below."""
     if n >= 1 << 30:
-        return f"{n / (1 << 30):.1f} GiB"
+        return f"{n / (1 << 30):,.1f} GiB"
     for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n / size:.0f} {unit}"

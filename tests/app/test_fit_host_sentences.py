@@ -1,6 +1,6 @@
-"""CPU mode's verdict reads like the card's: one token in the singular, numbers grouped by thousands, and
-where neither fewer streams nor a shorter context is enough alone, the two together (checked
-to fit) before "choose a smaller model"."""
+"""CPU mode's verdict reads like the card's: one token in the singular, numbers grouped by
+thousands, and where neither fewer streams nor a shorter context is enough alone, the two
+together (checked to fit) before "choose a smaller model"."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ class LoadPanel(QWidget):
         self.streams_spin.setMaximumWidth(112)
         form.addRow("Streams", self.streams_spin)
         self.rows_spin = IntBox()
-        self.rows_spin.setRange(0, 8192)
+        self.rows_spin.setRange(0, int(BY_KEY["engine/max_rows"].hi or 0))
         self.rows_spin.setSingleStep(64)
         # 0: the plan chooses (512 rows, wider where the card has memory left over)
         self.rows_spin.setSpecialValueText("Auto")

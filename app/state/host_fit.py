@@ -26,7 +26,7 @@ from typing import Any
 
 from engine.config import EngineSettings
 from engine.memory import TensorSpec, stream_state_bytes
-from engine.memory.admission import CONTEXT_STEP
+from engine.memory.admission import CONTEXT_STEP, context_cap_text
 from engine.memory.decision import streams_text, tokens_text
 from engine.memory.draft import draft_choice
 from engine.memory.shapes import shape_tensor_specs
@@ -103,7 +103,7 @@ def host_decide(
     """The CPU-mode verdict for a model with these tensors at `context` x `streams`, with
     the KV cache and drafting `settings` ask for."""
     settings = settings or EngineSettings()
-    context = min(context, config.max_position_embeddings)
+    asked, context = context, min(context, config.max_position_embeddings)
     draft = draft_choice(specs, config, settings).tokens
     weights = host_weight_bytes(specs, mtp=draft > 0)
     kv = settings.kv_cache
@@ -125,6 +125,8 @@ def host_decide(
         f"state {gib(state)} for {streams_text(streams)} at {tokens_text(context)}, margin "
         f"{gib(margin)}; {gib(available)} available"
     )
+    if asked > context:
+        how += "; " + context_cap_text(asked, context)
     if need <= available:
         return HostDecision(
             FITS_IN_RAM, f"Runs on the CPU: needs {how}.", context, streams, available, breakdown

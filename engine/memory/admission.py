@@ -386,6 +386,15 @@ def _fewer_and_shorter(
     return (n, context_at(n)) if n >= 1 else None
 
 
+def context_cap_text(asked: int, top: int) -> str:
+    """Why a context is planned shorter than asked: the model's own limit (a load holds the
+    context to it too)."""
+    return (
+        f"the context setting asks for {asked:,} tokens, past this model's limit of {top:,}, "
+        f"so it is planned at {top:,}"
+    )
+
+
 def _can_give(s: EngineSettings, held: int, card_free: int) -> str:
     """What caps the room: the memory limit where it is below the card's free bytes."""
     if s.limit_bytes is not None and s.limit_bytes - held < card_free:
@@ -524,6 +533,7 @@ def decide(
     weights = WeightBytes.from_tensors(
         arena_bytes(specs, itemsize, mtp=draft.on), config, mtp_loaded=draft.on
     )
+    asked = context
     if context is not None:
         context = min(context, config.max_position_embeddings)
     wanted = SMALLEST_CONTEXT if context is None else context
@@ -544,6 +554,9 @@ def decide(
         plan = plan.resized(context=max(best, SMALLEST_CONTEXT))
     decision = admit(plan, card.free, card.total, card.held, settings, widen=not max_rows)
     decision = replace(decision, draft_tokens=draft.tokens, drafting=draft.reason)
+    if asked is not None and asked > config.max_position_embeddings:
+        reason = decision.reason + "; " + context_cap_text(asked, config.max_position_embeddings)
+        decision = replace(decision, reason=reason)
     if not decision.fits or card.speed is None:
         return decision
     b = decision.breakdown

@@ -26,10 +26,11 @@ from typing import Any
 
 from engine.config import EngineSettings
 from engine.memory import TensorSpec, stream_state_bytes
-from engine.memory.admission import CONTEXT_STEP, context_cap_text
+from engine.memory.admission import CONTEXT_STEP
 from engine.memory.decision import streams_text, tokens_text
 from engine.memory.draft import draft_choice
 from engine.memory.shapes import shape_tensor_specs
+from engine.memory.wording import context_cap_text
 from engine.model_config import ModelConfig, QuantConfig, QuantSpec
 
 HOST_MARGIN_BYTES = 512 << 20

@@ -46,6 +46,7 @@ from engine.memory.growth import ladder_below
 from engine.memory.plan import Plan, WeightBytes, make_plan
 from engine.memory.shapes import shape_tensor_specs
 from engine.memory.speed import CardSpeed, predict
+from engine.memory.wording import can_give, context_cap_text, gib_text, reserve_takes_all
 from engine.memory.workspace import FAST_QUERY_ROWS, score_rows_for
 from engine.model_config import ModelConfig, QuantConfig, QuantSpec
 
@@ -229,15 +230,6 @@ def args_of(b: Breakdown, s: EngineSettings) -> tuple[int, int, int, EngineSetti
     return b.card_free, b.card_total, b.held, s
 
 
-def _gib(n: int) -> str:
-    """Bytes for a sentence: GiB to two places, or MiB (or bytes) where that would read 0 for
-    a size that is not (a shortfall of a few MiB is not "0 GiB")."""
-    if 0 < abs(n) < GIB // 200:
-        mib = f"{n / 2**20:.1f}".rstrip("0").rstrip(".")
-        return f"{mib} MiB" if mib not in ("0", "-0") else f"{n:,} bytes"
-    return f"{n / GIB:,.2f}".rstrip("0").rstrip(".") + " GiB"
-
-
 def _suggest(
     plan: Plan, card_free: int, card_total: int, held: int, s: EngineSettings
 ) -> tuple[tuple[str, ...], tuple[tuple[str | int | float, ...], ...]]:
@@ -253,7 +245,7 @@ def _suggest(
         small = plan.with_kv_cache("int8")
         if _fits(small, *args):
             saved = plan.stream_state_total - small.stream_state_total
-            texts.append(f"use the 8-bit KV cache, int8 ({_gib(saved)} less stream state)")
+            texts.append(f"use the 8-bit KV cache, int8 ({gib_text(saved)} less stream state)")
             fixes.append(("kv_cache", "int8"))
     if plan.streams > 1:
         fewer = _largest(1, plan.streams - 1, lambda n: _fits(plan.resized(streams=n), *args))
@@ -280,8 +272,8 @@ def _suggest(
         attempt = _best(plan, card_free, card_total, held, zero)
         new = attempt.breakdown.free_after // _RESERVE_STEP * _RESERVE_STEP
         if new < s.reserve_bytes and _fits(plan, *args[:3], replace(s, reserve_bytes=new)):
-            to = _gib(new) if new else "none"
-            texts.append(f"lower the memory reserve from {_gib(s.reserve_bytes)} to {to}")
+            to = gib_text(new) if new else "none"
+            texts.append(f"lower the memory reserve from {gib_text(s.reserve_bytes)} to {to}")
             fixes.append(("reserve_gib", new / GIB))
     if s.limit_bytes is not None and s.limit_bytes - held < card_free:
         unlimited = replace(s, limit_bytes=None)
@@ -289,7 +281,9 @@ def _suggest(
             short = -_best(plan, *args).breakdown.free_after
             need = math.ceil((s.limit_bytes + short) / _RESERVE_STEP) * _RESERVE_STEP
             if _fits(plan, card_free, card_total, held, replace(s, limit_bytes=need)):
-                texts.append(f"raise the memory limit from {_gib(s.limit_bytes)} to {_gib(need)}")
+                texts.append(
+                    f"raise the memory limit from {gib_text(s.limit_bytes)} to {gib_text(need)}"
+                )
                 fixes.append(("limit_gib", need / GIB))
     if not texts:  # no one change is enough
         for text, fix in _combined(plan, four_bit, *args):
@@ -323,7 +317,7 @@ def _four_bit(plan: Plan) -> Plan:
 
 def _weights_text(plan: Plan) -> str:
     w = plan.weights
-    return f"about {_gib(w.required_on_card + w.movable_to_host)} of weights"
+    return f"about {gib_text(w.required_on_card + w.movable_to_host)} of weights"
 
 
 def _combined(
@@ -362,7 +356,7 @@ def _combined(
     return [
         (
             f"choose a smaller model: even at {tokens_text(least.context)} with 1 stream this "
-            f"one needs {_gib(short)} more than {_can_give(s, held, card_free)}",
+            f"one needs {gib_text(short)} more than {can_give(s, held, card_free)}",
             ("model", "smaller"),
         )
     ]
@@ -384,22 +378,6 @@ def _fewer_and_shorter(
 
     n = _largest(1, most, has_context)  # fewer streams only leave a longer context
     return (n, context_at(n)) if n >= 1 else None
-
-
-def context_cap_text(asked: int, top: int) -> str:
-    """Why a context is planned shorter than asked: the model's own limit (a load holds the
-    context to it too)."""
-    return (
-        f"the context setting asks for {asked:,} tokens, past this model's limit of {top:,}, "
-        f"so it is planned at {top:,}"
-    )
-
-
-def _can_give(s: EngineSettings, held: int, card_free: int) -> str:
-    """What caps the room: the memory limit where it is below the card's free bytes."""
-    if s.limit_bytes is not None and s.limit_bytes - held < card_free:
-        return f"the {_gib(s.limit_bytes)} memory limit allows"
-    return "this card can give"
 
 
 def admit(
@@ -437,8 +415,9 @@ def admit(
             kv_cache=plan.kv_cache,
             suggestions=texts,
             fixes=fixes,
-            reason=f"the model needs {_gib(short)} more than {_can_give(s, held, card_free)} "
-            f"({streams_text(plan.streams)} at {tokens_text(plan.context)})",
+            reason=f"the model needs {gib_text(short)} more than {can_give(s, held, card_free)} "
+            f"({streams_text(plan.streams)} at {tokens_text(plan.context)})"
+            + reserve_takes_all(s, held, card_free, available_bytes(card_free, held, s)),
         )
     if best.eager and not best.host_embeddings:
         verdict = Verdict.FITS
@@ -448,7 +427,7 @@ def admit(
     elif best.eager:
         verdict = Verdict.FITS_HOST_EMBEDDINGS
         reason = (
-            f"the {_gib(b.embeddings_on_host)} embedding table stays in the computer's RAM "
+            f"the {gib_text(b.embeddings_on_host)} embedding table stays in the computer's RAM "
             "and is read from there; the rest of the model fits on the card"
         )
     else:
@@ -465,7 +444,7 @@ def admit(
         )
     if best.cache_on_host:
         reason += (
-            f"; saved conversation states ({_gib(b.prompt_cache_on_host)}) are kept in the "
+            f"; saved conversation states ({gib_text(b.prompt_cache_on_host)}) are kept in the "
             "computer's RAM"
         )
     fast = min(FAST_ROWS, plan.max_rows)

@@ -247,15 +247,27 @@ class Scheduler:
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+        if thread is None or not thread.is_alive():
+            self._settle_ahead()
         self._drop_cancelled()
         with self._cond:
             left, self._waiting = [*self._running, *self._waiting], deque()
         for request in left:
             self._fail(request, RequestRefused(STOPPED))
             request.cancel()  # whoever still reads it stops
+
+    def _settle_ahead(self) -> None:
+        """At the close: the step launched ahead ends before its requests are told and the
+        engine may unload (its picks are not taken: nobody reads them now)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            try:
+                ahead[1].tokens()
+            except Exception:  # noqa: BLE001 - the requests are refused at the close anyway
+                pass
 
     def __enter__(self) -> Scheduler:
         return self.start()

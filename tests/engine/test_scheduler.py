@@ -281,3 +281,33 @@ def test_closing_tells_the_requests_it_stops_and_keeps_the_cancelled_ones_cancel
         assert isinstance(last, RequestRefused) and "stopped" in str(last)
         assert request.done.is_set() and request.cancelled
     assert scheduler.running == scheduler.waiting == 0 and len(engine4._free_slots) == 4
+
+
+def test_closing_waits_for_the_step_launched_ahead(tiny_checkpoint):
+    """Steps launched ahead (the GPU's decode, the numpy backend's `launch_ahead`): the one
+    in flight at the close ends before the requests are told and the engine may unload."""
+    engine = Engine.load(tiny_checkpoint("untied-l8-r2", "hf-fp32"), NUMPY, context=256,
+                         streams=2, max_rows=64)  # fmt: skip
+    engine.backend.launch_ahead = True
+    launched, read = [], []
+
+    class Watched:
+        def __init__(self, pending):
+            self.pending = pending
+            launched.append(self)
+
+        def tokens(self):
+            read.append(self)
+            return self.pending.tokens()
+
+    step = engine.backend.launch_step
+    engine.backend.launch_step = lambda *a: Watched(step(*a))
+    scheduler = Scheduler(engine)
+    request = scheduler.submit(prompt(20), GenerationParams(max_new_tokens=40, greedy=True))
+    while len(launched) < 3:
+        scheduler.run_once()
+    assert scheduler._ahead is not None and launched[-1] not in read
+    scheduler.close()
+    assert launched[-1] in read and scheduler._ahead is None
+    assert isinstance(drain(request)[-1], RequestRefused)
+    engine.unload()

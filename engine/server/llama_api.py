@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 # as its sampler takes them (any temperature; protocol.loose_sampling), after the request.
 SAME = ("top_k", "min_p", "presence_penalty", "frequency_penalty")
 SAME += ("seed", "stop", "ignore_eos", "stream", "model")
+# The sampling /props and /slots report, by llama.cpp's names (the engine's own).
+KNOBS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty")
 
 
 class LlamaApi:
@@ -93,8 +95,7 @@ class LlamaApi:
         s._authorize(request)
         template = s.tokenizer.template if isinstance(s.tokenizer.template, str) else ""
         used = read_options({}, None, chat=False).params(1)
-        knobs = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty")
-        params = {"n_predict": -1, "seed": -1, "stop": []} | {k: getattr(used, k) for k in knobs}
+        params = {"n_predict": -1, "seed": -1, "stop": []} | _knobs(used)
         return JSONResponse(
             {
                 "default_generation_settings": {
@@ -136,6 +137,10 @@ class LlamaApi:
         return JSONResponse(out)
 
 
+def _knobs(params: Any) -> dict[str, Any]:
+    return {name: getattr(params, name) for name in KNOBS}
+
+
 def _working(scheduler: Scheduler) -> dict[int, SchedulerRequest]:
     """The scheduler's requests that hold a stream, by slot, each request's stream read
     once (it is let go of at the request's end)."""
@@ -162,12 +167,7 @@ def _task(request: SchedulerRequest, tokenizer: Any) -> dict[str, Any]:
         "n_prompt_tokens_cache": reused,
         "params": {
             "seed": params.seed if params.seed is not None else -1,
-            "temperature": params.temperature,
-            "top_k": params.top_k,
-            "top_p": params.top_p,
-            "min_p": params.min_p,
-            "presence_penalty": params.presence_penalty,
-            "frequency_penalty": params.frequency_penalty,
+            **_knobs(params),
             "max_tokens": n_predict,
             "n_predict": n_predict,
             "ignore_eos": request.ignore_eos,

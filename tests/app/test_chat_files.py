@@ -170,14 +170,20 @@ def test_a_file_dropped_on_the_chat_is_attached(qtbot, make_window, tmp_path):
     assert not message.answer_view.acceptDrops()  # a drop on a message reaches the chat
 
 
+def _small_and_big(folder):
+    """A text file of about 50 tokens and one of about 5,000 (more than a 4,096 context)."""
+    small, big = folder / "small.txt", folder / "big.txt"
+    small.write_text("word " * 40, encoding="utf-8")
+    big.write_text("x" * 20_000, encoding="utf-8")
+    return small, big
+
+
 def test_files_are_counted_with_the_models_tokenizer_and_a_large_one_is_flagged(
     qtbot, make_window, tmp_path
 ):
     from engine.attachments import compose, read_attachment
 
-    small, big = tmp_path / "small.txt", tmp_path / "big.txt"
-    small.write_text("word " * 40, encoding="utf-8")
-    big.write_text("x" * 20_000, encoding="utf-8")
+    small, big = _small_and_big(tmp_path)
     window = make_window(loader=FakeEngine.loader())
     _load(qtbot, window)  # a 4,096-token context; the fake counts a token per 4 characters
     panel = window.chat
@@ -345,9 +351,7 @@ def test_many_files_or_long_names_keep_to_the_chats_width(qtbot, make_window, tm
 def test_taking_off_the_file_that_was_too_large_clears_the_warning(qtbot, make_window, tmp_path):
     from PySide6.QtWidgets import QToolButton
 
-    small, big = tmp_path / "small.txt", tmp_path / "big.txt"
-    small.write_text("word " * 40, encoding="utf-8")
-    big.write_text("x" * 20_000, encoding="utf-8")
+    small, big = _small_and_big(tmp_path)
     window = make_window(loader=FakeEngine.loader())
     _load(qtbot, window)  # a 4,096-token context; the fake counts a token per 4 characters
     panel = window.chat

@@ -279,20 +279,27 @@ def test_a_part_of_a_file_since_changed_upstream_is_dropped(manager, qtbot, hf_h
     assert not list(hf_home.rglob("*.incomplete")), "the old revision's part is deleted"
 
 
+def _left_unfinished(qtbot, make_window, hub):
+    """A window whose catalog model was downloaded from `hub` through the Models tab, then
+    lost its second shard (as a download stopped short leaves it): the library rescanned."""
+    window = make_window()
+    downloads, panel = window.ctx.downloads, window.library
+    downloads._worker.endpoint = hub.url
+    panel.select(CATALOG_KEY)
+    with qtbot.waitSignal(downloads.finished, timeout=8000) as done:
+        panel.download_button.click()
+    assert panel.use_button.isEnabled()
+    (Path(done.args[1]) / "model-00002-of-00002.safetensors").resolve().unlink()
+    window.ctx.library.rescan()
+    return window
+
+
 def test_the_panel_says_a_download_is_incomplete_and_offers_to_finish_it(
     qtbot, make_window, hf_home
 ):
-    files = _sharded()
-    with FakeHub({REPO: files}) as hub:
-        window = make_window()
+    with FakeHub({REPO: _sharded()}) as hub:
+        window = _left_unfinished(qtbot, make_window, hub)
         downloads, panel = window.ctx.downloads, window.library
-        downloads._worker.endpoint = hub.url
-        panel.select(CATALOG_KEY)
-        with qtbot.waitSignal(downloads.finished, timeout=8000) as done:
-            panel.download_button.click()
-        assert panel.use_button.isEnabled()
-        (Path(done.args[1]) / "model-00002-of-00002.safetensors").resolve().unlink()
-        window.ctx.library.rescan()
         panel.select(CATALOG_KEY)
         text = panel.card(CATALOG_KEY).meta.text()
         assert "Incomplete download" in text and "model-00002-of-00002" in text
@@ -308,15 +315,9 @@ def test_an_unfinished_download_can_be_deleted_with_its_parts(qtbot, make_window
     offered for download as before."""
     from helpers import answer_next_dialog
 
-    files = _sharded()
-    with FakeHub({REPO: files}) as hub:
-        window = make_window()
-        downloads, panel = window.ctx.downloads, window.library
-        downloads._worker.endpoint = hub.url
-        panel.select(CATALOG_KEY)
-        with qtbot.waitSignal(downloads.finished, timeout=8000) as done:
-            panel.download_button.click()
-    (Path(done.args[1]) / "model-00002-of-00002.safetensors").resolve().unlink()
+    with FakeHub({REPO: _sharded()}) as hub:
+        window = _left_unfinished(qtbot, make_window, hub)
+    downloads, panel = window.ctx.downloads, window.library
     repo_dir = next(Path(hf_home).rglob("models--*"))
     part = repo_dir / "blobs" / "0123abcd.incomplete"
     part.write_bytes(b"x" * 1000)

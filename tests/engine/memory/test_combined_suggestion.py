@@ -11,6 +11,7 @@ import pytest
 from engine.config import GIB, EngineSettings
 from engine.memory import Card, decide
 from engine.memory.shapes import shape_config, shape_tensor_specs
+from tests.engine.memory.test_admission import _apply_all
 
 NEGATIVE = re.compile(r"-\d")
 
@@ -21,19 +22,6 @@ def _decide(shape, fmt, card_gib, context, streams, limit_gib=None):
     s = EngineSettings().with_gib(limit=limit_gib)
     specs = shape_tensor_specs(config, fmt)
     return decide(specs, config, s, card, context=context, streams=streams)
-
-
-def _apply(fix, fmt, context, streams):
-    for setting, value in zip(fix[::2], fix[1::2], strict=True):
-        if setting == "format":
-            fmt = value
-        elif setting == "context":
-            context = value
-        elif setting == "streams":
-            streams = value
-        else:
-            raise AssertionError(setting)
-    return fmt, context, streams
 
 
 @pytest.mark.parametrize(
@@ -58,5 +46,5 @@ def test_fewer_streams_with_a_shorter_context_is_suggested_and_fits(
     for text, fix in zip(d.suggestions, d.fixes, strict=True):
         if fix[0] == "model":
             continue
-        f2, c2, s2 = _apply(fix, fmt, context, streams)
+        _, f2, c2, s2, _ = _apply_all(fix, None, fmt, context, streams, {})
         assert _decide(shape, f2, card_gib, c2, s2, limit_gib).fits, text
